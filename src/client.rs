@@ -1,0 +1,758 @@
+//! The [`Redlock`] client and its [`RedlockBuilder`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tower_redlock::Redlock;
+//!
+//! let redlock = Redlock::builder([
+//!     "redis://127.0.0.1:7001",
+//!     "redis://127.0.0.1:7002",
+//!     "redis://127.0.0.1:7003",
+//! ])
+//! .ttl(Duration::from_secs(5))
+//! .node_timeout(Duration::from_millis(50))
+//! .max_attempts(20)
+//! .retry_delay(Duration::from_millis(20), Duration::from_millis(40))
+//! .key_prefix("myapp:lock:")
+//! .build()?;
+//!
+//! let mut lock = redlock.lock("report:2026-11").await?; // waits, per the retry policy
+//! // ... work ...
+//! redlock.extend(&mut lock, Duration::from_secs(5)).await?; // need more time
+//! // ... more work ...
+//! let report = redlock.unlock(&lock).await;
+//! assert!(report.released() >= redlock.quorum());
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use redis::{Client, Value};
+
+use crate::error::{ConfigError, LockError, NodeError, NodeFailure};
+use crate::node::{Node, NodeSettings};
+use crate::quorum::{self, Decision, Tally};
+use crate::scripts::{ACQUIRE_SCRIPT, EXTEND_SCRIPT, Invocation, RELEASE_SCRIPT};
+use crate::token::{Lock, Resource, key_for, new_value};
+
+/// The per-node timeout must be at most `TTL / MIN_TTL_TO_TIMEOUT_RATIO`, so that waiting
+/// for a slow node can never use more than a tenth of a lock's validity.
+pub const MIN_TTL_TO_TIMEOUT_RATIO: u32 = 10;
+
+/// The longest TTL accepted: one day. Longer work should extend its lock.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Default TTL of a lock: 10 s.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// Default per-node timeout: 50 ms.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default clock drift factor: 1 % of the TTL.
+pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// Default number of attempts made by [`Redlock::lock`]: 10.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// Default base delay between attempts: 50 ms.
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(50);
+/// Default random jitter added to the base delay: up to 100 ms.
+pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
+/// Default key prefix: `redlock:`.
+pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
+/// Default connect timeout (TCP, TLS, `INFO` and `SCRIPT LOAD`): 1 s.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default number of consecutive timeouts after which a node's connection is rebuilt: 3.
+pub const DEFAULT_RECONNECT_AFTER_TIMEOUTS: u32 = 3;
+
+/// Builds a [`Redlock`]; see [`Redlock::builder`]. Every setting has a documented default;
+/// [`build`](Self::build) checks them all.
+#[derive(Debug, Clone)]
+pub struct RedlockBuilder {
+    urls: Vec<String>,
+    ttl: Duration,
+    node_timeout: Duration,
+    drift_factor: f64,
+    max_attempts: u32,
+    retry_delay: Duration,
+    retry_jitter: Duration,
+    retry_deadline: Option<Duration>,
+    key_prefix: Vec<u8>,
+    min_validity: Duration,
+    connect_timeout: Duration,
+    reconnect_after_timeouts: u32,
+}
+
+impl RedlockBuilder {
+    /// The default TTL of locks ([`DEFAULT_TTL`]). Must be at least 1 ms and at most
+    /// [`MAX_TTL`]; Redis expiries have millisecond precision, so finer parts are dropped.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to wait for each node's answer ([`DEFAULT_NODE_TIMEOUT`]). Must be at most
+    /// TTL / [`MIN_TTL_TO_TIMEOUT_RATIO`]. Each call waits at most this long or the
+    /// lock's remaining validity, whichever is shorter.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// The clock drift factor ([`DEFAULT_DRIFT_FACTOR`]), in `[0, 0.5)`: the validity is
+    /// shortened by `ttl * drift_factor + 2 ms` for clock rate differences between nodes.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// How many attempts [`Redlock::lock`] makes before it gives up
+    /// ([`DEFAULT_MAX_ATTEMPTS`]); at least 1.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The wait between attempts: `base` plus a random jitter in `[0, jitter)`
+    /// ([`DEFAULT_RETRY_DELAY`], [`DEFAULT_RETRY_JITTER`]). The jitter keeps competing
+    /// clients out of lock-step.
+    pub fn retry_delay(mut self, base: Duration, jitter: Duration) -> Self {
+        self.retry_delay = base;
+        self.retry_jitter = jitter;
+        self
+    }
+
+    /// An overall deadline for [`Redlock::lock`], counted from the call (none by default):
+    /// no attempt starts and no node call runs past it.
+    pub fn retry_deadline(mut self, deadline: Option<Duration>) -> Self {
+        self.retry_deadline = deadline;
+        self
+    }
+
+    /// The prefix of every key ([`DEFAULT_KEY_PREFIX`]): the key of lock `name` is
+    /// `{prefix}{name}`.
+    pub fn key_prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
+        self.key_prefix = prefix.as_ref().to_vec();
+        self
+    }
+
+    /// Locks whose validity would be no longer than this are refused with
+    /// [`LockError::ValidityExhausted`] (default zero: any positive validity is accepted).
+    pub fn min_validity(mut self, min: Duration) -> Self {
+        self.min_validity = min;
+        self
+    }
+
+    /// The time allowed to (re)connect to a node, load the scripts and read its
+    /// `INFO` ([`DEFAULT_CONNECT_TIMEOUT`]). Connecting runs in the background: operations
+    /// wait for it only up to their per-node timeout.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// After this many consecutive timeouts on a node its connection is rebuilt
+    /// ([`DEFAULT_RECONNECT_AFTER_TIMEOUTS`]; 0 counts as 1).
+    pub fn reconnect_after_timeouts(mut self, timeouts: u32) -> Self {
+        self.reconnect_after_timeouts = timeouts.max(1);
+        self
+    }
+
+    /// Checks the configuration and creates the client.
+    ///
+    /// No I/O happens here and unreachable nodes are not an error: when called within a
+    /// tokio runtime, connecting to every node starts in the background at once (failures
+    /// are logged and retried with backoff); otherwise on the first operation.
+    pub fn build(self) -> Result<Redlock, ConfigError> {
+        let n = self.urls.len();
+        if n == 0 {
+            return Err(ConfigError::NoNodes);
+        }
+        if n.is_multiple_of(2) {
+            return Err(ConfigError::EvenNodeCount { nodes: n });
+        }
+        check_ttl(self.ttl, self.node_timeout)?;
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return Err(ConfigError::DriftFactorOutOfRange {
+                drift_factor: self.drift_factor,
+            });
+        }
+        if self.min_validity + quorum::drift(self.ttl, self.drift_factor) >= self.ttl {
+            return Err(ConfigError::MinValidityTooLong {
+                min_validity: self.min_validity,
+                ttl: self.ttl,
+            });
+        }
+        if self.max_attempts == 0 {
+            return Err(ConfigError::ZeroAttempts);
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::ZeroConnectTimeout);
+        }
+        let settings = NodeSettings {
+            connect_timeout: self.connect_timeout,
+            reconnect_after_timeouts: self.reconnect_after_timeouts,
+        };
+        let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(n);
+        for url in &self.urls {
+            let client = Client::open(url.as_str()).map_err(|e| ConfigError::InvalidUrl {
+                url: redact(url),
+                reason: e.to_string(),
+            })?;
+            let label = client.get_connection_info().addr().to_string();
+            if nodes.iter().any(|other| other.label() == label) {
+                return Err(ConfigError::DuplicateNode { node: label });
+            }
+            nodes.push(Arc::new(Node::new(label, client, settings.clone())));
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            for node in &nodes {
+                node.kick();
+            }
+        }
+        Ok(Redlock {
+            inner: Arc::new(Inner {
+                nodes,
+                ttl: self.ttl,
+                node_timeout: self.node_timeout,
+                drift_factor: self.drift_factor,
+                max_attempts: self.max_attempts,
+                retry_delay: self.retry_delay,
+                retry_jitter: self.retry_jitter,
+                retry_deadline: self.retry_deadline,
+                key_prefix: self.key_prefix,
+                min_validity: self.min_validity,
+            }),
+        })
+    }
+}
+
+fn check_ttl(ttl: Duration, node_timeout: Duration) -> Result<(), ConfigError> {
+    if ttl.as_millis() == 0 {
+        return Err(ConfigError::ZeroTtl);
+    }
+    if ttl > MAX_TTL {
+        return Err(ConfigError::TtlTooLong { ttl });
+    }
+    if node_timeout.is_zero() {
+        return Err(ConfigError::ZeroNodeTimeout);
+    }
+    if node_timeout * MIN_TTL_TO_TIMEOUT_RATIO > ttl {
+        return Err(ConfigError::NodeTimeoutTooLong { node_timeout, ttl });
+    }
+    Ok(())
+}
+
+/// A URL with any `user:password@` part removed, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    nodes: Vec<Arc<Node>>,
+    ttl: Duration,
+    node_timeout: Duration,
+    drift_factor: f64,
+    max_attempts: u32,
+    retry_delay: Duration,
+    retry_jitter: Duration,
+    retry_deadline: Option<Duration>,
+    key_prefix: Vec<u8>,
+    min_validity: Duration,
+}
+
+/// A Redlock client over N independent Redis masters (N = 1 is the plain single-instance
+/// lock; 3 or 5 is Redlock proper).
+///
+/// Cheap to clone: clones share the nodes' connections. Every operation sends to all nodes
+/// at once, bounds each node's call by the per-node timeout (or the remaining validity, if
+/// shorter), and decides as soon as the quorum (`N/2 + 1`) is reached or can no longer be.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_redlock::{LockError, Redlock};
+///
+/// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+/// match redlock.try_lock("job:nightly").await {
+///     Ok(lock) => {
+///         // ... the job, within lock.remaining() ...
+///         redlock.unlock(&lock).await;
+///     }
+///     Err(LockError::Busy { .. }) => println!("another worker runs the job"),
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Redlock {
+    inner: Arc<Inner>,
+}
+
+/// The outcome of [`Redlock::unlock`]: on how many nodes our key was deleted.
+///
+/// Releasing never deletes a key that holds another client's value; a lock that already
+/// expired simply counts as not held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    released: usize,
+    not_held: usize,
+    failures: Vec<NodeFailure>,
+}
+
+impl Released {
+    /// Nodes on which the key still held our value and was deleted.
+    pub fn released(&self) -> usize {
+        self.released
+    }
+
+    /// Nodes on which the key no longer held our value (expired, or someone else's).
+    pub fn not_held(&self) -> usize {
+        self.not_held
+    }
+
+    /// Nodes that did not answer or failed; their keys expire at the end of the TTL.
+    pub fn failures(&self) -> &[NodeFailure] {
+        &self.failures
+    }
+}
+
+enum AcquireReply {
+    Won,
+    HeldElsewhere { pttl: Option<Duration> },
+}
+
+fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
+    match v {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(1)] => Ok(AcquireReply::Won),
+            [Value::Int(0), Value::Int(pttl)] => Ok(AcquireReply::HeldElsewhere {
+                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            }),
+            _ => Err(NodeError::Protocol(format!(
+                "unexpected reply to the acquire script: {items:?}"
+            ))),
+        },
+        other => Err(NodeError::Protocol(format!(
+            "unexpected reply to the acquire script: {other:?}"
+        ))),
+    }
+}
+
+fn parse_flag(v: Value) -> Result<bool, NodeError> {
+    match v {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(NodeError::Protocol(format!(
+            "unexpected reply to a compare-and-set script: {other:?}"
+        ))),
+    }
+}
+
+/// A random delay in `[base, base + jitter)`.
+fn jittered(base: Duration, jitter: Duration) -> Duration {
+    let nanos = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
+    if nanos == 0 {
+        return base;
+    }
+    let r = getrandom::u64().unwrap_or_else(|_| {
+        // The OS generator failing is next to impossible; any spread will do for jitter.
+        u64::from(Instant::now().elapsed().subsec_nanos()) ^ 0x9e37_79b9_7f4a_7c15
+    });
+    base + Duration::from_nanos(r % nanos)
+}
+
+impl Redlock {
+    /// A builder over the given node URLs, such as `redis://127.0.0.1:7001` or
+    /// `rediss://user:password@host:6380/0` (TLS needs the `tls-rustls` feature).
+    pub fn builder<I, S>(nodes: I) -> RedlockBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedlockBuilder {
+            urls: nodes.into_iter().map(Into::into).collect(),
+            ttl: DEFAULT_TTL,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            retry_delay: DEFAULT_RETRY_DELAY,
+            retry_jitter: DEFAULT_RETRY_JITTER,
+            retry_deadline: None,
+            key_prefix: DEFAULT_KEY_PREFIX.as_bytes().to_vec(),
+            min_validity: Duration::ZERO,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
+        }
+    }
+
+    /// How many nodes this client uses.
+    pub fn node_count(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// How many nodes must agree: `N/2 + 1`.
+    pub fn quorum(&self) -> usize {
+        quorum::quorum(self.inner.nodes.len())
+    }
+
+    /// The default TTL.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// Acquires `name` with the default TTL, retrying per the retry policy (max attempts,
+    /// jittered delay, optional deadline).
+    pub async fn lock(&self, name: impl AsRef<[u8]>) -> Result<Lock, LockError> {
+        self.lock_with_ttl(name, self.inner.ttl).await
+    }
+
+    /// Like [`lock`](Self::lock) with a TTL for this call only.
+    pub async fn lock_with_ttl(
+        &self,
+        name: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<Lock, LockError> {
+        let resource = self.resource(name.as_ref(), ttl)?;
+        let inner = &self.inner;
+        let deadline = inner.retry_deadline.map(|d| Instant::now() + d);
+        let mut attempt = 1;
+        loop {
+            let mut err = match self.attempt(&resource, ttl, deadline, attempt).await {
+                Ok(lock) => return Ok(lock),
+                Err(e) => e,
+            };
+            err.set_attempts(attempt);
+            if !err.is_retryable() || attempt >= inner.max_attempts {
+                return Err(err);
+            }
+            let mut wake = Instant::now() + jittered(inner.retry_delay, inner.retry_jitter);
+            if let Some(deadline) = deadline {
+                wake = wake.min(deadline);
+            }
+            tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(err);
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Makes one attempt to acquire `name` with the default TTL.
+    pub async fn try_lock(&self, name: impl AsRef<[u8]>) -> Result<Lock, LockError> {
+        self.try_lock_with_ttl(name, self.inner.ttl).await
+    }
+
+    /// Like [`try_lock`](Self::try_lock) with a TTL for this call only.
+    pub async fn try_lock_with_ttl(
+        &self,
+        name: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<Lock, LockError> {
+        let resource = self.resource(name.as_ref(), ttl)?;
+        self.attempt(&resource, ttl, None, 1).await
+    }
+
+    fn resource(&self, name: &[u8], ttl: Duration) -> Result<Arc<Resource>, LockError> {
+        check_ttl(ttl, self.inner.node_timeout)?;
+        if self.inner.min_validity + quorum::drift(ttl, self.inner.drift_factor) >= ttl {
+            return Err(LockError::Config(ConfigError::MinValidityTooLong {
+                min_validity: self.inner.min_validity,
+                ttl,
+            }));
+        }
+        let key = key_for(&self.inner.key_prefix, name)?;
+        Ok(Arc::new(Resource {
+            name: name.into(),
+            key: key.into(),
+        }))
+    }
+
+    /// The deadline of every node call of an operation that started at `start`.
+    fn call_deadline(&self, start: Instant, ttl: Duration, outer: Option<Instant>) -> Instant {
+        let usable = ttl.saturating_sub(quorum::drift(ttl, self.inner.drift_factor));
+        let deadline = start + self.inner.node_timeout.min(usable);
+        outer.map_or(deadline, |o| o.min(deadline))
+    }
+
+    /// Sends `inv` to every node at once; feeds each answer to `on_reply` (which says
+    /// whether it counts towards the quorum) until the outcome is certain.
+    async fn fan_out<F>(&self, inv: &Invocation<'_>, deadline: Instant, mut on_reply: F) -> Tally
+    where
+        F: FnMut(&Node, Result<Value, NodeError>) -> bool,
+    {
+        let by_sha = inv.cmd(true);
+        let by_sha = &by_sha;
+        let mut calls: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .map(|node| async move { (node, node.call(inv, by_sha, deadline).await) })
+            .collect();
+        let mut tally = Tally::new(self.inner.nodes.len());
+        while let Some((node, reply)) = calls.next().await {
+            if tally.record(on_reply(node, reply)) != Decision::Pending {
+                break;
+            }
+        }
+        tally
+    }
+
+    async fn attempt(
+        &self,
+        resource: &Arc<Resource>,
+        ttl: Duration,
+        outer_deadline: Option<Instant>,
+        attempt: u32,
+    ) -> Result<Lock, LockError> {
+        let value = new_value()?;
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let inv = Invocation {
+            script: &ACQUIRE_SCRIPT,
+            key: &resource.key,
+            value: value.as_bytes(),
+            ttl_ms: Some(ttl_ms),
+        };
+        let ttl = Duration::from_millis(ttl_ms);
+        let n = self.inner.nodes.len();
+        let start = Instant::now();
+        let deadline = self.call_deadline(start, ttl, outer_deadline);
+
+        let mut held_elsewhere = 0;
+        let mut retry_after: Option<Duration> = None;
+        let mut failures = Vec::new();
+        let tally = self
+            .fan_out(&inv, deadline, |node, reply| {
+                match reply.and_then(parse_acquire) {
+                    Ok(AcquireReply::Won) => true,
+                    Ok(AcquireReply::HeldElsewhere { pttl }) => {
+                        held_elsewhere += 1;
+                        retry_after = retry_after.max(pttl);
+                        false
+                    }
+                    Err(error) => {
+                        failures.push(NodeFailure {
+                            node: node.label().to_owned(),
+                            error,
+                        });
+                        false
+                    }
+                }
+            })
+            .await;
+        let elapsed = start.elapsed();
+        let drift = quorum::drift(ttl, self.inner.drift_factor);
+        let validity = quorum::validity(ttl, elapsed, drift);
+
+        if tally.decision() == Decision::Reached
+            && let Some(validity) = validity.filter(|v| *v > self.inner.min_validity)
+        {
+            tracing::debug!(
+                nodes = n,
+                granted = tally.successes(),
+                elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+                validity_ms = u64::try_from(validity.as_millis()).unwrap_or(u64::MAX),
+                "redlock acquired"
+            );
+            return Ok(Lock {
+                resource: Arc::clone(resource),
+                value: value.into(),
+                started: start,
+                valid_until: start + validity,
+                ttl,
+                attempts: attempt,
+            });
+        }
+
+        // Failed: release on every node, including those that failed or did not answer in
+        // time (their SET may have run while the reply was lost).
+        self.release_all(&resource.key, value.as_bytes(), ttl).await;
+        let err = if tally.decision() == Decision::Reached {
+            LockError::ValidityExhausted {
+                elapsed,
+                ttl,
+                attempts: attempt,
+            }
+        } else if held_elsewhere > n - tally.quorum() {
+            LockError::Busy {
+                held_elsewhere,
+                nodes: n,
+                retry_after,
+                attempts: attempt,
+            }
+        } else {
+            LockError::NoQuorum {
+                needed: tally.quorum(),
+                reached: tally.successes(),
+                failures,
+                attempts: attempt,
+            }
+        };
+        tracing::debug!(nodes = n, granted = tally.successes(), held_elsewhere, error = %err, "redlock attempt failed");
+        Err(err)
+    }
+
+    /// Compare-and-delete on every node, waiting for all answers (bounded by the per-node
+    /// timeout).
+    async fn release_all(&self, key: &[u8], value: &[u8], ttl: Duration) -> Released {
+        let inv = Invocation {
+            script: &RELEASE_SCRIPT,
+            key,
+            value,
+            ttl_ms: None,
+        };
+        let by_sha = inv.cmd(true);
+        let deadline = Instant::now() + self.inner.node_timeout.min(ttl);
+        let mut calls: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .map(|node| {
+                let (inv, by_sha) = (&inv, &by_sha);
+                async move { (node, node.call(inv, by_sha, deadline).await) }
+            })
+            .collect();
+        let mut out = Released {
+            released: 0,
+            not_held: 0,
+            failures: Vec::new(),
+        };
+        while let Some((node, reply)) = calls.next().await {
+            match reply.and_then(parse_flag) {
+                Ok(true) => out.released += 1,
+                Ok(false) => out.not_held += 1,
+                Err(error) => out.failures.push(NodeFailure {
+                    node: node.label().to_owned(),
+                    error,
+                }),
+            }
+        }
+        out
+    }
+
+    /// Releases `lock` on every node: deletes the key only where it still holds the lock's
+    /// value, so a lock that expired and was taken by another client is left alone.
+    ///
+    /// Waits for every node's answer (each bounded by the per-node timeout) and reports how
+    /// many still held the lock. Keys on nodes that failed expire at the end of the TTL.
+    pub async fn unlock(&self, lock: &Lock) -> Released {
+        let out = self
+            .release_all(lock.key(), lock.value().as_bytes(), lock.ttl)
+            .await;
+        tracing::debug!(
+            released = out.released,
+            not_held = out.not_held,
+            failed = out.failures.len(),
+            "redlock released"
+        );
+        out
+    }
+
+    /// Extends `lock` so that it lives `ttl` from now on every node where it is still ours,
+    /// with the same quorum and validity rule as acquiring. On success the lock's validity
+    /// deadline moves.
+    ///
+    /// Fails with [`LockError::NotHeld`] when the lock is no longer ours on a quorum (it
+    /// expired or was taken over), with [`LockError::NoQuorum`] when too many nodes failed,
+    /// and with [`LockError::ValidityExhausted`] when the quorum came too late. A failed
+    /// extension leaves the lock's deadline as it was.
+    pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
+        check_ttl(ttl, self.inner.node_timeout)?;
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttl = Duration::from_millis(ttl_ms);
+        let inv = Invocation {
+            script: &EXTEND_SCRIPT,
+            key: lock.key(),
+            value: lock.value().as_bytes(),
+            ttl_ms: Some(ttl_ms),
+        };
+        let start = Instant::now();
+        // Never wait past the current validity: after it, extending is pointless.
+        let deadline = self.call_deadline(start, ttl, Some(lock.valid_until.max(start)));
+        let mut not_held = 0;
+        let mut failures = Vec::new();
+        let tally = self
+            .fan_out(&inv, deadline, |node, reply| {
+                match reply.and_then(parse_flag) {
+                    Ok(held) => {
+                        if !held {
+                            not_held += 1;
+                        }
+                        held
+                    }
+                    Err(error) => {
+                        failures.push(NodeFailure {
+                            node: node.label().to_owned(),
+                            error,
+                        });
+                        false
+                    }
+                }
+            })
+            .await;
+        let elapsed = start.elapsed();
+        let drift = quorum::drift(ttl, self.inner.drift_factor);
+        if tally.decision() == Decision::Reached {
+            return match quorum::validity(ttl, elapsed, drift) {
+                Some(validity) if validity > self.inner.min_validity => {
+                    lock.started = start;
+                    lock.valid_until = start + validity;
+                    lock.ttl = ttl;
+                    Ok(())
+                }
+                _ => Err(LockError::ValidityExhausted {
+                    elapsed,
+                    ttl,
+                    attempts: 1,
+                }),
+            };
+        }
+        if not_held > 0 && not_held >= failures.len() {
+            Err(LockError::NotHeld {
+                held_on: tally.successes(),
+                needed: tally.quorum(),
+                failures,
+            })
+        } else {
+            Err(LockError::NoQuorum {
+                needed: tally.quorum(),
+                reached: tally.successes(),
+                failures,
+                attempts: 1,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_credentials() {
+        assert_eq!(
+            redact("rediss://user:secret@host:6380/0"),
+            "rediss://***@host:6380/0"
+        );
+        assert_eq!(redact("redis://host:1"), "redis://host:1");
+    }
+
+    #[test]
+    fn jitter_stays_in_range() {
+        let base = Duration::from_millis(10);
+        let jitter = Duration::from_millis(5);
+        let mut distinct = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            let d = jittered(base, jitter);
+            assert!(d >= base && d < base + jitter, "{d:?}");
+            distinct.insert(d);
+        }
+        assert!(distinct.len() > 100, "jitter is not random");
+        assert_eq!(jittered(base, Duration::ZERO), base);
+    }
+}

@@ -1,0 +1,57 @@
+//! # tower-redlock
+//!
+//! The [Redlock](https://redis.io/docs/latest/develop/use/patterns/distributed-locks/)
+//! distributed lock over N independent Redis masters.
+//!
+//! [`Redlock`] follows the algorithm exactly: `SET key value NX PX ttl` (in a script) with a
+//! fresh 20-byte value from the OS CSPRNG, sent to all nodes at once over one shared
+//! multiplexed connection per node, each call bounded by a per-node timeout far below the
+//! TTL. The lock is held only with a quorum (`N/2 + 1`) and while
+//! `ttl - elapsed - drift` is positive; a failed attempt releases on every node; release
+//! and extend are atomic compare-and-delete / compare-and-pexpire scripts; retries wait a
+//! random jitter.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tower_redlock::Redlock;
+//!
+//! let redlock = Redlock::builder([
+//!     "redis://127.0.0.1:7001",
+//!     "redis://127.0.0.1:7002",
+//!     "redis://127.0.0.1:7003",
+//! ])
+//! .ttl(Duration::from_secs(10))
+//! .build()?;
+//!
+//! let lock = redlock.lock("webhook:evt_123").await?;
+//! // Only one holder at a time gets here, for at most lock.remaining().
+//! redlock.unlock(&lock).await;
+//! # Ok(()) }
+//! ```
+//!
+//! Modules:
+//! - [`client`]: [`Redlock`] and its builder;
+//! - [`token`]: held locks, names and values;
+//! - [`quorum`]: the quorum and validity arithmetic;
+//! - [`error`]: what can go wrong, per operation and per node.
+//!
+//! The algorithm and the reasons behind each choice are in `DESIGN.md` of the repository.
+#![deny(missing_docs, unreachable_pub, unsafe_code)]
+#![warn(rust_2018_idioms)]
+
+pub mod client;
+pub mod error;
+mod node;
+pub mod quorum;
+mod scripts;
+pub mod token;
+
+pub use client::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_NODE_TIMEOUT, DEFAULT_RECONNECT_AFTER_TIMEOUTS, DEFAULT_RETRY_DELAY,
+    DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_TTL, MIN_TTL_TO_TIMEOUT_RATIO, Redlock, RedlockBuilder,
+    Released,
+};
+pub use error::{ConfigError, LockError, NodeError, NodeFailure};
+pub use token::{Lock, MAX_NAME_LEN, VALUE_LEN};

@@ -1,0 +1,304 @@
+//! One Redis master: its supervised connection, script loading and server identity.
+//!
+//! Each node keeps one `redis::aio::MultiplexedConnection`, shared by every lock of the
+//! client. A background task (re)connects: it opens the connection, reads `INFO server`
+//! (run id, uptime, version) and loads the scripts, all in one round trip. The connection
+//! is rebuilt after an I/O or protocol error, or after several consecutive timeouts (a hung
+//! server); failed connects back off exponentially. While a node is down, operations fail
+//! on it at once with the last connect error instead of waiting; every call is bounded by a
+//! deadline, so a hung node never stalls an operation beyond it.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, Value};
+use tokio::sync::Notify;
+use tokio::time::timeout_at;
+
+use crate::error::NodeError;
+use crate::scripts::{self, Invocation};
+
+/// Shortest wait before reconnecting after a failed connect.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest wait before reconnecting after repeated failed connects.
+const BACKOFF_MAX: Duration = Duration::from_millis(1_000);
+
+/// Connection settings shared by the nodes of a client.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeSettings {
+    pub(crate) connect_timeout: Duration,
+    pub(crate) reconnect_after_timeouts: u32,
+}
+
+/// What `INFO server` said on the last connect.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ServerInfo {
+    pub(crate) run_id: String,
+    pub(crate) uptime: Duration,
+    pub(crate) version: String,
+}
+
+impl ServerInfo {
+    fn parse(info: &str) -> Self {
+        let mut out = Self::default();
+        for line in info.lines() {
+            let Some((k, v)) = line.trim_end().split_once(':') else {
+                continue;
+            };
+            match k {
+                "run_id" => out.run_id = v.to_owned(),
+                "redis_version" => out.version = v.to_owned(),
+                "uptime_in_seconds" => {
+                    out.uptime = Duration::from_secs(v.parse().unwrap_or(0));
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+enum Slot {
+    /// Never connected yet.
+    Idle,
+    /// A connect task is running.
+    Connecting,
+    /// Connected.
+    Ready(MultiplexedConnection),
+    /// The last connect failed; the next one may start at `retry_at`.
+    Down { error: NodeError, retry_at: Instant },
+}
+
+struct State {
+    slot: Slot,
+    /// Increases with every successful connect.
+    generation: u64,
+    backoff: Duration,
+    info: Option<ServerInfo>,
+}
+
+/// One Redis master.
+pub(crate) struct Node {
+    label: String,
+    client: Client,
+    settings: NodeSettings,
+    state: Mutex<State>,
+    changed: Notify,
+    consecutive_timeouts: AtomicU32,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("addr", &self.label).finish()
+    }
+}
+
+impl Node {
+    pub(crate) fn new(label: String, client: Client, settings: NodeSettings) -> Self {
+        Self {
+            label,
+            client,
+            settings,
+            state: Mutex::new(State {
+                slot: Slot::Idle,
+                generation: 0,
+                backoff: BACKOFF_MIN,
+                info: None,
+            }),
+            changed: Notify::new(),
+            consecutive_timeouts: AtomicU32::new(0),
+        }
+    }
+
+    /// `host:port`, without credentials.
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent at every point a panic could occur, so a poisoned
+        // lock is still usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What the server said about itself on the last successful connect.
+    #[allow(dead_code)]
+    pub(crate) fn server_info(&self) -> Option<ServerInfo> {
+        self.state().info.clone()
+    }
+
+    /// Starts connecting in the background if the node is not connected or connecting.
+    /// Must be called within a tokio runtime.
+    pub(crate) fn kick(self: &Arc<Self>) {
+        let mut st = self.state();
+        if matches!(st.slot, Slot::Idle | Slot::Down { .. }) {
+            self.start_connect(&mut st);
+        }
+    }
+
+    fn start_connect(self: &Arc<Self>, st: &mut State) {
+        st.slot = Slot::Connecting;
+        let node = Arc::clone(self);
+        tokio::spawn(async move { node.connect().await });
+    }
+
+    async fn connect(self: Arc<Self>) {
+        let deadline = tokio::time::Instant::now() + self.settings.connect_timeout;
+        let attempt = async {
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.settings.connect_timeout))
+                .set_response_timeout(None);
+            let mut conn = self
+                .client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            let mut pipe = redis::pipe();
+            pipe.cmd("INFO").arg("server");
+            for s in scripts::all() {
+                pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
+            }
+            let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+            let info = match replies.first() {
+                Some(v) => redis::from_redis_value_ref::<String>(v)?,
+                None => String::new(),
+            };
+            Ok::<_, redis::RedisError>((conn, ServerInfo::parse(&info)))
+        };
+        let outcome = match timeout_at(deadline, attempt).await {
+            Ok(Ok(ok)) => Ok(ok),
+            Ok(Err(e)) => Err(NodeError::from(e)),
+            Err(_) => Err(NodeError::Connection(format!(
+                "no answer within the connect timeout of {:?}",
+                self.settings.connect_timeout
+            ))),
+        };
+        {
+            let mut st = self.state();
+            match outcome {
+                Ok((conn, info)) => {
+                    tracing::debug!(
+                        node = %self.label,
+                        version = %info.version,
+                        uptime_s = info.uptime.as_secs(),
+                        "redlock node connected"
+                    );
+                    st.generation += 1;
+                    st.slot = Slot::Ready(conn);
+                    st.backoff = BACKOFF_MIN;
+                    st.info = Some(info);
+                    self.consecutive_timeouts.store(0, Ordering::Relaxed);
+                }
+                Err(error) => {
+                    tracing::warn!(node = %self.label, %error, retry_in = ?st.backoff, "redlock node connect failed");
+                    st.slot = Slot::Down {
+                        error,
+                        retry_at: Instant::now() + st.backoff,
+                    };
+                    st.backoff = (st.backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The current connection, waiting for a connect in progress. Fails at once while the
+    /// node is down and its backoff has not run out.
+    async fn connection(self: &Arc<Self>) -> Result<(MultiplexedConnection, u64), NodeError> {
+        loop {
+            let notified = self.changed.notified();
+            {
+                let mut st = self.state();
+                match &st.slot {
+                    Slot::Ready(conn) => return Ok((conn.clone(), st.generation)),
+                    Slot::Connecting => {}
+                    Slot::Idle => self.start_connect(&mut st),
+                    Slot::Down { error, retry_at } => {
+                        if Instant::now() < *retry_at {
+                            return Err(error.clone());
+                        }
+                        self.start_connect(&mut st);
+                    }
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Drops the connection of `generation` (if still current) so the next call reconnects.
+    fn invalidate(&self, generation: u64, why: &NodeError) {
+        let mut st = self.state();
+        if st.generation == generation && matches!(st.slot, Slot::Ready(_)) {
+            tracing::debug!(node = %self.label, error = %why, "redlock node connection dropped");
+            st.slot = Slot::Down {
+                error: why.clone(),
+                retry_at: Instant::now(),
+            };
+        }
+    }
+
+    /// Runs one script call, bounded by `deadline` (connection wait included).
+    pub(crate) async fn call(
+        self: &Arc<Self>,
+        inv: &Invocation<'_>,
+        by_sha: &redis::Cmd,
+        deadline: Instant,
+    ) -> Result<Value, NodeError> {
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let (mut conn, generation) = match timeout_at(deadline, self.connection()).await {
+            Ok(c) => c?,
+            Err(_) => return Err(NodeError::Timeout),
+        };
+        let run = async {
+            match by_sha.query_async::<Value>(&mut conn).await {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    inv.cmd(false).query_async::<Value>(&mut conn).await
+                }
+                other => other,
+            }
+        };
+        match timeout_at(deadline, run).await {
+            Ok(Ok(v)) => {
+                if self.consecutive_timeouts.load(Ordering::Relaxed) != 0 {
+                    self.consecutive_timeouts.store(0, Ordering::Relaxed);
+                }
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                let e = NodeError::from(e);
+                if e.breaks_connection() {
+                    self.invalidate(generation, &e);
+                }
+                Err(e)
+            }
+            Err(_) => {
+                let n = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+                if n >= self.settings.reconnect_after_timeouts {
+                    self.consecutive_timeouts.store(0, Ordering::Relaxed);
+                    self.invalidate(
+                        generation,
+                        &NodeError::Connection(format!("{n} consecutive timeouts")),
+                    );
+                }
+                Err(NodeError::Timeout)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_info_server() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n";
+        let s = ServerInfo::parse(info);
+        assert_eq!(s.version, "7.0.15");
+        assert_eq!(s.run_id, "abc123");
+        assert_eq!(s.uptime, Duration::from_secs(42));
+    }
+}

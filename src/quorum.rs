@@ -1,0 +1,182 @@
+//! Quorum and validity arithmetic of the Redlock algorithm, free of I/O.
+//!
+//! With `N` nodes a lock needs `N/2 + 1` of them ([`quorum`]). An attempt that started at
+//! `start` and reached its quorum after `elapsed` holds the lock for
+//! `ttl - elapsed - drift` ([`validity`]), where `drift = ttl * drift_factor + 2 ms`
+//! ([`drift`]) allows for clock rate differences between the nodes.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_redlock::quorum::{drift, quorum, validity};
+//!
+//! assert_eq!(quorum(5), 3);
+//! let ttl = Duration::from_secs(10);
+//! let d = drift(ttl, 0.01); // 100 ms + 2 ms
+//! assert_eq!(d, Duration::from_millis(102));
+//! assert_eq!(validity(ttl, Duration::from_millis(8), d), Some(Duration::from_millis(9_890)));
+//! assert_eq!(validity(ttl, Duration::from_secs(10), d), None); // nothing left
+//! ```
+
+use std::time::Duration;
+
+/// The fixed part of the drift allowance, for the granularity of Redis expiries.
+pub const DRIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// How many of `nodes` nodes must agree: a strict majority, `nodes / 2 + 1`.
+pub fn quorum(nodes: usize) -> usize {
+    nodes / 2 + 1
+}
+
+/// The drift allowance for a TTL: `ttl * drift_factor + 2 ms`.
+pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
+    ttl.mul_f64(drift_factor) + DRIFT_FLOOR
+}
+
+/// What is left of `ttl` after `elapsed` and `drift`, or `None` if nothing positive is left.
+pub fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Option<Duration> {
+    ttl.checked_sub(elapsed)?
+        .checked_sub(drift)
+        .filter(|v| !v.is_zero())
+}
+
+/// What a [`Tally`] knows so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// More answers are needed.
+    Pending,
+    /// The quorum is reached: no need to wait for the other nodes.
+    Reached,
+    /// So many nodes failed that the quorum can no longer be reached.
+    Impossible,
+}
+
+/// Counts per-node outcomes of one operation and decides as early as the outcome is certain.
+///
+/// ```
+/// use tower_redlock::quorum::{Decision, Tally};
+///
+/// let mut t = Tally::new(5);
+/// assert_eq!(t.record(false), Decision::Pending);
+/// assert_eq!(t.record(true), Decision::Pending);
+/// assert_eq!(t.record(true), Decision::Pending);
+/// assert_eq!(t.record(true), Decision::Reached); // 3 of 5: no need to wait for the 5th
+/// ```
+#[derive(Debug, Clone)]
+pub struct Tally {
+    nodes: usize,
+    quorum: usize,
+    ok: usize,
+    failed: usize,
+}
+
+impl Tally {
+    /// A tally for `nodes` nodes.
+    pub fn new(nodes: usize) -> Self {
+        Self {
+            nodes,
+            quorum: quorum(nodes),
+            ok: 0,
+            failed: 0,
+        }
+    }
+
+    /// Records one node's outcome and says whether the result is now certain.
+    pub fn record(&mut self, success: bool) -> Decision {
+        if success {
+            self.ok += 1;
+        } else {
+            self.failed += 1;
+        }
+        self.decision()
+    }
+
+    /// The decision given what has been recorded so far.
+    pub fn decision(&self) -> Decision {
+        if self.ok >= self.quorum {
+            Decision::Reached
+        } else if self.failed > self.nodes - self.quorum {
+            Decision::Impossible
+        } else {
+            Decision::Pending
+        }
+    }
+
+    /// Successes recorded so far.
+    pub fn successes(&self) -> usize {
+        self.ok
+    }
+
+    /// The quorum this tally needs.
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_is_a_strict_majority() {
+        for n in 1..=9usize {
+            let q = quorum(n);
+            assert!(2 * q > n, "n={n}");
+            assert!(2 * (q - 1) <= n, "n={n}");
+        }
+        assert_eq!(quorum(1), 1);
+        assert_eq!(quorum(3), 2);
+        assert_eq!(quorum(5), 3);
+    }
+
+    /// Every order of outcomes on simulated nodes: the tally decides exactly when the
+    /// outcome is certain, never earlier and never later.
+    #[test]
+    fn tally_decides_exactly_when_certain() {
+        for n in [1usize, 3, 5, 7] {
+            for mask in 0u32..(1 << n) {
+                let outcomes: Vec<bool> = (0..n).map(|i| mask & (1 << i) != 0).collect();
+                let total_ok = outcomes.iter().filter(|o| **o).count();
+                let mut t = Tally::new(n);
+                let mut decided_at = None;
+                for (i, o) in outcomes.iter().enumerate() {
+                    let d = t.record(*o);
+                    if d != Decision::Pending {
+                        decided_at = Some((i, d));
+                        break;
+                    }
+                }
+                let (at, d) = decided_at.expect("all answers in: a decision is due");
+                let expected = if total_ok >= quorum(n) {
+                    Decision::Reached
+                } else {
+                    Decision::Impossible
+                };
+                assert_eq!(d, expected, "n={n} mask={mask:b}");
+                // Not decidable one answer earlier: some completion of the rest flips it.
+                let seen = &outcomes[..at];
+                let ok = seen.iter().filter(|o| **o).count();
+                let rest = n - seen.len();
+                let could_reach = ok + rest >= quorum(n);
+                let could_fail = ok < quorum(n);
+                assert!(
+                    could_reach && could_fail,
+                    "decided late: n={n} mask={mask:b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn validity_subtracts_elapsed_and_drift() {
+        let ttl = Duration::from_millis(1000);
+        let d = drift(ttl, 0.01);
+        assert_eq!(d, Duration::from_millis(12));
+        assert_eq!(
+            validity(ttl, Duration::from_millis(100), d),
+            Some(Duration::from_millis(888))
+        );
+        assert_eq!(validity(ttl, Duration::from_millis(988), d), None);
+        assert_eq!(validity(ttl, Duration::from_millis(2000), d), None);
+        assert_eq!(drift(ttl, 0.0), DRIFT_FLOOR);
+    }
+}

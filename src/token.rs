@@ -1,0 +1,212 @@
+//! Held locks, lock names and lock values.
+//!
+//! A lock name is any non-empty byte string. Its Redis key is `{prefix}{name}`; a name
+//! longer than [`MAX_NAME_LEN`] bytes is replaced by `#sha256:` and the hex SHA-256 of the
+//! name, so untrusted input (a header, a path segment) cannot make huge keys.
+//!
+//! Each acquisition gets a fresh value of [`VALUE_LEN`] bytes from the operating system's
+//! CSPRNG, stored hex-encoded. Only the holder knows it, so only the holder can extend or
+//! release the lock; a downstream store can also use it for compare-and-set.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use tower_redlock::Redlock;
+//!
+//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let lock = redlock.lock("invoice:42").await?;
+//! assert_eq!(lock.name(), b"invoice:42");
+//! assert_eq!(lock.value().len(), 2 * tower_redlock::VALUE_LEN);
+//! println!("valid for another {:?}", lock.remaining());
+//! redlock.unlock(&lock).await;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::LockError;
+
+/// Names longer than this many bytes are hashed with SHA-256 into a fixed-size key.
+pub const MAX_NAME_LEN: usize = 256;
+
+/// Bytes of CSPRNG output in every lock value (hex-encoded on the wire: twice as many characters).
+pub const VALUE_LEN: usize = 20;
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn hex_into(out: &mut Vec<u8>, bytes: &[u8]) {
+    for b in bytes {
+        out.push(HEX[usize::from(b >> 4)]);
+        out.push(HEX[usize::from(b & 0x0f)]);
+    }
+}
+
+/// The Redis key for `name` under `prefix`; an error for an empty name.
+pub(crate) fn key_for(prefix: &[u8], name: &[u8]) -> Result<Vec<u8>, LockError> {
+    if name.is_empty() {
+        return Err(LockError::InvalidName {
+            reason: "the name is empty",
+        });
+    }
+    if name.len() <= MAX_NAME_LEN {
+        let mut key = Vec::with_capacity(prefix.len() + name.len());
+        key.extend_from_slice(prefix);
+        key.extend_from_slice(name);
+        Ok(key)
+    } else {
+        const TAG: &[u8] = b"#sha256:";
+        let digest = Sha256::digest(name);
+        let mut key = Vec::with_capacity(prefix.len() + TAG.len() + 64);
+        key.extend_from_slice(prefix);
+        key.extend_from_slice(TAG);
+        hex_into(&mut key, &digest);
+        Ok(key)
+    }
+}
+
+/// A fresh lock value: [`VALUE_LEN`] bytes from the OS CSPRNG, hex-encoded.
+pub(crate) fn new_value() -> Result<String, LockError> {
+    let mut raw = [0u8; VALUE_LEN];
+    getrandom::fill(&mut raw).map_err(|e| LockError::Entropy(e.to_string()))?;
+    let mut out = Vec::with_capacity(2 * VALUE_LEN);
+    hex_into(&mut out, &raw);
+    // Hex digits are ASCII, so this cannot fail; map rather than unwrap all the same.
+    String::from_utf8(out).map_err(|e| LockError::Entropy(e.to_string()))
+}
+
+/// A resource's name and its Redis key.
+#[derive(Debug)]
+pub(crate) struct Resource {
+    pub(crate) name: Box<[u8]>,
+    pub(crate) key: Box<[u8]>,
+}
+
+/// A lock this client holds (or held): returned by [`Redlock::lock`](crate::Redlock::lock)
+/// and [`Redlock::try_lock`](crate::Redlock::try_lock).
+///
+/// It is a plain handle: dropping it does not release the lock, which then expires at the
+/// end of its TTL. Release it with [`Redlock::unlock`](crate::Redlock::unlock). Cloning is
+/// cheap. `Debug` output never shows the value.
+#[derive(Clone)]
+pub struct Lock {
+    pub(crate) resource: Arc<Resource>,
+    pub(crate) value: Arc<str>,
+    pub(crate) started: Instant,
+    pub(crate) valid_until: Instant,
+    pub(crate) ttl: Duration,
+    pub(crate) attempts: u32,
+}
+
+impl Lock {
+    /// The lock name, as given.
+    pub fn name(&self) -> &[u8] {
+        &self.resource.name
+    }
+
+    /// The Redis key (prefix and name, or prefix and hash for long names).
+    pub fn key(&self) -> &[u8] {
+        &self.resource.key
+    }
+
+    /// The unique value stored under the key: [`VALUE_LEN`] random bytes, hex-encoded.
+    /// Use it for compare-and-set on a downstream store; keep it out of logs.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// When the lock stops being valid (on this process's monotonic clock). Past this
+    /// instant another client may hold it.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// The validity left, zero once [`valid_until`](Self::valid_until) has passed.
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the validity deadline is still ahead.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+
+    /// When the attempt (or the extension) that set the current validity started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The TTL set on the nodes by the last acquire or extend.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How many attempts the acquisition took (1 if the first one succeeded).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &String::from_utf8_lossy(&self.resource.name))
+            .field("value", &"<redacted>")
+            .field("remaining", &self.remaining())
+            .field("ttl", &self.ttl)
+            .field("attempts", &self.attempts)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn short_names_are_prefixed_verbatim() {
+        assert_eq!(key_for(b"p:", b"abc").ok(), Some(b"p:abc".to_vec()));
+        let exact = vec![b'x'; MAX_NAME_LEN];
+        let key = key_for(b"", &exact).ok();
+        assert_eq!(key.as_deref(), Some(exact.as_slice()));
+    }
+
+    #[test]
+    fn long_names_are_hashed_to_a_fixed_size() {
+        let a = key_for(b"p:", &vec![b'a'; MAX_NAME_LEN + 1]).ok();
+        let b = key_for(b"p:", &vec![b'a'; 1_000_000]).ok();
+        let c = key_for(b"p:", &vec![b'b'; 1_000_000]).ok();
+        let (a, b, c) = (
+            a.unwrap_or_default(),
+            b.unwrap_or_default(),
+            c.unwrap_or_default(),
+        );
+        assert_eq!(a.len(), 2 + 8 + 64);
+        assert_eq!(b.len(), a.len());
+        assert!(b.starts_with(b"p:#sha256:"));
+        assert_ne!(a, b);
+        assert_ne!(b, c);
+    }
+
+    #[test]
+    fn empty_names_are_rejected() {
+        assert!(matches!(
+            key_for(b"p:", b""),
+            Err(LockError::InvalidName { .. })
+        ));
+    }
+
+    #[test]
+    fn values_are_hex_of_20_random_bytes_and_unique() {
+        let mut seen = HashSet::new();
+        for _ in 0..100_000 {
+            let v = new_value().unwrap_or_default();
+            assert_eq!(v.len(), 2 * VALUE_LEN);
+            assert!(v.bytes().all(|b| b.is_ascii_hexdigit()));
+            assert!(seen.insert(v));
+        }
+    }
+}

@@ -1,0 +1,674 @@
+//! The Redlock client against real redis-server nodes started by the harness.
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use redis::AsyncCommands;
+use support::{Cluster, DelayProxy, GarbageServer, wait_for};
+use tower_redlock::{ConfigError, Lock, LockError, NodeError, Redlock, RedlockBuilder};
+
+const NODE_TIMEOUT: Duration = Duration::from_millis(50);
+
+fn builder(urls: Vec<String>) -> RedlockBuilder {
+    Redlock::builder(urls)
+        .ttl(Duration::from_secs(5))
+        .node_timeout(NODE_TIMEOUT)
+}
+
+/// Acquires and releases once so every node is connected before timing anything.
+async fn warm_up(redlock: &Redlock) {
+    let lock = redlock.lock("warm-up").await.expect("warm-up lock");
+    let report = redlock.unlock(&lock).await;
+    assert!(report.released() >= redlock.quorum());
+}
+
+async fn raw_get(c: &Cluster, i: usize, key: &[u8]) -> Option<String> {
+    let mut conn = c.raw(i).await;
+    conn.get(key).await.expect("GET")
+}
+
+async fn mutual_exclusion(n: usize) {
+    let cluster = Cluster::start(n);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    warm_up(&redlock).await;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let redlock = redlock.clone();
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut holds = Vec::new();
+            for _ in 0..200 {
+                match redlock.try_lock("shared").await {
+                    Ok(lock) => {
+                        let acquired = Instant::now();
+                        assert_eq!(
+                            inside.fetch_add(1, Ordering::SeqCst),
+                            0,
+                            "two holders at once"
+                        );
+                        tokio::task::yield_now().await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        let end = lock.valid_until().min(Instant::now());
+                        holds.push((acquired, end));
+                        redlock.unlock(&lock).await;
+                    }
+                    Err(LockError::Busy { .. }) => {}
+                    Err(e) => panic!("unexpected error: {e}"),
+                }
+            }
+            holds
+        }));
+    }
+    let mut holds = Vec::new();
+    for t in tasks {
+        holds.extend(t.await.expect("task"));
+    }
+    assert!(holds.len() >= 32, "too few acquisitions: {}", holds.len());
+    holds.sort();
+    for w in holds.windows(2) {
+        assert!(w[1].0 >= w[0].1, "holds overlap: {:?} and {:?}", w[0], w[1]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutual_exclusion_on_1_node() {
+    mutual_exclusion(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutual_exclusion_on_3_nodes() {
+    mutual_exclusion(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutual_exclusion_on_5_nodes() {
+    mutual_exclusion(5).await;
+}
+
+#[tokio::test]
+async fn two_of_five_killed_still_locks_and_unlocks() {
+    let mut cluster = Cluster::start(5);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    warm_up(&redlock).await;
+    cluster.nodes[0].kill();
+    cluster.nodes[3].kill();
+    for _ in 0..3 {
+        let lock = redlock
+            .lock("two-down")
+            .await
+            .expect("lock with 3 of 5 nodes");
+        assert!(lock.is_valid());
+        let report = redlock.unlock(&lock).await;
+        assert_eq!(report.released(), 3);
+        assert_eq!(report.failures().len(), 2);
+    }
+    // A client built while the nodes are down works too.
+    let fresh = builder(cluster.urls())
+        .build()
+        .expect("build with dead nodes");
+    let lock = fresh.lock("two-down").await.expect("lock");
+    assert_eq!(fresh.unlock(&lock).await.released(), 3);
+}
+
+#[tokio::test]
+async fn three_of_five_killed_is_no_quorum_with_three_causes() {
+    let mut cluster = Cluster::start(5);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    warm_up(&redlock).await;
+    let dead: HashSet<String> = [1, 2, 4].iter().map(|i| cluster.nodes[*i].addr()).collect();
+    for i in [1, 2, 4] {
+        cluster.nodes[i].kill();
+    }
+    for _ in 0..3 {
+        match redlock.try_lock("three-down").await {
+            Err(LockError::NoQuorum {
+                needed,
+                reached,
+                failures,
+                ..
+            }) => {
+                assert_eq!(needed, 3);
+                assert!(reached <= 2);
+                assert_eq!(failures.len(), 3, "{failures:?}");
+                let named: HashSet<String> = failures.iter().map(|f| f.node.clone()).collect();
+                assert_eq!(named, dead);
+                for f in &failures {
+                    assert!(
+                        matches!(f.error, NodeError::Refused | NodeError::Connection(_)),
+                        "{f}"
+                    );
+                }
+            }
+            other => panic!("expected NoQuorum, got {other:?}"),
+        }
+    }
+    // The error text names every failed node.
+    let err = redlock.try_lock("three-down").await.expect_err("no quorum");
+    let text = err.to_string();
+    for addr in &dead {
+        assert!(text.contains(addr.as_str()), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn a_paused_node_does_not_stall_operations() {
+    let mut cluster = Cluster::start(5);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    warm_up(&redlock).await;
+    cluster.nodes[2].pause();
+    let margin = Duration::from_millis(40);
+    for i in 0..10 {
+        let t = Instant::now();
+        let lock = redlock
+            .try_lock(format!("paused-{i}"))
+            .await
+            .expect("lock with one node paused");
+        let took = t.elapsed();
+        assert!(took < NODE_TIMEOUT + margin, "acquire took {took:?}");
+        assert!(lock.is_valid());
+        assert!(lock.remaining() > Duration::from_secs(4));
+        let t = Instant::now();
+        let report = redlock.unlock(&lock).await;
+        let took = t.elapsed();
+        assert!(took < NODE_TIMEOUT + margin, "release took {took:?}");
+        assert_eq!(report.released(), 4);
+    }
+    // Back in service after it resumes, without user action.
+    cluster.nodes[2].resume();
+    wait_for(
+        "the resumed node to take part again",
+        Duration::from_secs(10),
+        || async {
+            let lock = redlock.lock("resumed").await.expect("lock");
+            redlock.unlock(&lock).await.released() == 5
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_restarted_node_comes_back_without_user_action() {
+    let mut cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    warm_up(&redlock).await;
+    cluster.nodes[0].restart();
+    wait_for(
+        "the restarted node to take part again",
+        Duration::from_secs(10),
+        || async {
+            let lock = redlock.lock("restarted").await.expect("lock");
+            redlock.unlock(&lock).await.released() == 3
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_failed_attempt_leaves_no_key_of_ours() {
+    let cluster = Cluster::start(5);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    warm_up(&redlock).await;
+    let key = b"redlock:contended";
+    for i in 0..3 {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn.set(key, "someone-else").await.expect("SET");
+    }
+    match redlock.try_lock("contended").await {
+        Err(LockError::Busy {
+            held_elsewhere,
+            nodes,
+            retry_after,
+            ..
+        }) => {
+            assert_eq!((held_elsewhere, nodes), (3, 5));
+            assert_eq!(retry_after, None, "the other keys have no TTL");
+        }
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    for i in 0..5 {
+        let v = raw_get(&cluster, i, key).await;
+        if i < 3 {
+            assert_eq!(v.as_deref(), Some("someone-else"), "node {i}");
+        } else {
+            assert_eq!(v, None, "node {i} still has our key");
+        }
+    }
+}
+
+#[tokio::test]
+async fn busy_reports_the_holders_remaining_ttl() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    let holder = redlock.lock("ttl-hint").await.expect("lock");
+    match redlock.try_lock("ttl-hint").await {
+        Err(LockError::Busy {
+            retry_after: Some(d),
+            ..
+        }) => {
+            assert!(
+                d <= Duration::from_secs(5) && d > Duration::from_secs(3),
+                "{d:?}"
+            );
+        }
+        other => panic!("expected Busy with a hint, got {other:?}"),
+    }
+    redlock.unlock(&holder).await;
+}
+
+#[tokio::test]
+async fn unlock_never_deletes_another_clients_key_and_extend_after_expiry_is_not_held() {
+    let cluster = Cluster::start(3);
+    let a = Redlock::builder(cluster.urls())
+        .node_timeout(Duration::from_millis(20))
+        .build()
+        .expect("build");
+    let b = builder(cluster.urls()).build().expect("build");
+    let mut lock_a = a
+        .try_lock_with_ttl("expiring", Duration::from_millis(300))
+        .await
+        .expect("lock");
+    wait_for(
+        "A's key to expire on every node",
+        Duration::from_secs(5),
+        || async {
+            let mut gone = true;
+            for i in 0..3 {
+                gone &= raw_get(&cluster, i, lock_a.key()).await.is_none();
+            }
+            gone
+        },
+    )
+    .await;
+    assert!(!lock_a.is_valid());
+    match a.extend(&mut lock_a, Duration::from_secs(1)).await {
+        Err(LockError::NotHeld {
+            held_on: 0,
+            needed: 2,
+            ..
+        }) => {}
+        other => panic!("expected NotHeld, got {other:?}"),
+    }
+    let lock_b = b.try_lock("expiring").await.expect("B takes the free lock");
+    let report = a.unlock(&lock_a).await;
+    assert_eq!(report.released(), 0);
+    assert_eq!(report.not_held(), 3);
+    for i in 0..3 {
+        assert_eq!(
+            raw_get(&cluster, i, lock_b.key()).await.as_deref(),
+            Some(lock_b.value()),
+            "B's key on node {i}"
+        );
+    }
+    match a.extend(&mut lock_a, Duration::from_secs(1)).await {
+        Err(LockError::NotHeld { held_on: 0, .. }) => {}
+        other => panic!("extend of a lock taken over: expected NotHeld, got {other:?}"),
+    }
+    assert_eq!(b.unlock(&lock_b).await.released(), 3);
+}
+
+#[tokio::test]
+async fn extend_moves_the_deadline_and_the_ttl_on_the_nodes() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    let mut lock = redlock
+        .try_lock_with_ttl("extended", Duration::from_secs(2))
+        .await
+        .expect("lock");
+    let before = lock.valid_until();
+    redlock
+        .extend(&mut lock, Duration::from_secs(30))
+        .await
+        .expect("extend");
+    assert!(lock.valid_until() > before + Duration::from_secs(20));
+    assert_eq!(lock.ttl(), Duration::from_secs(30));
+    for i in 0..3 {
+        let mut conn = cluster.raw(i).await;
+        let pttl: i64 = conn.pttl(lock.key()).await.expect("PTTL");
+        assert!(pttl > 20_000, "node {i}: {pttl}");
+    }
+    assert_eq!(redlock.unlock(&lock).await.released(), 3);
+}
+
+#[tokio::test]
+async fn validity_is_below_the_ttl_and_shrinks_with_latency() {
+    let cluster = Cluster::start(3);
+    let mut proxies = Vec::new();
+    for node in &cluster.nodes {
+        proxies.push(DelayProxy::start(node.addr()).await);
+    }
+    let ttl = Duration::from_secs(5);
+    let drift = tower_redlock::quorum::drift(ttl, tower_redlock::DEFAULT_DRIFT_FACTOR);
+    let redlock = Redlock::builder(proxies.iter().map(DelayProxy::url).collect::<Vec<_>>())
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(400))
+        .build()
+        .expect("build");
+    warm_up(&redlock).await;
+    let fast = redlock.try_lock("validity-fast").await.expect("lock");
+    let fast_validity = fast.valid_until() - fast.started();
+    assert!(fast_validity <= ttl - drift, "{fast_validity:?}");
+    for p in &proxies {
+        p.set_delay(Duration::from_millis(40));
+    }
+    let slow = redlock.try_lock("validity-slow").await.expect("lock");
+    let slow_validity = slow.valid_until() - slow.started();
+    // A round trip now takes at least 80 ms (40 ms each way).
+    assert!(
+        slow_validity <= ttl - drift - Duration::from_millis(80),
+        "{slow_validity:?}"
+    );
+    assert!(slow_validity < fast_validity);
+}
+
+#[tokio::test]
+async fn values_are_20_random_bytes_unique_across_100_000_acquisitions() {
+    let cluster = Cluster::start(1);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    warm_up(&redlock).await;
+    let values: Vec<String> = futures_util::stream::iter(0..100_000u32)
+        .map(|i| {
+            let redlock = redlock.clone();
+            async move {
+                let lock: Lock = redlock.try_lock(i.to_be_bytes()).await.expect("lock");
+                lock.value().to_owned()
+            }
+        })
+        .buffer_unordered(128)
+        .collect()
+        .await;
+    let mut seen = HashSet::with_capacity(values.len());
+    for v in values {
+        assert_eq!(v.len(), 40, "20 bytes, hex-encoded");
+        assert!(v.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(seen.insert(v), "duplicate value");
+    }
+    assert_eq!(seen.len(), 100_000);
+}
+
+/// `calls` of EVALSHA on a node, from INFO commandstats.
+async fn evalsha_calls(cluster: &Cluster, i: usize) -> u64 {
+    let mut conn = cluster.raw(i).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_waiter_gets_the_lock_after_the_holder_unlocks() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls())
+        .max_attempts(200)
+        .retry_delay(Duration::from_millis(10), Duration::from_millis(10))
+        .build()
+        .expect("build");
+    let holder = redlock.lock("handover").await.expect("lock");
+    let before = evalsha_calls(&cluster, 0).await;
+    let waiter = {
+        let redlock = redlock.clone();
+        tokio::spawn(async move {
+            let lock = redlock.lock("handover").await;
+            (lock, Instant::now())
+        })
+    };
+    // The waiter's first attempt failed (acquire + release reached node 0) ...
+    wait_for(
+        "the waiter to fail an attempt",
+        Duration::from_secs(5),
+        || async { evalsha_calls(&cluster, 0).await >= before + 2 },
+    )
+    .await;
+    // ... then the holder lets go.
+    let released_at = Instant::now();
+    assert_eq!(redlock.unlock(&holder).await.released(), 3);
+    let (lock, got_at) = waiter.await.expect("task");
+    let lock = lock.expect("the waiter gets the lock");
+    assert!(lock.attempts() >= 2, "attempts: {}", lock.attempts());
+    assert!(lock.attempts() <= 200);
+    assert!(got_at > released_at);
+    redlock.unlock(&lock).await;
+}
+
+#[tokio::test]
+async fn lock_honours_the_retry_deadline() {
+    let cluster = Cluster::start(3);
+    let holder_client = builder(cluster.urls()).build().expect("build");
+    let holder = holder_client.lock("deadline").await.expect("lock");
+    let deadline = Duration::from_millis(300);
+    let waiter = builder(cluster.urls())
+        .max_attempts(10_000)
+        .retry_delay(Duration::from_millis(20), Duration::from_millis(20))
+        .retry_deadline(Some(deadline))
+        .build()
+        .expect("build");
+    warm_up(&waiter).await;
+    let t = Instant::now();
+    let err = waiter.lock("deadline").await.expect_err("held all along");
+    let took = t.elapsed();
+    match err {
+        LockError::Busy { attempts, .. } => assert!(attempts > 1, "{attempts}"),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    assert!(took >= deadline, "gave up early: {took:?}");
+    assert!(
+        took < deadline + Duration::from_millis(30),
+        "overran: {took:?}"
+    );
+    holder_client.unlock(&holder).await;
+}
+
+#[tokio::test]
+async fn max_attempts_bounds_the_retries() {
+    let cluster = Cluster::start(1);
+    let redlock = builder(cluster.urls())
+        .max_attempts(4)
+        .retry_delay(Duration::from_millis(1), Duration::from_millis(1))
+        .build()
+        .expect("build");
+    let holder = redlock.lock("bounded").await.expect("lock");
+    match redlock.lock("bounded").await {
+        Err(LockError::Busy { attempts: 4, .. }) => {}
+        other => panic!("expected Busy after 4 attempts, got {other:?}"),
+    }
+    redlock.unlock(&holder).await;
+}
+
+#[tokio::test]
+async fn bad_configurations_get_typed_errors() {
+    let one = || vec!["redis://127.0.0.1:1".to_owned()];
+    let check = |b: RedlockBuilder, pred: fn(&ConfigError) -> bool| {
+        let err = b.build().expect_err("must be refused");
+        assert!(pred(&err), "wrong error: {err:?}");
+        assert!(!err.to_string().is_empty());
+    };
+    check(Redlock::builder(Vec::<String>::new()), |e| {
+        matches!(e, ConfigError::NoNodes)
+    });
+    check(
+        Redlock::builder(["redis://127.0.0.1:1", "redis://127.0.0.1:2"]),
+        |e| matches!(e, ConfigError::EvenNodeCount { nodes: 2 }),
+    );
+    check(
+        Redlock::builder([
+            "redis://127.0.0.1:1",
+            "redis://127.0.0.1:1",
+            "redis://127.0.0.1:3",
+        ]),
+        |e| matches!(e, ConfigError::DuplicateNode { .. }),
+    );
+    check(Redlock::builder(["not a url"]), |e| {
+        matches!(e, ConfigError::InvalidUrl { .. })
+    });
+    check(Redlock::builder(["http://127.0.0.1:1"]), |e| {
+        matches!(e, ConfigError::InvalidUrl { .. })
+    });
+    let err = Redlock::builder(["redis://user:hunter2@127.0.0.1:1/x"])
+        .build()
+        .expect_err("bad db");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    check(Redlock::builder(one()).ttl(Duration::ZERO), |e| {
+        matches!(e, ConfigError::ZeroTtl)
+    });
+    check(
+        Redlock::builder(one()).ttl(Duration::from_micros(999)),
+        |e| matches!(e, ConfigError::ZeroTtl),
+    );
+    check(
+        Redlock::builder(one()).ttl(Duration::from_secs(2 * 24 * 3600)),
+        |e| matches!(e, ConfigError::TtlTooLong { .. }),
+    );
+    check(
+        Redlock::builder(one())
+            .ttl(Duration::from_secs(1))
+            .node_timeout(Duration::from_millis(101)),
+        |e| matches!(e, ConfigError::NodeTimeoutTooLong { .. }),
+    );
+    check(Redlock::builder(one()).node_timeout(Duration::ZERO), |e| {
+        matches!(e, ConfigError::ZeroNodeTimeout)
+    });
+    for f in [-0.1, 0.5, 1.0, f64::NAN] {
+        check(Redlock::builder(one()).drift_factor(f), |e| {
+            matches!(e, ConfigError::DriftFactorOutOfRange { .. })
+        });
+    }
+    check(Redlock::builder(one()).max_attempts(0), |e| {
+        matches!(e, ConfigError::ZeroAttempts)
+    });
+    check(
+        Redlock::builder(one())
+            .ttl(Duration::from_secs(1))
+            .min_validity(Duration::from_secs(1)),
+        |e| matches!(e, ConfigError::MinValidityTooLong { .. }),
+    );
+    check(
+        Redlock::builder(one()).connect_timeout(Duration::ZERO),
+        |e| matches!(e, ConfigError::ZeroConnectTimeout),
+    );
+    // The bounds themselves are accepted.
+    Redlock::builder(one())
+        .ttl(Duration::from_secs(1))
+        .node_timeout(Duration::from_millis(100))
+        .drift_factor(0.0)
+        .build()
+        .expect("timeout of exactly TTL/10");
+}
+
+#[tokio::test]
+async fn bad_per_call_settings_and_names_get_typed_errors() {
+    let cluster = Cluster::start(1);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    assert!(matches!(
+        redlock.try_lock("").await,
+        Err(LockError::InvalidName { .. })
+    ));
+    assert!(matches!(
+        redlock.try_lock_with_ttl("x", Duration::ZERO).await,
+        Err(LockError::Config(ConfigError::ZeroTtl))
+    ));
+    assert!(matches!(
+        redlock.lock_with_ttl("x", Duration::from_millis(100)).await,
+        Err(LockError::Config(ConfigError::NodeTimeoutTooLong { .. }))
+    ));
+    // A huge name is hashed into a short key and works.
+    let huge = vec![b'n'; 1 << 20];
+    let lock = redlock.try_lock(&huge).await.expect("huge name");
+    assert!(lock.key().len() < 100);
+    assert_eq!(lock.name().len(), 1 << 20);
+    assert!(matches!(
+        redlock.try_lock(&huge).await,
+        Err(LockError::Busy { .. })
+    ));
+    assert_eq!(redlock.unlock(&lock).await.released(), 1);
+}
+
+#[tokio::test]
+async fn a_node_that_speaks_garbage_is_a_clear_per_node_error() {
+    let garbage = GarbageServer::start().await;
+    let redlock = builder(vec![garbage.url()]).build().expect("build");
+    match redlock.try_lock("g").await {
+        Err(LockError::NoQuorum { failures, .. }) => {
+            assert_eq!(failures.len(), 1);
+            assert_eq!(failures[0].node, format!("127.0.0.1:{}", garbage.port));
+            assert!(
+                matches!(failures[0].error, NodeError::Protocol(_)),
+                "{:?}",
+                failures[0].error
+            );
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+    // With two real nodes beside it, the quorum holds.
+    let cluster = Cluster::start(2);
+    let mut urls = cluster.urls();
+    urls.push(garbage.url());
+    let redlock = builder(urls).build().expect("build");
+    let lock = redlock.lock("g").await.expect("2 of 3");
+    let report = redlock.unlock(&lock).await;
+    assert_eq!(report.released(), 2);
+    assert_eq!(report.failures().len(), 1);
+}
+
+#[tokio::test]
+async fn a_wrongtype_key_is_a_clear_per_node_error() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    for i in 0..3 {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn.lpush("redlock:listy", "x").await.expect("LPUSH");
+    }
+    match redlock.try_lock("listy").await {
+        Err(LockError::NoQuorum {
+            failures,
+            reached: 0,
+            ..
+        }) => {
+            assert!(failures.len() >= 2, "{failures:?}");
+            for f in &failures {
+                match &f.error {
+                    NodeError::Redis(text) => assert!(text.contains("WRONGTYPE"), "{text}"),
+                    other => panic!("expected a Redis error, got {other:?}"),
+                }
+            }
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_hung_node_at_connect_time_does_not_stall() {
+    // A listener that accepts but never answers.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let hung_url = format!("redis://{}", hung.local_addr().expect("addr"));
+    let cluster = Cluster::start(2);
+    let mut urls = cluster.urls();
+    urls.push(hung_url);
+    let redlock = builder(urls).build().expect("build");
+    for i in 0..5 {
+        let t = Instant::now();
+        let lock = redlock.lock(format!("hung-{i}")).await.expect("2 of 3");
+        assert!(
+            t.elapsed() < NODE_TIMEOUT + Duration::from_millis(40),
+            "{:?}",
+            t.elapsed()
+        );
+        let t = Instant::now();
+        redlock.unlock(&lock).await;
+        assert!(
+            t.elapsed() < NODE_TIMEOUT + Duration::from_millis(40),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+}

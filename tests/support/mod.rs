@@ -1,0 +1,402 @@
+//! Test harness: real `redis-server` processes on free loopback ports, and small TCP
+//! helpers (a delaying proxy, a server that speaks garbage).
+//!
+//! Nodes start with `--save "" --appendonly no`, are waited for until they answer `PING`,
+//! can be paused (SIGSTOP), resumed, killed and restarted on the same port (with their data
+//! gone), and are killed when the [`Cluster`] is dropped, on panics too. They also die with
+//! the test process (`PR_SET_PDEATHSIG`).
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn redis_server_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("REDIS_SERVER") {
+        return PathBuf::from(p);
+    }
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let p = PathBuf::from(dir).join("redis-server");
+        if p.is_file() {
+            return p;
+        }
+    }
+    for p in [
+        "/usr/bin/redis-server",
+        "/usr/local/bin/redis-server",
+        "/usr/sbin/redis-server",
+    ] {
+        if std::path::Path::new(p).is_file() {
+            return PathBuf::from(p);
+        }
+    }
+    panic!(
+        "redis-server not found: the tests need real Redis nodes. Install it with \
+         `apt-get install -y redis-server` (or run scripts/test, which does), or set \
+         REDIS_SERVER=/path/to/redis-server"
+    );
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// One `redis-server` process.
+pub struct RedisNode {
+    port: u16,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl RedisNode {
+    /// Starts a node on a free port (retrying on a port race).
+    pub fn start() -> Self {
+        for _ in 0..5 {
+            let port = free_port();
+            if let Some(child) = spawn_on(port) {
+                return Self {
+                    port,
+                    child: Some(child),
+                    paused: false,
+                };
+            }
+        }
+        panic!("could not start redis-server on a free port after 5 tries");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn pid(&self) -> i32 {
+        self.child
+            .as_ref()
+            .map(|c| c.id() as i32)
+            .expect("node is running")
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        let rc = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(rc, 0, "kill({sig}) failed");
+    }
+
+    /// SIGSTOP: the node keeps its connections but answers nothing.
+    pub fn pause(&mut self) {
+        self.signal(libc::SIGSTOP);
+        self.paused = true;
+    }
+
+    /// SIGCONT.
+    pub fn resume(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.paused = false;
+    }
+
+    /// SIGKILL and reap: connections are reset, the port refuses.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.paused = false;
+    }
+
+    /// Kills (if running) and starts again on the same port, with no data.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(child) = spawn_on(self.port) {
+                self.child = Some(child);
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "could not restart redis on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for RedisNode {
+    fn drop(&mut self) {
+        if self.paused
+            && let Some(c) = &self.child
+        {
+            // SAFETY: as in `signal`.
+            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+        }
+        self.kill();
+    }
+}
+
+/// Starts redis-server on `port` and waits until it answers PING; `None` if it exited
+/// (port taken).
+fn spawn_on(port: u16) -> Option<Child> {
+    let bin = redis_server_binary();
+    let mut cmd = Command::new(&bin);
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "no",
+        "--daemonize",
+        "no",
+        "--loglevel",
+        "warning",
+        "--dir",
+        &std::env::temp_dir().to_string_lossy(),
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    // SAFETY: prctl in the child before exec; async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return None;
+        }
+        match server_pid(port) {
+            Some(pid) if pid == child.id() => return Some(child),
+            // Another test's server answers on this port: ours will exit.
+            Some(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            None => {}
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("redis-server on port {port} did not answer PING within {START_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The `process_id` of the server answering on `port`, if one answers.
+fn server_pid(port: u16) -> Option<u32> {
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    )
+    .ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    s.write_all(b"INFO server\r\n").ok()?;
+    let mut text = String::new();
+    let mut buf = [0u8; 4096];
+    while !text.contains("process_id:") || !text[text.find("process_id:")?..].contains('\n') {
+        let n = s.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let rest = &text[text.find("process_id:")? + "process_id:".len()..];
+    rest[..rest.find('\r')?].trim().parse().ok()
+}
+
+/// N nodes, killed on drop.
+pub struct Cluster {
+    pub nodes: Vec<RedisNode>,
+}
+
+impl Cluster {
+    pub fn start(n: usize) -> Self {
+        Self {
+            nodes: (0..n).map(|_| RedisNode::start()).collect(),
+        }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisNode::url).collect()
+    }
+
+    /// A plain redis client connection to node `i`, for checks behind the library's back.
+    pub async fn raw(&self, i: usize) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.nodes[i].url())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw connection")
+    }
+}
+
+/// Waits until `cond` holds, polling every few ms, or panics with `what` at the deadline.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A TCP proxy in front of one address that delays every chunk by a settable time in each
+/// direction.
+pub struct DelayProxy {
+    pub port: u16,
+    delay_us: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DelayProxy {
+    pub async fn start(upstream: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let delay_us = Arc::new(AtomicU64::new(0));
+        let d = delay_us.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let (dr, dw) = down.into_split();
+                let (ur, uw) = up.into_split();
+                tokio::spawn(pump(dr, uw, d.clone()));
+                tokio::spawn(pump(ur, dw, d.clone()));
+            }
+        });
+        Self {
+            port,
+            delay_us,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn set_delay(&self, d: Duration) {
+        self.delay_us.store(d.as_micros() as u64, Ordering::SeqCst);
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay_us: Arc<AtomicU64>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let d = delay_us.load(Ordering::SeqCst);
+        if d > 0 {
+            tokio::time::sleep(Duration::from_micros(d)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A TCP server that answers every connection with an HTTP response, not Redis.
+pub struct GarbageServer {
+    pub port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GarbageServer {
+    pub async fn start() -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {
+                                if s.write_all(
+                                    b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
+                                )
+                                .await
+                                .is_err()
+                                {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Self { port, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for GarbageServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
