@@ -36,7 +36,7 @@
 //! - [`quorum`]: the quorum and validity arithmetic;
 //! - [`error`]: what can go wrong, per operation and per node.
 //!
-//! The algorithm and the reasons behind each choice are in `DESIGN.md` of the repository.
+//! The design rules are summarised in `CONTRIBUTING.md` of the repository.
 #![deny(missing_docs, unreachable_pub, unsafe_code)]
 #![warn(rust_2018_idioms)]
 
@@ -55,3 +55,8 @@ pub use client::{
 };
 pub use error::{ConfigError, LockError, NodeError, NodeFailure};
 pub use token::{Lock, MAX_NAME_LEN, VALUE_LEN};
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

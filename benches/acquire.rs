@@ -1,0 +1,54 @@
+//! Acquire + release round trips on 1, 3 and 5 local redis-server nodes (started by the
+//! test harness), one lock at a time and 64 concurrent locks.
+//!
+//! `cargo bench --bench acquire`. Compare ratios within one run, not absolute times.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use futures_util::future::join_all;
+use tower_redlock::Redlock;
+
+fn acquire_release(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("acquire_release");
+    group.measurement_time(Duration::from_secs(5));
+    for n in [1usize, 3, 5] {
+        let cluster = support::Cluster::start(n);
+        let redlock = rt.block_on(async {
+            let r = Redlock::builder(cluster.urls()).build().expect("build");
+            let l = r.lock("warm").await.expect("warm-up");
+            r.unlock(&l).await;
+            r
+        });
+        group.bench_with_input(BenchmarkId::new("sequential", n), &n, |b, _| {
+            b.to_async(&rt).iter(|| async {
+                let lock = redlock.try_lock("bench").await.expect("free lock");
+                black_box(redlock.unlock(&lock).await);
+            });
+        });
+        group.bench_with_input(BenchmarkId::new("64_distinct_names", n), &n, |b, _| {
+            b.to_async(&rt).iter(|| async {
+                join_all((0..64u8).map(|i| {
+                    let redlock = redlock.clone();
+                    async move {
+                        let lock = redlock.try_lock([b'b', i]).await.expect("free lock");
+                        black_box(redlock.unlock(&lock).await);
+                    }
+                }))
+                .await;
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, acquire_release);
+criterion_main!(benches);

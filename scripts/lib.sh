@@ -1,0 +1,65 @@
+# Shared by scripts/test and scripts/demo. Source it; do not run it.
+
+# Makes sure redis-server is on PATH: installs Debian's package when we are root with
+# apt-get, otherwise stops with the command to run.
+ensure_redis() {
+    if command -v redis-server >/dev/null 2>&1; then
+        return 0
+    fi
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "==> redis-server is missing: installing Debian's redis-server package"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+        # The package may start a system service; the tests and the demo start their own nodes.
+        command -v redis-server >/dev/null 2>&1 && return 0
+    fi
+    echo "redis-server is missing. Install it with:  sudo apt-get install -y redis-server" >&2
+    exit 1
+}
+
+# Whether something listens on 127.0.0.1:$1.
+port_in_use() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# Starts $1 redis-server nodes on free loopback ports from $2 upwards. Sets NODE_PIDS,
+# NODE_PORTS and REDLOCK_NODES (comma-separated URLs). Call stop_nodes to end them.
+start_nodes() {
+    local count=$1 port=$2
+    NODE_PIDS=() NODE_PORTS=()
+    NODE_DIR=$(mktemp -d)
+    while [ "${#NODE_PORTS[@]}" -lt "$count" ]; do
+        if ! port_in_use "$port"; then
+            redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+                --daemonize no --loglevel warning --dir "$NODE_DIR" \
+                --logfile "$NODE_DIR/$port.log" &
+            NODE_PIDS+=("$!")
+            NODE_PORTS+=("$port")
+        fi
+        port=$((port + 1))
+    done
+    local p deadline=$((SECONDS + 10))
+    for p in "${NODE_PORTS[@]}"; do
+        until [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; do
+            if [ "$SECONDS" -ge "$deadline" ]; then
+                echo "redis-server on port $p did not start; see $NODE_DIR/$p.log" >&2
+                return 1
+            fi
+            sleep 0.05
+        done
+    done
+    REDLOCK_NODES=$(printf 'redis://127.0.0.1:%s,' "${NODE_PORTS[@]}")
+    REDLOCK_NODES=${REDLOCK_NODES%,}
+    export REDLOCK_NODES
+}
+
+stop_nodes() {
+    local pid
+    for pid in "${NODE_PIDS[@]:-}"; do
+        [ -n "$pid" ] || continue
+        kill -TERM "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    [ -n "${NODE_DIR:-}" ] && rm -rf "$NODE_DIR"
+    NODE_PIDS=()
+}
