@@ -408,6 +408,10 @@ impl Redlock {
 
     /// Acquires `name` with the default TTL, retrying per the retry policy (max attempts,
     /// jittered delay, optional deadline).
+    ///
+    /// An attempt returns as soon as a quorum of nodes granted the lock; nodes that had not
+    /// answered by then are not waited for (their `SET` usually went out already and lands
+    /// too; a node still connecting may miss it). [`unlock`](Self::unlock) goes to every node.
     pub async fn lock(&self, name: impl AsRef<[u8]>) -> Result<Lock, LockError> {
         self.lock_with_ttl(name, self.inner.ttl).await
     }
@@ -657,8 +661,9 @@ impl Redlock {
     /// with the same quorum and validity rule as acquiring. On success the lock's validity
     /// deadline moves.
     ///
-    /// Fails with [`LockError::NotHeld`] when the lock is no longer ours on a quorum (it
-    /// expired or was taken over), with [`LockError::NoQuorum`] when too many nodes failed,
+    /// Fails with [`LockError::NotHeld`] when the lock's validity has already run out
+    /// (without asking the nodes: another client may have held it in the meantime), or when
+    /// it is no longer ours on a quorum (it expired or was taken over), with [`LockError::NoQuorum`] when too many nodes failed,
     /// and with [`LockError::ValidityExhausted`] when the quorum came too late. A failed
     /// extension leaves the lock's deadline as it was.
     pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
@@ -672,8 +677,17 @@ impl Redlock {
             ttl_ms: Some(ttl_ms),
         };
         let start = Instant::now();
-        // Never wait past the current validity: after it, extending is pointless.
-        let deadline = self.call_deadline(start, ttl, Some(lock.valid_until.max(start)));
+        if start >= lock.valid_until {
+            // The validity ran out: another client may have held the lock since, so the
+            // hold cannot be continued, even if our keys are still there.
+            return Err(LockError::NotHeld {
+                held_on: 0,
+                needed: self.quorum(),
+                failures: Vec::new(),
+            });
+        }
+        // The extension must take effect within the current validity.
+        let deadline = self.call_deadline(start, ttl, Some(lock.valid_until));
         let mut not_held = 0;
         let mut failures = Vec::new();
         let tally = self

@@ -269,6 +269,7 @@ async fn unlock_never_deletes_another_clients_key_and_extend_after_expiry_is_not
         .build()
         .expect("build");
     let b = builder(cluster.urls()).build().expect("build");
+    warm_up(&b).await;
     let mut lock_a = a
         .try_lock_with_ttl("expiring", Duration::from_millis(300))
         .await
@@ -313,9 +314,41 @@ async fn unlock_never_deletes_another_clients_key_and_extend_after_expiry_is_not
 }
 
 #[tokio::test]
+async fn extend_of_a_lock_replaced_on_a_majority_is_not_held_and_touches_nothing() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    warm_up(&redlock).await;
+    let mut lock = redlock.try_lock("replaced").await.expect("lock");
+    for i in [0, 2] {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn.set(lock.key(), "intruder").await.expect("SET");
+    }
+    let before = lock.valid_until();
+    match redlock.extend(&mut lock, Duration::from_secs(30)).await {
+        Err(LockError::NotHeld {
+            held_on, needed: 2, ..
+        }) => assert!(held_on <= 1),
+        other => panic!("expected NotHeld, got {other:?}"),
+    }
+    assert_eq!(
+        lock.valid_until(),
+        before,
+        "a failed extension keeps the old deadline"
+    );
+    for i in [0, 2] {
+        let mut conn = cluster.raw(i).await;
+        let pttl: i64 = conn.pttl(lock.key()).await.expect("PTTL");
+        assert_eq!(pttl, -1, "the intruder's key got a TTL on node {i}");
+    }
+    let report = redlock.unlock(&lock).await;
+    assert_eq!((report.released(), report.not_held()), (1, 2));
+}
+
+#[tokio::test]
 async fn extend_moves_the_deadline_and_the_ttl_on_the_nodes() {
     let cluster = Cluster::start(3);
     let redlock = builder(cluster.urls()).build().expect("build");
+    warm_up(&redlock).await;
     let mut lock = redlock
         .try_lock_with_ttl("extended", Duration::from_secs(2))
         .await
@@ -414,6 +447,7 @@ async fn a_waiter_gets_the_lock_after_the_holder_unlocks() {
         .retry_delay(Duration::from_millis(10), Duration::from_millis(10))
         .build()
         .expect("build");
+    warm_up(&redlock).await;
     let holder = redlock.lock("handover").await.expect("lock");
     let before = evalsha_calls(&cluster, 0).await;
     let waiter = {
