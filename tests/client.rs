@@ -706,3 +706,36 @@ async fn a_hung_node_at_connect_time_does_not_stall() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_flushed_script_cache_falls_back_to_eval() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    warm_up(&redlock).await;
+    for i in 0..3 {
+        let mut conn = cluster.raw(i).await;
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .expect("SCRIPT FLUSH");
+    }
+    let lock = redlock
+        .try_lock("flushed")
+        .await
+        .expect("lock after SCRIPT FLUSH");
+    assert_eq!(redlock.unlock(&lock).await.released(), 3);
+    // The fallback EVAL cached the scripts again.
+    let mut conn = cluster.raw(0).await;
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let scripts = info
+        .lines()
+        .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .expect("number_of_cached_scripts");
+    assert_eq!(scripts, 2, "acquire and release are cached again");
+}
