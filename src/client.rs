@@ -298,7 +298,7 @@ pub struct Redlock {
 ///
 /// Releasing never deletes a key that holds another client's value; a lock that already
 /// expired simply counts as not held.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Released {
     released: usize,
     not_held: usize,
@@ -367,7 +367,46 @@ fn jittered(base: Duration, jitter: Duration) -> Duration {
     base + Duration::from_nanos(r % nanos)
 }
 
+/// Releases an acquisition attempt's value in the background if the attempt's future is
+/// dropped before it finished (the SETs may have landed).
+struct PendingRelease<'a> {
+    redlock: &'a Redlock,
+    resource: &'a Arc<Resource>,
+    value: Option<Arc<str>>,
+    ttl: Duration,
+}
+
+impl Drop for PendingRelease<'_> {
+    fn drop(&mut self) {
+        if let Some(value) = self.value.take() {
+            self.redlock
+                .release_in_background(Arc::clone(self.resource), value, self.ttl);
+        }
+    }
+}
+
 impl Redlock {
+    /// Spawns a release of `value` on every node, if a tokio runtime is running;
+    /// otherwise the keys expire at the end of their TTL. Never blocks.
+    pub(crate) fn release_in_background(
+        &self,
+        resource: Arc<Resource>,
+        value: Arc<str>,
+        ttl: Duration,
+    ) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let redlock = self.clone();
+                handle.spawn(async move {
+                    redlock
+                        .release_all(&resource.key, value.as_bytes(), ttl)
+                        .await;
+                });
+            }
+            Err(_) => tracing::debug!("no tokio runtime: the lock will expire at its TTL"),
+        }
+    }
+
     /// A builder over the given node URLs, such as `redis://127.0.0.1:7001` or
     /// `rediss://user:password@host:6380/0` (TLS needs the `tls-rustls` feature).
     pub fn builder<I, S>(nodes: I) -> RedlockBuilder
@@ -423,16 +462,40 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<Lock, LockError> {
         let resource = self.resource(name.as_ref(), ttl)?;
+        let deadline = self.inner.retry_deadline.map(|d| Instant::now() + d);
+        self.retry(&resource, ttl, deadline, self.inner.max_attempts)
+            .await
+    }
+
+    /// Acquires `name` with `ttl`, retrying with the jittered delay until `deadline`
+    /// (the attempt limit of the retry policy does not apply). No node call runs past
+    /// the deadline.
+    pub async fn lock_until(
+        &self,
+        name: impl AsRef<[u8]>,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lock, LockError> {
+        let resource = self.resource(name.as_ref(), ttl)?;
+        self.retry(&resource, ttl, Some(deadline), u32::MAX).await
+    }
+
+    async fn retry(
+        &self,
+        resource: &Arc<Resource>,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        max_attempts: u32,
+    ) -> Result<Lock, LockError> {
         let inner = &self.inner;
-        let deadline = inner.retry_deadline.map(|d| Instant::now() + d);
         let mut attempt = 1;
         loop {
-            let mut err = match self.attempt(&resource, ttl, deadline, attempt).await {
+            let mut err = match self.attempt(resource, ttl, deadline, attempt).await {
                 Ok(lock) => return Ok(lock),
                 Err(e) => e,
             };
             err.set_attempts(attempt);
-            if !err.is_retryable() || attempt >= inner.max_attempts {
+            if !err.is_retryable() || attempt >= max_attempts {
                 return Err(err);
             }
             let mut wake = Instant::now() + jittered(inner.retry_delay, inner.retry_jitter);
@@ -514,7 +577,14 @@ impl Redlock {
         outer_deadline: Option<Instant>,
         attempt: u32,
     ) -> Result<Lock, LockError> {
-        let value = new_value()?;
+        let value: Arc<str> = new_value()?.into();
+        // If this future is dropped while the SETs are out, release in the background.
+        let mut pending = PendingRelease {
+            redlock: self,
+            resource,
+            value: Some(Arc::clone(&value)),
+            ttl,
+        };
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         let inv = Invocation {
             script: &ACQUIRE_SCRIPT,
@@ -563,9 +633,10 @@ impl Redlock {
                 validity_ms = u64::try_from(validity.as_millis()).unwrap_or(u64::MAX),
                 "redlock acquired"
             );
+            pending.value = None;
             return Ok(Lock {
                 resource: Arc::clone(resource),
-                value: value.into(),
+                value,
                 started: start,
                 valid_until: start + validity,
                 ttl,
@@ -576,6 +647,7 @@ impl Redlock {
         // Failed: release on every node, including those that failed or did not answer in
         // time (their SET may have run while the reply was lost).
         self.release_all(&resource.key, value.as_bytes(), ttl).await;
+        pending.value = None;
         let err = if tally.decision() == Decision::Reached {
             LockError::ValidityExhausted {
                 elapsed,

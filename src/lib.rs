@@ -41,7 +41,11 @@
 #![warn(rust_2018_idioms)]
 
 pub mod client;
+#[cfg(any(feature = "axum", feature = "tonic"))]
+pub mod compat;
 pub mod error;
+mod guard;
+pub mod layer;
 mod node;
 pub mod quorum;
 mod scripts;
@@ -54,7 +58,8 @@ pub use client::{
     Released,
 };
 pub use error::{ConfigError, LockError, NodeError, NodeFailure};
-pub use token::{Lock, MAX_NAME_LEN, VALUE_LEN};
+pub use layer::RedlockLayer;
+pub use token::{Lock, LockToken, MAX_NAME_LEN, VALUE_LEN};
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

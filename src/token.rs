@@ -161,6 +161,60 @@ impl fmt::Debug for Lock {
     }
 }
 
+/// What a handler behind [`RedlockLayer`](crate::layer::RedlockLayer) learns about the
+/// lock it runs under, from the request extensions: `Extension<LockToken>` (or plain
+/// `LockToken` with the `axum` feature) in axum, `request.extensions().get::<LockToken>()`
+/// in tonic and hyper.
+///
+/// Cheap to clone. Use [`value`](Self::value) for compare-and-set on a downstream store
+/// (`write if current_lock == value`) and check [`is_valid`](Self::is_valid) right
+/// before committing a write. `Debug` output never shows the value.
+#[derive(Clone)]
+pub struct LockToken {
+    lock: Lock,
+}
+
+impl LockToken {
+    pub(crate) fn new(lock: Lock) -> Self {
+        Self { lock }
+    }
+
+    /// The lock name the extractor produced.
+    pub fn name(&self) -> &[u8] {
+        self.lock.name()
+    }
+
+    /// The lock's unique value: [`VALUE_LEN`] random bytes, hex-encoded.
+    pub fn value(&self) -> &str {
+        self.lock.value()
+    }
+
+    /// When the lock stops being valid (on this process's monotonic clock).
+    pub fn valid_until(&self) -> Instant {
+        self.lock.valid_until()
+    }
+
+    /// The validity left, zero once the deadline has passed.
+    pub fn remaining(&self) -> Duration {
+        self.lock.remaining()
+    }
+
+    /// Whether the validity deadline is still ahead.
+    pub fn is_valid(&self) -> bool {
+        self.lock.is_valid()
+    }
+}
+
+impl fmt::Debug for LockToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockToken")
+            .field("name", &String::from_utf8_lossy(self.name()))
+            .field("value", &"<redacted>")
+            .field("remaining", &self.remaining())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

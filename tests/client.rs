@@ -739,3 +739,31 @@ async fn a_flushed_script_cache_falls_back_to_eval() {
         .expect("number_of_cached_scripts");
     assert_eq!(scripts, 2, "acquire and release are cached again");
 }
+
+#[tokio::test]
+async fn dropping_an_acquisition_half_way_releases_what_landed() {
+    let cluster = Cluster::start(1);
+    let proxy = DelayProxy::start(cluster.nodes[0].addr()).await;
+    let redlock = Redlock::builder(vec![proxy.url()])
+        .ttl(Duration::from_secs(30))
+        .node_timeout(Duration::from_millis(2_000))
+        .build()
+        .expect("build");
+    warm_up(&redlock).await;
+    proxy.set_delay(Duration::from_millis(300));
+    let attempt = {
+        let redlock = redlock.clone();
+        tokio::spawn(async move { redlock.try_lock("dropped").await })
+    };
+    // The SET reached the node; its reply is still on its way back through the proxy.
+    wait_for("the SET to land", Duration::from_secs(5), || async {
+        raw_get(&cluster, 0, b"redlock:dropped").await.is_some()
+    })
+    .await;
+    attempt.abort();
+    assert!(attempt.await.expect_err("aborted").is_cancelled());
+    wait_for("the background release", Duration::from_secs(5), || async {
+        raw_get(&cluster, 0, b"redlock:dropped").await.is_none()
+    })
+    .await;
+}

@@ -7,6 +7,9 @@
 //! the test process (`PR_SET_PDEATHSIG`).
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "axum")]
+pub mod http;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;

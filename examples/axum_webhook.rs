@@ -1,0 +1,177 @@
+//! A webhook receiver that processes each delivery exactly once, even when the sender
+//! retries or redelivers while the first attempt is still running, and even across
+//! several instances of the receiver sharing the same Redis nodes.
+//!
+//! `POST /webhook` is locked on its `X-GitHub-Delivery` header (required: a request
+//! without it is answered 400) by `RedlockLayer` under `route_layer`. The handler checks
+//! whether the delivery was already processed, does slow work (`WORK_MS`, default 200 ms)
+//! and records it; the lock makes that check-then-act atomic, so a duplicate that arrives
+//! meanwhile gets 409 (with `Retry-After`) and one that arrives later gets 200 "already
+//! processed". `GET /stats` lists how often each delivery was processed, one `id count`
+//! line per delivery: every count must be 1.
+//!
+//! Rejections are logged through the `on_rejection` hook: when a quorum of nodes is down
+//! the 503's message names every failed node and its cause.
+//!
+//! ```text
+//! cargo run --features axum --example axum_webhook
+//! # another shell:
+//! curl -i -X POST -H 'X-GitHub-Delivery: 72d3162e' http://127.0.0.1:3000/webhook
+//! curl http://127.0.0.1:3000/stats
+//! ```
+//!
+//! Environment: `REDLOCK_NODES` (comma-separated `redis://` URLs; default: start 5 local
+//! `redis-server` processes), `LISTEN_ADDR` (default `127.0.0.1:3000`), `WORK_MS`
+//! (default 200), `RUST_LOG` (default `info`). `scripts/demo` drives this server with
+//! `examples/webhook_demo_client.rs` and kills nodes under it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use tower_redlock::layer::{Header, Rejection, RejectionKind};
+use tower_redlock::{LockToken, Redlock, RedlockLayer};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Clone)]
+struct App {
+    /// Delivery id -> how many times its work ran.
+    processed: Arc<Mutex<BTreeMap<String, u64>>>,
+    work: Duration,
+}
+
+impl App {
+    fn count(&self, id: &str) -> u64 {
+        let map = self.processed.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(id).copied().unwrap_or(0)
+    }
+
+    fn record(&self, id: &str) {
+        let mut map = self.processed.lock().unwrap_or_else(|e| e.into_inner());
+        *map.entry(id.to_owned()).or_default() += 1;
+    }
+}
+
+/// Runs with the delivery's lock held: no other request for the same delivery id runs
+/// at the same time, on this instance or any other using the same nodes.
+async fn webhook(State(app): State<App>, token: LockToken) -> (StatusCode, String) {
+    let id = String::from_utf8_lossy(token.name()).into_owned();
+    if app.count(&id) > 0 {
+        return (StatusCode::OK, format!("already processed {id}\n"));
+    }
+    tokio::time::sleep(app.work).await; // the slow part: call APIs, write to a database...
+    if !token.is_valid() {
+        // The lock expired during the work: another request may be processing this
+        // delivery now, so do not commit.
+        tracing::warn!(%id, "lock expired before the work finished; not recording");
+        return (StatusCode::SERVICE_UNAVAILABLE, "took too long, retry\n".into());
+    }
+    app.record(&id);
+    tracing::debug!(%id, "processed");
+    (StatusCode::OK, format!("processed {id}\n"))
+}
+
+/// One `id count` line per delivery.
+async fn stats(State(app): State<App>) -> String {
+    let map = app.processed.lock().unwrap_or_else(|e| e.into_inner());
+    map.iter().map(|(id, n)| format!("{id} {n}\n")).collect()
+}
+
+/// Logs every rejection with its message, then answers with the default response.
+fn log_rejection(rejection: Rejection) -> http::Response<bytes::Bytes> {
+    let status = rejection.http_status().as_u16();
+    match rejection.kind() {
+        // Duplicates arriving while the first delivery runs are expected: not a warning.
+        RejectionKind::Busy { .. } => {
+            tracing::info!(status, "duplicate delivery rejected: {}", rejection.message());
+        }
+        _ => tracing::warn!(status, "request rejected: {}", rejection.message()),
+    }
+    rejection.into_response()
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+
+    let (urls, local) = common::nodes_or_local(5)?;
+    if local.len() > 0 {
+        tracing::info!("started {} local redis-server nodes", local.len());
+    }
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .key_prefix("webhook:")
+        .build()?;
+    tracing::info!(
+        nodes = redlock.node_count(),
+        quorum = redlock.quorum(),
+        "redlock client ready: {}",
+        urls.join(",")
+    );
+
+    let work_ms: u64 = match std::env::var("WORK_MS") {
+        Ok(v) => v.parse().map_err(|e| format!("WORK_MS={v:?}: {e}"))?,
+        Err(_) => 200,
+    };
+    let app = App {
+        processed: Arc::default(),
+        work: Duration::from_millis(work_ms),
+    };
+
+    let layer = RedlockLayer::new(redlock, Header::new("x-github-delivery").required())
+        .ttl(Duration::from_secs(30))
+        .on_rejection(log_rejection);
+    let router = Router::new()
+        .route("/webhook", post(webhook))
+        .route_layer(layer)
+        .route("/stats", get(stats))
+        .with_state(app);
+
+    let addr = std::env::var("LISTEN_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let bound = listener.local_addr()?;
+    println!("listening on http://{bound} (POST /webhook, GET /stats)");
+    tracing::info!(%bound, work_ms, "webhook receiver listening");
+
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    tracing::info!("shut down");
+    drop(local); // kills the local nodes, if any
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM: stop accepting, finish what runs, then drop the local nodes.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

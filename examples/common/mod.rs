@@ -1,0 +1,107 @@
+//! Shared by the examples: the Redis nodes to lock on.
+//!
+//! `REDLOCK_NODES` (comma-separated `redis://` URLs) names existing nodes; without it,
+//! [`nodes_or_local`] starts throwaway `redis-server` processes on free loopback ports and
+//! returns a guard that kills them when dropped.
+#![allow(dead_code)]
+
+use std::error::Error;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a local node may take to answer `PING` after it was started.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Local `redis-server` processes, killed on drop (none when `REDLOCK_NODES` was used).
+#[derive(Debug, Default)]
+pub struct LocalNodes {
+    children: Vec<Child>,
+}
+
+impl LocalNodes {
+    /// How many local nodes were started.
+    pub fn len(&self) -> usize {
+        self.children.len()
+    }
+}
+
+impl Drop for LocalNodes {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The node URLs from `REDLOCK_NODES`, or `n` freshly started local nodes.
+pub fn nodes_or_local(n: usize) -> Result<(Vec<String>, LocalNodes), Box<dyn Error>> {
+    if let Ok(list) = std::env::var("REDLOCK_NODES") {
+        let urls: Vec<String> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if urls.is_empty() {
+            return Err("REDLOCK_NODES is set but empty: give comma-separated redis:// URLs".into());
+        }
+        return Ok((urls, LocalNodes::default()));
+    }
+    let mut nodes = LocalNodes::default();
+    let mut urls = Vec::with_capacity(n);
+    for _ in 0..n {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+            .arg("--dir")
+            .arg(std::env::temp_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| -> Box<dyn Error> {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    "redis-server is not installed: run `apt-get install -y redis-server`, \
+                     or set REDLOCK_NODES to comma-separated redis:// URLs"
+                        .into()
+                } else {
+                    format!("could not start redis-server: {e}").into()
+                }
+            })?;
+        nodes.children.push(child);
+        wait_for_pong(port)?;
+        urls.push(format!("redis://127.0.0.1:{port}"));
+    }
+    Ok((urls, nodes))
+}
+
+/// Waits until the node on `port` answers `PING`, up to [`START_TIMEOUT`].
+fn wait_for_pong(port: u16) -> Result<(), Box<dyn Error>> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if ping(port).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("redis-server on port {port} did not answer PING").into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn ping(port: u16) -> std::io::Result<()> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+    s.write_all(b"PING\r\n")?;
+    let mut buf = [0u8; 7];
+    s.read_exact(&mut buf)?;
+    if &buf == b"+PONG\r\n" {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("unexpected reply to PING"))
+    }
+}

@@ -1,0 +1,345 @@
+//! Turning a request into a lock name.
+//!
+//! An extractor ([`ExtractLockName`]) looks at a request and answers `Ok(Some(name))`
+//! (lock that name), `Ok(None)` (pass the request through without a lock) or `Err(_)`
+//! (reject it as bad input: HTTP 400 / gRPC `INVALID_ARGUMENT`). The stock extractors:
+//!
+//! - [`Header`]: a header's value, e.g. `Idempotency-Key` or `X-GitHub-Delivery`;
+//! - [`PathSegment`] and [`PathParam`]: a segment of the URI path, by position or by a
+//!   route template such as `/webhooks/{provider}/{id}`;
+//! - [`extract_fn`]: a closure over the [`RequestHead`];
+//! - [`PerRoute`]: prefixes another extractor's name with the route (method and matched
+//!   path, or gRPC method), for per-route locks.
+//!
+//! ```
+//! use http::Request;
+//! use tower_redlock::layer::{ExtractLockName, Header, PerRoute, extract_fn};
+//!
+//! let req = Request::post("/orders").header("idempotency-key", "k-1").body(()).unwrap();
+//! assert_eq!(Header::new("idempotency-key").extract(&req).unwrap(), Some(b"k-1".to_vec()));
+//! assert_eq!(
+//!     PerRoute::new(Header::new("idempotency-key")).extract(&req).unwrap(),
+//!     Some(b"POST /orders k-1".to_vec())
+//! );
+//! let by_query = extract_fn(|head| Ok(head.uri.query().map(|q| q.as_bytes().to_vec())));
+//! assert_eq!(by_query.extract(&req).unwrap(), None); // no query: no lock
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+
+use http::header::HeaderName;
+use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
+
+/// An extractor's refusal: the request is malformed for locking (answered with HTTP 400 /
+/// gRPC `INVALID_ARGUMENT` and the message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtractError {
+    message: Cow<'static, str>,
+}
+
+impl ExtractError {
+    /// An error with a message for the client.
+    pub fn new(message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ExtractError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ExtractError {}
+
+/// Derives a lock name from a request. See the [module docs](self).
+pub trait ExtractLockName<B> {
+    /// `Ok(Some(name))` locks `name`, `Ok(None)` passes the request through without a
+    /// lock, `Err(_)` rejects it as bad input.
+    fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError>;
+}
+
+/// The parts of a request an extractor closure sees.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct RequestHead<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The URI.
+    pub uri: &'a Uri,
+    /// The HTTP version.
+    pub version: Version,
+    /// The headers (gRPC metadata arrives here).
+    pub headers: &'a HeaderMap,
+    /// The extensions (axum's `MatchedPath`, for example).
+    pub extensions: &'a Extensions,
+}
+
+impl<'a> RequestHead<'a> {
+    /// The head of `request`.
+    pub fn of<B>(request: &'a Request<B>) -> Self {
+        Self {
+            method: request.method(),
+            uri: request.uri(),
+            version: request.version(),
+            headers: request.headers(),
+            extensions: request.extensions(),
+        }
+    }
+}
+
+/// The lock name is a header's value (such as `Idempotency-Key`, `X-GitHub-Delivery` or
+/// gRPC metadata). A missing header passes the request through, or is rejected when
+/// [`required`](Self::required); an empty value is always rejected.
+#[derive(Debug, Clone)]
+pub struct Header {
+    name: HeaderName,
+    required: bool,
+}
+
+impl Header {
+    /// Uses the header `name`.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name (a programming error, caught at start-up).
+    pub fn new(name: &'static str) -> Self {
+        Self {
+            name: HeaderName::from_static(name),
+            required: false,
+        }
+    }
+
+    /// Uses the header `name`.
+    pub fn from_name(name: HeaderName) -> Self {
+        Self {
+            name,
+            required: false,
+        }
+    }
+
+    /// Rejects requests without the header instead of passing them through.
+    pub fn required(mut self) -> Self {
+        self.required = true;
+        self
+    }
+}
+
+impl<B> ExtractLockName<B> for Header {
+    fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
+        match request.headers().get(&self.name) {
+            Some(v) if v.is_empty() => Err(ExtractError::new(format!(
+                "the {} header is empty",
+                self.name
+            ))),
+            Some(v) => Ok(Some(v.as_bytes().to_vec())),
+            None if self.required => Err(ExtractError::new(format!(
+                "the {} header is required",
+                self.name
+            ))),
+            None => Ok(None),
+        }
+    }
+}
+
+fn segments(path: &str) -> impl Iterator<Item = &str> {
+    path.split('/').filter(|s| !s.is_empty())
+}
+
+/// The lock name is the path segment at a position (0 is the first after the leading
+/// `/`); requests with fewer segments pass through.
+#[derive(Debug, Clone, Copy)]
+pub struct PathSegment {
+    index: usize,
+}
+
+impl PathSegment {
+    /// Uses segment `index`.
+    pub fn new(index: usize) -> Self {
+        Self { index }
+    }
+}
+
+impl<B> ExtractLockName<B> for PathSegment {
+    fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
+        Ok(segments(request.uri().path())
+            .nth(self.index)
+            .map(|s| s.as_bytes().to_vec()))
+    }
+}
+
+/// The lock name is a parameter of a route template such as `/webhooks/{provider}/{id}`:
+/// requests whose path does not match the template pass through.
+#[derive(Debug, Clone)]
+pub struct PathParam {
+    template: Vec<String>,
+    index: usize,
+}
+
+impl PathParam {
+    /// Uses parameter `param` (written `{param}` in `template`).
+    ///
+    /// # Panics
+    ///
+    /// If `template` has no `{param}` segment (a programming error, caught at start-up).
+    pub fn new(template: &str, param: &str) -> Self {
+        let template: Vec<String> = segments(template).map(str::to_owned).collect();
+        let wanted = format!("{{{param}}}");
+        let index = template
+            .iter()
+            .position(|s| *s == wanted)
+            .unwrap_or_else(|| panic!("route template has no {wanted} segment"));
+        Self { template, index }
+    }
+}
+
+impl<B> ExtractLockName<B> for PathParam {
+    fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
+        let mut found = None;
+        let mut count = 0;
+        for (i, seg) in segments(request.uri().path()).enumerate() {
+            let Some(pattern) = self.template.get(i) else {
+                return Ok(None);
+            };
+            let is_param = pattern.starts_with('{') && pattern.ends_with('}');
+            if !is_param && pattern != seg {
+                return Ok(None);
+            }
+            if i == self.index {
+                found = Some(seg.as_bytes().to_vec());
+            }
+            count += 1;
+        }
+        Ok(if count == self.template.len() {
+            found
+        } else {
+            None
+        })
+    }
+}
+
+/// An extractor from a closure over the [`RequestHead`]; see [`extract_fn`].
+#[derive(Clone)]
+pub struct ExtractFn<F> {
+    f: F,
+}
+
+impl<F> fmt::Debug for ExtractFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExtractFn").finish_non_exhaustive()
+    }
+}
+
+/// An extractor from a closure over the request head.
+pub fn extract_fn<F>(f: F) -> ExtractFn<F>
+where
+    F: Fn(&RequestHead<'_>) -> Result<Option<Vec<u8>>, ExtractError>,
+{
+    ExtractFn { f }
+}
+
+impl<B, F> ExtractLockName<B> for ExtractFn<F>
+where
+    F: Fn(&RequestHead<'_>) -> Result<Option<Vec<u8>>, ExtractError>,
+{
+    fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
+        (self.f)(&RequestHead::of(request))
+    }
+}
+
+/// Prefixes another extractor's name with the route: `"{METHOD} {route} {name}"`, where
+/// the route is axum's `MatchedPath` when present (with the `axum` feature, under
+/// `route_layer`), otherwise the URI path (for gRPC: `/package.Service/Method`).
+#[derive(Debug, Clone)]
+pub struct PerRoute<E> {
+    inner: E,
+}
+
+impl<E> PerRoute<E> {
+    /// Scopes `inner`'s names to the route.
+    pub fn new(inner: E) -> Self {
+        Self { inner }
+    }
+}
+
+fn route_of<B>(request: &Request<B>) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() {
+        return matched.as_str();
+    }
+    request.uri().path()
+}
+
+impl<B, E: ExtractLockName<B>> ExtractLockName<B> for PerRoute<E> {
+    fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
+        let Some(name) = self.inner.extract(request)? else {
+            return Ok(None);
+        };
+        let method = request.method().as_str();
+        let route = route_of(request);
+        let mut out = Vec::with_capacity(method.len() + route.len() + name.len() + 2);
+        out.extend_from_slice(method.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(route.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(&name);
+        Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(path: &str) -> Request<()> {
+        Request::get(path).body(()).unwrap_or_default()
+    }
+
+    #[test]
+    fn header_extractor() {
+        let h = Header::new("x-id");
+        let with = Request::get("/")
+            .header("x-id", "abc")
+            .body(())
+            .unwrap_or_default();
+        assert_eq!(h.extract(&with), Ok(Some(b"abc".to_vec())));
+        assert_eq!(h.extract(&req("/")), Ok(None));
+        assert!(h.clone().required().extract(&req("/")).is_err());
+        let empty = Request::get("/")
+            .header("x-id", "")
+            .body(())
+            .unwrap_or_default();
+        assert!(h.extract(&empty).is_err());
+    }
+
+    #[test]
+    fn path_extractors() {
+        assert_eq!(
+            PathSegment::new(1).extract(&req("/a/b/c")),
+            Ok(Some(b"b".to_vec()))
+        );
+        assert_eq!(PathSegment::new(3).extract(&req("/a/b/c")), Ok(None));
+        let p = PathParam::new("/webhooks/{provider}/{id}", "id");
+        assert_eq!(p.extract(&req("/webhooks/gh/42")), Ok(Some(b"42".to_vec())));
+        assert_eq!(p.extract(&req("/webhooks/gh")), Ok(None));
+        assert_eq!(p.extract(&req("/webhooks/gh/42/x")), Ok(None));
+        assert_eq!(p.extract(&req("/other/gh/42")), Ok(None));
+    }
+
+    #[test]
+    fn per_route_prefixes_method_and_path() {
+        let e = PerRoute::new(PathSegment::new(1));
+        assert_eq!(
+            e.extract(&req("/orders/7")),
+            Ok(Some(b"GET /orders/7 7".to_vec()))
+        );
+    }
+}

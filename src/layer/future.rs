@@ -1,0 +1,200 @@
+//! The response future of [`RedlockService`](super::RedlockService).
+//!
+//! States: acquiring the lock, then calling the inner service with the [`LockToken`] in the
+//! request extensions, then (in the default release mode) releasing before the response is
+//! returned. Dropping the future in any state releases what it holds in the background.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::Response;
+use pin_project_lite::pin_project;
+
+use super::body::ResponseBody;
+use super::reject::Rejection;
+use super::{Config, ReleaseOn};
+use crate::client::{Redlock, Released};
+use crate::error::LockError;
+use crate::guard::Held;
+use crate::token::{Lock, LockToken};
+
+/// Calls the inner service once the lock is held.
+pub(crate) type CallFn<F> = Box<dyn FnOnce(LockToken) -> F + Send>;
+
+pin_project! {
+    /// The response future of [`RedlockService`](super::RedlockService).
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        state: State<F, B, E>,
+        ctx: Option<Ctx>,
+    }
+}
+
+/// What the future needs once the lock is held.
+pub(crate) struct Ctx {
+    pub(crate) redlock: Redlock,
+    pub(crate) config: Arc<Config>,
+    pub(crate) grpc: bool,
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B, E> {
+        Acquiring {
+            acquire: BoxFuture<'static, Result<Lock, LockError>>,
+            call: Option<CallFn<F>>,
+        },
+        Calling {
+            #[pin]
+            fut: F,
+            held: Option<Held>,
+        },
+        Releasing {
+            release: BoxFuture<'static, Released>,
+            held: Option<Held>,
+            output: Option<Result<Response<B>, E>>,
+        },
+        Rejected {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    pub(crate) fn passthrough(fut: F) -> Self {
+        Self {
+            state: State::Calling { fut, held: None },
+            ctx: None,
+        }
+    }
+
+    pub(crate) fn rejected(rejection: Rejection, config: &Config) -> Self {
+        Self {
+            state: State::Rejected {
+                response: Some(config.respond(rejection)),
+            },
+            ctx: None,
+        }
+    }
+
+    pub(crate) fn acquiring(
+        acquire: BoxFuture<'static, Result<Lock, LockError>>,
+        call: CallFn<F>,
+        ctx: Ctx,
+    ) -> Self {
+        Self {
+            state: State::Acquiring {
+                acquire,
+                call: Some(call),
+            },
+            ctx: Some(ctx),
+        }
+    }
+}
+
+impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Acquiring { .. } => "acquiring",
+            State::Calling { .. } => "calling",
+            State::Releasing { .. } => "releasing",
+            State::Rejected { .. } => "rejected",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+fn wrap<B>(res: Response<B>, held: Option<Held>) -> Response<ResponseBody<B>> {
+    res.map(|b| ResponseBody::inner(b, held))
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Acquiring { acquire, call } => {
+                    let result = ready!(acquire.as_mut().poll(cx));
+                    let Some(ctx) = this.ctx.as_ref() else {
+                        unreachable!("an acquiring future always has its context")
+                    };
+                    match result {
+                        Ok(lock) => {
+                            let token = LockToken::new(lock.clone());
+                            let held = Held::new(ctx.redlock.clone(), lock);
+                            let Some(call) = call.take() else {
+                                unreachable!("the inner service is called once")
+                            };
+                            let fut = call(token);
+                            this.state.set(State::Calling {
+                                fut,
+                                held: Some(held),
+                            });
+                        }
+                        Err(error) => {
+                            let rejection = Rejection::from_lock_error(error, ctx.grpc);
+                            tracing::debug!(%rejection, "redlock layer rejected a request");
+                            let response = ctx.config.respond(rejection);
+                            this.state.set(State::Rejected {
+                                response: Some(response),
+                            });
+                        }
+                    }
+                }
+                StateProj::Calling { fut, held } => {
+                    let output = ready!(fut.poll(cx));
+                    let Some(guard) = held.take() else {
+                        // Passed through without a lock.
+                        return Poll::Ready(output.map(|res| wrap(res, None)));
+                    };
+                    let body_end = this
+                        .ctx
+                        .as_ref()
+                        .is_some_and(|c| c.config.release == ReleaseOn::BodyEnd);
+                    match output {
+                        Ok(res) if body_end => return Poll::Ready(Ok(wrap(res, Some(guard)))),
+                        output => {
+                            let release = guard.release();
+                            this.state.set(State::Releasing {
+                                release,
+                                held: Some(guard),
+                                output: Some(output),
+                            });
+                        }
+                    }
+                }
+                StateProj::Releasing {
+                    release,
+                    held,
+                    output,
+                } => {
+                    ready!(release.as_mut().poll(cx));
+                    if let Some(mut guard) = held.take() {
+                        guard.disarm();
+                    }
+                    let Some(output) = output.take() else {
+                        unreachable!("the output is returned once")
+                    };
+                    return Poll::Ready(output.map(|res| wrap(res, None)));
+                }
+                StateProj::Rejected { response } => {
+                    let Some(response) = response.take() else {
+                        unreachable!("polled after completion")
+                    };
+                    return Poll::Ready(Ok(response.map(ResponseBody::rejection)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! [`RedlockLayer`]: tower middleware that holds a quorum lock while a request runs.
+//!
+//! An extractor ([`ExtractLockName`]) names the lock for each request (or lets the request
+//! pass through). The layer acquires the lock before calling the inner service, puts a
+//! [`LockToken`](crate::LockToken) into the request extensions, and releases the lock
+//! afterwards: when the inner future completes (the default) or when the response body
+//! ends ([`release_on_body_end`](RedlockLayer::release_on_body_end)), and in the background
+//! if the client goes away and the future or body is dropped. A request that cannot get
+//! the lock is answered by a [`Rejection`]: 409 / `ABORTED` when busy, 503 / `UNAVAILABLE`
+//! without quorum, 400 / `INVALID_ARGUMENT` on bad input; never a service error, so the
+//! layer fits axum's `Infallible` services.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use axum::{Extension, Router, routing::post};
+//! use tower_redlock::layer::{Header, RedlockLayer};
+//! use tower_redlock::{LockToken, Redlock};
+//!
+//! async fn webhook(Extension(token): Extension<LockToken>) -> &'static str {
+//!     // Runs once at a time per delivery id; check token.is_valid() before writing.
+//!     "processed"
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let app: Router = Router::new()
+//!     .route("/webhook", post(webhook))
+//!     .route_layer(
+//!         RedlockLayer::new(redlock, Header::new("x-github-delivery").required())
+//!             .ttl(Duration::from_secs(30))
+//!             .wait(Duration::from_secs(2), 64),
+//!     );
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use tokio::sync::Semaphore;
+use tower_layer::Layer;
+
+mod body;
+pub mod extract;
+mod future;
+pub mod reject;
+mod service;
+
+pub use body::ResponseBody;
+pub use extract::{
+    ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, PerRoute,
+    RequestHead, extract_fn,
+};
+pub use future::ResponseFuture;
+pub use reject::{Rejection, RejectionKind};
+pub use service::RedlockService;
+
+use crate::client::Redlock;
+
+type RejectionHook = Arc<dyn Fn(Rejection) -> Response<Bytes> + Send + Sync>;
+
+/// What to do when the lock is held by another request.
+#[derive(Clone)]
+pub(crate) enum BusyPolicy {
+    Reject,
+    Wait {
+        timeout: Duration,
+        waiters: Arc<Semaphore>,
+    },
+}
+
+/// When the lock is released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReleaseOn {
+    Response,
+    BodyEnd,
+}
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) busy: BusyPolicy,
+    pub(crate) release: ReleaseOn,
+    pub(crate) on_rejection: Option<RejectionHook>,
+}
+
+impl Config {
+    pub(crate) fn respond(&self, rejection: Rejection) -> Response<Bytes> {
+        match &self.on_rejection {
+            Some(hook) => hook(rejection),
+            None => rejection.into_response(),
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let busy = match &self.busy {
+            BusyPolicy::Reject => "reject".to_owned(),
+            BusyPolicy::Wait { timeout, waiters } => format!(
+                "wait up to {timeout:?}, {} waiter slots free",
+                waiters.available_permits()
+            ),
+        };
+        f.debug_struct("Config")
+            .field("ttl", &self.ttl)
+            .field("busy", &busy)
+            .field("release", &self.release)
+            .field("on_rejection", &self.on_rejection.is_some())
+            .finish()
+    }
+}
+
+/// Tower layer that holds a quorum lock, named by an extractor, while each request runs.
+/// See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct RedlockLayer<E> {
+    redlock: Redlock,
+    extractor: E,
+    config: Arc<Config>,
+}
+
+impl<E> RedlockLayer<E> {
+    /// A layer that locks the names `extractor` gives, with `redlock`'s TTL, rejecting
+    /// busy requests at once and releasing when the inner future completes.
+    pub fn new(redlock: Redlock, extractor: E) -> Self {
+        Self {
+            redlock,
+            extractor,
+            config: Arc::new(Config {
+                ttl: None,
+                busy: BusyPolicy::Reject,
+                release: ReleaseOn::Response,
+                on_rejection: None,
+            }),
+        }
+    }
+
+    fn config(&mut self) -> &mut Config {
+        Arc::make_mut(&mut self.config)
+    }
+
+    /// The TTL of the locks this layer takes (default: the client's TTL).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config().ttl = Some(ttl);
+        self
+    }
+
+    /// Rejects a request whose lock is busy at once, with 409 / `ABORTED` (the default).
+    pub fn reject_when_busy(mut self) -> Self {
+        self.config().busy = BusyPolicy::Reject;
+        self
+    }
+
+    /// Lets a request whose lock is busy wait up to `timeout` for it, retrying with the
+    /// client's jittered delay. At most `max_waiters` requests of this layer wait at once;
+    /// beyond that they are rejected at once as busy.
+    pub fn wait(mut self, timeout: Duration, max_waiters: usize) -> Self {
+        self.config().busy = BusyPolicy::Wait {
+            timeout,
+            waiters: Arc::new(Semaphore::new(max_waiters)),
+        };
+        self
+    }
+
+    /// Holds the lock until the response body ends (end of stream, error, trailers) or
+    /// is dropped, instead of until the inner future completes: for streaming responses.
+    pub fn release_on_body_end(mut self) -> Self {
+        self.config().release = ReleaseOn::BodyEnd;
+        self
+    }
+
+    /// Replaces the default rejection responses (see [`reject`]).
+    pub fn on_rejection<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(Rejection) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.config().on_rejection = Some(Arc::new(hook));
+        self
+    }
+}
+
+impl<S, E: Clone> Layer<S> for RedlockLayer<E> {
+    type Service = RedlockService<S, E>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RedlockService {
+            inner,
+            redlock: self.redlock.clone(),
+            extractor: self.extractor.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}

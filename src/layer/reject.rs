@@ -1,0 +1,229 @@
+//! Rejections: the responses the layer gives instead of calling the inner service.
+//!
+//! | case | HTTP | gRPC (trailers-only) |
+//! |---|---|---|
+//! | held by someone else | 409 + `Retry-After` | `ABORTED` (10) |
+//! | no quorum, validity exhausted | 503 | `UNAVAILABLE` (14) |
+//! | the extractor refused the request, bad name | 400 | `INVALID_ARGUMENT` (3) |
+//! | a misconfigured layer (bad TTL) | 500 | `INTERNAL` (13) |
+//!
+//! gRPC requests are recognised by `content-type: application/grpc*` and answered with
+//! HTTP 200 and `grpc-status` / `grpc-message` headers and no body. A hook set with
+//! [`RedlockLayer::on_rejection`](super::RedlockLayer::on_rejection) can replace the response.
+//!
+//! ```
+//! use tower_redlock::layer::{Rejection, RejectionKind};
+//!
+//! let r = Rejection::bad_request("the idempotency-key header is empty", false);
+//! assert_eq!(r.kind(), &RejectionKind::BadRequest);
+//! assert_eq!(r.into_response().status(), 400);
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::error::LockError;
+
+/// Why a request was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectionKind {
+    /// Another request holds the lock.
+    Busy {
+        /// When the holder's lock expires, as far as the nodes said.
+        retry_after: Option<Duration>,
+    },
+    /// The lock service is unavailable: no quorum of nodes, or too slow to leave validity.
+    Unavailable,
+    /// The request cannot be locked as sent: the extractor refused it or the name is invalid.
+    BadRequest,
+    /// The layer is misconfigured (for example a TTL the client refuses).
+    Internal,
+}
+
+/// A rejected request: what happened, and how to answer it.
+#[derive(Debug, Clone)]
+pub struct Rejection {
+    kind: RejectionKind,
+    message: String,
+    grpc: bool,
+    error: Option<LockError>,
+}
+
+/// gRPC status codes used here.
+mod code {
+    pub(super) const INVALID_ARGUMENT: u8 = 3;
+    pub(super) const ABORTED: u8 = 10;
+    pub(super) const INTERNAL: u8 = 13;
+    pub(super) const UNAVAILABLE: u8 = 14;
+}
+
+impl Rejection {
+    /// A rejection for a lock error.
+    pub fn from_lock_error(error: LockError, grpc: bool) -> Self {
+        let kind = match &error {
+            LockError::Busy { retry_after, .. } => RejectionKind::Busy {
+                retry_after: *retry_after,
+            },
+            LockError::InvalidName { .. } => RejectionKind::BadRequest,
+            LockError::Config(_) => RejectionKind::Internal,
+            _ => RejectionKind::Unavailable,
+        };
+        Self {
+            kind,
+            message: error.to_string(),
+            grpc,
+            error: Some(error),
+        }
+    }
+
+    /// A rejection for bad input (an extractor's refusal).
+    pub fn bad_request(message: impl Into<String>, grpc: bool) -> Self {
+        Self {
+            kind: RejectionKind::BadRequest,
+            message: message.into(),
+            grpc,
+            error: None,
+        }
+    }
+
+    /// Why.
+    pub fn kind(&self) -> &RejectionKind {
+        &self.kind
+    }
+
+    /// A message for the client.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether the request was a gRPC call.
+    pub fn is_grpc(&self) -> bool {
+        self.grpc
+    }
+
+    /// The lock error behind the rejection, if there was one (with per-node causes for
+    /// no quorum).
+    pub fn lock_error(&self) -> Option<&LockError> {
+        self.error.as_ref()
+    }
+
+    /// The HTTP status of the default response.
+    pub fn http_status(&self) -> StatusCode {
+        match self.kind {
+            RejectionKind::Busy { .. } => StatusCode::CONFLICT,
+            RejectionKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            RejectionKind::BadRequest => StatusCode::BAD_REQUEST,
+            RejectionKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The gRPC status code of the default response.
+    pub fn grpc_code(&self) -> u8 {
+        match self.kind {
+            RejectionKind::Busy { .. } => code::ABORTED,
+            RejectionKind::Unavailable => code::UNAVAILABLE,
+            RejectionKind::BadRequest => code::INVALID_ARGUMENT,
+            RejectionKind::Internal => code::INTERNAL,
+        }
+    }
+
+    /// `Retry-After` in whole seconds, rounded up, at least 1: for busy rejections.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self.kind {
+            RejectionKind::Busy { retry_after } => Some(
+                retry_after
+                    .map(|d| d.as_millis().div_ceil(1000))
+                    .and_then(|s| u64::try_from(s).ok())
+                    .unwrap_or(1)
+                    .max(1),
+            ),
+            _ => None,
+        }
+    }
+
+    /// The default response: see the [module docs](self).
+    pub fn into_response(self) -> Response<Bytes> {
+        let mut res = if self.grpc {
+            let mut res = Response::new(Bytes::new());
+            let h = res.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            );
+            h.insert(
+                "grpc-status",
+                HeaderValue::from(u16::from(self.grpc_code())),
+            );
+            if let Ok(v) = HeaderValue::from_str(&percent_encode(&self.message)) {
+                h.insert("grpc-message", v);
+            }
+            res
+        } else {
+            let mut res = Response::new(Bytes::from(format!("{}\n", self.message)));
+            *res.status_mut() = self.http_status();
+            res.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            res
+        };
+        if let Some(secs) = self.retry_after_secs() {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        res
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Percent-encodes a `grpc-message` (bytes outside printable ASCII, and `%`).
+fn percent_encode(s: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(s.len());
+    for &b in s.as_bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0x0f)]));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_maps_to_409_with_retry_after_and_aborted() {
+        let err = LockError::Busy {
+            held_elsewhere: 3,
+            nodes: 5,
+            retry_after: Some(Duration::from_millis(2_100)),
+            attempts: 1,
+        };
+        let http = Rejection::from_lock_error(err.clone(), false).into_response();
+        assert_eq!(http.status(), StatusCode::CONFLICT);
+        assert_eq!(http.headers()[header::RETRY_AFTER], "3");
+        let grpc = Rejection::from_lock_error(err, true).into_response();
+        assert_eq!(grpc.status(), StatusCode::OK);
+        assert_eq!(grpc.headers()["grpc-status"], "10");
+        assert!(grpc.body().is_empty());
+    }
+
+    #[test]
+    fn grpc_messages_are_percent_encoded() {
+        assert_eq!(percent_encode("a b%ç"), "a b%25%C3%A7");
+    }
+}

@@ -1,0 +1,459 @@
+//! RedlockLayer in axum, over real HTTP/1 and HTTP/2 connections and real Redis nodes.
+
+mod support;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Extension, Router};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use http_body_util::BodyExt;
+use redis::AsyncCommands;
+use support::http::{HttpClient, http1, http2, post as post_req, send, serve};
+use support::{Cluster, wait_for};
+use tokio::sync::Semaphore;
+use tower_redlock::layer::{Header, RedlockLayer, RedlockService, ResponseFuture};
+use tower_redlock::{LockToken, Redlock};
+
+const KEY_HEADER: &str = "x-delivery";
+
+#[derive(Clone)]
+struct App {
+    runs: Arc<AtomicUsize>,
+    /// Handler runs that ended, by completing or by being dropped.
+    ended: Arc<AtomicUsize>,
+    inside: Arc<AtomicUsize>,
+    spans: Arc<Mutex<Vec<(Instant, Instant)>>>,
+    gate: Arc<Semaphore>,
+    started: Arc<Semaphore>,
+}
+
+impl App {
+    fn new() -> Self {
+        Self {
+            runs: Arc::default(),
+            ended: Arc::default(),
+            inside: Arc::default(),
+            spans: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+            started: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+/// Marks the end of a handler run, whether it completed or was dropped.
+struct Running(App);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.inside.fetch_sub(1, Ordering::SeqCst);
+        self.0.ended.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Counts its runs, checks no two overlap, and waits for the test to open the gate.
+async fn gated(State(app): State<App>, token: LockToken) -> String {
+    let begin = Instant::now();
+    app.runs.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(
+        app.inside.fetch_add(1, Ordering::SeqCst),
+        0,
+        "handlers overlap"
+    );
+    let running = Running(app.clone());
+    app.started.add_permits(1);
+    assert!(token.is_valid());
+    app.gate.acquire().await.expect("gate").forget();
+    drop(running);
+    app.spans
+        .lock()
+        .expect("spans")
+        .push((begin, Instant::now()));
+    String::from_utf8_lossy(token.name()).into_owned()
+}
+
+async fn redlock(cluster: &Cluster) -> Redlock {
+    let r = Redlock::builder(cluster.urls())
+        .ttl(Duration::from_secs(30))
+        .retry_delay(Duration::from_millis(5), Duration::from_millis(10))
+        .build()
+        .expect("build");
+    let l = r.lock("warm-up").await.expect("warm-up");
+    r.unlock(&l).await;
+    r
+}
+
+fn app(layer: RedlockLayer<Header>, state: App) -> Router {
+    Router::new()
+        .route("/hook", post(gated))
+        .route_layer(layer)
+        .with_state(state)
+}
+
+async fn key_on_nodes(cluster: &Cluster, key: &str) -> usize {
+    let mut n = 0;
+    for i in 0..cluster.nodes.len() {
+        let mut conn = cluster.raw(i).await;
+        let exists: bool = conn.exists(key).await.expect("EXISTS");
+        n += usize::from(exists);
+    }
+    n
+}
+
+async fn duplicates_run_once(client: HttpClient) {
+    let cluster = Cluster::start(3);
+    let state = App::new();
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER));
+    let addr = serve(app(layer, state.clone())).await;
+    let mut calls: FuturesUnordered<_> = (0..100)
+        .map(|_| {
+            send(
+                &client,
+                post_req(addr, "/hook", Some((KEY_HEADER, "evt-1"))),
+            )
+        })
+        .collect();
+    // 99 duplicates are answered 409 while the one holder waits at the gate.
+    for _ in 0..99 {
+        let reply = calls.next().await.expect("reply");
+        assert_eq!(reply.status, 409, "{}", reply.body);
+        let secs: u64 = reply.headers["retry-after"]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("seconds");
+        assert!((1..=30).contains(&secs), "Retry-After {secs}");
+    }
+    state.gate.add_permits(1);
+    let last = calls.next().await.expect("reply");
+    assert_eq!(last.status, 200);
+    assert_eq!(last.body, "evt-1");
+    assert_eq!(state.runs.load(Ordering::SeqCst), 1);
+    wait_for(
+        "the lock to be released",
+        Duration::from_secs(5),
+        || async { key_on_nodes(&cluster, "redlock:evt-1").await == 0 },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_run_once_over_http1() {
+    duplicates_run_once(http1()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_run_once_over_http2() {
+    duplicates_run_once(http2()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_wait_policy_duplicates_run_one_after_another() {
+    let cluster = Cluster::start(3);
+    let state = App::new();
+    state.gate.add_permits(1000);
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
+        .wait(Duration::from_secs(20), 64);
+    let addr = serve(app(layer, state.clone())).await;
+    let client = http2();
+    let replies: Vec<_> = (0..20)
+        .map(|_| {
+            send(
+                &client,
+                post_req(addr, "/hook", Some((KEY_HEADER, "evt-w"))),
+            )
+        })
+        .collect::<FuturesUnordered<_>>()
+        .collect()
+        .await;
+    assert!(replies.iter().all(|r| r.status == 200));
+    assert_eq!(state.runs.load(Ordering::SeqCst), 20);
+    let mut spans = state.spans.lock().expect("spans").clone();
+    spans.sort();
+    for w in spans.windows(2) {
+        assert!(w[1].0 >= w[0].1, "handler runs overlap");
+    }
+}
+
+#[tokio::test]
+async fn requests_without_a_name_pass_through_and_bad_ones_get_400() {
+    let cluster = Cluster::start(1);
+    let r = redlock(&cluster).await;
+    async fn optional(token: Option<LockToken>) -> &'static str {
+        if token.is_some() {
+            "locked"
+        } else {
+            "unlocked"
+        }
+    }
+    let app = Router::new()
+        .route("/optional", post(optional))
+        .route_layer(RedlockLayer::new(r.clone(), Header::new(KEY_HEADER)))
+        .merge(
+            Router::new()
+                .route("/required", post(optional))
+                .route_layer(RedlockLayer::new(r, Header::new(KEY_HEADER).required())),
+        );
+    let addr = serve(app).await;
+    let client = http1();
+    let reply = send(&client, post_req(addr, "/optional", None)).await;
+    assert_eq!(
+        (reply.status.as_u16(), reply.body.as_str()),
+        (200, "unlocked")
+    );
+    let reply = send(
+        &client,
+        post_req(addr, "/optional", Some((KEY_HEADER, "a"))),
+    )
+    .await;
+    assert_eq!(
+        (reply.status.as_u16(), reply.body.as_str()),
+        (200, "locked")
+    );
+    let reply = send(&client, post_req(addr, "/required", None)).await;
+    assert_eq!(reply.status, 400);
+    assert!(reply.body.contains(KEY_HEADER), "{}", reply.body);
+    let reply = send(&client, post_req(addr, "/optional", Some((KEY_HEADER, "")))).await;
+    assert_eq!(reply.status, 400);
+}
+
+#[tokio::test]
+async fn no_quorum_is_503_with_the_node_causes() {
+    let mut cluster = Cluster::start(3);
+    let r = redlock(&cluster).await;
+    let addr = serve(app(
+        RedlockLayer::new(r, Header::new(KEY_HEADER)),
+        App::new(),
+    ))
+    .await;
+    cluster.nodes[0].kill();
+    cluster.nodes[1].kill();
+    let reply = send(&http1(), post_req(addr, "/hook", Some((KEY_HEADER, "q")))).await;
+    assert_eq!(reply.status, 503);
+    assert!(
+        reply.body.contains(&cluster.nodes[0].addr()),
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply.body.contains(&cluster.nodes[1].addr()),
+        "{}",
+        reply.body
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_request_releases_the_lock() {
+    let cluster = Cluster::start(3);
+    let state = App::new();
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER));
+    let addr = serve(app(layer, state.clone())).await;
+    for client in [http1(), http2()] {
+        let request = tokio::spawn(async move {
+            send(&client, post_req(addr, "/hook", Some((KEY_HEADER, "gone")))).await
+        });
+        // The handler runs (and so holds the lock) ...
+        state.started.acquire().await.expect("started").forget();
+        assert!(key_on_nodes(&cluster, "redlock:gone").await >= 2);
+        // ... when the client goes away; the gate never opens.
+        request.abort();
+        wait_for(
+            "the lock to be released on every node",
+            Duration::from_secs(5),
+            || async { key_on_nodes(&cluster, "redlock:gone").await == 0 },
+        )
+        .await;
+        let runs = state.runs.load(Ordering::SeqCst);
+        wait_for(
+            "the handler future to be dropped",
+            Duration::from_secs(5),
+            || async { state.ended.load(Ordering::SeqCst) == runs },
+        )
+        .await;
+        assert!(
+            state.spans.lock().expect("spans").is_empty(),
+            "the handler never completed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_body_end_mode_the_lock_is_held_while_the_body_streams() {
+    let cluster = Cluster::start(3);
+    let r = redlock(&cluster).await;
+    type Chunks = tokio::sync::mpsc::Receiver<Result<bytes::Bytes, Infallible>>;
+    let streams: Arc<Mutex<Vec<Chunks>>> = Arc::default();
+    let source = streams.clone();
+    let handler = move || {
+        let source = source.clone();
+        async move {
+            let rx = source
+                .lock()
+                .expect("streams")
+                .pop()
+                .expect("a stream per request");
+            Body::from_stream(tokio_stream_from(rx))
+        }
+    };
+    let app = Router::new()
+        .route("/stream", post(handler))
+        .route_layer(RedlockLayer::new(r, Header::new(KEY_HEADER)).release_on_body_end());
+    let addr = serve(app).await;
+    let client = http2();
+
+    // Read to the end.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    streams.lock().expect("streams").push(rx);
+    let res = client
+        .request(post_req(addr, "/stream", Some((KEY_HEADER, "s1"))))
+        .await
+        .expect("response");
+    let mut body = res.into_body();
+    tx.send(Ok(bytes::Bytes::from_static(b"first")))
+        .await
+        .expect("send");
+    let frame = body.frame().await.expect("frame").expect("ok");
+    assert_eq!(frame.into_data().ok().as_deref(), Some(&b"first"[..]));
+    assert!(
+        key_on_nodes(&cluster, "redlock:s1").await >= 2,
+        "held while streaming"
+    );
+    drop(tx);
+    while let Some(frame) = body.frame().await {
+        frame.expect("frame");
+    }
+    wait_for(
+        "release after the body ended",
+        Duration::from_secs(5),
+        || async { key_on_nodes(&cluster, "redlock:s1").await == 0 },
+    )
+    .await;
+
+    // Drop the body half-way.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    streams.lock().expect("streams").push(rx);
+    let res = client
+        .request(post_req(addr, "/stream", Some((KEY_HEADER, "s2"))))
+        .await
+        .expect("response");
+    let mut body = res.into_body();
+    tx.send(Ok(bytes::Bytes::from_static(b"first")))
+        .await
+        .expect("send");
+    body.frame().await.expect("frame").expect("ok");
+    assert!(
+        key_on_nodes(&cluster, "redlock:s2").await >= 2,
+        "held while streaming"
+    );
+    drop(body);
+    wait_for(
+        "release after the body was dropped",
+        Duration::from_secs(5),
+        || async { key_on_nodes(&cluster, "redlock:s2").await == 0 },
+    )
+    .await;
+    drop(tx);
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiter_bound_rejects_the_excess_at_once() {
+    let cluster = Cluster::start(3);
+    let state = App::new();
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
+        .wait(Duration::from_secs(30), 4);
+    let addr = serve(app(layer, state.clone())).await;
+    let client = http2();
+    let holder = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            send(&client, post_req(addr, "/hook", Some((KEY_HEADER, "hot")))).await
+        })
+    };
+    state.started.acquire().await.expect("holder runs").forget();
+    let mut waiting: FuturesUnordered<_> = (0..50)
+        .map(|_| send(&client, post_req(addr, "/hook", Some((KEY_HEADER, "hot")))))
+        .collect();
+    let t = Instant::now();
+    for _ in 0..46 {
+        let reply = waiting.next().await.expect("reply");
+        assert_eq!(reply.status, 409, "{}", reply.body);
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "rejections were not immediate"
+    );
+    // The 4 waiters get the lock one after another once the holder finishes.
+    state.gate.add_permits(5);
+    assert_eq!(holder.await.expect("holder").status, 200);
+    for _ in 0..4 {
+        assert_eq!(waiting.next().await.expect("reply").status, 200);
+    }
+    assert_eq!(state.runs.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn a_rejection_hook_replaces_the_response() {
+    let cluster = Cluster::start(1);
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER).required())
+        .on_rejection(|r| {
+            let mut res =
+                http::Response::new(bytes::Bytes::from(format!("custom: {}", r.message())));
+            *res.status_mut() = http::StatusCode::UNPROCESSABLE_ENTITY;
+            res
+        });
+    let addr = serve(app(layer, App::new())).await;
+    let reply = send(&http1(), post_req(addr, "/hook", None)).await;
+    assert_eq!(reply.status, 422);
+    assert!(reply.body.starts_with("custom: "));
+}
+
+#[tokio::test]
+async fn the_layer_works_in_router_layer_and_route_layer() {
+    let cluster = Cluster::start(1);
+    let r = redlock(&cluster).await;
+    async fn token_name(Extension(token): Extension<LockToken>) -> Vec<u8> {
+        token.name().to_vec()
+    }
+    let app: Router = Router::new()
+        .route("/a", post(token_name))
+        .layer(RedlockLayer::new(r, Header::new(KEY_HEADER).required()));
+    let addr = serve(app).await;
+    let reply = send(
+        &http1(),
+        post_req(addr, "/a", Some((KEY_HEADER, "via-layer"))),
+    )
+    .await;
+    assert_eq!(
+        (reply.status.as_u16(), reply.body.as_str()),
+        (200, "via-layer")
+    );
+}
+
+/// Compile-time checks: Send and Clone where tower and axum need them.
+#[allow(dead_code)]
+fn static_checks() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    fn clone<T: Clone>() {}
+    type Inner = axum::routing::Route;
+    send::<RedlockLayer<Header>>();
+    sync::<RedlockLayer<Header>>();
+    clone::<RedlockLayer<Header>>();
+    send::<RedlockService<Inner, Header>>();
+    clone::<RedlockService<Inner, Header>>();
+    send::<ResponseFuture<<Inner as tower::Service<http::Request<Body>>>::Future, Body, Infallible>>(
+    );
+    send::<tower_redlock::layer::ResponseBody<Body>>();
+}
