@@ -159,10 +159,10 @@ async fn with_the_wait_policy_duplicates_run_one_after_another() {
     let state = App::new();
     state.gate.add_permits(1000);
     let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
-        .wait(Duration::from_secs(20), 64);
+        .wait(Duration::from_secs(60), 128);
     let addr = serve(app(layer, state.clone())).await;
     let client = http2();
-    let replies: Vec<_> = (0..20)
+    let replies: Vec<_> = (0..100)
         .map(|_| {
             send(
                 &client,
@@ -173,7 +173,7 @@ async fn with_the_wait_policy_duplicates_run_one_after_another() {
         .collect()
         .await;
     assert!(replies.iter().all(|r| r.status == 200));
-    assert_eq!(state.runs.load(Ordering::SeqCst), 20);
+    assert_eq!(state.runs.load(Ordering::SeqCst), 100);
     let mut spans = state.spans.lock().expect("spans").clone();
     spans.sort();
     for w in spans.windows(2) {

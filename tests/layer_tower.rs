@@ -1,0 +1,132 @@
+//! RedlockLayer around plain tower services (no framework), with real Redis nodes.
+
+mod support;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use redis::AsyncCommands;
+use support::{Cluster, wait_for};
+use tower::{Layer, ServiceExt, service_fn};
+use tower_redlock::layer::{Header, PathSegment, RedlockLayer};
+use tower_redlock::{LockToken, Redlock};
+
+async fn redlock(cluster: &Cluster) -> Redlock {
+    let r = Redlock::builder(cluster.urls()).build().expect("build");
+    let l = r.lock("warm-up").await.expect("warm-up");
+    r.unlock(&l).await;
+    r
+}
+
+async fn exists(cluster: &Cluster, key: &str) -> bool {
+    let mut conn = cluster.raw(0).await;
+    conn.exists(key).await.expect("EXISTS")
+}
+
+#[tokio::test]
+async fn an_inner_error_releases_the_lock_and_is_passed_on() {
+    let cluster = Cluster::start(1);
+    let svc = RedlockLayer::new(redlock(&cluster).await, PathSegment::new(0)).layer(service_fn(
+        |req: Request<Full<Bytes>>| async move {
+            assert!(req.extensions().get::<LockToken>().is_some());
+            Err::<Response<Full<Bytes>>, _>("inner failure")
+        },
+    ));
+    let err = svc
+        .clone()
+        .oneshot(
+            Request::get("/job-1")
+                .body(Full::default())
+                .expect("request"),
+        )
+        .await
+        .expect_err("the inner error");
+    assert_eq!(err, "inner failure");
+    // Released before the error was returned.
+    assert!(!exists(&cluster, "redlock:job-1").await);
+}
+
+#[tokio::test]
+async fn the_token_is_in_the_extensions_and_released_after_the_response() {
+    let cluster = Cluster::start(1);
+    let r = redlock(&cluster).await;
+    let probe = r.clone();
+    let svc = RedlockLayer::new(r, Header::new("x-key")).layer(service_fn(
+        move |req: Request<Full<Bytes>>| {
+            let probe = probe.clone();
+            async move {
+                let token = req.extensions().get::<LockToken>().cloned();
+                // While the handler runs, the lock is held.
+                let held = match &token {
+                    Some(t) => probe.try_lock(t.name()).await.is_err(),
+                    None => false,
+                };
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!(
+                    "{} {held}",
+                    token.map(|t| t.value().len()).unwrap_or(0)
+                )))))
+            }
+        },
+    ));
+    let res = svc
+        .clone()
+        .oneshot(
+            Request::get("/")
+                .header("x-key", "k")
+                .body(Full::default())
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    assert_eq!(&body[..], b"40 true");
+    assert!(
+        !exists(&cluster, "redlock:k").await,
+        "released before the response"
+    );
+    // Without the header: passed through, no token.
+    let res = svc
+        .oneshot(Request::get("/").body(Full::default()).expect("request"))
+        .await
+        .expect("response");
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    assert_eq!(&body[..], b"0 false");
+}
+
+#[tokio::test]
+async fn a_dropped_response_future_releases_in_the_background() {
+    let cluster = Cluster::start(1);
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let started_tx = std::sync::Arc::new(std::sync::Mutex::new(Some(started_tx)));
+    let svc = RedlockLayer::new(redlock(&cluster).await, PathSegment::new(0)).layer(service_fn(
+        move |_req: Request<Full<Bytes>>| {
+            if let Some(tx) = started_tx.lock().expect("tx").take() {
+                let _ = tx.send(());
+            }
+            std::future::pending::<Result<Response<Full<Bytes>>, Infallible>>()
+        },
+    ));
+    let call = tokio::spawn(
+        svc.oneshot(
+            Request::get("/stuck")
+                .body(Full::default())
+                .expect("request"),
+        ),
+    );
+    started_rx.await.expect("the inner service was called");
+    assert!(exists(&cluster, "redlock:stuck").await);
+    call.abort();
+    wait_for("the background release", Duration::from_secs(5), || async {
+        !exists(&cluster, "redlock:stuck").await
+    })
+    .await;
+}
