@@ -34,6 +34,7 @@ use futures_util::stream::FuturesUnordered;
 use redis::{Client, Value};
 
 use crate::error::{ConfigError, LockError, NodeError, NodeFailure};
+use crate::guard::{KeepAlive, LockGuard};
 use crate::node::{Node, NodeSettings};
 use crate::quorum::{self, Decision, Tally};
 use crate::scripts::{ACQUIRE_SCRIPT, EXTEND_SCRIPT, Invocation, RELEASE_SCRIPT};
@@ -64,6 +65,8 @@ pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default number of consecutive timeouts after which a node's connection is rebuilt: 3.
 pub const DEFAULT_RECONNECT_AFTER_TIMEOUTS: u32 = 3;
+/// Default extension interval of a [`LockGuard`], as a fraction of the TTL: a third.
+pub const DEFAULT_EXTEND_FRACTION: f64 = 1.0 / 3.0;
 
 /// Builds a [`Redlock`]; see [`Redlock::builder`]. Every setting has a documented default;
 /// [`build`](Self::build) checks them all.
@@ -81,6 +84,9 @@ pub struct RedlockBuilder {
     min_validity: Duration,
     connect_timeout: Duration,
     reconnect_after_timeouts: u32,
+    extend_fraction: f64,
+    max_hold: Option<Duration>,
+    max_extensions: Option<u32>,
 }
 
 impl RedlockBuilder {
@@ -158,6 +164,28 @@ impl RedlockBuilder {
         self
     }
 
+    /// How often a [`LockGuard`] extends its lock, as a fraction of the TTL
+    /// ([`DEFAULT_EXTEND_FRACTION`], a third), in `(0, 1)`. The rest of the validity is
+    /// room to retry a failed extension before the lock is declared lost.
+    pub fn extend_fraction(mut self, fraction: f64) -> Self {
+        self.extend_fraction = fraction;
+        self
+    }
+
+    /// The longest a [`LockGuard`] keeps extending its lock (none by default); then it
+    /// releases it and reports [`LostReason::MaxHoldReached`](crate::LostReason::MaxHoldReached).
+    pub fn max_hold(mut self, max: Option<Duration>) -> Self {
+        self.max_hold = max;
+        self
+    }
+
+    /// The most extensions a [`LockGuard`] makes (none by default); then the lock runs out
+    /// and the guard reports [`LostReason::MaxExtensionsReached`](crate::LostReason::MaxExtensionsReached).
+    pub fn max_extensions(mut self, max: Option<u32>) -> Self {
+        self.max_extensions = max;
+        self
+    }
+
     /// Checks the configuration and creates the client.
     ///
     /// No I/O happens here and unreachable nodes are not an error: when called within a
@@ -188,6 +216,11 @@ impl RedlockBuilder {
         }
         if self.connect_timeout.is_zero() {
             return Err(ConfigError::ZeroConnectTimeout);
+        }
+        if !(self.extend_fraction > 0.0 && self.extend_fraction < 1.0) {
+            return Err(ConfigError::ExtendFractionOutOfRange {
+                fraction: self.extend_fraction,
+            });
         }
         let settings = NodeSettings {
             connect_timeout: self.connect_timeout,
@@ -222,6 +255,11 @@ impl RedlockBuilder {
                 retry_deadline: self.retry_deadline,
                 key_prefix: self.key_prefix,
                 min_validity: self.min_validity,
+                keep_alive: KeepAlive {
+                    fraction: self.extend_fraction,
+                    max_hold: self.max_hold,
+                    max_extensions: self.max_extensions,
+                },
             }),
         })
     }
@@ -265,6 +303,7 @@ struct Inner {
     retry_deadline: Option<Duration>,
     key_prefix: Vec<u8>,
     min_validity: Duration,
+    keep_alive: KeepAlive,
 }
 
 /// A Redlock client over N independent Redis masters (N = 1 is the plain single-instance
@@ -354,6 +393,12 @@ fn parse_flag(v: Value) -> Result<bool, NodeError> {
     }
 }
 
+/// Whether an attempt failed only because its node calls ran into the deadline.
+fn cut_by_deadline(err: &LockError) -> bool {
+    matches!(err, LockError::NoQuorum { failures, .. }
+        if failures.iter().all(|f| f.error == NodeError::Timeout))
+}
+
 /// A random delay in `[base, base + jitter)`.
 fn jittered(base: Duration, jitter: Duration) -> Duration {
     let nanos = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
@@ -427,6 +472,9 @@ impl Redlock {
             min_validity: Duration::ZERO,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
+            extend_fraction: DEFAULT_EXTEND_FRACTION,
+            max_hold: None,
+            max_extensions: None,
         }
     }
 
@@ -443,6 +491,38 @@ impl Redlock {
     /// The default TTL.
     pub fn ttl(&self) -> Duration {
         self.inner.ttl
+    }
+
+    /// The per-node timeout.
+    pub fn node_timeout(&self) -> Duration {
+        self.inner.node_timeout
+    }
+
+    /// A random pause from the retry policy: `[base, base + jitter)`.
+    pub(crate) fn retry_pause(&self) -> Duration {
+        jittered(self.inner.retry_delay, self.inner.retry_jitter)
+    }
+
+    /// Acquires `name` like [`lock`](Self::lock) and returns a [`LockGuard`] that extends
+    /// it in the background until released or dropped (see [`crate::guard`]).
+    pub async fn acquire(&self, name: impl AsRef<[u8]>) -> Result<LockGuard, LockError> {
+        let lock = self.lock(name).await?;
+        Ok(self.guard(lock))
+    }
+
+    /// Guards a held lock: extends it in the background per the builder's
+    /// [`extend_fraction`](RedlockBuilder::extend_fraction),
+    /// [`max_hold`](RedlockBuilder::max_hold) and
+    /// [`max_extensions`](RedlockBuilder::max_extensions). Outside a tokio runtime the
+    /// guard cannot extend; its lock then simply runs out.
+    pub fn guard(&self, lock: Lock) -> LockGuard {
+        LockGuard::new(self.clone(), lock, Some(self.inner.keep_alive))
+    }
+
+    /// Guards a held lock without extending it: for the lost signal and drop-safe release
+    /// only.
+    pub(crate) fn guard_without_extension(&self, lock: Lock) -> LockGuard {
+        LockGuard::new(self.clone(), lock, None)
     }
 
     /// Acquires `name` with the default TTL, retrying per the retry policy (max attempts,
@@ -489,11 +569,20 @@ impl Redlock {
     ) -> Result<Lock, LockError> {
         let inner = &self.inner;
         let mut attempt = 1;
+        let mut previous: Option<LockError> = None;
         loop {
             let mut err = match self.attempt(resource, ttl, deadline, attempt).await {
                 Ok(lock) => return Ok(lock),
                 Err(e) => e,
             };
+            if deadline.is_some_and(|d| Instant::now() >= d)
+                && cut_by_deadline(&err)
+                && let Some(mut earlier) = previous.take()
+            {
+                // The deadline cut the last attempt short: the attempt before says more.
+                earlier.set_attempts(attempt);
+                return Err(earlier);
+            }
             err.set_attempts(attempt);
             if !err.is_retryable() || attempt >= max_attempts {
                 return Err(err);
@@ -506,6 +595,7 @@ impl Redlock {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(err);
             }
+            previous = Some(err);
             attempt += 1;
         }
     }

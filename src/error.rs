@@ -80,6 +80,11 @@ pub enum ConfigError {
     ZeroAttempts,
     /// The connect timeout is zero.
     ZeroConnectTimeout,
+    /// The extension fraction of a guard is outside `(0, 1)`.
+    ExtendFractionOutOfRange {
+        /// The fraction asked for.
+        fraction: f64,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -135,6 +140,11 @@ impl fmt::Display for ConfigError {
             }
             Self::ZeroConnectTimeout => f.write_str(
                 "the connect timeout is zero: give at least the time a TCP (and TLS) handshake takes",
+            ),
+            Self::ExtendFractionOutOfRange { fraction } => write!(
+                f,
+                "the extension fraction {fraction} is outside (0, 1): guards extend their lock \
+                 every TTL * fraction; the usual value is 1/3"
             ),
         }
     }

@@ -83,6 +83,7 @@
 //! Modules:
 //! - [`client`]: [`Redlock`] and its builder;
 //! - [`layer`]: [`RedlockLayer`], extractors, rejections;
+//! - [`guard`]: [`LockGuard`], auto-extension and the lost signal;
 //! - [`token`]: held locks, tokens, names and values;
 //! - [`quorum`]: the quorum and validity arithmetic;
 //! - [`error`]: what can go wrong, per operation and per node.
@@ -97,7 +98,7 @@ pub mod client;
 #[cfg(any(feature = "axum", feature = "tonic"))]
 pub mod compat;
 pub mod error;
-mod guard;
+pub mod guard;
 pub mod layer;
 mod node;
 pub mod quorum;
@@ -105,12 +106,13 @@ mod scripts;
 pub mod token;
 
 pub use client::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_NODE_TIMEOUT, DEFAULT_RECONNECT_AFTER_TIMEOUTS, DEFAULT_RETRY_DELAY,
-    DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_TTL, MIN_TTL_TO_TIMEOUT_RATIO, Redlock, RedlockBuilder,
-    Released,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_KEY_PREFIX,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT, DEFAULT_RECONNECT_AFTER_TIMEOUTS,
+    DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_TTL, MIN_TTL_TO_TIMEOUT_RATIO,
+    Redlock, RedlockBuilder, Released,
 };
 pub use error::{ConfigError, LockError, NodeError, NodeFailure};
+pub use guard::{LockGuard, LostReason};
 pub use layer::RedlockLayer;
 pub use token::{Lock, LockToken, MAX_NAME_LEN, VALUE_LEN};
 

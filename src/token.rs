@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::error::LockError;
+use crate::guard::{LostReason, Shared};
 
 /// Names longer than this many bytes are hashed with SHA-256 into a fixed-size key.
 pub const MAX_NAME_LEN: usize = 256;
@@ -161,47 +162,66 @@ impl fmt::Debug for Lock {
     }
 }
 
-/// What a handler behind [`RedlockLayer`](crate::layer::RedlockLayer) learns about the
-/// lock it runs under, from the request extensions: `Extension<LockToken>` (or plain
-/// `LockToken` with the `axum` feature) in axum, `request.extensions().get::<LockToken>()`
-/// in tonic and hyper.
+/// What a holder learns about its lock: handed out by [`LockGuard::token`](crate::LockGuard::token)
+/// and, behind [`RedlockLayer`](crate::layer::RedlockLayer), found in the request
+/// extensions: `Extension<LockToken>` (or plain `LockToken` with the `axum` feature) in
+/// axum, `request.extensions().get::<LockToken>()` in tonic and hyper.
 ///
-/// Cheap to clone. Use [`value`](Self::value) for compare-and-set on a downstream store
-/// (`write if current_lock == value`) and check [`is_valid`](Self::is_valid) right
-/// before committing a write. `Debug` output never shows the value.
+/// Cheap to clone; every clone sees the same state. Use [`value`](Self::value) for
+/// compare-and-set on a downstream store (`write if current_lock == value`), check
+/// [`is_held`](Self::is_held) right before committing a write, and `select!` on
+/// [`lost`](Self::lost) to stop work when the lock is lost. `Debug` output never shows the
+/// value.
 #[derive(Clone)]
 pub struct LockToken {
-    lock: Lock,
+    shared: Arc<Shared>,
 }
 
 impl LockToken {
-    pub(crate) fn new(lock: Lock) -> Self {
-        Self { lock }
+    pub(crate) fn from_shared(shared: Arc<Shared>) -> Self {
+        Self { shared }
     }
 
-    /// The lock name the extractor produced.
+    /// The lock name.
     pub fn name(&self) -> &[u8] {
-        self.lock.name()
+        self.shared.lock.name()
     }
 
     /// The lock's unique value: [`VALUE_LEN`] random bytes, hex-encoded.
     pub fn value(&self) -> &str {
-        self.lock.value()
+        self.shared.lock.value()
     }
 
-    /// When the lock stops being valid (on this process's monotonic clock).
+    /// When the lock stops being valid (on this process's monotonic clock); moves with
+    /// each extension.
     pub fn valid_until(&self) -> Instant {
-        self.lock.valid_until()
+        self.shared.valid_until()
     }
 
     /// The validity left, zero once the deadline has passed.
     pub fn remaining(&self) -> Duration {
-        self.lock.remaining()
+        self.valid_until().saturating_duration_since(Instant::now())
     }
 
     /// Whether the validity deadline is still ahead.
     pub fn is_valid(&self) -> bool {
-        self.lock.is_valid()
+        Instant::now() < self.valid_until()
+    }
+
+    /// Whether the lock is still held: not lost, and the validity deadline is ahead (it
+    /// turns false at the deadline even if no extension could run).
+    pub fn is_held(&self) -> bool {
+        self.shared.is_held()
+    }
+
+    /// Resolves when the lock is lost (or released), with the reason.
+    pub async fn lost(&self) -> LostReason {
+        self.shared.lost().await
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.shared.lost_reason()
     }
 }
 
@@ -211,6 +231,7 @@ impl fmt::Debug for LockToken {
             .field("name", &String::from_utf8_lossy(self.name()))
             .field("value", &"<redacted>")
             .field("remaining", &self.remaining())
+            .field("lost", &self.lost_reason())
             .finish()
     }
 }

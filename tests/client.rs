@@ -12,7 +12,7 @@ use redis::AsyncCommands;
 use support::{Cluster, DelayProxy, GarbageServer, wait_for};
 use tower_redlock::{ConfigError, Lock, LockError, NodeError, Redlock, RedlockBuilder};
 
-const NODE_TIMEOUT: Duration = Duration::from_millis(50);
+const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 fn builder(urls: Vec<String>) -> RedlockBuilder {
     Redlock::builder(urls)
@@ -724,20 +724,28 @@ async fn a_flushed_script_cache_falls_back_to_eval() {
         .try_lock("flushed")
         .await
         .expect("lock after SCRIPT FLUSH");
-    assert_eq!(redlock.unlock(&lock).await.released(), 3);
-    // The fallback EVAL cached the scripts again.
-    let mut conn = cluster.raw(0).await;
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO");
-    let scripts = info
-        .lines()
-        .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
-        .and_then(|n| n.trim().parse::<u32>().ok())
-        .expect("number_of_cached_scripts");
-    assert_eq!(scripts, 2, "acquire and release are cached again");
+    // Nodes beyond the quorum may not have been awaited (see `Redlock::lock`).
+    assert!(redlock.unlock(&lock).await.released() >= 2);
+    // The fallback EVAL cached the scripts again on the nodes that answered.
+    let mut recached = 0;
+    for i in 0..3 {
+        let mut conn = cluster.raw(i).await;
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO");
+        let scripts = info
+            .lines()
+            .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .expect("number_of_cached_scripts");
+        recached += usize::from(scripts == 2);
+    }
+    assert!(
+        recached >= 2,
+        "acquire and release are cached again on a quorum"
+    );
 }
 
 #[tokio::test]

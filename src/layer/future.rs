@@ -19,7 +19,7 @@ use super::reject::Rejection;
 use super::{Config, ReleaseOn};
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
-use crate::guard::Held;
+use crate::guard::{Held, LostReason};
 use crate::token::{Lock, LockToken};
 
 /// Calls the inner service once the lock is held.
@@ -32,6 +32,12 @@ pin_project! {
         state: State<F, B, E>,
         ctx: Option<Ctx>,
     }
+}
+
+/// What a releasing future returns once the lock is released.
+enum Output<B, E> {
+    Inner(Result<Response<B>, E>),
+    Rejection(Response<Bytes>),
 }
 
 /// What the future needs once the lock is held.
@@ -52,11 +58,12 @@ pin_project! {
             #[pin]
             fut: F,
             held: Option<Held>,
+            lost: Option<BoxFuture<'static, LostReason>>,
         },
         Releasing {
             release: BoxFuture<'static, Released>,
             held: Option<Held>,
-            output: Option<Result<Response<B>, E>>,
+            output: Option<Output<B, E>>,
         },
         Rejected {
             response: Option<Response<Bytes>>,
@@ -67,7 +74,11 @@ pin_project! {
 impl<F, B, E> ResponseFuture<F, B, E> {
     pub(crate) fn passthrough(fut: F) -> Self {
         Self {
-            state: State::Calling { fut, held: None },
+            state: State::Calling {
+                fut,
+                held: None,
+                lost: None,
+            },
             ctx: None,
         }
     }
@@ -131,15 +142,26 @@ where
                     };
                     match result {
                         Ok(lock) => {
-                            let token = LockToken::new(lock.clone());
-                            let held = Held::new(ctx.redlock.clone(), lock);
+                            let guard = if ctx.config.auto_extend {
+                                ctx.redlock.guard(lock)
+                            } else {
+                                ctx.redlock.guard_without_extension(lock)
+                            };
+                            let held = Held::new(guard);
+                            let lost = ctx.config.abort_on_loss.then(|| {
+                                let shared = held.shared();
+                                let lost: BoxFuture<'static, LostReason> =
+                                    Box::pin(async move { shared.lost().await });
+                                lost
+                            });
                             let Some(call) = call.take() else {
                                 unreachable!("the inner service is called once")
                             };
-                            let fut = call(token);
+                            let fut = call(held.token());
                             this.state.set(State::Calling {
                                 fut,
                                 held: Some(held),
+                                lost,
                             });
                         }
                         Err(error) => {
@@ -152,9 +174,33 @@ where
                         }
                     }
                 }
-                StateProj::Calling { fut, held } => {
+                StateProj::Calling { fut, held, lost } => {
+                    if let Some(lost) = lost.as_mut()
+                        && let Poll::Ready(reason) = lost.as_mut().poll(cx)
+                    {
+                        // Abort on loss: drop the inner future, answer 503 / UNAVAILABLE.
+                        let Some(ctx) = this.ctx.as_ref() else {
+                            unreachable!("a locked future always has its context")
+                        };
+                        let rejection = Rejection::lost(&reason, ctx.grpc);
+                        tracing::warn!(%rejection, "redlock layer aborted a request");
+                        let response = ctx.config.respond(rejection);
+                        let mut guard = held.take();
+                        let release = guard.as_mut().map(Held::release);
+                        match release {
+                            Some(release) => this.state.set(State::Releasing {
+                                release,
+                                held: guard,
+                                output: Some(Output::Rejection(response)),
+                            }),
+                            None => this.state.set(State::Rejected {
+                                response: Some(response),
+                            }),
+                        }
+                        continue;
+                    }
                     let output = ready!(fut.poll(cx));
-                    let Some(guard) = held.take() else {
+                    let Some(mut guard) = held.take() else {
                         // Passed through without a lock.
                         return Poll::Ready(output.map(|res| wrap(res, None)));
                     };
@@ -169,7 +215,7 @@ where
                             this.state.set(State::Releasing {
                                 release,
                                 held: Some(guard),
-                                output: Some(output),
+                                output: Some(Output::Inner(output)),
                             });
                         }
                     }
@@ -183,10 +229,15 @@ where
                     if let Some(mut guard) = held.take() {
                         guard.disarm();
                     }
-                    let Some(output) = output.take() else {
-                        unreachable!("the output is returned once")
+                    return match output.take() {
+                        Some(Output::Inner(output)) => {
+                            Poll::Ready(output.map(|res| wrap(res, None)))
+                        }
+                        Some(Output::Rejection(response)) => {
+                            Poll::Ready(Ok(response.map(ResponseBody::rejection)))
+                        }
+                        None => unreachable!("the output is returned once"),
                     };
-                    return Poll::Ready(output.map(|res| wrap(res, None)));
                 }
                 StateProj::Rejected { response } => {
                     let Some(response) = response.take() else {

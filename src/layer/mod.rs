@@ -83,6 +83,8 @@ pub(crate) struct Config {
     pub(crate) ttl: Option<Duration>,
     pub(crate) busy: BusyPolicy,
     pub(crate) release: ReleaseOn,
+    pub(crate) auto_extend: bool,
+    pub(crate) abort_on_loss: bool,
     pub(crate) on_rejection: Option<RejectionHook>,
 }
 
@@ -108,6 +110,8 @@ impl fmt::Debug for Config {
             .field("ttl", &self.ttl)
             .field("busy", &busy)
             .field("release", &self.release)
+            .field("auto_extend", &self.auto_extend)
+            .field("abort_on_loss", &self.abort_on_loss)
             .field("on_rejection", &self.on_rejection.is_some())
             .finish()
     }
@@ -133,6 +137,8 @@ impl<E> RedlockLayer<E> {
                 ttl: None,
                 busy: BusyPolicy::Reject,
                 release: ReleaseOn::Response,
+                auto_extend: true,
+                abort_on_loss: false,
                 on_rejection: None,
             }),
         }
@@ -169,6 +175,23 @@ impl<E> RedlockLayer<E> {
     /// is dropped, instead of until the inner future completes: for streaming responses.
     pub fn release_on_body_end(mut self) -> Self {
         self.config().release = ReleaseOn::BodyEnd;
+        self
+    }
+
+    /// Whether the lock is extended in the background while the inner service runs (and,
+    /// in body-end mode, while the body streams), per the client's
+    /// [`extend_fraction`](crate::RedlockBuilder::extend_fraction) and maximums. On by
+    /// default.
+    pub fn auto_extend(mut self, on: bool) -> Self {
+        self.config().auto_extend = on;
+        self
+    }
+
+    /// Drops the inner future and answers 503 / `UNAVAILABLE` (or the rejection hook's
+    /// response) as soon as the lock is lost while the inner service runs. Off by default:
+    /// the handler then learns of the loss through its [`LockToken`](crate::LockToken).
+    pub fn abort_on_loss(mut self, on: bool) -> Self {
+        self.config().abort_on_loss = on;
         self
     }
 

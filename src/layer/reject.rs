@@ -3,7 +3,7 @@
 //! | case | HTTP | gRPC (trailers-only) |
 //! |---|---|---|
 //! | held by someone else | 409 + `Retry-After` | `ABORTED` (10) |
-//! | no quorum, validity exhausted | 503 | `UNAVAILABLE` (14) |
+//! | no quorum, validity exhausted, lock lost (abort on loss) | 503 | `UNAVAILABLE` (14) |
 //! | the extractor refused the request, bad name | 400 | `INVALID_ARGUMENT` (3) |
 //! | a misconfigured layer (bad TTL) | 500 | `INTERNAL` (13) |
 //!
@@ -77,6 +77,20 @@ impl Rejection {
             message: error.to_string(),
             grpc,
             error: Some(error),
+        }
+    }
+
+    /// A rejection for a request whose lock was lost while its handler ran (abort on loss).
+    pub fn lost(reason: &crate::guard::LostReason, grpc: bool) -> Self {
+        let error = match reason {
+            crate::guard::LostReason::ExtendFailed(e) => Some(e.clone()),
+            _ => None,
+        };
+        Self {
+            kind: RejectionKind::Unavailable,
+            message: format!("the lock was lost while the request ran: {reason}"),
+            grpc,
+            error,
         }
     }
 
