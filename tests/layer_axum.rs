@@ -457,3 +457,83 @@ fn static_checks() {
     );
     send::<tower_redlock::layer::ResponseBody<Body>>();
 }
+
+async fn short_ttl_redlock(cluster: &Cluster) -> Redlock {
+    let r = Redlock::builder(cluster.urls())
+        .ttl(Duration::from_millis(600))
+        .node_timeout(Duration::from_millis(50))
+        .build()
+        .expect("build");
+    let l = r.lock("warm-up").await.expect("warm-up");
+    r.unlock(&l).await;
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_handler_keeps_its_lock_past_the_ttl() {
+    let cluster = Cluster::start(3);
+    let state = App::new();
+    let layer = RedlockLayer::new(short_ttl_redlock(&cluster).await, Header::new(KEY_HEADER));
+    let addr = serve(app(layer, state.clone())).await;
+    let request = tokio::spawn(async move {
+        send(
+            &http1(),
+            post_req(addr, "/hook", Some((KEY_HEADER, "slow"))),
+        )
+        .await
+    });
+    state.started.acquire().await.expect("started").forget();
+    let other = short_ttl_redlock(&cluster).await;
+    // Three TTLs later the handler still holds its lock.
+    let end = Instant::now() + Duration::from_millis(1_800);
+    while Instant::now() < end {
+        assert!(
+            matches!(
+                other.try_lock("slow").await,
+                Err(tower_redlock::LockError::Busy { .. })
+            ),
+            "the lock slipped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    state.gate.add_permits(1);
+    assert_eq!(request.await.expect("request").status, 200);
+    assert_eq!(key_on_nodes(&cluster, "redlock:slow").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_abort_on_loss_a_destroyed_lock_drops_the_handler_and_answers_503() {
+    let cluster = Cluster::start(3);
+    let state = App::new();
+    let layer = RedlockLayer::new(short_ttl_redlock(&cluster).await, Header::new(KEY_HEADER))
+        .abort_on_loss(true);
+    let addr = serve(app(layer, state.clone())).await;
+    let request = tokio::spawn(async move {
+        send(
+            &http1(),
+            post_req(addr, "/hook", Some((KEY_HEADER, "doomed"))),
+        )
+        .await
+    });
+    state.started.acquire().await.expect("started").forget();
+    for i in 0..3 {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn.del("redlock:doomed").await.expect("DEL");
+    }
+    let reply = tokio::time::timeout(Duration::from_secs(5), request)
+        .await
+        .expect("answered")
+        .expect("request");
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert!(reply.body.contains("lost"), "{}", reply.body);
+    assert_eq!(
+        state.ended.load(Ordering::SeqCst),
+        1,
+        "the handler future was dropped"
+    );
+    assert!(
+        state.spans.lock().expect("spans").is_empty(),
+        "the handler never completed"
+    );
+    assert_eq!(key_on_nodes(&cluster, "redlock:doomed").await, 0);
+}

@@ -1,0 +1,209 @@
+//! LockGuard: auto-extension and the lost signal, against real Redis nodes.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use support::{Cluster, wait_for};
+use tower_redlock::{LockError, LostReason, Redlock, RedlockBuilder};
+
+/// TTL 600 ms, extended every 200 ms.
+fn builder(cluster: &Cluster) -> RedlockBuilder {
+    Redlock::builder(cluster.urls())
+        .ttl(Duration::from_millis(600))
+        .node_timeout(Duration::from_millis(50))
+}
+
+async fn warm(redlock: &Redlock) {
+    let l = redlock.lock("warm-up").await.expect("warm-up");
+    redlock.unlock(&l).await;
+}
+
+async fn keys_left(cluster: &Cluster, key: &[u8]) -> usize {
+    let mut n = 0;
+    for i in 0..cluster.nodes.len() {
+        if !cluster.nodes[i].is_running() {
+            continue;
+        }
+        let mut conn = cluster.raw(i).await;
+        let exists: bool = conn.exists(key).await.expect("EXISTS");
+        n += usize::from(exists);
+    }
+    n
+}
+
+#[tokio::test]
+async fn a_holder_keeps_its_lock_for_three_ttls_then_releases() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(&cluster).build().expect("build");
+    let other = builder(&cluster).build().expect("build");
+    warm(&redlock).await;
+    warm(&other).await;
+    let guard = redlock.acquire("long-job").await.expect("acquire");
+    let token = guard.token();
+    let first_deadline = token.valid_until();
+    let end = Instant::now() + Duration::from_millis(1_800);
+    let mut checks = 0;
+    while Instant::now() < end {
+        match other.try_lock("long-job").await {
+            Err(LockError::Busy { .. }) => {}
+            other => panic!("the lock slipped at {checks}: {other:?}"),
+        }
+        assert!(token.is_held());
+        checks += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(checks > 20);
+    assert!(
+        token.valid_until() > first_deadline + Duration::from_millis(900),
+        "extended"
+    );
+    let report = guard.release().await;
+    assert!(report.released() >= 2);
+    assert_eq!(token.lost_reason(), Some(LostReason::Released));
+    let lock = other
+        .try_lock("long-job")
+        .await
+        .expect("free after release");
+    other.unlock(&lock).await;
+}
+
+#[tokio::test]
+async fn deleting_the_key_on_a_majority_fires_the_lost_signal_within_one_interval() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::builder(cluster.urls())
+        .ttl(Duration::from_secs(3))
+        .build()
+        .expect("build");
+    warm(&redlock).await;
+    let guard = redlock.acquire("deleted").await.expect("acquire");
+    let token = guard.token();
+    let key = b"redlock:deleted";
+    for i in [0, 1] {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn.del(key).await.expect("DEL");
+    }
+    let deleted_at = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(5), token.lost())
+        .await
+        .expect("the lost signal fires");
+    let took = deleted_at.elapsed();
+    assert!(took <= Duration::from_millis(1_000 + 300), "after {took:?}");
+    match reason {
+        LostReason::ExtendFailed(LockError::NotHeld { .. }) => {}
+        other => panic!("expected NotHeld, got {other:?}"),
+    }
+    assert!(!token.is_held());
+    assert!(!guard.is_held());
+    // What was left of ours is cleaned up.
+    wait_for("our last key to go", Duration::from_secs(5), || async {
+        keys_left(&cluster, key).await == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_paused_majority_fires_the_lost_signal_before_the_deadline() {
+    let mut cluster = Cluster::start(3);
+    let redlock = builder(&cluster).build().expect("build");
+    warm(&redlock).await;
+    let guard = redlock.acquire("paused").await.expect("acquire");
+    let token = guard.token();
+    cluster.nodes[0].pause();
+    cluster.nodes[2].pause();
+    let reason = tokio::time::timeout(Duration::from_secs(5), token.lost())
+        .await
+        .expect("the lost signal fires");
+    let fired = Instant::now();
+    assert!(
+        fired < token.valid_until(),
+        "fired {:?} after the deadline",
+        fired - token.valid_until()
+    );
+    assert!(
+        matches!(reason, LostReason::ExtendFailed(LockError::NoQuorum { .. })),
+        "{reason:?}"
+    );
+    assert!(!token.is_held());
+    cluster.nodes[0].resume();
+    cluster.nodes[2].resume();
+}
+
+#[tokio::test]
+async fn is_held_turns_false_at_the_deadline_without_an_extension() {
+    let cluster = Cluster::start(1);
+    let redlock = builder(&cluster)
+        .max_extensions(Some(0))
+        .build()
+        .expect("build");
+    let guard = redlock.acquire("no-extension").await.expect("acquire");
+    let token = guard.token();
+    assert!(token.is_held());
+    tokio::time::sleep_until(tokio::time::Instant::from_std(token.valid_until())).await;
+    assert!(!token.is_held(), "held past the validity deadline");
+    let reason = tokio::time::timeout(Duration::from_secs(5), token.lost())
+        .await
+        .expect("the signal follows");
+    assert_eq!(reason, LostReason::MaxExtensionsReached);
+}
+
+#[tokio::test]
+async fn the_maximum_hold_releases_and_says_why() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(&cluster)
+        .max_hold(Some(Duration::from_millis(900)))
+        .build()
+        .expect("build");
+    warm(&redlock).await;
+    let guard = redlock.acquire("bounded").await.expect("acquire");
+    let acquired = Instant::now();
+    let token = guard.token();
+    let reason = tokio::time::timeout(Duration::from_secs(5), token.lost())
+        .await
+        .expect("the signal fires");
+    assert_eq!(reason, LostReason::MaxHoldReached);
+    assert!(acquired.elapsed() >= Duration::from_millis(850));
+    wait_for(
+        "the lock to be released",
+        Duration::from_secs(5),
+        || async { keys_left(&cluster, b"redlock:bounded").await == 0 },
+    )
+    .await;
+    drop(guard);
+}
+
+#[test]
+fn dropping_a_guard_while_the_runtime_shuts_down_neither_panics_nor_blocks() {
+    let cluster = Cluster::start(1);
+    let urls = cluster.urls();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let redlock = Redlock::builder(urls).build().expect("build");
+        let guard = redlock.acquire("shutdown").await.expect("acquire");
+        // A task that holds the guard forever: it is dropped by the shutdown.
+        tokio::spawn(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        });
+    });
+    let t = Instant::now();
+    drop(rt);
+    assert!(t.elapsed() < Duration::from_secs(2), "shutdown blocked");
+    // Outside any runtime, dropping a guard is fine too.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let guard = rt.block_on(async {
+        Redlock::builder(cluster.urls())
+            .build()
+            .expect("build")
+            .acquire("outside")
+            .await
+            .expect("acquire")
+    });
+    drop(rt);
+    drop(guard);
+}
