@@ -36,7 +36,7 @@ use redis::{Client, Value};
 use crate::error::{ConfigError, LockError, NodeError, NodeFailure};
 use crate::guard::{KeepAlive, LockGuard};
 use crate::node::{Node, NodeSettings};
-use crate::quorum::{self, Decision, Tally};
+use crate::quorum::{self, Decision, Outcome, Tally};
 use crate::scripts::{ACQUIRE_SCRIPT, EXTEND_SCRIPT, Invocation, RELEASE_SCRIPT};
 use crate::token::{Lock, Resource, key_for, new_value};
 
@@ -639,9 +639,12 @@ impl Redlock {
 
     /// Sends `inv` to every node at once; feeds each answer to `on_reply` (which says
     /// whether it counts towards the quorum) until the outcome is certain.
+    ///
+    /// A failure is awaited further while it is undecided whether it is busy or short of
+    /// nodes ([`Tally::busy_undecided`]), so that the error says which.
     async fn fan_out<F>(&self, inv: &Invocation<'_>, deadline: Instant, mut on_reply: F) -> Tally
     where
-        F: FnMut(&Node, Result<Value, NodeError>) -> bool,
+        F: FnMut(&Node, Result<Value, NodeError>) -> Outcome,
     {
         let by_sha = inv.cmd(true);
         let by_sha = &by_sha;
@@ -653,8 +656,10 @@ impl Redlock {
             .collect();
         let mut tally = Tally::new(self.inner.nodes.len());
         while let Some((node, reply)) = calls.next().await {
-            if tally.record(on_reply(node, reply)) != Decision::Pending {
-                break;
+            match tally.record_outcome(on_reply(node, reply)) {
+                Decision::Pending => {}
+                Decision::Impossible if tally.busy_undecided() => {}
+                Decision::Reached | Decision::Impossible => break,
             }
         }
         tally
@@ -687,24 +692,22 @@ impl Redlock {
         let start = Instant::now();
         let deadline = self.call_deadline(start, ttl, outer_deadline);
 
-        let mut held_elsewhere = 0;
         let mut retry_after: Option<Duration> = None;
         let mut failures = Vec::new();
         let tally = self
             .fan_out(&inv, deadline, |node, reply| {
                 match reply.and_then(parse_acquire) {
-                    Ok(AcquireReply::Won) => true,
+                    Ok(AcquireReply::Won) => Outcome::Granted,
                     Ok(AcquireReply::HeldElsewhere { pttl }) => {
-                        held_elsewhere += 1;
                         retry_after = retry_after.max(pttl);
-                        false
+                        Outcome::HeldElsewhere
                     }
                     Err(error) => {
                         failures.push(NodeFailure {
                             node: node.label().to_owned(),
                             error,
                         });
-                        false
+                        Outcome::Failed
                     }
                 }
             })
@@ -744,9 +747,9 @@ impl Redlock {
                 ttl,
                 attempts: attempt,
             }
-        } else if held_elsewhere > n - tally.quorum() {
+        } else if tally.is_busy() {
             LockError::Busy {
-                held_elsewhere,
+                held_elsewhere: tally.held_elsewhere(),
                 nodes: n,
                 retry_after,
                 attempts: attempt,
@@ -755,11 +758,12 @@ impl Redlock {
             LockError::NoQuorum {
                 needed: tally.quorum(),
                 reached: tally.successes(),
+                held_elsewhere: tally.held_elsewhere(),
                 failures,
                 attempts: attempt,
             }
         };
-        tracing::debug!(nodes = n, granted = tally.successes(), held_elsewhere, error = %err, "redlock attempt failed");
+        tracing::debug!(nodes = n, granted = tally.successes(), held_elsewhere = tally.held_elsewhere(), error = %err, "redlock attempt failed");
         Err(err)
     }
 
@@ -855,18 +859,17 @@ impl Redlock {
         let tally = self
             .fan_out(&inv, deadline, |node, reply| {
                 match reply.and_then(parse_flag) {
-                    Ok(held) => {
-                        if !held {
-                            not_held += 1;
-                        }
-                        held
+                    Ok(true) => Outcome::Granted,
+                    Ok(false) => {
+                        not_held += 1;
+                        Outcome::Failed
                     }
                     Err(error) => {
                         failures.push(NodeFailure {
                             node: node.label().to_owned(),
                             error,
                         });
-                        false
+                        Outcome::Failed
                     }
                 }
             })
@@ -898,6 +901,7 @@ impl Redlock {
             Err(LockError::NoQuorum {
                 needed: tally.quorum(),
                 reached: tally.successes(),
+                held_elsewhere: 0,
                 failures,
                 attempts: 1,
             })

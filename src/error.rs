@@ -253,6 +253,8 @@ pub enum LockError {
         needed: usize,
         /// How many agreed.
         reached: usize,
+        /// How many answered that another client holds the lock.
+        held_elsewhere: usize,
         /// The nodes that failed in the last attempt and why; nodes whose answer was not
         /// awaited once the outcome was certain are not listed.
         failures: Vec<NodeFailure>,
@@ -334,13 +336,20 @@ impl fmt::Display for LockError {
             Self::NoQuorum {
                 needed,
                 reached,
+                held_elsewhere,
                 failures,
                 attempts,
             } => {
                 write!(
                     f,
-                    "no quorum: {reached} node(s) granted the lock, {needed} needed \
-                     (after {attempts} attempt(s)); check that a majority of nodes is up and reachable"
+                    "no quorum: {reached} node(s) granted the lock, {needed} needed"
+                )?;
+                if *held_elsewhere > 0 {
+                    write!(f, ", {held_elsewhere} held by another client")?;
+                }
+                write!(
+                    f,
+                    " (after {attempts} attempt(s)); check that a majority of nodes is up and reachable"
                 )?;
                 for (i, fail) in failures.iter().enumerate() {
                     f.write_str(if i == 0 { ": " } else { "; " })?;

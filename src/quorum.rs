@@ -50,6 +50,17 @@ pub enum Decision {
     Impossible,
 }
 
+/// One node's answer within an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The node granted (or extended) the lock.
+    Granted,
+    /// The node answered that another client holds the lock.
+    HeldElsewhere,
+    /// The node failed (timeout, connection, error) or refused for another reason.
+    Failed,
+}
+
 /// Counts per-node outcomes of one operation and decides as early as the outcome is certain.
 ///
 /// ```
@@ -66,6 +77,7 @@ pub struct Tally {
     nodes: usize,
     quorum: usize,
     ok: usize,
+    held: usize,
     failed: usize,
 }
 
@@ -76,16 +88,26 @@ impl Tally {
             nodes,
             quorum: quorum(nodes),
             ok: 0,
+            held: 0,
             failed: 0,
         }
     }
 
-    /// Records one node's outcome and says whether the result is now certain.
+    /// Records one node's success or failure and says whether the result is now certain.
     pub fn record(&mut self, success: bool) -> Decision {
-        if success {
-            self.ok += 1;
+        self.record_outcome(if success {
+            Outcome::Granted
         } else {
-            self.failed += 1;
+            Outcome::Failed
+        })
+    }
+
+    /// Records one node's outcome and says whether the result is now certain.
+    pub fn record_outcome(&mut self, outcome: Outcome) -> Decision {
+        match outcome {
+            Outcome::Granted => self.ok += 1,
+            Outcome::HeldElsewhere => self.held += 1,
+            Outcome::Failed => self.failed += 1,
         }
         self.decision()
     }
@@ -94,16 +116,39 @@ impl Tally {
     pub fn decision(&self) -> Decision {
         if self.ok >= self.quorum {
             Decision::Reached
-        } else if self.failed > self.nodes - self.quorum {
+        } else if self.held + self.failed > self.nodes - self.quorum {
             Decision::Impossible
         } else {
             Decision::Pending
         }
     }
 
+    /// Whether a failed operation is known to be busy (a quorum of nodes answered and
+    /// some said another client holds the lock) rather than short of nodes.
+    pub fn is_busy(&self) -> bool {
+        self.held > 0 && self.answered() >= self.quorum
+    }
+
+    /// Whether the answers still pending could change a failure from "no quorum" into
+    /// "busy": some node said the lock is held elsewhere, but too few nodes answered yet.
+    pub fn busy_undecided(&self) -> bool {
+        let pending = self.nodes - self.ok - self.held - self.failed;
+        self.held > 0 && self.answered() < self.quorum && self.answered() + pending >= self.quorum
+    }
+
+    /// Nodes that answered (granted or held elsewhere).
+    pub fn answered(&self) -> usize {
+        self.ok + self.held
+    }
+
     /// Successes recorded so far.
     pub fn successes(&self) -> usize {
         self.ok
+    }
+
+    /// Nodes that said another client holds the lock.
+    pub fn held_elsewhere(&self) -> usize {
+        self.held
     }
 
     /// The quorum this tally needs.
@@ -164,6 +209,31 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn busy_needs_a_quorum_of_answers() {
+        // 5 nodes, 2 down, 3 say "held elsewhere": busy, not short of nodes.
+        let mut t = Tally::new(5);
+        t.record_outcome(Outcome::Failed);
+        t.record_outcome(Outcome::Failed);
+        assert_eq!(
+            t.record_outcome(Outcome::HeldElsewhere),
+            Decision::Impossible
+        );
+        assert!(t.busy_undecided(), "two more answers could make it busy");
+        t.record_outcome(Outcome::HeldElsewhere);
+        assert!(t.busy_undecided());
+        t.record_outcome(Outcome::HeldElsewhere);
+        assert!(!t.busy_undecided());
+        assert!(t.is_busy());
+        // 3 nodes, 2 down, 1 says "held elsewhere": short of nodes.
+        let mut t = Tally::new(3);
+        t.record_outcome(Outcome::HeldElsewhere);
+        t.record_outcome(Outcome::Failed);
+        t.record_outcome(Outcome::Failed);
+        assert!(!t.busy_undecided());
+        assert!(!t.is_busy());
     }
 
     #[test]

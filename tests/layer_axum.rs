@@ -224,28 +224,74 @@ async fn requests_without_a_name_pass_through_and_bad_ones_get_400() {
 }
 
 #[tokio::test]
-async fn no_quorum_is_503_with_the_node_causes() {
+async fn no_quorum_is_503_with_the_node_causes_for_the_logs_not_the_client() {
     let mut cluster = Cluster::start(3);
     let r = redlock(&cluster).await;
-    let addr = serve(app(
-        RedlockLayer::new(r, Header::new(KEY_HEADER)),
-        App::new(),
-    ))
-    .await;
+    let seen: Arc<Mutex<Vec<tower_redlock::layer::Rejection>>> = Arc::default();
+    let log = seen.clone();
+    let layer = RedlockLayer::new(r, Header::new(KEY_HEADER)).on_rejection(move |rejection| {
+        log.lock().expect("log").push(rejection.clone());
+        rejection.into_response()
+    });
+    let addr = serve(app(layer, App::new())).await;
     cluster.nodes[0].kill();
     cluster.nodes[1].kill();
     let reply = send(&http1(), post_req(addr, "/hook", Some((KEY_HEADER, "q")))).await;
     assert_eq!(reply.status, 503);
     assert!(
-        reply.body.contains(&cluster.nodes[0].addr()),
-        "{}",
+        !reply.body.contains("127.0.0.1"),
+        "internal addresses leak: {}",
         reply.body
     );
-    assert!(
-        reply.body.contains(&cluster.nodes[1].addr()),
-        "{}",
-        reply.body
-    );
+    let seen = seen.lock().expect("log");
+    let rejection = seen.first().expect("the hook saw the rejection");
+    assert_eq!(rejection.lock_name(), Some(&b"q"[..]));
+    match rejection.lock_error() {
+        Some(tower_redlock::LockError::NoQuorum { failures, .. }) => {
+            let nodes: Vec<&str> = failures.iter().map(|f| f.node.as_str()).collect();
+            assert!(
+                nodes.contains(&cluster.nodes[0].addr().as_str()),
+                "{nodes:?}"
+            );
+            assert!(
+                nodes.contains(&cluster.nodes[1].addr().as_str()),
+                "{nodes:?}"
+            );
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn busy_stays_busy_while_a_minority_of_nodes_is_down() {
+    let mut cluster = Cluster::start(5);
+    let state = App::new();
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER));
+    let addr = serve(app(layer, state.clone())).await;
+    cluster.nodes[0].kill();
+    cluster.nodes[1].kill();
+    let client = http1();
+    let holder = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            send(
+                &client,
+                post_req(addr, "/hook", Some((KEY_HEADER, "minority"))),
+            )
+            .await
+        })
+    };
+    state.started.acquire().await.expect("holder runs").forget();
+    for _ in 0..5 {
+        let reply = send(
+            &client,
+            post_req(addr, "/hook", Some((KEY_HEADER, "minority"))),
+        )
+        .await;
+        assert_eq!(reply.status, 409, "{}", reply.body);
+    }
+    state.gate.add_permits(1);
+    assert_eq!(holder.await.expect("holder").status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

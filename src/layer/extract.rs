@@ -137,12 +137,12 @@ impl<B> ExtractLockName<B> for Header {
     fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
         match request.headers().get(&self.name) {
             Some(v) if v.is_empty() => Err(ExtractError::new(format!(
-                "the {} header is empty",
+                "the {} header (gRPC: metadata) is empty",
                 self.name
             ))),
             Some(v) => Ok(Some(v.as_bytes().to_vec())),
             None if self.required => Err(ExtractError::new(format!(
-                "the {} header is required",
+                "the {} header (gRPC: metadata) is required",
                 self.name
             ))),
             None => Ok(None),

@@ -51,7 +51,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F, B, E> {
         Acquiring {
-            acquire: BoxFuture<'static, Result<Lock, LockError>>,
+            acquire: BoxFuture<'static, Result<Lock, (LockError, Vec<u8>)>>,
             call: Option<CallFn<F>>,
         },
         Calling {
@@ -93,7 +93,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     }
 
     pub(crate) fn acquiring(
-        acquire: BoxFuture<'static, Result<Lock, LockError>>,
+        acquire: BoxFuture<'static, Result<Lock, (LockError, Vec<u8>)>>,
         call: CallFn<F>,
         ctx: Ctx,
     ) -> Self {
@@ -118,6 +118,18 @@ impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .finish()
+    }
+}
+
+/// Logs why a request did not get its lock: service failures (with each node's cause) at
+/// `warn`, contention at `debug`. Lock names are logged, lock values never.
+fn log_rejected(error: &LockError, name: &[u8]) {
+    let name = String::from_utf8_lossy(name);
+    match error {
+        LockError::Busy { .. } | LockError::InvalidName { .. } => {
+            tracing::debug!(lock = %name, %error, "redlock layer rejected a request");
+        }
+        _ => tracing::warn!(lock = %name, %error, "redlock layer rejected a request"),
     }
 }
 
@@ -164,9 +176,10 @@ where
                                 lost,
                             });
                         }
-                        Err(error) => {
-                            let rejection = Rejection::from_lock_error(error, ctx.grpc);
-                            tracing::debug!(%rejection, "redlock layer rejected a request");
+                        Err((error, name)) => {
+                            log_rejected(&error, &name);
+                            let rejection =
+                                Rejection::from_lock_error(error, ctx.grpc).with_name(name);
                             let response = ctx.config.respond(rejection);
                             this.state.set(State::Rejected {
                                 response: Some(response),
@@ -182,8 +195,11 @@ where
                         let Some(ctx) = this.ctx.as_ref() else {
                             unreachable!("a locked future always has its context")
                         };
-                        let rejection = Rejection::lost(&reason, ctx.grpc);
-                        tracing::warn!(%rejection, "redlock layer aborted a request");
+                        let mut rejection = Rejection::lost(&reason, ctx.grpc);
+                        if let Some(held) = held.as_ref() {
+                            rejection = rejection.with_name(held.token().name().to_vec());
+                        }
+                        tracing::warn!(%reason, "redlock layer aborted a request: its lock was lost");
                         let response = ctx.config.respond(rejection);
                         let mut guard = held.take();
                         let release = guard.as_mut().map(Held::release);

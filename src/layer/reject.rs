@@ -45,12 +45,18 @@ pub enum RejectionKind {
 }
 
 /// A rejected request: what happened, and how to answer it.
+///
+/// [`message`](Self::message) is meant for the remote client and names no internal
+/// detail; [`lock_error`](Self::lock_error) has the details (such as each failed node and
+/// its cause) for logs. The layer logs them itself: no-quorum and other service failures
+/// at `warn`, busy and bad requests at `debug`.
 #[derive(Debug, Clone)]
 pub struct Rejection {
     kind: RejectionKind,
     message: String,
     grpc: bool,
     error: Option<LockError>,
+    name: Option<Vec<u8>>,
 }
 
 /// gRPC status codes used here.
@@ -64,20 +70,44 @@ mod code {
 impl Rejection {
     /// A rejection for a lock error.
     pub fn from_lock_error(error: LockError, grpc: bool) -> Self {
-        let kind = match &error {
-            LockError::Busy { retry_after, .. } => RejectionKind::Busy {
-                retry_after: *retry_after,
-            },
-            LockError::InvalidName { .. } => RejectionKind::BadRequest,
-            LockError::Config(_) => RejectionKind::Internal,
-            _ => RejectionKind::Unavailable,
+        let (kind, message) = match &error {
+            LockError::Busy { retry_after, .. } => (
+                RejectionKind::Busy {
+                    retry_after: *retry_after,
+                },
+                "the resource is locked by another request; retry later".to_owned(),
+            ),
+            LockError::InvalidName { reason } => (
+                RejectionKind::BadRequest,
+                format!("invalid lock name: {reason}"),
+            ),
+            LockError::Config(_) => (
+                RejectionKind::Internal,
+                "the lock layer is misconfigured".to_owned(),
+            ),
+            _ => (
+                RejectionKind::Unavailable,
+                "the lock service is unavailable; retry later".to_owned(),
+            ),
         };
         Self {
             kind,
-            message: error.to_string(),
+            message,
             grpc,
             error: Some(error),
+            name: None,
         }
+    }
+
+    /// The same rejection, naming the lock it is about.
+    pub(crate) fn with_name(mut self, name: Vec<u8>) -> Self {
+        self.name = Some(name);
+        self
+    }
+
+    /// The lock name the extractor produced, when there was one.
+    pub fn lock_name(&self) -> Option<&[u8]> {
+        self.name.as_deref()
     }
 
     /// A rejection for a request whose lock was lost while its handler ran (abort on loss).
@@ -86,11 +116,18 @@ impl Rejection {
             crate::guard::LostReason::ExtendFailed(e) => Some(e.clone()),
             _ => None,
         };
+        let message = match reason {
+            crate::guard::LostReason::MaxHoldReached => {
+                "the request ran past the longest a lock may be held"
+            }
+            _ => "the lock was lost while the request ran; retry later",
+        };
         Self {
             kind: RejectionKind::Unavailable,
-            message: format!("the lock was lost while the request ran: {reason}"),
+            message: message.to_owned(),
             grpc,
             error,
+            name: None,
         }
     }
 
@@ -101,6 +138,7 @@ impl Rejection {
             message: message.into(),
             grpc,
             error: None,
+            name: None,
         }
     }
 

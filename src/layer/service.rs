@@ -48,21 +48,30 @@ fn is_grpc<B>(req: &Request<B>) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-async fn acquire(redlock: Redlock, name: Vec<u8>, config: Arc<Config>) -> Result<Lock, LockError> {
+/// Acquires the lock per the busy policy; on failure, hands back the name for the
+/// rejection.
+async fn acquire(
+    redlock: Redlock,
+    name: Vec<u8>,
+    config: Arc<Config>,
+) -> Result<Lock, (LockError, Vec<u8>)> {
     let ttl = config.ttl.unwrap_or_else(|| redlock.ttl());
     let first = redlock.try_lock_with_ttl(&name, ttl).await;
-    match (&first, &config.busy) {
+    let result = match (&first, &config.busy) {
         (Err(LockError::Busy { .. }), BusyPolicy::Wait { timeout, waiters }) => {
             // Beyond the bound on waiting requests: reject at once.
-            let Ok(_permit) = Arc::clone(waiters).try_acquire_owned() else {
-                return first;
-            };
-            redlock
-                .lock_until(&name, ttl, Instant::now() + *timeout)
-                .await
+            match Arc::clone(waiters).try_acquire_owned() {
+                Ok(_permit) => {
+                    redlock
+                        .lock_until(&name, ttl, Instant::now() + *timeout)
+                        .await
+                }
+                Err(_) => first,
+            }
         }
         _ => first,
-    }
+    };
+    result.map_err(|e| (e, name))
 }
 
 impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for RedlockService<S, E>
