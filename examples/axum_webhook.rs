@@ -27,7 +27,10 @@
 
 mod common;
 
+use common::Error;
+
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,11 +69,14 @@ async fn webhook(State(app): State<App>, token: LockToken) -> (StatusCode, Strin
         return (StatusCode::OK, format!("already processed {id}\n"));
     }
     tokio::time::sleep(app.work).await; // the slow part: call APIs, write to a database...
-    if !token.is_valid() {
-        // The lock expired during the work: another request may be processing this
-        // delivery now, so do not commit.
-        tracing::warn!(%id, "lock expired before the work finished; not recording");
-        return (StatusCode::SERVICE_UNAVAILABLE, "took too long, retry\n".into());
+    if !token.is_held() {
+        // The lock was lost during the work (it could not be extended, or expired): another
+        // request may be processing this delivery now, so do not commit.
+        tracing::warn!(%id, reason = ?token.lost_reason(), "lock lost before the work finished; not recording");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "lost the lock, retry\n".into(),
+        );
     }
     app.record(&id);
     tracing::debug!(%id, "processed");
@@ -86,26 +92,32 @@ async fn stats(State(app): State<App>) -> String {
 /// Logs every rejection with its message, then answers with the default response.
 fn log_rejection(rejection: Rejection) -> http::Response<bytes::Bytes> {
     let status = rejection.http_status().as_u16();
+    let delivery = String::from_utf8_lossy(rejection.lock_name().unwrap_or_default()).into_owned();
+    // The client gets a short message; the log gets the details (each failed node's cause).
+    let detail = rejection
+        .lock_error()
+        .map_or_else(|| rejection.message().to_owned(), ToString::to_string);
     match rejection.kind() {
         // Duplicates arriving while the first delivery runs are expected: not a warning.
         RejectionKind::Busy { .. } => {
-            tracing::info!(status, "duplicate delivery rejected: {}", rejection.message());
+            tracing::info!(status, %delivery, "duplicate delivery rejected: {detail}");
         }
-        _ => tracing::warn!(status, "request rejected: {}", rejection.message()),
+        _ => tracing::warn!(status, %delivery, "request rejected: {detail}"),
     }
     rejection.into_response()
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Error> {
     tracing_subscriber::fmt()
+        .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
 
     let (urls, local) = common::nodes_or_local(5)?;
-    if local.len() > 0 {
+    if !local.is_empty() {
         tracing::info!("started {} local redis-server nodes", local.len());
     }
     let redlock = Redlock::builder(urls.iter().map(String::as_str))

@@ -6,13 +6,15 @@
 //!     cargo run --example contention
 //! ```
 //!
-//! `scripts/demo` starts 5 local nodes and runs this.
+//! Without `REDLOCK_NODES` it starts 5 local `redis-server` nodes for the run.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_redlock::{LockError, Redlock};
+
+mod common;
 
 const TASKS: usize = 50;
 const ROUNDS: usize = 20;
@@ -26,11 +28,9 @@ struct Stats {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let nodes = std::env::var("REDLOCK_NODES")
-        .map_err(|_| "set REDLOCK_NODES to comma-separated redis:// URLs, or run scripts/demo")?;
-    let urls: Vec<&str> = nodes.split(',').map(str::trim).collect();
-    let redlock = Redlock::builder(urls.iter().copied())
+async fn main() -> Result<(), common::Error> {
+    let (urls, _local) = common::nodes_or_local(5)?;
+    let redlock = Redlock::builder(urls)
         .ttl(Duration::from_secs(2))
         .node_timeout(Duration::from_millis(50))
         .max_attempts(1_000)

@@ -1,1 +1,186 @@
-fn main() {}
+//! `Idempotency-Key` for a payments API with axum: requests carrying the same key run
+//! one after another, never at the same time, and every one after the first replays the
+//! stored response instead of charging again.
+//!
+//! The layer locks the `Idempotency-Key` header's value and, with
+//! `.wait(Duration::from_secs(5), 32)`, lets a request whose key is busy wait up to 5 s
+//! for it (at most 32 such requests wait at once; beyond that they get 409). Under the
+//! lock the handler looks the key up in a response store: a hit is replayed, a miss does
+//! the slow work and stores its response before the lock is released.
+//!
+//! The example starts the server, fires 5 concurrent requests with one key and 5 with
+//! distinct keys, prints when each completed, and exits. The shared key's requests
+//! complete one after another, the distinct keys' in parallel.
+//!
+//! ```text
+//! cargo run --features axum --example idempotency
+//! ```
+//!
+//! Uses the nodes in `REDLOCK_NODES` (comma-separated `redis://` URLs) or starts 3 local
+//! `redis-server` processes for the run. A real service would keep the response store
+//! in a database and also compare a fingerprint of the request body with the stored one.
+
+mod common;
+
+use common::Error;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower_redlock::layer::Header;
+use tower_redlock::{LockToken, Redlock, RedlockLayer};
+
+/// How long creating a payment takes (calling the card processor, say).
+const WORK: Duration = Duration::from_millis(300);
+
+#[derive(Clone)]
+struct App {
+    /// Time zero of the printed timeline.
+    epoch: Instant,
+    /// Idempotency key -> the stored response body.
+    responses: Arc<Mutex<HashMap<String, String>>>,
+    next_payment: Arc<AtomicU64>,
+}
+
+/// Runs with the key's lock held: requests with the same key wait their turn.
+async fn create_payment(
+    State(app): State<App>,
+    token: LockToken,
+) -> (StatusCode, HeaderMap, String) {
+    let key = String::from_utf8_lossy(token.name()).into_owned();
+    let from = app.epoch.elapsed().as_millis();
+    let mut headers = HeaderMap::new();
+    let held = |headers: &mut HeaderMap| {
+        let until = app.epoch.elapsed().as_millis();
+        if let Ok(v) = HeaderValue::from_str(&format!("{from}-{until}")) {
+            headers.insert("x-lock-held-ms", v);
+        }
+    };
+    let stored = {
+        let responses = app.responses.lock().unwrap_or_else(|e| e.into_inner());
+        responses.get(&key).cloned()
+    };
+    if let Some(body) = stored {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+        held(&mut headers);
+        return (StatusCode::CREATED, headers, body);
+    }
+    tokio::time::sleep(WORK).await;
+    if !token.is_held() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            headers,
+            "lost the lock; retry with the same key".into(),
+        );
+    }
+    let id = app.next_payment.fetch_add(1, Ordering::SeqCst) + 1;
+    let body = format!("payment pay_{id:04}");
+    let mut responses = app.responses.lock().unwrap_or_else(|e| e.into_inner());
+    responses.insert(key, body.clone());
+    held(&mut headers);
+    (StatusCode::CREATED, headers, body)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let (urls, local) = common::nodes_or_local(3)?;
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .key_prefix("idempotency:")
+        // Waiting requests poll the lock every 10-30 ms.
+        .retry_delay(Duration::from_millis(10), Duration::from_millis(20))
+        .build()?;
+    println!(
+        "{} redis nodes (quorum {}): {}",
+        redlock.node_count(),
+        redlock.quorum(),
+        urls.join(", ")
+    );
+
+    let started = Instant::now();
+    let layer = RedlockLayer::new(redlock, Header::new("idempotency-key").required())
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(5), 32);
+    let router = Router::new()
+        .route("/payments", post(create_payment))
+        .route_layer(layer)
+        .with_state(App {
+            epoch: started,
+            responses: Arc::default(),
+            next_payment: Arc::default(),
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    println!("serving on http://{addr}; each new payment takes {WORK:?}");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            eprintln!("server error: {e}");
+        }
+    });
+
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let uri: hyper::Uri = format!("http://{addr}/payments").parse()?;
+    let keys = std::iter::repeat_n("order-1001".to_owned(), 5)
+        .chain((1..=5).map(|i| format!("order-2{i:03}")));
+    let tasks: Vec<_> = keys
+        .map(|key| {
+            let client = client.clone();
+            let uri = uri.clone();
+            tokio::spawn(async move {
+                let req = hyper::Request::post(uri)
+                    .header("idempotency-key", &key)
+                    .body(Full::from("{\"amount_cents\":1999}"))?;
+                let res = client.request(req).await?;
+                let status = res.status();
+                let replayed = res.headers().contains_key("idempotent-replayed");
+                let held = res
+                    .headers()
+                    .get("x-lock-held-ms")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-")
+                    .to_owned();
+                let body = res.into_body().collect().await?.to_bytes();
+                Ok::<_, Error>((
+                    started.elapsed(),
+                    key,
+                    status,
+                    String::from_utf8_lossy(&body).trim().to_owned(),
+                    replayed,
+                    held,
+                ))
+            })
+        })
+        .collect();
+    let mut results = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        results.push(task.await??);
+    }
+    results.sort_by_key(|r| r.0);
+
+    println!("\n10 concurrent requests, in order of completion:");
+    println!("  done at     key         status       response          lock held (ms)");
+    for (at, key, status, body, replayed, held) in &results {
+        let how = if *replayed { "replayed" } else { "executed" };
+        println!(
+            "  {:>5} ms  {key}  {status}  {body:<16}  {held:>9}  {how}",
+            at.as_millis()
+        );
+    }
+    let executed = results.iter().filter(|r| !r.4).count();
+    println!(
+        "\n{executed} payments created for 6 distinct keys; order-1001's 5 requests ran \
+         one after another, the other keys in parallel"
+    );
+
+    drop(local); // stops the local redis-server nodes, if any
+    Ok(())
+}

@@ -5,11 +5,13 @@
 //! returns a guard that kills them when dropped.
 #![allow(dead_code)]
 
-use std::error::Error;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// Any error, for `?` in the examples' `main`.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// How long a local node may take to answer `PING` after it was started.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -25,6 +27,11 @@ impl LocalNodes {
     pub fn len(&self) -> usize {
         self.children.len()
     }
+
+    /// Whether no local node was started (`REDLOCK_NODES` named the nodes).
+    pub fn is_empty(&self) -> bool {
+        self.children.is_empty()
+    }
 }
 
 impl Drop for LocalNodes {
@@ -37,7 +44,7 @@ impl Drop for LocalNodes {
 }
 
 /// The node URLs from `REDLOCK_NODES`, or `n` freshly started local nodes.
-pub fn nodes_or_local(n: usize) -> Result<(Vec<String>, LocalNodes), Box<dyn Error>> {
+pub fn nodes_or_local(n: usize) -> Result<(Vec<String>, LocalNodes), Error> {
     if let Ok(list) = std::env::var("REDLOCK_NODES") {
         let urls: Vec<String> = list
             .split(',')
@@ -46,7 +53,9 @@ pub fn nodes_or_local(n: usize) -> Result<(Vec<String>, LocalNodes), Box<dyn Err
             .map(str::to_owned)
             .collect();
         if urls.is_empty() {
-            return Err("REDLOCK_NODES is set but empty: give comma-separated redis:// URLs".into());
+            return Err(
+                "REDLOCK_NODES is set but empty: give comma-separated redis:// URLs".into(),
+            );
         }
         return Ok((urls, LocalNodes::default()));
     }
@@ -63,7 +72,7 @@ pub fn nodes_or_local(n: usize) -> Result<(Vec<String>, LocalNodes), Box<dyn Err
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| -> Box<dyn Error> {
+            .map_err(|e| -> Error {
                 if e.kind() == std::io::ErrorKind::NotFound {
                     "redis-server is not installed: run `apt-get install -y redis-server`, \
                      or set REDLOCK_NODES to comma-separated redis:// URLs"
@@ -80,7 +89,7 @@ pub fn nodes_or_local(n: usize) -> Result<(Vec<String>, LocalNodes), Box<dyn Err
 }
 
 /// Waits until the node on `port` answers `PING`, up to [`START_TIMEOUT`].
-fn wait_for_pong(port: u16) -> Result<(), Box<dyn Error>> {
+fn wait_for_pong(port: u16) -> Result<(), Error> {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if ping(port).is_ok() {
