@@ -60,12 +60,7 @@ async fn main() -> Result<(), Error> {
         .ttl(Duration::from_secs(10))
         .key_prefix("jobs:")
         .build()?;
-    println!(
-        "{} redis nodes (quorum {}): {}",
-        redlock.node_count(),
-        redlock.quorum(),
-        urls.join(", ")
-    );
+    common::print_nodes(&redlock, &urls);
 
     // The server: the layer, then the handler, adapted for hyper.
     let service = ServiceBuilder::new()
@@ -119,18 +114,7 @@ async fn main() -> Result<(), Error> {
         "/jobs/42", "/jobs/42", "/jobs/7", "/jobs/42", "/jobs/7", "/jobs/42",
     ];
     let tasks: Vec<_> = paths.iter().map(|p| tokio::spawn(get(p))).collect();
-    let mut lines = Vec::with_capacity(tasks.len());
-    for task in tasks {
-        lines.push(task.await??);
-    }
-    lines.sort(); // each line starts with its completion time, padded
-    println!(
-        "\n{} concurrent requests, in order of completion:",
-        paths.len()
-    );
-    for line in lines {
-        println!("  {line}");
-    }
+    common::print_in_completion_order("concurrent requests", tasks).await?;
     println!("\nonce they are done, job 42 can run again:");
     println!("  {}", get("/jobs/42").await?);
 

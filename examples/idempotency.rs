@@ -99,12 +99,7 @@ async fn main() -> Result<(), Error> {
         // Waiting requests poll the lock every 10-30 ms.
         .retry_delay(Duration::from_millis(10), Duration::from_millis(20))
         .build()?;
-    println!(
-        "{} redis nodes (quorum {}): {}",
-        redlock.node_count(),
-        redlock.quorum(),
-        urls.join(", ")
-    );
+    common::print_nodes(&redlock, &urls);
 
     let started = Instant::now();
     let layer = RedlockLayer::new(redlock, Header::new("idempotency-key").required())

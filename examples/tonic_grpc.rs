@@ -238,12 +238,7 @@ async fn main() -> Result<(), Error> {
     let redlock = Redlock::builder(urls.iter().map(String::as_str))
         .key_prefix("grpc:")
         .build()?;
-    println!(
-        "{} redis nodes (quorum {}): {}",
-        redlock.node_count(),
-        redlock.quorum(),
-        urls.join(", ")
-    );
+    common::print_nodes(&redlock, &urls);
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -304,18 +299,7 @@ async fn main() -> Result<(), Error> {
         .iter()
         .map(|&(key, order)| tokio::spawn(call(key, order)))
         .collect();
-    let mut lines = Vec::with_capacity(tasks.len());
-    for task in tasks {
-        lines.push(task.await??);
-    }
-    lines.sort(); // each line starts with its completion time, padded
-    println!(
-        "\n{} concurrent calls, in order of completion:",
-        calls.len()
-    );
-    for line in &lines {
-        println!("  {line}");
-    }
+    let lines = common::print_in_completion_order("concurrent calls", tasks).await?;
     let aborted = lines
         .iter()
         .filter(|l| l.contains(&format!("{:?}", Code::Aborted)))

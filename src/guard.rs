@@ -171,7 +171,7 @@ pub(crate) struct KeepAlive {
 /// (never blocking, also while the runtime shuts down).
 pub struct LockGuard {
     redlock: Redlock,
-    shared: Arc<Shared>,
+    token: LockToken,
     task: Option<JoinHandle<()>>,
     released: bool,
 }
@@ -179,7 +179,7 @@ pub struct LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("token", &self.token())
+            .field("token", &self.token)
             .finish_non_exhaustive()
     }
 }
@@ -194,35 +194,16 @@ impl LockGuard {
         });
         Self {
             redlock,
-            shared,
+            token: LockToken::from_shared(shared),
             task,
             released: false,
         }
     }
 
-    /// A token for this lock: cheap to clone, carries the lost signal.
+    /// A token for this lock: cheap to clone, carries the lost signal. The guard itself
+    /// dereferences to it, so `guard.is_held()`, `guard.lost()` and the rest work too.
     pub fn token(&self) -> LockToken {
-        LockToken::from_shared(Arc::clone(&self.shared))
-    }
-
-    /// Whether the lock is still held: not lost, and the validity deadline is ahead.
-    pub fn is_held(&self) -> bool {
-        self.shared.is_held()
-    }
-
-    /// Resolves when the lock is lost, with the reason.
-    pub async fn lost(&self) -> LostReason {
-        self.shared.lost().await
-    }
-
-    /// Why the lock was lost, if it was.
-    pub fn lost_reason(&self) -> Option<LostReason> {
-        self.shared.lost_reason()
-    }
-
-    /// The current validity deadline (moves with each extension).
-    pub fn valid_until(&self) -> Instant {
-        self.shared.valid_until()
+        self.token.clone()
     }
 
     /// Stops extending and releases the lock on every node, reporting the outcome.
@@ -237,7 +218,7 @@ impl LockGuard {
             task.abort();
         }
         let redlock = self.redlock.clone();
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(self.token.shared());
         Box::pin(async move {
             let out = redlock.unlock(&shared.lock).await;
             shared.mark_lost(LostReason::Released);
@@ -256,14 +237,23 @@ impl LockGuard {
     }
 }
 
+impl std::ops::Deref for LockGuard {
+    type Target = LockToken;
+
+    fn deref(&self) -> &LockToken {
+        &self.token
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
         }
         if !self.released {
-            self.shared.mark_lost(LostReason::Released);
-            let lock = &self.shared.lock;
+            let shared = self.token.shared();
+            shared.mark_lost(LostReason::Released);
+            let lock = &shared.lock;
             self.redlock.release_in_background(
                 Arc::clone(&lock.resource),
                 Arc::clone(&lock.value),
@@ -343,7 +333,7 @@ impl Held {
     }
 
     pub(crate) fn shared(&self) -> Arc<Shared> {
-        Arc::clone(&self.guard.shared)
+        Arc::clone(self.guard.token.shared())
     }
 
     pub(crate) fn release(&mut self) -> BoxFuture<'static, Released> {

@@ -182,6 +182,10 @@ impl LockToken {
         Self { shared }
     }
 
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// The lock name.
     pub fn name(&self) -> &[u8] {
         self.shared.lock.name()

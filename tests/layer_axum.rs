@@ -352,20 +352,28 @@ async fn in_body_end_mode_the_lock_is_held_while_the_body_streams() {
         .route_layer(RedlockLayer::new(r, Header::new(KEY_HEADER)).release_on_body_end());
     let addr = serve(app).await;
     let client = http2();
+    // Starts a streaming response for lock `name` and reads its first chunk.
+    let open = |name: &'static str| {
+        let (client, streams) = (client.clone(), streams.clone());
+        async move {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            streams.lock().expect("streams").push(rx);
+            let res = client
+                .request(post_req(addr, "/stream", Some((KEY_HEADER, name))))
+                .await
+                .expect("response");
+            let mut body = res.into_body();
+            tx.send(Ok(bytes::Bytes::from_static(b"first")))
+                .await
+                .expect("send");
+            let frame = body.frame().await.expect("frame").expect("ok");
+            assert_eq!(frame.into_data().ok().as_deref(), Some(&b"first"[..]));
+            (tx, body)
+        }
+    };
 
     // Read to the end.
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    streams.lock().expect("streams").push(rx);
-    let res = client
-        .request(post_req(addr, "/stream", Some((KEY_HEADER, "s1"))))
-        .await
-        .expect("response");
-    let mut body = res.into_body();
-    tx.send(Ok(bytes::Bytes::from_static(b"first")))
-        .await
-        .expect("send");
-    let frame = body.frame().await.expect("frame").expect("ok");
-    assert_eq!(frame.into_data().ok().as_deref(), Some(&b"first"[..]));
+    let (tx, mut body) = open("s1").await;
     assert!(
         key_on_nodes(&cluster, "redlock:s1").await >= 2,
         "held while streaming"
@@ -382,17 +390,7 @@ async fn in_body_end_mode_the_lock_is_held_while_the_body_streams() {
     .await;
 
     // Drop the body half-way.
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    streams.lock().expect("streams").push(rx);
-    let res = client
-        .request(post_req(addr, "/stream", Some((KEY_HEADER, "s2"))))
-        .await
-        .expect("response");
-    let mut body = res.into_body();
-    tx.send(Ok(bytes::Bytes::from_static(b"first")))
-        .await
-        .expect("send");
-    body.frame().await.expect("frame").expect("ok");
+    let (tx, body) = open("s2").await;
     assert!(
         key_on_nodes(&cluster, "redlock:s2").await >= 2,
         "held while streaming"

@@ -21,6 +21,13 @@ async fn redlock(cluster: &Cluster) -> Redlock {
     r
 }
 
+async fn body_text(res: Response<tower_redlock::layer::ResponseBody<Full<Bytes>>>) -> Bytes {
+    http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .expect("body")
+        .to_bytes()
+}
+
 async fn exists(cluster: &Cluster, key: &str) -> bool {
     let mut conn = cluster.raw(0).await;
     conn.exists(key).await.expect("EXISTS")
@@ -81,10 +88,7 @@ async fn the_token_is_in_the_extensions_and_released_after_the_response() {
         )
         .await
         .expect("response");
-    let body = http_body_util::BodyExt::collect(res.into_body())
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = body_text(res).await;
     assert_eq!(&body[..], b"40 true");
     assert!(
         !exists(&cluster, "redlock:k").await,
@@ -95,10 +99,7 @@ async fn the_token_is_in_the_extensions_and_released_after_the_response() {
         .oneshot(Request::get("/").body(Full::default()).expect("request"))
         .await
         .expect("response");
-    let body = http_body_util::BodyExt::collect(res.into_body())
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = body_text(res).await;
     assert_eq!(&body[..], b"0 false");
 }
 

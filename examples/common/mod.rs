@@ -114,3 +114,31 @@ fn ping(port: u16) -> std::io::Result<()> {
         Err(std::io::Error::other("unexpected reply to PING"))
     }
 }
+
+/// Prints which nodes an example locks on.
+pub fn print_nodes(redlock: &tower_redlock::Redlock, urls: &[String]) {
+    println!(
+        "{} redis nodes (quorum {}): {}",
+        redlock.node_count(),
+        redlock.quorum(),
+        urls.join(", ")
+    );
+}
+
+/// Awaits tasks that each return a line starting with its completion time, and prints
+/// the lines in order of completion under `title`. Returns them.
+pub async fn print_in_completion_order(
+    title: &str,
+    tasks: Vec<tokio::task::JoinHandle<Result<String, Error>>>,
+) -> Result<Vec<String>, Error> {
+    let mut lines = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        lines.push(task.await??);
+    }
+    lines.sort(); // each line starts with its completion time, padded
+    println!("\n{} {title}, in order of completion:", lines.len());
+    for line in &lines {
+        println!("  {line}");
+    }
+    Ok(lines)
+}
