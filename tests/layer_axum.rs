@@ -79,14 +79,41 @@ async fn gated(State(app): State<App>, token: LockToken) -> String {
 }
 
 async fn redlock(cluster: &Cluster) -> Redlock {
+    redlock_with(cluster, Duration::from_secs(30), Duration::from_millis(50)).await
+}
+
+/// A client with warm connections.
+async fn redlock_with(cluster: &Cluster, ttl: Duration, node_timeout: Duration) -> Redlock {
     let r = Redlock::builder(cluster.urls())
-        .ttl(Duration::from_secs(30))
+        .ttl(ttl)
+        .node_timeout(node_timeout)
         .retry_delay(Duration::from_millis(5), Duration::from_millis(10))
         .build()
         .expect("build");
     let l = r.lock("warm-up").await.expect("warm-up");
     r.unlock(&l).await;
     r
+}
+
+/// TTL 600 ms: a guard extends it every 200 ms.
+async fn short_ttl_redlock(cluster: &Cluster) -> Redlock {
+    redlock_with(
+        cluster,
+        Duration::from_millis(600),
+        Duration::from_millis(50),
+    )
+    .await
+}
+
+/// Sends one delivery in a task of its own.
+fn spawn_delivery(
+    client: HttpClient,
+    addr: std::net::SocketAddr,
+    id: &'static str,
+) -> tokio::task::JoinHandle<support::http::Reply> {
+    tokio::spawn(
+        async move { send(&client, post_req(addr, "/hook", Some((KEY_HEADER, id)))).await },
+    )
 }
 
 fn app(layer: RedlockLayer<Header>, state: App) -> Router {
@@ -271,16 +298,7 @@ async fn busy_stays_busy_while_a_minority_of_nodes_is_down() {
     cluster.nodes[0].kill();
     cluster.nodes[1].kill();
     let client = http1();
-    let holder = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            send(
-                &client,
-                post_req(addr, "/hook", Some((KEY_HEADER, "minority"))),
-            )
-            .await
-        })
-    };
+    let holder = spawn_delivery(client.clone(), addr, "minority");
     state.started.acquire().await.expect("holder runs").forget();
     for _ in 0..5 {
         let reply = send(
@@ -301,9 +319,7 @@ async fn a_client_that_disconnects_mid_request_releases_the_lock() {
     let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER));
     let addr = serve(app(layer, state.clone())).await;
     for client in [http1(), http2()] {
-        let request = tokio::spawn(async move {
-            send(&client, post_req(addr, "/hook", Some((KEY_HEADER, "gone")))).await
-        });
+        let request = spawn_delivery(client, addr, "gone");
         // The handler runs (and so holds the lock) ...
         state.started.acquire().await.expect("started").forget();
         assert!(key_on_nodes(&cluster, "redlock:gone").await >= 2);
@@ -419,12 +435,7 @@ async fn the_waiter_bound_rejects_the_excess_at_once() {
         .wait(Duration::from_secs(30), 4);
     let addr = serve(app(layer, state.clone())).await;
     let client = http2();
-    let holder = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            send(&client, post_req(addr, "/hook", Some((KEY_HEADER, "hot")))).await
-        })
-    };
+    let holder = spawn_delivery(client.clone(), addr, "hot");
     state.started.acquire().await.expect("holder runs").forget();
     let mut waiting: FuturesUnordered<_> = (0..50)
         .map(|_| send(&client, post_req(addr, "/hook", Some((KEY_HEADER, "hot")))))
@@ -502,30 +513,13 @@ fn static_checks() {
     send::<tower_redlock::layer::ResponseBody<Body>>();
 }
 
-async fn short_ttl_redlock(cluster: &Cluster) -> Redlock {
-    let r = Redlock::builder(cluster.urls())
-        .ttl(Duration::from_millis(600))
-        .node_timeout(Duration::from_millis(50))
-        .build()
-        .expect("build");
-    let l = r.lock("warm-up").await.expect("warm-up");
-    r.unlock(&l).await;
-    r
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_handler_keeps_its_lock_past_the_ttl() {
     let cluster = Cluster::start(3);
     let state = App::new();
     let layer = RedlockLayer::new(short_ttl_redlock(&cluster).await, Header::new(KEY_HEADER));
     let addr = serve(app(layer, state.clone())).await;
-    let request = tokio::spawn(async move {
-        send(
-            &http1(),
-            post_req(addr, "/hook", Some((KEY_HEADER, "slow"))),
-        )
-        .await
-    });
+    let request = spawn_delivery(http1(), addr, "slow");
     state.started.acquire().await.expect("started").forget();
     let other = short_ttl_redlock(&cluster).await;
     // Three TTLs later the handler still holds its lock.
@@ -552,13 +546,7 @@ async fn with_abort_on_loss_a_destroyed_lock_drops_the_handler_and_answers_503()
     let layer = RedlockLayer::new(short_ttl_redlock(&cluster).await, Header::new(KEY_HEADER))
         .abort_on_loss(true);
     let addr = serve(app(layer, state.clone())).await;
-    let request = tokio::spawn(async move {
-        send(
-            &http1(),
-            post_req(addr, "/hook", Some((KEY_HEADER, "doomed"))),
-        )
-        .await
-    });
+    let request = spawn_delivery(http1(), addr, "doomed");
     state.started.acquire().await.expect("started").forget();
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
