@@ -316,31 +316,3 @@ async fn finish(redlock: &Redlock, shared: &Shared, lock: &Lock, reason: LostRea
     shared.mark_lost(reason);
     redlock.unlock(lock).await;
 }
-
-/// A held lock owned by the layer's response future or body: released explicitly, or in
-/// the background when dropped.
-pub(crate) struct Held {
-    guard: LockGuard,
-}
-
-impl Held {
-    pub(crate) fn new(guard: LockGuard) -> Self {
-        Self { guard }
-    }
-
-    pub(crate) fn token(&self) -> LockToken {
-        self.guard.token()
-    }
-
-    pub(crate) fn shared(&self) -> Arc<Shared> {
-        Arc::clone(self.guard.token.shared())
-    }
-
-    pub(crate) fn release(&mut self) -> BoxFuture<'static, Released> {
-        self.guard.release_future()
-    }
-
-    pub(crate) fn disarm(&mut self) {
-        self.guard.disarm();
-    }
-}

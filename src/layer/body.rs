@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::guard::Held;
+use crate::guard::LockGuard;
 
 pin_project! {
     /// The body of responses from [`RedlockService`](super::RedlockService).
@@ -28,7 +28,7 @@ pin_project! {
         Inner {
             #[pin]
             body: B,
-            held: Option<Held>,
+            held: Option<LockGuard>,
         },
         Rejection {
             data: Option<Bytes>,
@@ -37,7 +37,7 @@ pin_project! {
 }
 
 impl<B> ResponseBody<B> {
-    pub(crate) fn inner(body: B, held: Option<Held>) -> Self {
+    pub(crate) fn inner(body: B, held: Option<LockGuard>) -> Self {
         Self {
             kind: Kind::Inner { body, held },
         }

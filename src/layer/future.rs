@@ -19,7 +19,7 @@ use super::reject::Rejection;
 use super::{Config, ReleaseOn};
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
-use crate::guard::{Held, LostReason};
+use crate::guard::{LockGuard, LostReason};
 use crate::token::{Lock, LockToken};
 
 /// Calls the inner service once the lock is held.
@@ -57,12 +57,12 @@ pin_project! {
         Calling {
             #[pin]
             fut: F,
-            held: Option<Held>,
+            held: Option<LockGuard>,
             lost: Option<BoxFuture<'static, LostReason>>,
         },
         Releasing {
             release: BoxFuture<'static, Released>,
-            held: Option<Held>,
+            held: Option<LockGuard>,
             output: Option<Output<B, E>>,
         },
         Rejected {
@@ -133,7 +133,7 @@ fn log_rejected(error: &LockError, name: &[u8]) {
     }
 }
 
-fn wrap<B>(res: Response<B>, held: Option<Held>) -> Response<ResponseBody<B>> {
+fn wrap<B>(res: Response<B>, held: Option<LockGuard>) -> Response<ResponseBody<B>> {
     res.map(|b| ResponseBody::inner(b, held))
 }
 
@@ -159,9 +159,9 @@ where
                             } else {
                                 ctx.redlock.guard_without_extension(lock)
                             };
-                            let held = Held::new(guard);
+                            let held = guard;
                             let lost = ctx.config.abort_on_loss.then(|| {
-                                let shared = held.shared();
+                                let shared = std::sync::Arc::clone(held.shared());
                                 let lost: BoxFuture<'static, LostReason> =
                                     Box::pin(async move { shared.lost().await });
                                 lost
@@ -197,12 +197,12 @@ where
                         };
                         let mut rejection = Rejection::lost(&reason, ctx.grpc);
                         if let Some(held) = held.as_ref() {
-                            rejection = rejection.with_name(held.token().name().to_vec());
+                            rejection = rejection.with_name(held.name().to_vec());
                         }
                         tracing::warn!(%reason, "redlock layer aborted a request: its lock was lost");
                         let response = ctx.config.respond(rejection);
                         let mut guard = held.take();
-                        let release = guard.as_mut().map(Held::release);
+                        let release = guard.as_mut().map(LockGuard::release_future);
                         match release {
                             Some(release) => this.state.set(State::Releasing {
                                 release,
@@ -227,7 +227,7 @@ where
                     match output {
                         Ok(res) if body_end => return Poll::Ready(Ok(wrap(res, Some(guard)))),
                         output => {
-                            let release = guard.release();
+                            let release = guard.release_future();
                             this.state.set(State::Releasing {
                                 release,
                                 held: Some(guard),
