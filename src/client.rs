@@ -637,6 +637,21 @@ impl Redlock {
         outer.map_or(deadline, |o| o.min(deadline))
     }
 
+    /// Sends `inv` to every node at once; the answers arrive as they come.
+    fn send_all<'a>(
+        &'a self,
+        inv: &'a Invocation<'a>,
+        by_sha: &'a redis::Cmd,
+        deadline: Instant,
+    ) -> FuturesUnordered<impl Future<Output = (&'a Arc<Node>, Result<Value, NodeError>)> + 'a>
+    {
+        self.inner
+            .nodes
+            .iter()
+            .map(move |node| async move { (node, node.call(inv, by_sha, deadline).await) })
+            .collect()
+    }
+
     /// Sends `inv` to every node at once; feeds each answer to `on_reply` (which says
     /// whether it counts towards the quorum) until the outcome is certain.
     ///
@@ -647,13 +662,7 @@ impl Redlock {
         F: FnMut(&Node, Result<Value, NodeError>) -> Outcome,
     {
         let by_sha = inv.cmd(true);
-        let by_sha = &by_sha;
-        let mut calls: FuturesUnordered<_> = self
-            .inner
-            .nodes
-            .iter()
-            .map(|node| async move { (node, node.call(inv, by_sha, deadline).await) })
-            .collect();
+        let mut calls = self.send_all(inv, &by_sha, deadline);
         let mut tally = Tally::new(self.inner.nodes.len());
         while let Some((node, reply)) = calls.next().await {
             match tally.record_outcome(on_reply(node, reply)) {
@@ -778,15 +787,7 @@ impl Redlock {
         };
         let by_sha = inv.cmd(true);
         let deadline = Instant::now() + self.inner.node_timeout.min(ttl);
-        let mut calls: FuturesUnordered<_> = self
-            .inner
-            .nodes
-            .iter()
-            .map(|node| {
-                let (inv, by_sha) = (&inv, &by_sha);
-                async move { (node, node.call(inv, by_sha, deadline).await) }
-            })
-            .collect();
+        let mut calls = self.send_all(&inv, &by_sha, deadline);
         let mut out = Released {
             released: 0,
             not_held: 0,
