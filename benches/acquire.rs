@@ -1,7 +1,9 @@
 //! Acquire + release round trips on 1, 3 and 5 local redis-server nodes (started by the
-//! test harness), one lock at a time and 64 concurrent locks.
+//! test harness), one lock at a time and 64 concurrent locks; and the cost of fencing
+//! numbers (a second round trip) on 3 nodes, with fencing on and off.
 //!
-//! `cargo bench --bench acquire`. Compare ratios within one run, not absolute times.
+//! `cargo bench --bench acquire` (or `-- fencing` for the fencing group only). Compare
+//! ratios within one run, not absolute times.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -50,5 +52,32 @@ fn acquire_release(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, acquire_release);
+fn fencing(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let cluster = support::Cluster::start(3);
+    let fenced = rt.block_on(async {
+        let r = Redlock::builder(cluster.urls()).build().expect("build");
+        let l = r.lock("warm").await.expect("warm-up");
+        r.unlock(&l).await;
+        r
+    });
+    let mut group = c.benchmark_group("fencing");
+    group.measurement_time(Duration::from_secs(5));
+    for on in [true, false] {
+        let redlock = fenced.with_fencing(on);
+        let label = if on { "on" } else { "off" };
+        group.bench_function(BenchmarkId::new("acquire_release_3_nodes", label), |b| {
+            b.to_async(&rt).iter(|| async {
+                let lock = redlock.try_lock("bench").await.expect("free lock");
+                black_box(redlock.unlock(&lock).await);
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, acquire_release, fencing);
 criterion_main!(benches);

@@ -141,6 +141,8 @@ async fn main() -> Result<(), Error> {
 
     let layer = RedlockLayer::new(redlock, Header::new("x-github-delivery").required())
         .ttl(Duration::from_secs(30))
+        // Delivery ids are unique: there is no later holder to fence, so no counter per id.
+        .fencing(false)
         .on_rejection(log_rejection);
     let router = Router::new()
         .route("/webhook", post(webhook))

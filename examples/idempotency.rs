@@ -104,6 +104,8 @@ async fn main() -> Result<(), Error> {
     let started = Instant::now();
     let layer = RedlockLayer::new(redlock, Header::new("idempotency-key").required())
         .ttl(Duration::from_secs(10))
+        // Idempotency keys are unique per request: no fencing counter per key.
+        .fencing(false)
         .wait(Duration::from_secs(5), 32);
     let router = Router::new()
         .route("/payments", post(create_payment))

@@ -37,7 +37,10 @@ use crate::error::{ConfigError, LockError, NodeError, NodeFailure};
 use crate::guard::{KeepAlive, LockGuard};
 use crate::node::{Node, NodeSettings};
 use crate::quorum::{self, Decision, Outcome, Tally};
-use crate::scripts::{ACQUIRE_SCRIPT, EXTEND_SCRIPT, Invocation, RELEASE_SCRIPT};
+use crate::scripts::{
+    ACQUIRE_FENCED_SCRIPT, ACQUIRE_SCRIPT, Arg, EXTEND_SCRIPT, FENCE_SCRIPT, Invocation,
+    RELEASE_SCRIPT,
+};
 use crate::token::{Lock, Resource, key_for, new_value};
 
 /// The per-node timeout must be at most `TTL / MIN_TTL_TO_TIMEOUT_RATIO`, so that waiting
@@ -67,6 +70,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_RECONNECT_AFTER_TIMEOUTS: u32 = 3;
 /// Default extension interval of a [`LockGuard`], as a fraction of the TTL: a third.
 pub const DEFAULT_EXTEND_FRACTION: f64 = 1.0 / 3.0;
+/// Fencing numbers are on by default: every acquisition carries one (see
+/// [`crate::fencing`]), at the cost of a second round trip.
+pub const DEFAULT_FENCING: bool = true;
 
 /// Builds a [`Redlock`]; see [`Redlock::builder`]. Every setting has a documented default;
 /// [`build`](Self::build) checks them all.
@@ -87,6 +93,7 @@ pub struct RedlockBuilder {
     extend_fraction: f64,
     max_hold: Option<Duration>,
     max_extensions: Option<u32>,
+    fencing: bool,
 }
 
 impl RedlockBuilder {
@@ -186,6 +193,17 @@ impl RedlockBuilder {
         self
     }
 
+    /// Whether every acquisition gets a fencing number ([`DEFAULT_FENCING`]: on): a number
+    /// that strictly increases with each new holder of a name, for a downstream store to
+    /// reject writes from holders whose lock expired. It costs a second round trip per
+    /// acquisition and one hash field per distinct name on every node; see
+    /// [`crate::fencing`]. [`Redlock::with_fencing`] and
+    /// [`RedlockLayer::fencing`](crate::RedlockLayer::fencing) switch it per use.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
+        self
+    }
+
     /// Checks the configuration and creates the client.
     ///
     /// No I/O happens here and unreachable nodes are not an error: when called within a
@@ -261,6 +279,7 @@ impl RedlockBuilder {
                     max_extensions: self.max_extensions,
                 },
             }),
+            fencing: self.fencing,
         })
     }
 }
@@ -331,6 +350,7 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub struct Redlock {
     inner: Arc<Inner>,
+    fencing: bool,
 }
 
 /// The outcome of [`Redlock::unlock`]: on how many nodes our key was deleted.
@@ -362,24 +382,55 @@ impl Released {
 }
 
 enum AcquireReply {
-    Won,
-    HeldElsewhere { pttl: Option<Duration> },
+    /// The key was set. With fencing: the node's counter for the name, raised to the
+    /// node's clock in microseconds (0 without fencing).
+    Won {
+        counter: u64,
+    },
+    HeldElsewhere {
+        pttl: Option<Duration>,
+    },
 }
 
 fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
+    let bad = |what: &dyn std::fmt::Debug| {
+        NodeError::Protocol(format!("unexpected reply to the acquire script: {what:?}"))
+    };
+    let Value::Array(items) = v else {
+        return Err(bad(&v));
+    };
+    match items.as_slice() {
+        [Value::Int(1)] => Ok(AcquireReply::Won { counter: 0 }),
+        [Value::Int(1), counter, secs, micros] => {
+            let counter = match counter {
+                Value::BulkString(b) if b.is_empty() => 0,
+                other => decimal(other).ok_or_else(|| bad(&items))?,
+            };
+            let clock = decimal(secs)
+                .zip(decimal(micros))
+                .and_then(|(s, us)| s.checked_mul(1_000_000)?.checked_add(us))
+                .ok_or_else(|| bad(&items))?;
+            let counter = counter.max(clock);
+            if counter == u64::MAX {
+                return Err(NodeError::Protocol(
+                    "the fencing counter is at its maximum and cannot grow".to_owned(),
+                ));
+            }
+            Ok(AcquireReply::Won { counter })
+        }
+        [Value::Int(0), Value::Int(pttl)] => Ok(AcquireReply::HeldElsewhere {
+            pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+        }),
+        _ => Err(bad(&items)),
+    }
+}
+
+/// A non-negative decimal integer sent as a bulk string.
+fn decimal(v: &Value) -> Option<u64> {
     match v {
-        Value::Array(items) => match items.as_slice() {
-            [Value::Int(1)] => Ok(AcquireReply::Won),
-            [Value::Int(0), Value::Int(pttl)] => Ok(AcquireReply::HeldElsewhere {
-                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
-            }),
-            _ => Err(NodeError::Protocol(format!(
-                "unexpected reply to the acquire script: {items:?}"
-            ))),
-        },
-        other => Err(NodeError::Protocol(format!(
-            "unexpected reply to the acquire script: {other:?}"
-        ))),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
     }
 }
 
@@ -475,6 +526,34 @@ impl Redlock {
             extend_fraction: DEFAULT_EXTEND_FRACTION,
             max_hold: None,
             max_extensions: None,
+            fencing: DEFAULT_FENCING,
+        }
+    }
+
+    /// Whether acquisitions through this handle get a fencing number.
+    pub fn fencing(&self) -> bool {
+        self.fencing
+    }
+
+    /// A handle on the same nodes and connections whose acquisitions do (`true`) or do not
+    /// get a fencing number, whatever the builder said. Turn it off for names that are
+    /// unique per request (idempotency keys), where there is nothing to fence and the
+    /// counter would only take memory.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_redlock::Redlock;
+    ///
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let plain = redlock.with_fencing(false);
+    /// let lock = plain.lock("request:5f1c9e").await?;
+    /// assert_eq!(lock.fencing_token(), None);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_fencing(&self, on: bool) -> Redlock {
+        Redlock {
+            inner: Arc::clone(&self.inner),
+            fencing: on,
         }
     }
 
@@ -627,6 +706,7 @@ impl Redlock {
         Ok(Arc::new(Resource {
             name: name.into(),
             key: key.into(),
+            prefix_len: self.inner.key_prefix.len(),
         }))
     }
 
@@ -637,41 +717,63 @@ impl Redlock {
         outer.map_or(deadline, |o| o.min(deadline))
     }
 
-    /// Sends `inv` to every node at once; the answers arrive as they come.
+    /// Sends `inv` to the nodes whose index `to` accepts, all at once; the answers arrive
+    /// as they come, with the node's index.
     fn send_all<'a>(
         &'a self,
         inv: &'a Invocation<'a>,
         by_sha: &'a redis::Cmd,
         deadline: Instant,
-    ) -> FuturesUnordered<impl Future<Output = (&'a Arc<Node>, Result<Value, NodeError>)> + 'a>
+        to: impl Fn(usize) -> bool,
+    ) -> FuturesUnordered<impl Future<Output = (usize, &'a Arc<Node>, Result<Value, NodeError>)> + 'a>
     {
         self.inner
             .nodes
             .iter()
-            .map(move |node| async move { (node, node.call(inv, by_sha, deadline).await) })
+            .enumerate()
+            .filter(|(i, _)| to(*i))
+            .map(move |(i, node)| async move { (i, node, node.call(inv, by_sha, deadline).await) })
             .collect()
     }
 
-    /// Sends `inv` to every node at once; feeds each answer to `on_reply` (which says
-    /// whether it counts towards the quorum) until the outcome is certain.
+    /// Sends `inv` to the nodes whose index `to` accepts (the others count as failed);
+    /// feeds each answer to `on_reply` (which says whether it counts towards the quorum)
+    /// until the outcome is certain.
     ///
     /// A failure is awaited further while it is undecided whether it is busy or short of
     /// nodes ([`Tally::busy_undecided`]), so that the error says which.
-    async fn fan_out<F>(&self, inv: &Invocation<'_>, deadline: Instant, mut on_reply: F) -> Tally
+    async fn fan_out<F>(
+        &self,
+        inv: &Invocation<'_>,
+        deadline: Instant,
+        to: impl Fn(usize) -> bool,
+        mut on_reply: F,
+    ) -> Tally
     where
-        F: FnMut(&Node, Result<Value, NodeError>) -> Outcome,
+        F: FnMut(usize, &Node, Result<Value, NodeError>) -> Outcome,
     {
+        let n = self.inner.nodes.len();
+        let mut tally = Tally::new(n);
+        for _ in (0..n).filter(|i| !to(*i)) {
+            tally.record_outcome(Outcome::Failed);
+        }
         let by_sha = inv.cmd(true);
-        let mut calls = self.send_all(inv, &by_sha, deadline);
-        let mut tally = Tally::new(self.inner.nodes.len());
-        while let Some((node, reply)) = calls.next().await {
-            match tally.record_outcome(on_reply(node, reply)) {
-                Decision::Pending => {}
-                Decision::Impossible if tally.busy_undecided() => {}
-                Decision::Reached | Decision::Impossible => break,
-            }
+        let mut calls = self.send_all(inv, &by_sha, deadline, to);
+        while tally.decision() == Decision::Pending || tally.busy_undecided() {
+            let Some((i, node, reply)) = calls.next().await else {
+                break;
+            };
+            tally.record_outcome(on_reply(i, node, reply));
         }
         tally
+    }
+
+    /// The deadline of a node call that starts now, within an operation that started at
+    /// `start`: the per-node timeout, cut by the usable part of the TTL and by `outer`.
+    fn next_call_deadline(&self, start: Instant, ttl: Duration, outer: Option<Instant>) -> Instant {
+        let usable = ttl.saturating_sub(quorum::drift(ttl, self.inner.drift_factor));
+        let deadline = (Instant::now() + self.inner.node_timeout).min(start + usable);
+        outer.map_or(deadline, |o| o.min(deadline))
     }
 
     async fn attempt(
@@ -690,47 +792,114 @@ impl Redlock {
             ttl,
         };
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let inv = Invocation {
-            script: &ACQUIRE_SCRIPT,
-            key: &resource.key,
-            value: value.as_bytes(),
-            ttl_ms: Some(ttl_ms),
-        };
         let ttl = Duration::from_millis(ttl_ms);
+        let keys = [&*resource.key, self.inner.key_prefix.as_slice()];
+        let args = [
+            Arg::Bytes(value.as_bytes()),
+            Arg::Int(ttl_ms),
+            Arg::Bytes(resource.counter_field()),
+        ];
+        let inv = if self.fencing {
+            Invocation {
+                script: &ACQUIRE_FENCED_SCRIPT,
+                keys: &keys,
+                args: &args,
+            }
+        } else {
+            Invocation {
+                script: &ACQUIRE_SCRIPT,
+                keys: &keys[..1],
+                args: &args[..2],
+            }
+        };
         let n = self.inner.nodes.len();
         let start = Instant::now();
         let deadline = self.call_deadline(start, ttl, outer_deadline);
 
         let mut retry_after: Option<Duration> = None;
         let mut failures = Vec::new();
+        let mut highest = 0u64;
+        // Nodes that answered anything but a grant: not ours, so phase 2 skips them.
+        let mut refused = vec![false; n];
         let tally = self
-            .fan_out(&inv, deadline, |node, reply| {
-                match reply.and_then(parse_acquire) {
-                    Ok(AcquireReply::Won) => Outcome::Granted,
-                    Ok(AcquireReply::HeldElsewhere { pttl }) => {
-                        retry_after = retry_after.max(pttl);
-                        Outcome::HeldElsewhere
-                    }
-                    Err(error) => {
+            .fan_out(
+                &inv,
+                deadline,
+                |_| true,
+                |i, node, reply| {
+                    let outcome = match reply.and_then(parse_acquire) {
+                        Ok(AcquireReply::Won { counter }) => {
+                            highest = highest.max(counter);
+                            return Outcome::Granted;
+                        }
+                        Ok(AcquireReply::HeldElsewhere { pttl }) => {
+                            retry_after = retry_after.max(pttl);
+                            Outcome::HeldElsewhere
+                        }
+                        Err(error) => {
+                            failures.push(NodeFailure {
+                                node: node.label().to_owned(),
+                                error,
+                            });
+                            Outcome::Failed
+                        }
+                    };
+                    refused[i] = true;
+                    outcome
+                },
+            )
+            .await;
+        let drift = quorum::drift(ttl, self.inner.drift_factor);
+        let mut held = tally.decision() == Decision::Reached;
+        let mut fence = None;
+        // Phase 2 of fencing: record the new number on the nodes we hold, while we hold them.
+        let mut fence_tally = None;
+        if held && self.fencing && quorum::validity(ttl, start.elapsed(), drift).is_some() {
+            let token = highest + 1; // parse_acquire keeps counters below u64::MAX
+            failures.clear();
+            let field = resource.counter_field();
+            let args = [
+                Arg::Bytes(value.as_bytes()),
+                Arg::Bytes(field),
+                Arg::Int(token),
+            ];
+            let inv = Invocation {
+                script: &FENCE_SCRIPT,
+                keys: &keys,
+                args: &args,
+            };
+            let deadline = self.next_call_deadline(start, ttl, outer_deadline);
+            let t = self
+                .fan_out(
+                    &inv,
+                    deadline,
+                    |i| !refused[i],
+                    |_, node, reply| {
+                        let error = match reply.and_then(parse_flag) {
+                            Ok(true) => return Outcome::Granted,
+                            Ok(false) => NodeError::LockLost,
+                            Err(error) => error,
+                        };
                         failures.push(NodeFailure {
                             node: node.label().to_owned(),
                             error,
                         });
                         Outcome::Failed
-                    }
-                }
-            })
-            .await;
+                    },
+                )
+                .await;
+            held = t.decision() == Decision::Reached;
+            fence = held.then_some(token);
+            fence_tally = Some(t);
+        }
         let elapsed = start.elapsed();
-        let drift = quorum::drift(ttl, self.inner.drift_factor);
         let validity = quorum::validity(ttl, elapsed, drift);
 
-        if tally.decision() == Decision::Reached
-            && let Some(validity) = validity.filter(|v| *v > self.inner.min_validity)
-        {
+        if held && let Some(validity) = validity.filter(|v| *v > self.inner.min_validity) {
             tracing::debug!(
                 nodes = n,
                 granted = tally.successes(),
+                fenced = fence.is_some(),
                 elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
                 validity_ms = u64::try_from(validity.as_millis()).unwrap_or(u64::MAX),
                 "redlock acquired"
@@ -743,6 +912,7 @@ impl Redlock {
                 valid_until: start + validity,
                 ttl,
                 attempts: attempt,
+                fence,
             });
         }
 
@@ -750,10 +920,19 @@ impl Redlock {
         // time (their SET may have run while the reply was lost).
         self.release_all(&resource.key, value.as_bytes(), ttl).await;
         pending.value = None;
-        let err = if tally.decision() == Decision::Reached {
+        let err = if held {
             LockError::ValidityExhausted {
                 elapsed,
                 ttl,
+                attempts: attempt,
+            }
+        } else if let Some(t) = fence_tally {
+            // The lock went away on too many nodes before its fencing number was recorded.
+            LockError::NoQuorum {
+                needed: t.quorum(),
+                reached: t.successes(),
+                held_elsewhere: 0,
+                failures,
                 attempts: attempt,
             }
         } else if tally.is_busy() {
@@ -781,19 +960,18 @@ impl Redlock {
     async fn release_all(&self, key: &[u8], value: &[u8], ttl: Duration) -> Released {
         let inv = Invocation {
             script: &RELEASE_SCRIPT,
-            key,
-            value,
-            ttl_ms: None,
+            keys: &[key],
+            args: &[Arg::Bytes(value)],
         };
         let by_sha = inv.cmd(true);
         let deadline = Instant::now() + self.inner.node_timeout.min(ttl);
-        let mut calls = self.send_all(&inv, &by_sha, deadline);
+        let mut calls = self.send_all(&inv, &by_sha, deadline, |_| true);
         let mut out = Released {
             released: 0,
             not_held: 0,
             failures: Vec::new(),
         };
-        while let Some((node, reply)) = calls.next().await {
+        while let Some((_, node, reply)) = calls.next().await {
             match reply.and_then(parse_flag) {
                 Ok(true) => out.released += 1,
                 Ok(false) => out.not_held += 1,
@@ -837,11 +1015,12 @@ impl Redlock {
         check_ttl(ttl, self.inner.node_timeout)?;
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         let ttl = Duration::from_millis(ttl_ms);
+        let keys = [lock.key()];
+        let args = [Arg::Bytes(lock.value().as_bytes()), Arg::Int(ttl_ms)];
         let inv = Invocation {
             script: &EXTEND_SCRIPT,
-            key: lock.key(),
-            value: lock.value().as_bytes(),
-            ttl_ms: Some(ttl_ms),
+            keys: &keys,
+            args: &args,
         };
         let start = Instant::now();
         if start >= lock.valid_until {
@@ -858,8 +1037,11 @@ impl Redlock {
         let mut not_held = 0;
         let mut failures = Vec::new();
         let tally = self
-            .fan_out(&inv, deadline, |node, reply| {
-                match reply.and_then(parse_flag) {
+            .fan_out(
+                &inv,
+                deadline,
+                |_| true,
+                |_, node, reply| match reply.and_then(parse_flag) {
                     Ok(true) => Outcome::Granted,
                     Ok(false) => {
                         not_held += 1;
@@ -872,8 +1054,8 @@ impl Redlock {
                         });
                         Outcome::Failed
                     }
-                }
-            })
+                },
+            )
             .await;
         let elapsed = start.elapsed();
         let drift = quorum::drift(ttl, self.inner.drift_factor);

@@ -170,6 +170,9 @@ pub enum NodeError {
     /// The node answered something that is not the Redis protocol or not the reply our
     /// script returns: it is probably not a Redis server.
     Protocol(String),
+    /// The lock key no longer held our value when the fencing number was to be recorded
+    /// (it expired, or the node lost its data in between).
+    LockLost,
 }
 
 impl NodeError {
@@ -190,6 +193,9 @@ impl fmt::Display for NodeError {
             Self::Connection(e) => write!(f, "connection failed: {e}"),
             Self::Redis(e) => write!(f, "Redis error: {e}"),
             Self::Protocol(e) => write!(f, "protocol error (is this a Redis server?): {e}"),
+            Self::LockLost => f.write_str(
+                "the lock key vanished before its fencing number was recorded (expired or data lost)",
+            ),
         }
     }
 }

@@ -45,7 +45,7 @@
 //! pause, a VM migration, `SIGSTOP`) between checking [`LockToken::is_held`] and writing
 //! can still write after its lock expired and another client took it. Only the store that
 //! receives the write can reject such a late write, by comparing a fencing number that
-//! grows with each new holder; that is the job of fencing tokens, not of the lock.
+//! grows with each new holder: [`LockToken::fencing_token`], see [`crate::fencing`].
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};

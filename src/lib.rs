@@ -85,6 +85,7 @@
 //! - [`layer`]: [`RedlockLayer`], extractors, rejections;
 //! - [`guard`]: [`LockGuard`], auto-extension and the lost signal;
 //! - [`token`]: held locks, tokens, names and values;
+//! - [`fencing`]: fencing numbers, why they strictly increase, and how a store uses them;
 //! - [`quorum`]: the quorum and validity arithmetic;
 //! - [`error`]: what can go wrong, per operation and per node.
 //!
@@ -98,6 +99,7 @@ pub mod client;
 #[cfg(any(feature = "axum", feature = "tonic"))]
 pub mod compat;
 pub mod error;
+pub mod fencing;
 pub mod guard;
 pub mod layer;
 mod node;
@@ -106,10 +108,10 @@ mod scripts;
 pub mod token;
 
 pub use client::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_KEY_PREFIX,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT, DEFAULT_RECONNECT_AFTER_TIMEOUTS,
-    DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_TTL, MIN_TTL_TO_TIMEOUT_RATIO,
-    Redlock, RedlockBuilder, Released,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_FENCING,
+    DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT,
+    DEFAULT_RECONNECT_AFTER_TIMEOUTS, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL,
+    MAX_TTL, MIN_TTL_TO_TIMEOUT_RATIO, Redlock, RedlockBuilder, Released,
 };
 pub use error::{ConfigError, LockError, NodeError, NodeFailure};
 pub use guard::{LockGuard, LostReason};

@@ -37,6 +37,55 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1}
 "#;
 
+/// Phase 1 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the counters hash,
+/// `ARGV[1]` = value, `ARGV[2]` = TTL in ms, `ARGV[3]` = the name's field in the hash.
+///
+/// Like [`ACQUIRE`], and on success also returns the node's counter for the name (`""` if
+/// it has none) and the server's clock (`TIME`: seconds, microseconds):
+/// `{1, counter, seconds, microseconds}`. The client seeds a missing or lost counter from
+/// the clock; all arithmetic happens in the client, on 64-bit integers (Lua numbers are
+/// doubles). The counter is read before the `SET`, so a wrong-type counters key fails the
+/// call before it writes anything.
+const ACQUIRE_FENCED: &str = r#"
+if redis.call('GET', KEYS[1]) then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local counter = redis.call('HGET', KEYS[2], ARGV[3]) or ''
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local t = redis.call('TIME')
+return {1, counter, t[1], t[2]}
+"#;
+
+/// Phase 2 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the counters hash,
+/// `ARGV[1]` = value, `ARGV[2]` = the name's field, `ARGV[3]` = the fencing number
+/// (decimal, no leading zeros).
+///
+/// Only while the lock key still holds our value: raises the counter to the fencing number
+/// (`counter = max(counter, token)`) and returns 1; otherwise returns 0 and changes
+/// nothing. Numbers are compared as decimal strings (length first, then digit by digit),
+/// so any 64-bit value compares exactly.
+const FENCE: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local cur = redis.call('HGET', KEYS[2], ARGV[2])
+local new = ARGV[3]
+local raise = not cur or #cur < #new
+if cur and #cur == #new then
+  for i = 1, #new do
+    local a, b = string.byte(cur, i), string.byte(new, i)
+    if a ~= b then
+      raise = a < b
+      break
+    end
+  end
+end
+if raise then
+  redis.call('HSET', KEYS[2], ARGV[2], new)
+end
+return 1
+"#;
+
 /// Compare-and-delete: deletes the key only if it holds our value. Returns 1 or 0.
 const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -54,24 +103,40 @@ return 0
 "#;
 
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
+pub(crate) static ACQUIRE_FENCED_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_FENCED));
+pub(crate) static FENCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND));
 
 /// Every script, for `SCRIPT LOAD` on connect.
-pub(crate) fn all() -> [&'static Script; 3] {
-    [&ACQUIRE_SCRIPT, &RELEASE_SCRIPT, &EXTEND_SCRIPT]
+pub(crate) fn all() -> [&'static Script; 5] {
+    [
+        &ACQUIRE_SCRIPT,
+        &ACQUIRE_FENCED_SCRIPT,
+        &FENCE_SCRIPT,
+        &RELEASE_SCRIPT,
+        &EXTEND_SCRIPT,
+    ]
 }
 
-/// One script call: the script, its key and its arguments.
+/// One argument of a script call.
+#[derive(Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Bytes(&'a [u8]),
+    Int(u64),
+}
+
+/// One script call: the script, its keys and its arguments.
 pub(crate) struct Invocation<'a> {
     pub(crate) script: &'static Script,
-    pub(crate) key: &'a [u8],
-    pub(crate) value: &'a [u8],
-    pub(crate) ttl_ms: Option<u64>,
+    pub(crate) keys: &'a [&'a [u8]],
+    pub(crate) args: &'a [Arg<'a>],
 }
 
 impl Invocation<'_> {
-    /// The command: `EVALSHA sha 1 key value [ttl]`, or `EVAL code ...` when `by_sha` is false.
+    /// The command: `EVALSHA sha numkeys keys... args...`, or `EVAL code ...` when `by_sha`
+    /// is false.
     pub(crate) fn cmd(&self, by_sha: bool) -> Cmd {
         let mut cmd = if by_sha {
             let mut c = redis::cmd("EVALSHA");
@@ -82,9 +147,15 @@ impl Invocation<'_> {
             c.arg(self.script.code);
             c
         };
-        cmd.arg(1).arg(self.key).arg(self.value);
-        if let Some(ttl) = self.ttl_ms {
-            cmd.arg(ttl);
+        cmd.arg(self.keys.len());
+        for key in self.keys {
+            cmd.arg(*key);
+        }
+        for arg in self.args {
+            match arg {
+                Arg::Bytes(b) => cmd.arg(*b),
+                Arg::Int(n) => cmd.arg(*n),
+            };
         }
         cmd
     }

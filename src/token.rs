@@ -83,6 +83,16 @@ pub(crate) fn new_value() -> Result<String, LockError> {
 pub(crate) struct Resource {
     pub(crate) name: Box<[u8]>,
     pub(crate) key: Box<[u8]>,
+    /// The length of the key prefix within `key`.
+    pub(crate) prefix_len: usize,
+}
+
+impl Resource {
+    /// The name's field in the fencing counters hash: the key without its prefix (the name,
+    /// or its hash for long names).
+    pub(crate) fn counter_field(&self) -> &[u8] {
+        self.key.get(self.prefix_len..).unwrap_or(&self.key)
+    }
 }
 
 /// A lock this client holds (or held): returned by [`Redlock::lock`](crate::Redlock::lock)
@@ -99,9 +109,18 @@ pub struct Lock {
     pub(crate) valid_until: Instant,
     pub(crate) ttl: Duration,
     pub(crate) attempts: u32,
+    pub(crate) fence: Option<u64>,
 }
 
 impl Lock {
+    /// The fencing number of this acquisition, if fencing is on (see [`crate::fencing`]):
+    /// strictly greater than that of every acquisition of the same name that completed
+    /// before this one started. Send it with every write to a store that keeps the highest
+    /// number it has seen and refuses lower ones.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fence
+    }
+
     /// The lock name, as given.
     pub fn name(&self) -> &[u8] {
         &self.resource.name
@@ -156,6 +175,7 @@ impl fmt::Debug for Lock {
             .field("name", &String::from_utf8_lossy(&self.resource.name))
             .field("value", &"<redacted>")
             .field("remaining", &self.remaining())
+            .field("fencing_token", &self.fence)
             .field("ttl", &self.ttl)
             .field("attempts", &self.attempts)
             .finish()
@@ -196,6 +216,14 @@ impl LockToken {
         self.shared.lock.value()
     }
 
+    /// The fencing number, if fencing is on: it strictly increases with each new holder of
+    /// the name (see [`crate::fencing`]) and stays the same across extensions. Pass it with
+    /// every write to the store the lock protects, which refuses numbers lower than the
+    /// highest it has seen.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.shared.lock.fencing_token()
+    }
+
     /// When the lock stops being valid (on this process's monotonic clock); moves with
     /// each extension.
     pub fn valid_until(&self) -> Instant {
@@ -234,6 +262,7 @@ impl fmt::Debug for LockToken {
         f.debug_struct("LockToken")
             .field("name", &String::from_utf8_lossy(self.name()))
             .field("value", &"<redacted>")
+            .field("fencing_token", &self.fencing_token())
             .field("remaining", &self.remaining())
             .field("lost", &self.lost_reason())
             .finish()

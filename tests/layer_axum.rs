@@ -496,6 +496,52 @@ async fn the_layer_works_in_router_layer_and_route_layer() {
     );
 }
 
+#[tokio::test]
+async fn handlers_get_growing_fencing_numbers_unless_the_layer_turns_fencing_off() {
+    let cluster = Cluster::start(3);
+    let r = redlock(&cluster).await;
+    async fn fence(token: LockToken) -> String {
+        token
+            .fencing_token()
+            .map_or_else(|| "none".to_owned(), |n| n.to_string())
+    }
+    let app: Router = Router::new()
+        .route("/fenced", post(fence))
+        .route_layer(RedlockLayer::new(r.clone(), Header::new(KEY_HEADER)))
+        .merge(
+            Router::new()
+                .route("/plain", post(fence))
+                .route_layer(RedlockLayer::new(r, Header::new(KEY_HEADER)).fencing(false)),
+        );
+    let addr = serve(app).await;
+    let client = http1();
+    let mut numbers = Vec::new();
+    for _ in 0..3 {
+        let reply = send(
+            &client,
+            post_req(addr, "/fenced", Some((KEY_HEADER, "acct"))),
+        )
+        .await;
+        assert_eq!(reply.status.as_u16(), 200);
+        numbers.push(reply.body.parse::<u64>().expect("a fencing number"));
+    }
+    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+    let reply = send(
+        &client,
+        post_req(addr, "/plain", Some((KEY_HEADER, "req-1"))),
+    )
+    .await;
+    assert_eq!((reply.status.as_u16(), reply.body.as_str()), (200, "none"));
+    for i in 0..3 {
+        let mut conn = cluster.raw(i).await;
+        let counter: Option<String> = conn.hget("redlock:", "req-1").await.expect("HGET");
+        assert_eq!(
+            counter, None,
+            "no counter for a name locked without fencing"
+        );
+    }
+}
+
 /// Compile-time checks: Send and Clone where tower and axum need them.
 #[allow(dead_code)]
 fn static_checks() {

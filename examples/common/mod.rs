@@ -5,6 +5,8 @@
 //! returns a guard that kills them when dropped.
 #![allow(dead_code)]
 
+pub mod fenced;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};

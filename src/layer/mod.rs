@@ -195,6 +195,16 @@ impl<E> RedlockLayer<E> {
         self
     }
 
+    /// Whether this layer's locks get a fencing number ([`LockToken::fencing_token`](crate::LockToken::fencing_token)).
+    /// The default follows the client's [`fencing`](crate::RedlockBuilder::fencing) setting
+    /// (on). Turn it off for names that are unique per request, such as idempotency keys:
+    /// there is no later holder to fence, and each name would leave a counter behind on
+    /// every node (see [`crate::fencing`]).
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.redlock = self.redlock.with_fencing(on);
+        self
+    }
+
     /// Replaces the default rejection responses (see [`reject`]).
     pub fn on_rejection<F>(mut self, hook: F) -> Self
     where

@@ -1,0 +1,376 @@
+//! Fencing numbers against real redis-server nodes: they strictly increase with lock order,
+//! through node failures and data loss, and a fenced store rejects a stale holder's write.
+
+mod support;
+
+#[path = "../examples/common/fenced.rs"]
+mod fenced;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fenced::{FencedStore, Write};
+use redis::AsyncCommands;
+use support::Cluster;
+use tower_redlock::{Lock, Redlock, RedlockBuilder};
+
+/// A counter value far above any clock reading in microseconds (about 1.8e15 in 2026): once
+/// the counters start there, the clock seed plays no part and only the max-register can
+/// make numbers grow.
+const FAR_FUTURE: u64 = 100_000_000_000_000_000;
+
+fn builder(urls: Vec<String>) -> RedlockBuilder {
+    Redlock::builder(urls)
+        .ttl(Duration::from_secs(5))
+        .node_timeout(Duration::from_millis(100))
+}
+
+fn token(lock: &Lock) -> u64 {
+    lock.fencing_token().expect("fencing is on by default")
+}
+
+/// Sets the counter of `name` (default prefix) on every node.
+async fn seed_counters(cluster: &Cluster, name: &str, value: u64) {
+    for i in 0..cluster.nodes.len() {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn.hset("redlock:", name, value).await.expect("HSET");
+    }
+}
+
+async fn counter_on(cluster: &Cluster, i: usize, name: &str) -> Option<u64> {
+    let mut conn = cluster.raw(i).await;
+    conn.hget("redlock:", name).await.expect("HGET")
+}
+
+fn assert_strictly_increasing(tokens: &[u64]) {
+    for (i, w) in tokens.windows(2).enumerate() {
+        assert!(
+            w[0] < w[1],
+            "fencing number {} at acquisition {} is not above {} before it",
+            w[1],
+            i + 1,
+            w[0]
+        );
+    }
+}
+
+#[tokio::test]
+async fn extensions_keep_the_number_and_each_acquisition_gets_a_new_one() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    let mut lock = redlock.lock("invoice:7").await.expect("lock");
+    let first = token(&lock);
+    redlock
+        .extend(&mut lock, Duration::from_secs(5))
+        .await
+        .expect("extend");
+    assert_eq!(token(&lock), first, "an extension keeps the number");
+    let guard = redlock.guard(lock);
+    assert_eq!(guard.fencing_token(), Some(first), "the token carries it");
+    guard.release().await;
+    let next = redlock.lock("invoice:7").await.expect("lock again");
+    assert!(token(&next) > first);
+    // Phase 2 recorded the number on a quorum of nodes.
+    let mut recorded = 0;
+    for i in 0..3 {
+        recorded += usize::from(counter_on(&cluster, i, "invoice:7").await == Some(token(&next)));
+    }
+    assert!(recorded >= 2, "recorded on {recorded} of 3 nodes");
+}
+
+#[tokio::test]
+async fn without_fencing_there_is_no_number_and_no_counter() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls())
+        .fencing(false)
+        .build()
+        .expect("build");
+    assert!(!redlock.fencing());
+    let lock = redlock.lock("request:abc").await.expect("lock");
+    assert_eq!(lock.fencing_token(), None);
+    redlock.unlock(&lock).await;
+    for i in 0..3 {
+        assert_eq!(counter_on(&cluster, i, "request:abc").await, None);
+    }
+    // A handle with fencing on shares the client and gets numbers.
+    let fenced = redlock.with_fencing(true);
+    let lock = fenced.lock("request:abc").await.expect("lock");
+    assert!(lock.fencing_token().is_some());
+}
+
+/// A node that lost its counter answers with its clock in microseconds: numbers keep
+/// growing as long as the clocks are ahead of them (see docs/fencing.md).
+#[tokio::test]
+async fn a_lost_counter_falls_back_to_the_clock() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    let lock = redlock.lock("ledger").await.expect("lock");
+    let before = token(&lock);
+    redlock.unlock(&lock).await;
+    for i in 0..3 {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn.hdel("redlock:", "ledger").await.expect("HDEL");
+    }
+    let lock = redlock.lock("ledger").await.expect("lock");
+    assert!(token(&lock) > before);
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_micros();
+    // The number is the node's clock plus one, within the test's runtime.
+    assert!(u128::from(token(&lock)) <= now_us + 1);
+}
+
+/// The counterexample of docs/fencing.md: with the maximum of per-node `INCR`s, the 21st
+/// number is below the 20th; with the max-register, every number is above the one before.
+/// The counters start far above the clock, so only phase 2 can make the numbers grow.
+#[tokio::test]
+async fn naive_incr_goes_backwards_ours_does_not() {
+    let cluster = Cluster::start(5);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    seed_counters(&cluster, "account", FAR_FUTURE).await;
+    let mut conns = Vec::new();
+    for i in 0..5 {
+        conns.push(cluster.raw(i).await);
+    }
+    // (acquisitions, nodes that grant them): the others are held by a stranger's key.
+    let schedule: [(usize, [usize; 3]); 3] = [(10, [0, 1, 2]), (10, [2, 3, 4]), (1, [0, 3, 4])];
+    let mut ours = Vec::new();
+    let mut naive = Vec::new();
+    for (count, granting) in schedule {
+        for (i, conn) in conns.iter_mut().enumerate() {
+            if !granting.contains(&i) {
+                let _: () = conn.set("redlock:account", "stranger").await.expect("SET");
+            }
+        }
+        for _ in 0..count {
+            let lock = redlock.try_lock("account").await.expect("quorum of 3");
+            let t = token(&lock);
+            for &i in &granting {
+                assert_eq!(
+                    counter_on(&cluster, i, "account").await,
+                    Some(t),
+                    "phase 2 recorded the number on granting node {i}"
+                );
+            }
+            ours.push(t);
+            redlock.unlock(&lock).await;
+            // The naive scheme on the same nodes: INCR where granted, take the largest.
+            let mut highest = 0u64;
+            for &i in &granting {
+                let n: u64 = conns[i].incr("naive:account", 1).await.expect("INCR");
+                highest = highest.max(n);
+            }
+            naive.push(highest);
+        }
+        for conn in &mut conns {
+            let _: () = conn.del("redlock:account").await.expect("DEL");
+        }
+    }
+    assert_eq!(naive[19], 20);
+    assert_eq!(naive[20], 11, "the naive scheme goes backwards");
+    assert_strictly_increasing(&ours);
+    assert!(ours[0] > FAR_FUTURE);
+}
+
+/// 16 tasks contend for one name; each records its number while it holds the lock, so the
+/// record is in lock order. The counters start far above the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contending_tasks_get_increasing_unique_numbers() {
+    let cluster = Cluster::start(5);
+    let redlock = builder(cluster.urls())
+        .retry_delay(Duration::from_millis(1), Duration::from_millis(4))
+        .build()
+        .expect("build");
+    seed_counters(&cluster, "hot", FAR_FUTURE).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let redlock = redlock.clone();
+            let order = Arc::clone(&order);
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    let lock = redlock
+                        .lock_until("hot", Duration::from_secs(5), deadline)
+                        .await
+                        .expect("lock within the deadline");
+                    order
+                        .lock()
+                        .expect("no panics while holding")
+                        .push(token(&lock));
+                    tokio::task::yield_now().await;
+                    redlock.unlock(&lock).await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let order = order.lock().expect("no panics").clone();
+    assert_eq!(order.len(), 16 * 20);
+    assert_strictly_increasing(&order);
+    assert!(order[0] > FAR_FUTURE);
+}
+
+/// Holder A is "paused" past its validity without extending; B takes the lock and writes;
+/// A's late write is refused by the fenced store.
+#[tokio::test]
+async fn a_stale_holders_write_is_rejected() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::builder(cluster.urls())
+        .ttl(Duration::from_millis(300))
+        .node_timeout(Duration::from_millis(30))
+        .retry_delay(Duration::from_millis(5), Duration::from_millis(10))
+        .build()
+        .expect("build");
+    let store = FencedStore::connect(&cluster.nodes[0].url())
+        .await
+        .expect("store");
+    let a = redlock.lock("account:9").await.expect("A locks");
+    assert_eq!(
+        store
+            .write("balance:9", token(&a), "A-1")
+            .await
+            .expect("write"),
+        Write::Accepted
+    );
+    // A stops here, without extending. B waits until A's keys expire, then takes over.
+    let b = redlock
+        .lock_until(
+            "account:9",
+            Duration::from_millis(300),
+            Instant::now() + Duration::from_secs(10),
+        )
+        .await
+        .expect("B locks once A's lock expired");
+    assert!(!a.is_valid(), "B got the lock only after A's validity");
+    assert!(token(&b) > token(&a));
+    assert_eq!(
+        store
+            .write("balance:9", token(&b), "B-1")
+            .await
+            .expect("write"),
+        Write::Accepted
+    );
+    // A wakes up and writes as if it still held the lock.
+    assert_eq!(
+        store
+            .write("balance:9", token(&a), "A-2")
+            .await
+            .expect("write"),
+        Write::Stale { highest: token(&b) }
+    );
+    assert_eq!(
+        store.read("balance:9").await.expect("read"),
+        Some((token(&b), "B-1".to_owned()))
+    );
+    // B can write again with the same number.
+    assert_eq!(
+        store
+            .write("balance:9", token(&b), "B-2")
+            .await
+            .expect("write"),
+        Write::Accepted
+    );
+}
+
+/// A small deterministic generator for the nemesis (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// SIGSTOP until the phase ends.
+    Pause,
+    /// SIGKILL; restarted empty when the phase ends.
+    Kill,
+    /// Killed and restarted empty at once.
+    Restart,
+}
+
+/// 10,000 acquisitions of one name, one after another, on 5 nodes; every 500 a random
+/// minority (1 or 2 nodes) is paused, killed, or restarted with its data gone. Every
+/// number is strictly above the one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_sequential_acquisitions_through_failures_and_data_loss() {
+    const TOTAL: usize = 10_000;
+    const PHASE: usize = 500;
+    let seed = std::env::var("NEMESIS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_f00d_u64);
+    let mut rng = Rng(seed);
+    let mut cluster = Cluster::start(5);
+    let redlock = Redlock::builder(cluster.urls())
+        .ttl(Duration::from_secs(2))
+        .node_timeout(Duration::from_millis(50))
+        .connect_timeout(Duration::from_millis(200))
+        .retry_delay(Duration::from_millis(1), Duration::from_millis(4))
+        .build()
+        .expect("build");
+    let mut faults: Vec<(usize, Fault)> = Vec::new();
+    let mut injected = [0usize; 3];
+    let mut last = 0u64;
+    let mut retried = 0u32;
+    for i in 0..TOTAL {
+        if i % PHASE == 0 {
+            tokio::task::block_in_place(|| {
+                for (node, fault) in faults.drain(..) {
+                    match fault {
+                        Fault::Pause => cluster.nodes[node].resume(),
+                        Fault::Kill => cluster.nodes[node].restart(),
+                        Fault::Restart => {}
+                    }
+                }
+                let size = 1 + rng.below(2);
+                let mut chosen: Vec<usize> = Vec::new();
+                while chosen.len() < size {
+                    let node = rng.below(5);
+                    if !chosen.contains(&node) {
+                        chosen.push(node);
+                    }
+                }
+                for node in chosen {
+                    let fault = [Fault::Pause, Fault::Kill, Fault::Restart][rng.below(3)];
+                    injected[fault as usize] += 1;
+                    match fault {
+                        Fault::Pause => cluster.nodes[node].pause(),
+                        Fault::Kill => cluster.nodes[node].kill(),
+                        Fault::Restart => cluster.nodes[node].restart(),
+                    }
+                    faults.push((node, fault));
+                }
+            });
+        }
+        let lock = redlock
+            .lock_until(
+                "sequence",
+                Duration::from_secs(2),
+                Instant::now() + Duration::from_secs(30),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("acquisition {i} (faults {faults:?}): {e}"));
+        retried += lock.attempts() - 1;
+        let t = token(&lock);
+        assert!(
+            t > last,
+            "acquisition {i}: fencing number {t} is not above {last} (faults {faults:?}, seed {seed})"
+        );
+        last = t;
+        redlock.unlock(&lock).await;
+    }
+    println!(
+        "{TOTAL} acquisitions, {} pauses, {} kills, {} restarts with data loss, {retried} retries",
+        injected[0], injected[1], injected[2]
+    );
+}
