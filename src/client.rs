@@ -425,6 +425,14 @@ fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
     }
 }
 
+/// Whether bit `i` of `mask` is set (false beyond bit 63).
+fn bit(mask: u64, i: usize) -> bool {
+    u32::try_from(i)
+        .ok()
+        .and_then(|i| mask.checked_shr(i))
+        .is_some_and(|m| m & 1 == 1)
+}
+
 /// A non-negative decimal integer sent as a bulk string.
 fn decimal(v: &Value) -> Option<u64> {
     match v {
@@ -819,8 +827,9 @@ impl Redlock {
         let mut retry_after: Option<Duration> = None;
         let mut failures = Vec::new();
         let mut highest = 0u64;
-        // Nodes that answered anything but a grant: not ours, so phase 2 skips them.
-        let mut refused = vec![false; n];
+        // Nodes that answered anything but a grant: not ours, so phase 2 skips them (a
+        // bit per node; nodes beyond the 64th are always asked, which is harmless).
+        let mut refused = 0u64;
         let tally = self
             .fan_out(
                 &inv,
@@ -844,7 +853,10 @@ impl Redlock {
                             Outcome::Failed
                         }
                     };
-                    refused[i] = true;
+                    refused |= u32::try_from(i)
+                        .ok()
+                        .and_then(|i| 1u64.checked_shl(i))
+                        .unwrap_or(0);
                     outcome
                 },
             )
@@ -873,7 +885,7 @@ impl Redlock {
                 .fan_out(
                     &inv,
                     deadline,
-                    |i| !refused[i],
+                    |i| !bit(refused, i),
                     |_, node, reply| {
                         let error = match reply.and_then(parse_flag) {
                             Ok(true) => return Outcome::Granted,
