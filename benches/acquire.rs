@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use futures_util::future::join_all;
-use tower_redlock::Redlock;
 
 fn acquire_release(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -25,7 +24,7 @@ fn acquire_release(c: &mut Criterion) {
     for n in [1usize, 3, 5] {
         let cluster = support::Cluster::start(n);
         let redlock = rt.block_on(async {
-            let r = Redlock::builder(cluster.urls()).build().expect("build");
+            let r = support::builder(cluster.urls()).build().expect("build");
             let l = r.lock("warm").await.expect("warm-up");
             r.unlock(&l).await;
             r
@@ -59,7 +58,7 @@ fn fencing(c: &mut Criterion) {
         .expect("runtime");
     let cluster = support::Cluster::start(3);
     let fenced = rt.block_on(async {
-        let r = Redlock::builder(cluster.urls()).build().expect("build");
+        let r = support::builder(cluster.urls()).build().expect("build");
         let l = r.lock("warm").await.expect("warm-up");
         r.unlock(&l).await;
         r

@@ -121,6 +121,7 @@ async fn main() -> Result<(), Error> {
         tracing::info!("started {} local redis-server nodes", local.len());
     }
     let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .restart_quarantine(common::restart_quarantine(&local))
         .key_prefix("webhook:")
         .build()?;
     tracing::info!(

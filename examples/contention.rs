@@ -31,6 +31,7 @@ struct Stats {
 async fn main() -> Result<(), common::Error> {
     let (urls, _local) = common::nodes_or_local(5)?;
     let redlock = Redlock::builder(urls)
+        .restart_quarantine(common::restart_quarantine(&_local))
         .ttl(Duration::from_secs(2))
         .node_timeout(Duration::from_millis(50))
         .max_attempts(1_000)

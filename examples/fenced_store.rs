@@ -83,6 +83,7 @@ async fn credit(
 async fn main() -> Result<(), Error> {
     let (urls, local) = common::nodes_or_local(3)?;
     let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .restart_quarantine(common::restart_quarantine(&local))
         .key_prefix("example:lock:")
         .ttl(Duration::from_millis(500))
         .build()?;

@@ -57,6 +57,7 @@ async fn job(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible
 async fn main() -> Result<(), Error> {
     let (urls, local) = common::nodes_or_local(3)?;
     let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .restart_quarantine(common::restart_quarantine(&local))
         .ttl(Duration::from_secs(10))
         .key_prefix("jobs:")
         .build()?;

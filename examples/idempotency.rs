@@ -95,6 +95,7 @@ async fn create_payment(
 async fn main() -> Result<(), Error> {
     let (urls, local) = common::nodes_or_local(3)?;
     let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .restart_quarantine(common::restart_quarantine(&local))
         .key_prefix("idempotency:")
         // Waiting requests poll the lock every 10-30 ms.
         .retry_delay(Duration::from_millis(10), Duration::from_millis(20))

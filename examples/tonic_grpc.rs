@@ -236,6 +236,7 @@ impl server::Payments for Payments {
 async fn main() -> Result<(), Error> {
     let (urls, local) = common::nodes_or_local(3)?;
     let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .restart_quarantine(common::restart_quarantine(&local))
         .key_prefix("grpc:")
         .build()?;
     common::print_nodes(&redlock, &urls);

@@ -27,6 +27,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -73,6 +74,9 @@ pub const DEFAULT_EXTEND_FRACTION: f64 = 1.0 / 3.0;
 /// Fencing numbers are on by default: every acquisition carries one (see
 /// [`crate::fencing`]), at the cost of a second round trip.
 pub const DEFAULT_FENCING: bool = true;
+/// Restarted and recently started nodes are quarantined by default (see
+/// [`RedlockBuilder::restart_quarantine`]).
+pub const DEFAULT_RESTART_QUARANTINE: bool = true;
 
 /// Builds a [`Redlock`]; see [`Redlock::builder`]. Every setting has a documented default;
 /// [`build`](Self::build) checks them all.
@@ -94,6 +98,7 @@ pub struct RedlockBuilder {
     max_hold: Option<Duration>,
     max_extensions: Option<u32>,
     fencing: bool,
+    restart_quarantine: bool,
 }
 
 impl RedlockBuilder {
@@ -204,6 +209,28 @@ impl RedlockBuilder {
         self
     }
 
+    /// Whether a node that restarted is kept out of acquisitions and extensions until
+    /// the locks it may have lost have expired ([`DEFAULT_RESTART_QUARANTINE`]: on).
+    ///
+    /// A Redis node restarted without persistence has forgotten its lock keys and would
+    /// grant a lock that another client still holds through it: with 5 nodes, client A
+    /// holds nodes 1-3, node 3 restarts empty, client B takes nodes 3-5, and both hold
+    /// the lock. The Redlock spec's remedy is to keep a restarted node unavailable for a
+    /// TTL; the client enforces it. On every (re)connect it reads `INFO server`: a node
+    /// whose `run_id` changed is quarantined for the longest TTL this client has used (at
+    /// least the default TTL), on first contact a node up for less than that is
+    /// quarantined for the difference. A quarantined node fails acquire and extend at
+    /// once with [`NodeError::Quarantined`], which the no-quorum error lists; releases
+    /// still go to it. Quarantines are logged (`warn`) when they start.
+    ///
+    /// Switch it off only for nodes with `appendonly yes` and `appendfsync always`, or for
+    /// throwaway nodes started empty by the same program (tests, demos). If other clients
+    /// lock the same names with longer TTLs, give this client that TTL as its default.
+    pub fn restart_quarantine(mut self, on: bool) -> Self {
+        self.restart_quarantine = on;
+        self
+    }
+
     /// Checks the configuration and creates the client.
     ///
     /// No I/O happens here and unreachable nodes are not an error: when called within a
@@ -240,9 +267,12 @@ impl RedlockBuilder {
                 fraction: self.extend_fraction,
             });
         }
+        let max_ttl_ms = Arc::new(AtomicU64::new(ttl_ms(self.ttl)));
         let settings = NodeSettings {
             connect_timeout: self.connect_timeout,
             reconnect_after_timeouts: self.reconnect_after_timeouts,
+            quarantine: self.restart_quarantine,
+            max_ttl_ms: Arc::clone(&max_ttl_ms),
         };
         let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(n);
         for url in &self.urls {
@@ -273,6 +303,7 @@ impl RedlockBuilder {
                 retry_deadline: self.retry_deadline,
                 key_prefix: self.key_prefix,
                 min_validity: self.min_validity,
+                max_ttl_ms,
                 keep_alive: KeepAlive {
                     fraction: self.extend_fraction,
                     max_hold: self.max_hold,
@@ -300,6 +331,11 @@ fn check_ttl(ttl: Duration, node_timeout: Duration) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// A TTL in whole milliseconds.
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A URL with any `user:password@` part removed, for error messages.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -322,6 +358,8 @@ struct Inner {
     retry_deadline: Option<Duration>,
     key_prefix: Vec<u8>,
     min_validity: Duration,
+    /// The longest TTL used so far, in ms (shared with the nodes, for quarantines).
+    max_ttl_ms: Arc<AtomicU64>,
     keep_alive: KeepAlive,
 }
 
@@ -535,6 +573,7 @@ impl Redlock {
             max_hold: None,
             max_extensions: None,
             fencing: DEFAULT_FENCING,
+            restart_quarantine: DEFAULT_RESTART_QUARANTINE,
         }
     }
 
@@ -704,6 +743,9 @@ impl Redlock {
 
     fn resource(&self, name: &[u8], ttl: Duration) -> Result<Arc<Resource>, LockError> {
         check_ttl(ttl, self.inner.node_timeout)?;
+        self.inner
+            .max_ttl_ms
+            .fetch_max(ttl_ms(ttl), Ordering::Relaxed);
         if self.inner.min_validity + quorum::drift(ttl, self.inner.drift_factor) >= ttl {
             return Err(LockError::Config(ConfigError::MinValidityTooLong {
                 min_validity: self.inner.min_validity,
@@ -726,13 +768,15 @@ impl Redlock {
     }
 
     /// Sends `inv` to the nodes whose index `to` accepts, all at once; the answers arrive
-    /// as they come, with the node's index.
+    /// as they come, with the node's index. With `acquiring`, quarantined nodes fail at
+    /// once.
     fn send_all<'a>(
         &'a self,
         inv: &'a Invocation<'a>,
         by_sha: &'a redis::Cmd,
         deadline: Instant,
         to: impl Fn(usize) -> bool,
+        acquiring: bool,
     ) -> FuturesUnordered<impl Future<Output = (usize, &'a Arc<Node>, Result<Value, NodeError>)> + 'a>
     {
         self.inner
@@ -740,12 +784,14 @@ impl Redlock {
             .iter()
             .enumerate()
             .filter(|(i, _)| to(*i))
-            .map(move |(i, node)| async move { (i, node, node.call(inv, by_sha, deadline).await) })
+            .map(move |(i, node)| async move {
+                (i, node, node.call(inv, by_sha, deadline, acquiring).await)
+            })
             .collect()
     }
 
-    /// Sends `inv` to the nodes whose index `to` accepts (the others count as failed);
-    /// feeds each answer to `on_reply` (which says whether it counts towards the quorum)
+    /// Sends `inv` (an acquire, fence or extend) to the nodes whose index `to` accepts (the
+    /// others count as failed); feeds each answer to `on_reply` (which says whether it counts towards the quorum)
     /// until the outcome is certain.
     ///
     /// A failure is awaited further while it is undecided whether it is busy or short of
@@ -766,7 +812,7 @@ impl Redlock {
             tally.record_outcome(Outcome::Failed);
         }
         let by_sha = inv.cmd(true);
-        let mut calls = self.send_all(inv, &by_sha, deadline, to);
+        let mut calls = self.send_all(inv, &by_sha, deadline, to, true);
         while tally.decision() == Decision::Pending || tally.busy_undecided() {
             let Some((i, node, reply)) = calls.next().await else {
                 break;
@@ -799,7 +845,7 @@ impl Redlock {
             value: Some(Arc::clone(&value)),
             ttl,
         };
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttl_ms = ttl_ms(ttl);
         let ttl = Duration::from_millis(ttl_ms);
         let keys = [&*resource.key, self.inner.key_prefix.as_slice()];
         let args = [
@@ -977,7 +1023,7 @@ impl Redlock {
         };
         let by_sha = inv.cmd(true);
         let deadline = Instant::now() + self.inner.node_timeout.min(ttl);
-        let mut calls = self.send_all(&inv, &by_sha, deadline, |_| true);
+        let mut calls = self.send_all(&inv, &by_sha, deadline, |_| true, false);
         let mut out = Released {
             released: 0,
             not_held: 0,
@@ -1025,7 +1071,10 @@ impl Redlock {
     /// extension leaves the lock's deadline as it was.
     pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
         check_ttl(ttl, self.inner.node_timeout)?;
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.inner
+            .max_ttl_ms
+            .fetch_max(ttl_ms(ttl), Ordering::Relaxed);
+        let ttl_ms = ttl_ms(ttl);
         let ttl = Duration::from_millis(ttl_ms);
         let keys = [lock.key()];
         let args = [Arg::Bytes(lock.value().as_bytes()), Arg::Int(ttl_ms)];

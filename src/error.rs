@@ -173,6 +173,14 @@ pub enum NodeError {
     /// The lock key no longer held our value when the fencing number was to be recorded
     /// (it expired, or the node lost its data in between).
     LockLost,
+    /// The node restarted (its run id changed), or it has been up for less than the
+    /// longest TTL in use, so it may have lost lock keys that are still valid: it takes
+    /// no part in acquiring or extending until every such lock has expired. See
+    /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine).
+    Quarantined {
+        /// How much longer the quarantine lasts.
+        remaining: Duration,
+    },
 }
 
 impl NodeError {
@@ -193,6 +201,11 @@ impl fmt::Display for NodeError {
             Self::Connection(e) => write!(f, "connection failed: {e}"),
             Self::Redis(e) => write!(f, "Redis error: {e}"),
             Self::Protocol(e) => write!(f, "protocol error (is this a Redis server?): {e}"),
+            Self::Quarantined { remaining } => write!(
+                f,
+                "restarted or started recently and may have lost lock keys: kept out of \
+                 acquisitions for another {remaining:?} (releases still go to it)"
+            ),
             Self::LockLost => f.write_str(
                 "the lock key vanished before its fencing number was recorded (expired or data lost)",
             ),

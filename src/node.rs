@@ -7,8 +7,17 @@
 //! server); failed connects back off exponentially. While a node is down, operations fail
 //! on it at once with the last connect error instead of waiting; every call is bounded by a
 //! deadline, so a hung node never stalls an operation beyond it.
+//!
+//! **Restart-safe quorum.** A Redis node that restarts without persistence forgets its
+//! lock keys, and could grant a lock that another client still holds through it (the
+//! "delayed restart" rule of the Redlock spec exists for this). Every connect reads the
+//! node's `run_id`: when it differs from the one seen before, the node restarted, and it is
+//! quarantined for the longest TTL in use: it takes no part in acquiring or extending
+//! (releases still go to it) until every lock it may have lost has expired. On first
+//! contact, a node up for less than that TTL is quarantined for the difference. The
+//! quarantine is timed on the client's monotonic clock.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -30,6 +39,44 @@ const BACKOFF_MAX: Duration = Duration::from_millis(1_000);
 pub(crate) struct NodeSettings {
     pub(crate) connect_timeout: Duration,
     pub(crate) reconnect_after_timeouts: u32,
+    /// Whether restarted or young nodes are quarantined.
+    pub(crate) quarantine: bool,
+    /// The longest TTL the client has used, in ms: the length of a quarantine.
+    pub(crate) max_ttl_ms: Arc<AtomicU64>,
+}
+
+/// Why a node is kept out of acquisitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuarantineCause {
+    /// Its `run_id` changed: it restarted and may have lost its keys.
+    Restarted,
+    /// First contact, and it has been up for less than the longest TTL.
+    Young { uptime: Duration },
+}
+
+/// How long to quarantine a node that just (re)connected, given the `run_id` seen before
+/// (if any), what it says about itself now, and the longest TTL in use.
+pub(crate) fn quarantine_for(
+    previous_run_id: Option<&str>,
+    info: &ServerInfo,
+    max_ttl: Duration,
+) -> Option<(Duration, QuarantineCause)> {
+    match previous_run_id {
+        Some(previous) if previous != info.run_id => Some((max_ttl, QuarantineCause::Restarted)),
+        Some(_) => None,
+        // `uptime_in_seconds` is rounded down, so this errs on the long side.
+        None => max_ttl
+            .checked_sub(info.uptime)
+            .filter(|d| !d.is_zero())
+            .map(|d| {
+                (
+                    d,
+                    QuarantineCause::Young {
+                        uptime: info.uptime,
+                    },
+                )
+            }),
+    }
 }
 
 /// What `INFO server` said on the last connect.
@@ -77,6 +124,10 @@ struct State {
     generation: u64,
     backoff: Duration,
     info: Option<ServerInfo>,
+    /// The `run_id` of the first successful connect, updated on restarts.
+    known_run_id: Option<String>,
+    /// Kept out of acquire and extend until then.
+    quarantined_until: Option<Instant>,
 }
 
 /// One Redis master.
@@ -106,6 +157,8 @@ impl Node {
                 generation: 0,
                 backoff: BACKOFF_MIN,
                 info: None,
+                known_run_id: None,
+                quarantined_until: None,
             }),
             changed: Notify::new(),
             consecutive_timeouts: AtomicU32::new(0),
@@ -127,6 +180,19 @@ impl Node {
     #[allow(dead_code)]
     pub(crate) fn server_info(&self) -> Option<ServerInfo> {
         self.state().info.clone()
+    }
+
+    /// How much longer the node is quarantined, if it is.
+    fn quarantine_left(&self) -> Option<Duration> {
+        let mut st = self.state();
+        let until = st.quarantined_until?;
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            st.quarantined_until = None;
+            tracing::info!(node = %self.label, "redlock node quarantine over: it takes part in acquisitions again");
+            return None;
+        }
+        Some(left)
     }
 
     /// Starts connecting in the background if the node is not connected or connecting.
@@ -184,6 +250,31 @@ impl Node {
                         uptime_s = info.uptime.as_secs(),
                         "redlock node connected"
                     );
+                    if self.settings.quarantine {
+                        let max_ttl =
+                            Duration::from_millis(self.settings.max_ttl_ms.load(Ordering::Relaxed));
+                        if let Some((length, cause)) =
+                            quarantine_for(st.known_run_id.as_deref(), &info, max_ttl)
+                        {
+                            let until = Instant::now() + length;
+                            st.quarantined_until =
+                                Some(st.quarantined_until.map_or(until, |u| u.max(until)));
+                            match cause {
+                                QuarantineCause::Restarted => tracing::warn!(
+                                    node = %self.label,
+                                    quarantine = ?length,
+                                    "redlock node restarted (new run id) and may have lost lock keys: kept out of acquisitions for the longest TTL"
+                                ),
+                                QuarantineCause::Young { uptime } => tracing::warn!(
+                                    node = %self.label,
+                                    ?uptime,
+                                    quarantine = ?length,
+                                    "redlock node started less than the longest TTL ago and may have lost lock keys: kept out of acquisitions until then"
+                                ),
+                            }
+                        }
+                    }
+                    st.known_run_id = Some(info.run_id.clone());
                     st.generation += 1;
                     st.slot = Slot::Ready(conn);
                     st.backoff = BACKOFF_MIN;
@@ -238,18 +329,23 @@ impl Node {
         }
     }
 
-    /// Runs one script call, bounded by `deadline` (connection wait included).
+    /// Runs one script call, bounded by `deadline` (connection wait included). With
+    /// `acquiring` (acquire and extend), a quarantined node fails at once.
     pub(crate) async fn call(
         self: &Arc<Self>,
         inv: &Invocation<'_>,
         by_sha: &redis::Cmd,
         deadline: Instant,
+        acquiring: bool,
     ) -> Result<Value, NodeError> {
         let deadline = tokio::time::Instant::from_std(deadline);
         let (mut conn, generation) = match timeout_at(deadline, self.connection()).await {
             Ok(c) => c?,
             Err(_) => return Err(NodeError::Timeout),
         };
+        if acquiring && let Some(remaining) = self.quarantine_left() {
+            return Err(NodeError::Quarantined { remaining });
+        }
         let run = async {
             match by_sha.query_async::<Value>(&mut conn).await {
                 Err(e)
@@ -292,6 +388,35 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quarantine_rules() {
+        let info = |run_id: &str, uptime: u64| ServerInfo {
+            run_id: run_id.into(),
+            uptime: Duration::from_secs(uptime),
+            version: "7.0.0".into(),
+        };
+        let ttl = Duration::from_secs(30);
+        // First contact: young nodes wait out the rest of the TTL, old ones are trusted.
+        assert_eq!(
+            quarantine_for(None, &info("a", 10), ttl),
+            Some((
+                Duration::from_secs(20),
+                QuarantineCause::Young {
+                    uptime: Duration::from_secs(10)
+                }
+            ))
+        );
+        assert_eq!(quarantine_for(None, &info("a", 30), ttl), None);
+        assert_eq!(quarantine_for(None, &info("a", 3600), ttl), None);
+        // Reconnects: the same process is trusted, a new one waits a whole TTL whatever
+        // its uptime says.
+        assert_eq!(quarantine_for(Some("a"), &info("a", 1), ttl), None);
+        assert_eq!(
+            quarantine_for(Some("a"), &info("b", 3600), ttl),
+            Some((ttl, QuarantineCause::Restarted))
+        );
+    }
 
     #[test]
     fn parses_info_server() {

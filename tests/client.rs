@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use redis::AsyncCommands;
-use support::{Cluster, DelayProxy, GarbageServer, wait_for};
+use support::{Cluster, FaultProxy, GarbageServer, wait_for};
 use tower_redlock::{ConfigError, Lock, LockError, NodeError, Redlock, RedlockBuilder};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 fn builder(urls: Vec<String>) -> RedlockBuilder {
-    Redlock::builder(urls)
+    support::builder(urls)
         .ttl(Duration::from_secs(5))
         .node_timeout(NODE_TIMEOUT)
 }
@@ -264,7 +264,7 @@ async fn busy_reports_the_holders_remaining_ttl() {
 #[tokio::test]
 async fn unlock_never_deletes_another_clients_key_and_extend_after_expiry_is_not_held() {
     let cluster = Cluster::start(3);
-    let a = Redlock::builder(cluster.urls())
+    let a = support::builder(cluster.urls())
         .node_timeout(Duration::from_millis(20))
         .build()
         .expect("build");
@@ -373,11 +373,11 @@ async fn validity_is_below_the_ttl_and_shrinks_with_latency() {
     let cluster = Cluster::start(3);
     let mut proxies = Vec::new();
     for node in &cluster.nodes {
-        proxies.push(DelayProxy::start(node.addr()).await);
+        proxies.push(FaultProxy::start(node.addr()).await);
     }
     let ttl = Duration::from_secs(5);
     let drift = tower_redlock::quorum::drift(ttl, tower_redlock::DEFAULT_DRIFT_FACTOR);
-    let redlock = Redlock::builder(proxies.iter().map(DelayProxy::url).collect::<Vec<_>>())
+    let redlock = support::builder(proxies.iter().map(FaultProxy::url).collect::<Vec<_>>())
         .ttl(ttl)
         .node_timeout(Duration::from_millis(400))
         .build()
@@ -527,71 +527,71 @@ async fn bad_configurations_get_typed_errors() {
         assert!(pred(&err), "wrong error: {err:?}");
         assert!(!err.to_string().is_empty());
     };
-    check(Redlock::builder(Vec::<String>::new()), |e| {
+    check(support::builder(Vec::<String>::new()), |e| {
         matches!(e, ConfigError::NoNodes)
     });
     check(
-        Redlock::builder(["redis://127.0.0.1:1", "redis://127.0.0.1:2"]),
+        support::builder(["redis://127.0.0.1:1", "redis://127.0.0.1:2"]),
         |e| matches!(e, ConfigError::EvenNodeCount { nodes: 2 }),
     );
     check(
-        Redlock::builder([
+        support::builder([
             "redis://127.0.0.1:1",
             "redis://127.0.0.1:1",
             "redis://127.0.0.1:3",
         ]),
         |e| matches!(e, ConfigError::DuplicateNode { .. }),
     );
-    check(Redlock::builder(["not a url"]), |e| {
+    check(support::builder(["not a url"]), |e| {
         matches!(e, ConfigError::InvalidUrl { .. })
     });
-    check(Redlock::builder(["http://127.0.0.1:1"]), |e| {
+    check(support::builder(["http://127.0.0.1:1"]), |e| {
         matches!(e, ConfigError::InvalidUrl { .. })
     });
-    let err = Redlock::builder(["redis://user:hunter2@127.0.0.1:1/x"])
+    let err = support::builder(["redis://user:hunter2@127.0.0.1:1/x"])
         .build()
         .expect_err("bad db");
     assert!(!err.to_string().contains("hunter2"), "{err}");
-    check(Redlock::builder(one()).ttl(Duration::ZERO), |e| {
+    check(support::builder(one()).ttl(Duration::ZERO), |e| {
         matches!(e, ConfigError::ZeroTtl)
     });
     check(
-        Redlock::builder(one()).ttl(Duration::from_micros(999)),
+        support::builder(one()).ttl(Duration::from_micros(999)),
         |e| matches!(e, ConfigError::ZeroTtl),
     );
     check(
-        Redlock::builder(one()).ttl(Duration::from_secs(2 * 24 * 3600)),
+        support::builder(one()).ttl(Duration::from_secs(2 * 24 * 3600)),
         |e| matches!(e, ConfigError::TtlTooLong { .. }),
     );
     check(
-        Redlock::builder(one())
+        support::builder(one())
             .ttl(Duration::from_secs(1))
             .node_timeout(Duration::from_millis(101)),
         |e| matches!(e, ConfigError::NodeTimeoutTooLong { .. }),
     );
-    check(Redlock::builder(one()).node_timeout(Duration::ZERO), |e| {
+    check(support::builder(one()).node_timeout(Duration::ZERO), |e| {
         matches!(e, ConfigError::ZeroNodeTimeout)
     });
     for f in [-0.1, 0.5, 1.0, f64::NAN] {
-        check(Redlock::builder(one()).drift_factor(f), |e| {
+        check(support::builder(one()).drift_factor(f), |e| {
             matches!(e, ConfigError::DriftFactorOutOfRange { .. })
         });
     }
-    check(Redlock::builder(one()).max_attempts(0), |e| {
+    check(support::builder(one()).max_attempts(0), |e| {
         matches!(e, ConfigError::ZeroAttempts)
     });
     check(
-        Redlock::builder(one())
+        support::builder(one())
             .ttl(Duration::from_secs(1))
             .min_validity(Duration::from_secs(1)),
         |e| matches!(e, ConfigError::MinValidityTooLong { .. }),
     );
     check(
-        Redlock::builder(one()).connect_timeout(Duration::ZERO),
+        support::builder(one()).connect_timeout(Duration::ZERO),
         |e| matches!(e, ConfigError::ZeroConnectTimeout),
     );
     // The bounds themselves are accepted.
-    Redlock::builder(one())
+    support::builder(one())
         .ttl(Duration::from_secs(1))
         .node_timeout(Duration::from_millis(100))
         .drift_factor(0.0)
@@ -752,8 +752,8 @@ async fn a_flushed_script_cache_falls_back_to_eval() {
 #[tokio::test]
 async fn dropping_an_acquisition_half_way_releases_what_landed() {
     let cluster = Cluster::start(1);
-    let proxy = DelayProxy::start(cluster.nodes[0].addr()).await;
-    let redlock = Redlock::builder(vec![proxy.url()])
+    let proxy = FaultProxy::start(cluster.nodes[0].addr()).await;
+    let redlock = support::builder(vec![proxy.url()])
         .ttl(Duration::from_secs(30))
         .node_timeout(Duration::from_millis(2_000))
         .build()

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use fenced::{FencedStore, Write};
 use redis::AsyncCommands;
 use support::Cluster;
-use tower_redlock::{Lock, Redlock, RedlockBuilder};
+use tower_redlock::{Lock, RedlockBuilder};
 
 /// A counter value far above any clock reading in microseconds (about 1.8e15 in 2026): once
 /// the counters start there, the clock seed plays no part and only the max-register can
@@ -20,7 +20,7 @@ use tower_redlock::{Lock, Redlock, RedlockBuilder};
 const FAR_FUTURE: u64 = 100_000_000_000_000_000;
 
 fn builder(urls: Vec<String>) -> RedlockBuilder {
-    Redlock::builder(urls)
+    support::builder(urls)
         .ttl(Duration::from_secs(5))
         .node_timeout(Duration::from_millis(100))
 }
@@ -219,7 +219,7 @@ async fn contending_tasks_get_increasing_unique_numbers() {
 #[tokio::test]
 async fn a_stale_holders_write_is_rejected() {
     let cluster = Cluster::start(3);
-    let redlock = Redlock::builder(cluster.urls())
+    let redlock = support::builder(cluster.urls())
         .ttl(Duration::from_millis(300))
         .node_timeout(Duration::from_millis(30))
         .retry_delay(Duration::from_millis(5), Duration::from_millis(10))
@@ -311,7 +311,7 @@ async fn ten_thousand_sequential_acquisitions_through_failures_and_data_loss() {
         .unwrap_or(0x5eed_f00d_u64);
     let mut rng = Rng(seed);
     let mut cluster = Cluster::start(5);
-    let redlock = Redlock::builder(cluster.urls())
+    let redlock = support::builder(cluster.urls())
         .ttl(Duration::from_secs(2))
         .node_timeout(Duration::from_millis(50))
         .connect_timeout(Duration::from_millis(200))

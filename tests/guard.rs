@@ -10,7 +10,7 @@ use tower_redlock::{LockError, LostReason, Redlock, RedlockBuilder};
 
 /// TTL 600 ms, extended every 200 ms.
 fn builder(cluster: &Cluster) -> RedlockBuilder {
-    Redlock::builder(cluster.urls())
+    support::builder(cluster.urls())
         .ttl(Duration::from_millis(600))
         .node_timeout(Duration::from_millis(50))
 }
@@ -72,7 +72,7 @@ async fn a_holder_keeps_its_lock_for_three_ttls_then_releases() {
 #[tokio::test]
 async fn deleting_the_key_on_a_majority_fires_the_lost_signal_within_one_interval() {
     let cluster = Cluster::start(3);
-    let redlock = Redlock::builder(cluster.urls())
+    let redlock = support::builder(cluster.urls())
         .ttl(Duration::from_secs(3))
         .build()
         .expect("build");
@@ -183,7 +183,7 @@ fn dropping_a_guard_while_the_runtime_shuts_down_neither_panics_nor_blocks() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let redlock = Redlock::builder(urls).build().expect("build");
+        let redlock = support::builder(urls).build().expect("build");
         let guard = redlock.acquire("shutdown").await.expect("acquire");
         // A task that holds the guard forever: it is dropped by the shutdown.
         tokio::spawn(async move {
@@ -197,7 +197,7 @@ fn dropping_a_guard_while_the_runtime_shuts_down_neither_panics_nor_blocks() {
     // Outside any runtime, dropping a guard is fine too.
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let guard = rt.block_on(async {
-        Redlock::builder(cluster.urls())
+        support::builder(cluster.urls())
             .build()
             .expect("build")
             .acquire("outside")

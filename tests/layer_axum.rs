@@ -84,7 +84,7 @@ async fn redlock(cluster: &Cluster) -> Redlock {
 
 /// A client with warm connections.
 async fn redlock_with(cluster: &Cluster, ttl: Duration, node_timeout: Duration) -> Redlock {
-    let r = Redlock::builder(cluster.urls())
+    let r = support::builder(cluster.urls())
         .ttl(ttl)
         .node_timeout(node_timeout)
         .retry_delay(Duration::from_millis(5), Duration::from_millis(10))

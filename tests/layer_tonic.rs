@@ -20,7 +20,7 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
 use tonic_prost::ProstCodec;
 use tower_redlock::layer::{Header, RedlockLayer};
-use tower_redlock::{LockError, LockToken, Redlock};
+use tower_redlock::{LockError, LockToken};
 
 const METHOD: &str = "/test.Locked/Call";
 
@@ -78,7 +78,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for Locked {
 }
 
 async fn start(cluster: &Cluster, extractor: Header) -> (SocketAddr, Locked) {
-    let redlock = Redlock::builder(cluster.urls())
+    let redlock = support::builder(cluster.urls())
         .ttl(Duration::from_secs(30))
         .build()
         .expect("build");

@@ -15,7 +15,7 @@ use tower_redlock::layer::{Header, PathSegment, RedlockLayer};
 use tower_redlock::{LockToken, Redlock};
 
 async fn redlock(cluster: &Cluster) -> Redlock {
-    let r = Redlock::builder(cluster.urls()).build().expect("build");
+    let r = support::builder(cluster.urls()).build().expect("build");
     let l = r.lock("warm-up").await.expect("warm-up");
     r.unlock(&l).await;
     r

@@ -117,6 +117,18 @@ fn ping(port: u16) -> std::io::Result<()> {
     }
 }
 
+/// Whether the client should quarantine restarted and recently started nodes: not for
+/// nodes this program started itself a moment ago (empty, nothing to protect); otherwise
+/// on, unless `REDLOCK_RESTART_QUARANTINE=off` (as `scripts/demo` sets for the nodes it
+/// has just started).
+pub fn restart_quarantine(local: &LocalNodes) -> bool {
+    local.is_empty()
+        && !matches!(
+            std::env::var("REDLOCK_RESTART_QUARANTINE").as_deref(),
+            Ok("off" | "0" | "false")
+        )
+}
+
 /// Prints which nodes an example locks on.
 pub fn print_nodes(redlock: &tower_redlock::Redlock, urls: &[String]) {
     println!(

@@ -1,25 +1,37 @@
 //! Test harness: real `redis-server` processes on free loopback ports, and small TCP
-//! helpers (a delaying proxy, a server that speaks garbage).
+//! helpers (a fault proxy, a server that speaks garbage).
 //!
 //! Nodes start with `--save "" --appendonly no`, are waited for until they answer `PING`,
 //! can be paused (SIGSTOP), resumed, killed and restarted on the same port (with their data
 //! gone), and are killed when the [`Cluster`] is dropped, on panics too. They also die with
 //! the test process (`PR_SET_PDEATHSIG`).
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod proxy;
+
+pub use proxy::{FaultProxy, Mode};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A client builder for nodes the harness started a moment ago, empty: with the restart
+/// quarantine off, since it would keep such young nodes out of acquisitions for a TTL.
+/// The quarantine's own tests use `Redlock::builder`.
+pub fn builder<I, S>(nodes: I) -> tower_redlock::RedlockBuilder
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    tower_redlock::Redlock::builder(nodes).restart_quarantine(false)
+}
 
 fn redis_server_binary() -> PathBuf {
     if let Ok(p) = std::env::var("REDIS_SERVER") {
@@ -281,77 +293,6 @@ where
             "timed out after {timeout:?} waiting for: {what}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// A TCP proxy in front of one address that delays every chunk by a settable time in each
-/// direction.
-pub struct DelayProxy {
-    pub port: u16,
-    delay_us: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl DelayProxy {
-    pub async fn start(upstream: String) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let delay_us = Arc::new(AtomicU64::new(0));
-        let d = delay_us.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((down, _)) = listener.accept().await {
-                let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else {
-                    continue;
-                };
-                let (dr, dw) = down.into_split();
-                let (ur, uw) = up.into_split();
-                tokio::spawn(pump(dr, uw, d.clone()));
-                tokio::spawn(pump(ur, dw, d.clone()));
-            }
-        });
-        Self {
-            port,
-            delay_us,
-            task,
-        }
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    pub fn set_delay(&self, d: Duration) {
-        self.delay_us.store(d.as_micros() as u64, Ordering::SeqCst);
-    }
-}
-
-impl Drop for DelayProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay_us: Arc<AtomicU64>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let d = delay_us.load(Ordering::SeqCst);
-        if d > 0 {
-            tokio::time::sleep(Duration::from_micros(d)).await;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
     }
 }
 
