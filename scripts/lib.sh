@@ -3,17 +3,35 @@
 # Makes sure redis-server is on PATH: installs Debian's package when we are root with
 # apt-get, otherwise stops with the command to run.
 ensure_redis() {
-    if command -v redis-server >/dev/null 2>&1; then
+    ensure_package redis-server redis-server "command -v redis-server"
+}
+
+# Makes sure libfaketime (Debian's faketime package) and a C compiler are there: the
+# clock-jump test runs one node under libfaketime, with a small malloc shim built by cc.
+ensure_faketime() {
+    ensure_package faketime faketime \
+        "ls /usr/lib/*/faketime/libfaketime.so.1 || ls /usr/lib/faketime/libfaketime.so.1"
+    ensure_package cc gcc "command -v cc"
+}
+
+# ensure_package WHAT PACKAGE CHECK: runs CHECK; if it fails, installs Debian's PACKAGE
+# when we are root with apt-get, otherwise stops with the command to run.
+ensure_package() {
+    local what=$1 package=$2 check=$3
+    if eval "$check" >/dev/null 2>&1; then
         return 0
     fi
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "==> redis-server is missing: installing Debian's redis-server package"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
-        # The package may start a system service; the tests and the demo start their own nodes.
-        command -v redis-server >/dev/null 2>&1 && return 0
+        echo "==> $what is missing: installing Debian's $package package"
+        if [ -z "${APT_UPDATED:-}" ]; then
+            apt-get update -qq
+            APT_UPDATED=1
+        fi
+        # redis-server may start a system service; the tests and the demo start their own nodes.
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >/dev/null
+        eval "$check" >/dev/null 2>&1 && return 0
     fi
-    echo "redis-server is missing. Install it with:  sudo apt-get install -y redis-server" >&2
+    echo "$what is missing. Install it with:  sudo apt-get install -y $package" >&2
     exit 1
 }
 

@@ -3,15 +3,12 @@
 
 mod support;
 
-#[path = "../examples/common/fenced.rs"]
-mod fenced;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fenced::{FencedStore, Write};
 use redis::AsyncCommands;
 use support::Cluster;
+use support::fenced::{FencedStore, Write};
 use tower_redlock::{Lock, RedlockBuilder};
 
 /// A counter value far above any clock reading in microseconds (about 1.8e15 in 2026): once

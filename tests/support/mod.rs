@@ -7,8 +7,11 @@
 //! the test process (`PR_SET_PDEATHSIG`).
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+#[path = "../../examples/common/fenced.rs"]
+pub mod fenced;
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod jepsen;
 pub mod proxy;
 
 pub use proxy::{FaultProxy, Mode};
@@ -18,6 +21,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,22 +74,57 @@ pub struct RedisNode {
     port: u16,
     child: Option<Child>,
     paused: bool,
+    /// With a fake clock: the libfaketime timestamp file it reads on every clock call.
+    clock_file: Option<PathBuf>,
 }
 
 impl RedisNode {
     /// Starts a node on a free port (retrying on a port race).
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts a node whose wall clock can be moved with [`set_clock_offset`]
+    /// (libfaketime, from Debian's `faketime` package).
+    ///
+    /// [`set_clock_offset`]: Self::set_clock_offset
+    pub fn start_with_fake_clock() -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let file = std::env::temp_dir().join(format!(
+            "redlock-test-clock-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&file, "+0\n").expect("write the clock file");
+        Self::start_with(Some(file))
+    }
+
+    fn start_with(clock_file: Option<PathBuf>) -> Self {
         for _ in 0..5 {
             let port = free_port();
-            if let Some(child) = spawn_on(port) {
+            if let Some(child) = spawn_on(port, clock_file.as_deref()) {
                 return Self {
                     port,
                     child: Some(child),
                     paused: false,
+                    clock_file,
                 };
             }
         }
         panic!("could not start redis-server on a free port after 5 tries");
+    }
+
+    /// Moves the node's wall clock to `offset` seconds from the real time (at once: the
+    /// node reads the offset on every clock call). Only for nodes from
+    /// [`start_with_fake_clock`](Self::start_with_fake_clock).
+    pub fn set_clock_offset(&self, offset_secs: i64) {
+        let file = self.clock_file.as_ref().expect("a node with a fake clock");
+        std::fs::write(file, format!("{offset_secs:+}\n")).expect("write the clock file");
+    }
+
+    /// The node's `uptime_in_seconds`.
+    pub fn uptime_secs(&self) -> Option<u64> {
+        info_field(self.port, "uptime_in_seconds")?.parse().ok()
     }
 
     pub fn port(&self) -> u16 {
@@ -139,7 +178,7 @@ impl RedisNode {
         self.kill();
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Some(child) = spawn_on(self.port) {
+            if let Some(child) = spawn_on(self.port, self.clock_file.as_deref()) {
                 self.child = Some(child);
                 return;
             }
@@ -166,14 +205,67 @@ impl Drop for RedisNode {
             unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
         }
         self.kill();
+        if let Some(file) = &self.clock_file {
+            let _ = std::fs::remove_file(file);
+        }
     }
+}
+
+/// The paths to preload for a fake clock: our glibc-malloc shim (built once with `cc`),
+/// then libfaketime.
+fn faketime_preload() -> String {
+    static PRELOAD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PRELOAD
+        .get_or_init(|| {
+            let lib = std::env::var("LIBFAKETIME")
+                .map(PathBuf::from)
+                .ok()
+                .or_else(|| {
+                    [
+                        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+                        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+                        "/usr/lib/faketime/libfaketime.so.1",
+                        "/usr/lib64/faketime/libfaketime.so.1",
+                    ]
+                    .iter()
+                    .map(PathBuf::from)
+                    .find(|p| p.is_file())
+                });
+            let lib = lib.unwrap_or_else(|| {
+                panic!(
+                    "libfaketime not found: install it with `apt-get install -y faketime` (or \
+                     run scripts/test, which does), or set LIBFAKETIME=/path/to/libfaketime.so.1"
+                )
+            });
+            let dir = option_env!("CARGO_TARGET_TMPDIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(std::env::temp_dir);
+            let shim = dir.join(format!("libc_malloc-{}.so", std::process::id()));
+            let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/libc_malloc.c");
+            let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+                .args(["-shared", "-fPIC", "-O2", "-o"])
+                .arg(&shim)
+                .arg(src)
+                .arg("-ldl")
+                .status()
+                .unwrap_or_else(|e| panic!("cannot run cc to build the malloc shim: {e}"));
+            assert!(status.success(), "cc failed to build {src}");
+            format!("{} {}", shim.display(), lib.display())
+        })
+        .clone()
 }
 
 /// Starts redis-server on `port` and waits until it answers PING; `None` if it exited
 /// (port taken).
-fn spawn_on(port: u16) -> Option<Child> {
+fn spawn_on(port: u16, clock_file: Option<&std::path::Path>) -> Option<Child> {
     let bin = redis_server_binary();
     let mut cmd = Command::new(&bin);
+    if let Some(file) = clock_file {
+        cmd.env("LD_PRELOAD", faketime_preload())
+            .env("FAKETIME_TIMESTAMP_FILE", file)
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    }
     cmd.args([
         "--port",
         &port.to_string(),
@@ -231,6 +323,11 @@ fn spawn_on(port: u16) -> Option<Child> {
 
 /// The `process_id` of the server answering on `port`, if one answers.
 fn server_pid(port: u16) -> Option<u32> {
+    info_field(port, "process_id")?.parse().ok()
+}
+
+/// One field of `INFO server` from the server answering on `port`.
+fn info_field(port: u16, field: &str) -> Option<String> {
     let mut s = TcpStream::connect_timeout(
         &SocketAddr::from(([127, 0, 0, 1], port)),
         Duration::from_millis(200),
@@ -238,17 +335,21 @@ fn server_pid(port: u16) -> Option<u32> {
     .ok()?;
     s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
     s.write_all(b"INFO server\r\n").ok()?;
+    let key = format!("\n{field}:");
     let mut text = String::new();
     let mut buf = [0u8; 4096];
-    while !text.contains("process_id:") || !text[text.find("process_id:")?..].contains('\n') {
+    while !text
+        .find(&key)
+        .is_some_and(|at| text[at + 1..].contains('\n'))
+    {
         let n = s.read(&mut buf).ok()?;
         if n == 0 {
             return None;
         }
         text.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
-    let rest = &text[text.find("process_id:")? + "process_id:".len()..];
-    rest[..rest.find('\r')?].trim().parse().ok()
+    let rest = &text[text.find(&key)? + key.len()..];
+    Some(rest[..rest.find('\r')?].trim().to_owned())
 }
 
 /// N nodes, killed on drop.

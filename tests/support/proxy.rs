@@ -184,11 +184,12 @@ async fn pump(
             let current = mode.borrow_and_update().clone();
             let held = match current {
                 Mode::Pass => false,
-                Mode::Delay {
-                    to_node,
-                    to_client,
-                } => {
-                    let range = if dir == Dir::ToNode { to_node } else { to_client };
+                Mode::Delay { to_node, to_client } => {
+                    let range = if dir == Dir::ToNode {
+                        to_node
+                    } else {
+                        to_client
+                    };
                     tokio::time::sleep(draw(range)).await;
                     false
                 }

@@ -1,0 +1,316 @@
+//! Deterministic fault scenarios: the node restart that breaks plain Redlock (and the
+//! restart quarantine that prevents it), a node's clock jumping forward (which breaks
+//! mutual exclusion; fencing still rejects the stale writer), and how quarantines show.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use support::fenced::{FencedStore, Write};
+use support::jepsen::{Verdict, report};
+use support::{Cluster, RedisNode, wait_for};
+use tower_redlock::{Lock, LockError, NodeError, Redlock};
+
+const TTL: Duration = Duration::from_secs(2);
+
+/// Waits until every node has been up for more than `ttl`, so that a client meeting them
+/// for the first time does not quarantine them as young.
+async fn age(cluster: &Cluster, ttl: Duration) {
+    let aged = ttl.as_secs() + 1;
+    wait_for(
+        "the nodes to be older than the TTL",
+        Duration::from_secs(30),
+        || {
+            let ok = cluster
+                .nodes
+                .iter()
+                .all(|n| n.uptime_secs().is_some_and(|u| u >= aged));
+            async move { ok }
+        },
+    )
+    .await;
+}
+
+/// Client A takes the lock on nodes 0, 1 and 2 only: nodes 3 and 4 hold a stranger's key
+/// while A acquires.
+async fn lock_on_first_three(cluster: &Cluster, a: &Redlock, name: &str) -> Lock {
+    let key = format!("redlock:{name}");
+    for i in [3, 4] {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn.set(&key, "stranger").await.expect("SET");
+    }
+    let lock = a.try_lock(name).await.expect("A locks nodes 0-2");
+    for i in [3, 4] {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn.del(&key).await.expect("DEL");
+    }
+    lock
+}
+
+fn fence(lock: &Lock) -> u64 {
+    lock.fencing_token().expect("fencing is on")
+}
+
+/// Whether B got the lock while A's validity still ran, and how a late write by A fared.
+struct Outcome {
+    overlap: bool,
+    b_error: Option<LockError>,
+    a_late_write: Option<Write>,
+}
+
+/// A holds nodes 0-2; node 2 restarts empty; B, which has talked to every node before,
+/// tries until A's validity ends.
+async fn restart_scenario(quarantine: bool) -> Outcome {
+    let mut cluster = Cluster::start(5);
+    age(&cluster, TTL).await;
+    let store_node = RedisNode::start();
+    let store = FencedStore::connect(&store_node.url())
+        .await
+        .expect("store");
+    let a = support::builder(cluster.urls())
+        .ttl(TTL)
+        .build()
+        .expect("A");
+    let b = Redlock::builder(cluster.urls())
+        .ttl(TTL)
+        .node_timeout(Duration::from_millis(50))
+        .retry_delay(Duration::from_millis(5), Duration::from_millis(10))
+        .restart_quarantine(quarantine)
+        .build()
+        .expect("B");
+    let warm = b.lock("warm-up").await.expect("B knows every node");
+    b.unlock(&warm).await;
+
+    let la = lock_on_first_three(&cluster, &a, "res").await;
+    assert_eq!(
+        store.write("res", fence(&la), "A").await.expect("write"),
+        Write::Accepted
+    );
+    tokio::task::block_in_place(|| cluster.nodes[2].restart());
+    let (overlap, b_error, a_late_write) = match b.lock_until("res", TTL, la.valid_until()).await {
+        Ok(lb) => {
+            let overlap = Instant::now() < la.valid_until();
+            assert!(fence(&lb) > fence(&la), "fencing numbers still grow");
+            assert_eq!(
+                store.write("res", fence(&lb), "B").await.expect("write"),
+                Write::Accepted
+            );
+            let late = store
+                .write("res", fence(&la), "A again")
+                .await
+                .expect("write");
+            (overlap, None, Some(late))
+        }
+        Err(e) => (false, Some(e), None),
+    };
+    Outcome {
+        overlap,
+        b_error,
+        a_late_write,
+    }
+}
+
+fn row(scenario: &str, took: Duration, faults: &str, acquisitions: usize, o: &Outcome) {
+    let rejected = u64::from(matches!(o.a_late_write, Some(Write::Stale { .. })));
+    let accepted = u64::from(matches!(o.a_late_write, Some(Write::Accepted)));
+    let v = Verdict {
+        acquisitions,
+        overlaps: usize::from(o.overlap),
+        stale_writes_accepted: accepted,
+        stale_writes_rejected: rejected,
+        late_writes: accepted + rejected,
+        ..Verdict::default()
+    };
+    report(scenario, took, faults, &v);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_breaks_plain_redlock_and_the_quarantine_prevents_it() {
+    let started = Instant::now();
+    let off = restart_scenario(false).await;
+    row(
+        "restart, quarantine off",
+        started.elapsed(),
+        "1 node restarted empty",
+        1 + usize::from(off.b_error.is_none()),
+        &off,
+    );
+    assert!(off.overlap, "without quarantine B takes the lock A holds");
+    assert!(
+        matches!(off.a_late_write, Some(Write::Stale { .. })),
+        "fencing rejects A's write after B's"
+    );
+
+    let started = Instant::now();
+    let on = restart_scenario(true).await;
+    row(
+        "restart, quarantine on",
+        started.elapsed(),
+        "1 node restarted empty",
+        1 + usize::from(on.b_error.is_none()),
+        &on,
+    );
+    assert!(
+        !on.overlap,
+        "the quarantine keeps B out while A holds the lock"
+    );
+    assert!(
+        matches!(on.b_error, Some(LockError::Busy { .. })),
+        "B finds the lock busy: {:?}",
+        on.b_error
+    );
+}
+
+/// Node 2's clock jumps forward past the TTL while A holds nodes 0-2: A's key there expires
+/// at once, B takes nodes 2-4, and both believe they hold the lock. Fencing still orders
+/// them: the store refuses A's write once B has written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_jump_breaks_mutual_exclusion_but_fencing_rejects_the_stale_writer() {
+    let started = Instant::now();
+    let cluster = Cluster {
+        nodes: vec![
+            RedisNode::start(),
+            RedisNode::start(),
+            RedisNode::start_with_fake_clock(),
+            RedisNode::start(),
+            RedisNode::start(),
+        ],
+    };
+    let store_node = RedisNode::start();
+    let store = FencedStore::connect(&store_node.url())
+        .await
+        .expect("store");
+    let ttl = Duration::from_secs(5);
+    let a = support::builder(cluster.urls())
+        .ttl(ttl)
+        .build()
+        .expect("A");
+    let b = support::builder(cluster.urls())
+        .ttl(ttl)
+        .retry_delay(Duration::from_millis(5), Duration::from_millis(10))
+        .build()
+        .expect("B");
+    let la = lock_on_first_three(&cluster, &a, "clock").await;
+    // B cannot get it while A's keys live.
+    assert!(matches!(
+        b.try_lock("clock").await,
+        Err(LockError::Busy { .. })
+    ));
+    cluster.nodes[2].set_clock_offset(60);
+    let lb = b
+        .lock_until("clock", ttl, la.valid_until())
+        .await
+        .expect("B locks nodes 2-4 after node 2's clock jumped");
+    let overlap = la.is_valid();
+    assert!(overlap, "both hold the lock: mutual exclusion is broken");
+    assert!(fence(&lb) > fence(&la));
+    assert_eq!(
+        store.write("clock", fence(&lb), "B").await.expect("write"),
+        Write::Accepted
+    );
+    let late = store.write("clock", fence(&la), "A").await.expect("write");
+    assert_eq!(
+        late,
+        Write::Stale {
+            highest: fence(&lb)
+        }
+    );
+    row(
+        "clock jump (+60 s on 1 node)",
+        started.elapsed(),
+        "faketime: 1 node's clock +60 s",
+        2,
+        &Outcome {
+            overlap,
+            b_error: None,
+            a_late_write: Some(late),
+        },
+    );
+}
+
+/// Fresh nodes are quarantined on first contact for the rest of the TTL, and say so in the
+/// no-quorum error; then the lock is granted.
+#[tokio::test]
+async fn young_nodes_are_quarantined_until_they_are_older_than_the_ttl() {
+    let cluster = Cluster::start(3);
+    let r = Redlock::builder(cluster.urls())
+        .ttl(Duration::from_secs(1))
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .expect("build");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    wait_for(
+        "a no-quorum error naming quarantined nodes",
+        Duration::from_secs(5),
+        || {
+            let r = r.clone();
+            let seen = std::sync::Arc::clone(&seen);
+            async move {
+                match r.try_lock("young").await {
+                    Err(LockError::NoQuorum { failures, .. })
+                        if failures
+                            .iter()
+                            .all(|f| matches!(f.error, NodeError::Quarantined { .. })) =>
+                    {
+                        *seen.lock().expect("seen") = failures;
+                        true
+                    }
+                    _ => false,
+                }
+            }
+        },
+    )
+    .await;
+    let failures = seen.lock().expect("seen").clone();
+    // The attempt stops once the quorum is out of reach: 2 of 3 nodes.
+    assert!(failures.len() >= 2, "{failures:?}");
+    let message = LockError::NoQuorum {
+        needed: 2,
+        reached: 0,
+        held_elsewhere: 0,
+        failures,
+        attempts: 1,
+    }
+    .to_string();
+    assert!(message.contains("kept out of acquisitions"), "{message}");
+    wait_for("the quarantine to end", Duration::from_secs(5), || {
+        let r = r.clone();
+        async move { r.try_lock("young").await.is_ok() }
+    })
+    .await;
+}
+
+/// A node whose run id changed is quarantined for the TTL even though the client knew it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_is_detected_by_its_new_run_id() {
+    let mut cluster = Cluster::start(3);
+    let ttl = Duration::from_secs(1);
+    age(&cluster, ttl).await;
+    let r = Redlock::builder(cluster.urls())
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .expect("build");
+    let lock = r.lock("run-id").await.expect("old nodes are trusted");
+    r.unlock(&lock).await;
+    tokio::task::block_in_place(|| {
+        cluster.nodes[0].restart();
+        cluster.nodes[1].kill();
+    });
+    let node0 = cluster.nodes[0].addr();
+    wait_for(
+        "node 0 quarantined after its restart",
+        Duration::from_secs(5),
+        || {
+            let r = r.clone();
+            let node0 = node0.clone();
+            async move {
+                matches!(r.try_lock("run-id").await, Err(LockError::NoQuorum { failures, .. })
+                if failures.iter().any(|f| f.node == node0
+                    && matches!(f.error, NodeError::Quarantined { .. })))
+            }
+        },
+    )
+    .await;
+}
