@@ -123,7 +123,6 @@ struct State {
     /// Increases with every successful connect.
     generation: u64,
     backoff: Duration,
-    info: Option<ServerInfo>,
     /// The `run_id` of the first successful connect, updated on restarts.
     known_run_id: Option<String>,
     /// Kept out of acquire and extend until then.
@@ -156,7 +155,6 @@ impl Node {
                 slot: Slot::Idle,
                 generation: 0,
                 backoff: BACKOFF_MIN,
-                info: None,
                 known_run_id: None,
                 quarantined_until: None,
             }),
@@ -176,15 +174,8 @@ impl Node {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// What the server said about itself on the last successful connect.
-    #[allow(dead_code)]
-    pub(crate) fn server_info(&self) -> Option<ServerInfo> {
-        self.state().info.clone()
-    }
-
-    /// How much longer the node is quarantined, if it is.
-    fn quarantine_left(&self) -> Option<Duration> {
-        let mut st = self.state();
+    /// How much longer the node is quarantined, if it is (the state is locked by the caller).
+    fn quarantine_left(&self, st: &mut State) -> Option<Duration> {
         let until = st.quarantined_until?;
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -274,11 +265,10 @@ impl Node {
                             }
                         }
                     }
-                    st.known_run_id = Some(info.run_id.clone());
+                    st.known_run_id = Some(info.run_id);
                     st.generation += 1;
                     st.slot = Slot::Ready(conn);
                     st.backoff = BACKOFF_MIN;
-                    st.info = Some(info);
                     self.consecutive_timeouts.store(0, Ordering::Relaxed);
                 }
                 Err(error) => {
@@ -295,14 +285,24 @@ impl Node {
     }
 
     /// The current connection, waiting for a connect in progress. Fails at once while the
-    /// node is down and its backoff has not run out.
-    async fn connection(self: &Arc<Self>) -> Result<(MultiplexedConnection, u64), NodeError> {
+    /// node is down and its backoff has not run out, and, when `acquiring`, while it is
+    /// quarantined.
+    async fn connection(
+        self: &Arc<Self>,
+        acquiring: bool,
+    ) -> Result<(MultiplexedConnection, u64), NodeError> {
         loop {
             let notified = self.changed.notified();
             {
                 let mut st = self.state();
                 match &st.slot {
-                    Slot::Ready(conn) => return Ok((conn.clone(), st.generation)),
+                    Slot::Ready(conn) => {
+                        let ready = (conn.clone(), st.generation);
+                        if acquiring && let Some(remaining) = self.quarantine_left(&mut st) {
+                            return Err(NodeError::Quarantined { remaining });
+                        }
+                        return Ok(ready);
+                    }
                     Slot::Connecting => {}
                     Slot::Idle => self.start_connect(&mut st),
                     Slot::Down { error, retry_at } => {
@@ -339,13 +339,10 @@ impl Node {
         acquiring: bool,
     ) -> Result<Value, NodeError> {
         let deadline = tokio::time::Instant::from_std(deadline);
-        let (mut conn, generation) = match timeout_at(deadline, self.connection()).await {
+        let (mut conn, generation) = match timeout_at(deadline, self.connection(acquiring)).await {
             Ok(c) => c?,
             Err(_) => return Err(NodeError::Timeout),
         };
-        if acquiring && let Some(remaining) = self.quarantine_left() {
-            return Err(NodeError::Quarantined { remaining });
-        }
         let run = async {
             match by_sha.query_async::<Value>(&mut conn).await {
                 Err(e)

@@ -3,7 +3,7 @@
 //! kinds in turn) into a random minority of nodes every 700 ms. Each run checks: no two
 //! holds overlap, no update to the ledger is lost, no stale write is accepted by the fenced
 //! store, fencing numbers grow in real-time order, and locks keep being granted (no gap
-//! longer than 1.5 s) since a majority is always healthy.
+//! longer than 2.5 s, with a 1 s TTL) since a majority is always healthy.
 //!
 //! `JEPSEN_SECS` sets the length of each run (default 6), `JEPSEN_SEED` the seed; the
 //! ignored `soak` test runs every fault kind for `JEPSEN_SOAK_SECS` (default 600).
@@ -20,8 +20,10 @@ use support::jepsen::{
 };
 
 const PERIOD: Duration = Duration::from_millis(700);
-/// The longest a run may go without a grant while a majority of nodes is healthy.
-const MAX_GAP: Duration = Duration::from_millis(1500);
+/// The longest a run may go without a grant while a majority of nodes is healthy: a
+/// release that failed on a faulty node leaves the key there until its TTL (1 s) ends,
+/// and when that node heals while others fail, the name is busy until then.
+const MAX_GAP: Duration = Duration::from_millis(2500);
 
 async fn run(scenario: &str, kinds: &[Fault], w: Workload, length: Duration) {
     let mut setup = Setup::start(w.ttl).await;
