@@ -14,24 +14,6 @@ use tower_redlock::{Lock, LockError, NodeError, Redlock};
 
 const TTL: Duration = Duration::from_secs(2);
 
-/// Waits until every node has been up for more than `ttl`, so that a client meeting them
-/// for the first time does not quarantine them as young.
-async fn age(cluster: &Cluster, ttl: Duration) {
-    let aged = ttl.as_secs() + 1;
-    wait_for(
-        "the nodes to be older than the TTL",
-        Duration::from_secs(30),
-        || {
-            let ok = cluster
-                .nodes
-                .iter()
-                .all(|n| n.uptime_secs().is_some_and(|u| u >= aged));
-            async move { ok }
-        },
-    )
-    .await;
-}
-
 /// Client A takes the lock on nodes 0, 1 and 2 only: nodes 3 and 4 hold a stranger's key
 /// while A acquires.
 async fn lock_on_first_three(cluster: &Cluster, a: &Redlock, name: &str) -> Lock {
@@ -63,7 +45,7 @@ struct Outcome {
 /// tries until A's validity ends.
 async fn restart_scenario(quarantine: bool) -> Outcome {
     let mut cluster = Cluster::start(5);
-    age(&cluster, TTL).await;
+    cluster.wait_older_than(TTL).await;
     let store_node = RedisNode::start();
     let store = FencedStore::connect(&store_node.url())
         .await
@@ -286,7 +268,7 @@ async fn young_nodes_are_quarantined_until_they_are_older_than_the_ttl() {
 async fn a_restart_is_detected_by_its_new_run_id() {
     let mut cluster = Cluster::start(3);
     let ttl = Duration::from_secs(1);
-    age(&cluster, ttl).await;
+    cluster.wait_older_than(ttl).await;
     let r = Redlock::builder(cluster.urls())
         .ttl(ttl)
         .node_timeout(Duration::from_millis(100))

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use support::Cluster;
 use support::fenced::{FencedStore, Write};
+use support::jepsen::Rng;
 use tower_redlock::{Lock, RedlockBuilder};
 
 /// A counter value far above any clock reading in microseconds (about 1.8e15 in 2026): once
@@ -271,18 +272,6 @@ async fn a_stale_holders_write_is_rejected() {
             .expect("write"),
         Write::Accepted
     );
-}
-
-/// A small deterministic generator for the nemesis (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
-    }
 }
 
 #[derive(Debug, Clone, Copy)]

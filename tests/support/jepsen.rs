@@ -119,19 +119,7 @@ impl Setup {
             proxies.push(FaultProxy::start(node.addr()).await);
         }
         let store_node = super::RedisNode::start();
-        let aged = ttl.as_secs() + 1;
-        super::wait_for(
-            "the nodes to be older than the TTL",
-            Duration::from_secs(30),
-            || {
-                let ok = cluster
-                    .nodes
-                    .iter()
-                    .all(|n| n.uptime_secs().is_some_and(|u| u >= aged));
-                async move { ok }
-            },
-        )
-        .await;
+        cluster.wait_older_than(ttl).await;
         Self {
             cluster,
             proxies,

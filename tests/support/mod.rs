@@ -368,6 +368,24 @@ impl Cluster {
         self.nodes.iter().map(RedisNode::url).collect()
     }
 
+    /// Waits until every node has been up for longer than `ttl`, so that a client meeting
+    /// them for the first time does not quarantine them as young.
+    pub async fn wait_older_than(&self, ttl: Duration) {
+        let aged = ttl.as_secs() + 1; // uptime_in_seconds is rounded down
+        wait_for(
+            "the nodes to be older than the TTL",
+            Duration::from_secs(30),
+            || {
+                let ok = self
+                    .nodes
+                    .iter()
+                    .all(|n| n.uptime_secs().is_some_and(|u| u >= aged));
+                async move { ok }
+            },
+        )
+        .await;
+    }
+
     /// A plain redis client connection to node `i`, for checks behind the library's back.
     pub async fn raw(&self, i: usize) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.nodes[i].url())
