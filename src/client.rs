@@ -760,13 +760,6 @@ impl Redlock {
         }))
     }
 
-    /// The deadline of every node call of an operation that started at `start`.
-    fn call_deadline(&self, start: Instant, ttl: Duration, outer: Option<Instant>) -> Instant {
-        let usable = ttl.saturating_sub(quorum::drift(ttl, self.inner.drift_factor));
-        let deadline = start + self.inner.node_timeout.min(usable);
-        outer.map_or(deadline, |o| o.min(deadline))
-    }
-
     /// Sends `inv` to the nodes whose index `to` accepts, all at once; the answers arrive
     /// as they come, with the node's index. With `acquiring`, quarantined nodes fail at
     /// once.
@@ -822,9 +815,9 @@ impl Redlock {
         tally
     }
 
-    /// The deadline of a node call that starts now, within an operation that started at
+    /// The deadline of node calls that start now, within an operation that started at
     /// `start`: the per-node timeout, cut by the usable part of the TTL and by `outer`.
-    fn next_call_deadline(&self, start: Instant, ttl: Duration, outer: Option<Instant>) -> Instant {
+    fn call_deadline(&self, start: Instant, ttl: Duration, outer: Option<Instant>) -> Instant {
         let usable = ttl.saturating_sub(quorum::drift(ttl, self.inner.drift_factor));
         let deadline = (Instant::now() + self.inner.node_timeout).min(start + usable);
         outer.map_or(deadline, |o| o.min(deadline))
@@ -926,7 +919,7 @@ impl Redlock {
                 keys: &keys,
                 args: &args,
             };
-            let deadline = self.next_call_deadline(start, ttl, outer_deadline);
+            let deadline = self.call_deadline(start, ttl, outer_deadline);
             let t = self
                 .fan_out(
                     &inv,
