@@ -1,1 +1,120 @@
 #![doc = include_str!("../docs/fencing.md")]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::NodeError;
+use crate::fanout::{self, Round};
+use crate::node::Node;
+use crate::quorum::Outcome;
+use crate::scripts::{Arg, FENCE_SCRIPT, FenceRead, Invocation, parse_flag};
+
+/// A set of node indices, one bit per node. Nodes beyond the 64th are never in it, which
+/// only ever makes phase 2 ask a node more, never less.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct NodeMask(u64);
+
+impl NodeMask {
+    pub(crate) fn insert(&mut self, i: usize) {
+        self.0 |= u32::try_from(i)
+            .ok()
+            .and_then(|i| 1u64.checked_shl(i))
+            .unwrap_or(0);
+    }
+
+    pub(crate) fn contains(self, i: usize) -> bool {
+        u32::try_from(i)
+            .ok()
+            .and_then(|i| self.0.checked_shr(i))
+            .is_some_and(|m| m & 1 == 1)
+    }
+}
+
+/// What phase 1 learned across the nodes of one attempt: the highest counter among the
+/// nodes that granted, and the nodes that did not (phase 2 skips them: the lock is not
+/// ours there).
+#[derive(Debug, Default)]
+pub(crate) struct PhaseOne {
+    highest: u64,
+    pub(crate) refused: NodeMask,
+}
+
+impl PhaseOne {
+    /// Takes a granting node's read: its counter, seeded from its clock when the counter
+    /// is missing or behind the clock (a lost counter; see the module docs).
+    pub(crate) fn granted(&mut self, read: FenceRead) -> Result<(), NodeError> {
+        let seeded = read.counter.unwrap_or(0).max(read.clock_us);
+        if seeded == u64::MAX {
+            return Err(NodeError::Protocol(
+                "the fencing counter is at its maximum and cannot grow".into(),
+            ));
+        }
+        self.highest = self.highest.max(seeded);
+        Ok(())
+    }
+
+    /// The fencing number of this acquisition: one above every counter read.
+    pub(crate) fn token(&self) -> u64 {
+        // `granted` keeps `highest` below u64::MAX.
+        self.highest.saturating_add(1)
+    }
+}
+
+/// Phase 2: raises the name's counter to `token` on every node that may hold the lock,
+/// only where the lock key still holds `value`. `keys` are the lock key and the counters
+/// key; `field` is the name's field there.
+pub(crate) async fn phase_two(
+    nodes: &[Arc<Node>],
+    keys: &[&[u8]; 2],
+    value: &[u8],
+    field: &[u8],
+    token: u64,
+    deadline: Instant,
+    refused: NodeMask,
+) -> Round {
+    let args = [Arg::Bytes(value), Arg::Bytes(field), Arg::Int(token)];
+    let inv = Invocation {
+        script: &FENCE_SCRIPT,
+        keys,
+        args: &args,
+    };
+    fanout::decide(
+        nodes,
+        &inv,
+        deadline,
+        |i| !refused.contains(i),
+        |_, reply| match parse_flag(reply?)? {
+            true => Ok(Outcome::Granted),
+            false => Err(NodeError::LockLost),
+        },
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mask_holds_the_first_64_nodes() {
+        let mut m = NodeMask::default();
+        m.insert(0);
+        m.insert(63);
+        m.insert(64);
+        assert!(m.contains(0) && m.contains(63));
+        assert!(!m.contains(1) && !m.contains(64) && !m.contains(usize::MAX));
+    }
+
+    #[test]
+    fn the_token_is_above_every_counter_and_clock() {
+        let mut p = PhaseOne::default();
+        let read = |counter, clock_us| FenceRead { counter, clock_us };
+        assert!(p.granted(read(Some(10), 5)).is_ok());
+        assert!(p.granted(read(None, 7)).is_ok());
+        assert_eq!(p.token(), 11);
+        assert!(p.granted(read(Some(3), 40)).is_ok());
+        assert_eq!(p.token(), 41);
+        assert!(p.granted(read(Some(u64::MAX), 0)).is_err());
+        assert_eq!(p.token(), 41);
+    }
+}

@@ -1,171 +1,76 @@
-//! [`LockGuard`]: a held lock that extends itself while the work runs and says when it is lost.
+//! [`LockGuard`] and its keep-alive: a held lock that extends itself while the work runs.
 //!
-//! A lock with a fixed TTL is either too short (the work outlives it and a second holder
-//! starts) or too long (a crashed holder blocks everyone). A guard keeps a short TTL alive:
-//! a background task extends the lock every `TTL * extend_fraction` (default a third of the
-//! TTL), with the same quorum and validity rule as acquiring, until the guard is released
-//! or dropped, or a maximum hold time or number of extensions is reached.
-//!
-//! When an extension fails (the key is gone or replaced, no quorum answers in time, the
-//! validity ran out, a maximum was reached), the guard and every [`LockToken`] cloned from
-//! it learn it at once: [`LockToken::lost`] resolves with the [`LostReason`], and
-//! [`LockToken::is_held`] turns false. `is_held` also turns false when the validity
-//! deadline passes without a successful extension, even if the extension task could not run.
+//! The guard depends on the client (it extends and releases through it); the client knows
+//! nothing of guards. `Redlock::acquire` and `Redlock::guard` are defined here for that reason.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::time::Duration;
-//! use tower_redlock::Redlock;
-//!
-//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"])
-//!     .ttl(Duration::from_secs(6)) // extended every 2 s while held
-//!     .max_hold(Some(Duration::from_secs(600)))
-//!     .build()?;
-//! let guard = redlock.acquire("nightly-report").await?;
-//! let token = guard.token();
-//! tokio::select! {
-//!     reason = token.lost() => eprintln!("lock lost ({reason}): stopping"),
-//!     _ = async { /* long work; check token.is_held() before each write */ } => {}
-//! }
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let guard = redlock.acquire("nightly-report").await?; // extended every TTL / 3
 //! guard.release().await;
 //! # Ok(()) }
 //! ```
-//!
-//! # Choosing the numbers
-//!
-//! - **TTL**: how long others wait after a crash. With a guard it can be short (seconds):
-//!   it only has to outlast one extension interval plus a slow round of node calls.
-//! - **Extension fraction**: extending at a third of the TTL leaves two thirds for retries
-//!   of a failed extension before the validity runs out.
-//! - **Maximum hold**: a bound on how long a runaway holder can keep others out.
-//!
-//! # What the lost signal cannot promise
-//!
-//! The signal is a best effort from the holder's side: a process that is paused (a GC
-//! pause, a VM migration, `SIGSTOP`) between checking [`LockToken::is_held`] and writing
-//! can still write after its lock expired and another client took it. Only the store that
-//! receives the write can reject such a late write, by comparing a fencing number that
-//! grows with each new holder: [`LockToken::fencing_token`], see [`crate::fencing`].
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use futures_util::future::BoxFuture;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::client::{Redlock, Released};
+use crate::client::builder::KeepAlive;
+use crate::client::{Redlock, Released, later};
 use crate::error::LockError;
-use crate::token::{Lock, LockToken};
+use crate::token::{Lock, LockToken, LostReason, Shared};
 
-/// Why a guarded lock was lost.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// An extension failed for good: the lock is no longer ours on a quorum, no quorum
-    /// answered before the validity ran out, or the quorum came too late.
-    ExtendFailed(LockError),
-    /// The maximum hold time was reached; the lock was released.
-    MaxHoldReached,
-    /// The maximum number of extensions was made; the lock was released at the end of the
-    /// last extension's validity.
-    MaxExtensionsReached,
-    /// The guard was released or dropped while a token was still in use.
-    Released,
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::ExtendFailed(e) => write!(f, "extending the lock failed: {e}"),
-            Self::MaxHoldReached => f.write_str("the maximum hold time was reached"),
-            Self::MaxExtensionsReached => {
-                f.write_str("the maximum number of extensions was reached")
-            }
-            Self::Released => f.write_str("the lock was released"),
-        }
-    }
-}
-
-/// The state every token of one acquisition shares.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) lock: Lock,
-    valid_until: Mutex<Instant>,
-    lost: watch::Sender<Option<LostReason>>,
-}
-
-impl Shared {
-    pub(crate) fn new(lock: Lock) -> Arc<Self> {
-        let valid_until = Mutex::new(lock.valid_until());
-        Arc::new(Self {
-            lock,
-            valid_until,
-            lost: watch::channel(None).0,
-        })
-    }
-
-    pub(crate) fn valid_until(&self) -> Instant {
-        *self
-            .valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn set_valid_until(&self, t: Instant) {
-        *self
-            .valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = t;
-    }
-
-    /// Marks the lock lost (the first reason wins).
-    pub(crate) fn mark_lost(&self, reason: LostReason) {
-        self.lost.send_if_modified(|cur| {
-            if cur.is_none() {
-                *cur = Some(reason);
-                true
-            } else {
-                false
-            }
-        });
-    }
-
-    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
-        self.lost.borrow().clone()
-    }
-
-    pub(crate) fn is_held(&self) -> bool {
-        self.lost.borrow().is_none() && Instant::now() < self.valid_until()
-    }
-
-    pub(crate) async fn lost(&self) -> LostReason {
-        let mut rx = self.lost.subscribe();
-        loop {
-            if let Some(reason) = rx.borrow_and_update().clone() {
-                return reason;
-            }
-            if rx.changed().await.is_err() {
-                // Unreachable while `self` holds the sender; treat as released.
-                return LostReason::Released;
-            }
-        }
-    }
-}
-
-/// How a [`LockGuard`] keeps its lock alive; set on the builder
-/// ([`extend_fraction`](crate::RedlockBuilder::extend_fraction),
-/// [`max_hold`](crate::RedlockBuilder::max_hold),
-/// [`max_extensions`](crate::RedlockBuilder::max_extensions)).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct KeepAlive {
-    pub(crate) fraction: f64,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) max_extensions: Option<u32>,
-}
-
-/// A held lock that extends itself in the background; see the [module docs](self).
+/// A held lock that extends itself while the work runs and says when it is lost.
+///
+/// A lock with a fixed TTL is either too short (the work outlives it and a second holder
+/// starts) or too long (a crashed holder blocks everyone). A guard keeps a short TTL alive:
+/// a background task extends the lock every `TTL * extend_fraction` (default a third of the
+/// TTL), with the same quorum and validity rule as acquiring, until the guard is released
+/// or dropped, or a maximum hold time or number of extensions is reached.
+///
+/// When an extension fails (the key is gone or replaced, no quorum answers in time, the
+/// validity ran out, a maximum was reached), the guard and every [`LockToken`] cloned from
+/// it learn it at once: [`LockToken::lost`] resolves with the [`LostReason`], and
+/// [`LockToken::is_held`] turns false. `is_held` also turns false when the validity
+/// deadline passes without a successful extension, even if the extension task could not run.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower_redlock::Redlock;
+///
+/// let redlock = Redlock::builder(["redis://127.0.0.1:6379"])
+///     .ttl(Duration::from_secs(6)) // extended every 2 s while held
+///     .max_hold(Some(Duration::from_secs(600)))
+///     .build()?;
+/// let guard = redlock.acquire("nightly-report").await?;
+/// let token = guard.token();
+/// tokio::select! {
+///     reason = token.lost() => eprintln!("lock lost ({reason}): stopping"),
+///     _ = async { /* long work; check token.is_held() before each write */ } => {}
+/// }
+/// guard.release().await;
+/// # Ok(()) }
+/// ```
+///
+/// # Choosing the numbers
+///
+/// - **TTL**: how long others wait after a crash. With a guard it can be short (seconds):
+///   it only has to outlast one extension interval plus a slow round of node calls.
+/// - **Extension fraction**: extending at a third of the TTL leaves two thirds for retries
+///   of a failed extension before the validity runs out.
+/// - **Maximum hold**: a bound on how long a runaway holder can keep others out.
+///
+/// # What the lost signal cannot promise
+///
+/// The signal is a best effort from the holder's side: a process that is paused (a GC
+/// pause, a VM migration, `SIGSTOP`) between checking [`LockToken::is_held`] and writing
+/// can still write after its lock expired and another client took it. Only the store that
+/// receives the write can reject such a late write, by comparing a fencing number that
+/// grows with each new holder: [`LockToken::fencing_token`], see [`crate::fencing`].
 ///
 /// Release it with [`release`](Self::release); dropping it releases in a spawned task
 /// (never blocking, also while the runtime shuts down).
@@ -237,6 +142,30 @@ impl LockGuard {
     }
 }
 
+impl Redlock {
+    /// Acquires `name` like [`lock`](Self::lock) and returns a [`LockGuard`] that extends
+    /// it in the background until released or dropped (see [`LockGuard`]).
+    pub async fn acquire(&self, name: impl AsRef<[u8]>) -> Result<LockGuard, LockError> {
+        let lock = self.lock(name).await?;
+        Ok(self.guard(lock))
+    }
+
+    /// Guards a held lock: extends it in the background per the builder's
+    /// [`extend_fraction`](crate::RedlockBuilder::extend_fraction),
+    /// [`max_hold`](crate::RedlockBuilder::max_hold) and
+    /// [`max_extensions`](crate::RedlockBuilder::max_extensions). Outside a tokio runtime the
+    /// guard cannot extend; its lock then simply runs out.
+    pub fn guard(&self, lock: Lock) -> LockGuard {
+        LockGuard::new(self.clone(), lock, Some(self.keep_alive()))
+    }
+
+    /// Guards a held lock without extending it: for the lost signal and drop-safe release
+    /// only.
+    pub(crate) fn guard_without_extension(&self, lock: Lock) -> LockGuard {
+        LockGuard::new(self.clone(), lock, None)
+    }
+}
+
 impl std::ops::Deref for LockGuard {
     type Target = LockToken;
 
@@ -266,12 +195,13 @@ impl Drop for LockGuard {
 /// Extends the lock every `ttl * fraction` until stopped, lost, or a maximum is reached.
 async fn keep_alive_task(redlock: Redlock, shared: Arc<Shared>, ka: KeepAlive) {
     let mut lock = shared.lock.clone();
-    let acquired = lock.started();
     let ttl = lock.ttl();
     let interval = ttl.mul_f64(ka.fraction);
-    let hold_end = ka.max_hold.map(|h| acquired + h);
+    let hold_end = ka.max_hold.map(|h| later(lock.started(), h));
     let mut extensions = 0u32;
-    let mut next = lock.started() + interval;
+    // Attempts at the current extension (retries of a transient failure included).
+    let mut attempts = 0u32;
+    let mut next = later(lock.started(), interval);
     loop {
         let wake = hold_end.map_or(next, |end| end.min(next));
         tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
@@ -286,23 +216,27 @@ async fn keep_alive_task(redlock: Redlock, shared: Arc<Shared>, ka: KeepAlive) {
             finish(&redlock, &shared, &lock, LostReason::MaxExtensionsReached).await;
             return;
         }
-        match redlock.extend(&mut lock, ttl).await {
+        attempts = attempts.saturating_add(1);
+        match redlock.extend_once(&mut lock, ttl).await {
             Ok(()) => {
                 extensions += 1;
+                attempts = 0;
                 shared.set_valid_until(lock.valid_until());
-                next = lock.started() + interval;
+                next = later(lock.started(), interval);
                 tracing::trace!(extensions, "redlock guard extended");
             }
-            Err(e) => {
+            Err(failure) => {
                 // Retry a transient failure while the validity leaves room for one more
                 // round of node calls; give up at once if the lock is no longer ours.
                 let room = lock.remaining();
                 let retry_in = redlock.retry_pause();
-                if e.is_retryable() && room > retry_in + redlock.node_timeout() * 2 {
-                    tracing::debug!(error = %e, "redlock guard extension failed: retrying");
-                    next = Instant::now() + retry_in;
+                let needed = retry_in.saturating_add(redlock.node_timeout().saturating_mul(2));
+                if failure.is_retryable() && room > needed {
+                    tracing::debug!(?failure, "redlock guard extension failed: retrying");
+                    next = later(Instant::now(), retry_in);
                     continue;
                 }
+                let e = failure.into_error(attempts);
                 tracing::warn!(error = %e, "redlock guard lost its lock");
                 finish(&redlock, &shared, &lock, LostReason::ExtendFailed(e)).await;
                 return;

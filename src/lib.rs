@@ -80,44 +80,56 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Modules:
-//! - [`client`]: [`Redlock`] and its builder;
-//! - [`layer`]: [`RedlockLayer`], extractors, rejections;
-//! - [`guard`]: [`LockGuard`], auto-extension and the lost signal;
-//! - [`token`]: held locks, tokens, names and values;
+//! The types are at the crate root; the modules hold what goes with them:
+//! - [`layer`]: extractors, rejections and the service behind [`RedlockLayer`];
 //! - [`fencing`]: fencing numbers, why they strictly increase, and how a store uses them;
 //! - [`quorum`]: the quorum and validity arithmetic;
-//! - [`error`]: what can go wrong, per operation and per node.
+//! - [`defaults`]: the default of every setting and the limits.
 //!
-//! Features: `axum` ([`LockToken`] as an axum extractor), `tonic` (`tonic::Status` from
-//! [`LockError`]), `tls-rustls` (`rediss://` URLs; install a rustls crypto provider).
-//! The design rules are summarised in `CONTRIBUTING.md` of the repository.
-#![deny(missing_docs, unreachable_pub, unsafe_code)]
+//! Features:
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `axum` | [`LockToken`] as an axum extractor (`async fn h(token: LockToken)`), `MissingLockToken`, and `MatchedPath` in [`layer::PerRoute`] |
+//! | `tonic` | `tonic::Status::from(LockError)`, with the layer's gRPC mapping |
+//! | `tls-rustls` | `rediss://` URLs (install a rustls crypto provider) |
+//!
+//! The design rules and the map of the source files are in `CONTRIBUTING.md` of the
+//! repository.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![deny(
+    missing_docs,
+    unreachable_pub,
+    unsafe_code,
+    missing_debug_implementations
+)]
 #![warn(rust_2018_idioms)]
 
-pub mod client;
-#[cfg(any(feature = "axum", feature = "tonic"))]
-pub mod compat;
-pub mod error;
+mod client;
+pub mod defaults;
+mod error;
+mod fanout;
 pub mod fencing;
-pub mod guard;
+mod guard;
 pub mod layer;
 mod node;
 pub mod quorum;
 mod scripts;
-pub mod token;
+mod token;
 
-pub use client::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_FENCING,
-    DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT,
-    DEFAULT_RECONNECT_AFTER_TIMEOUTS, DEFAULT_RESTART_QUARANTINE, DEFAULT_RETRY_DELAY,
-    DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_TTL, MIN_TTL_TO_TIMEOUT_RATIO, Redlock, RedlockBuilder,
-    Released,
-};
-pub use error::{ConfigError, LockError, NodeError, NodeFailure};
-pub use guard::{LockGuard, LostReason};
+#[cfg(feature = "axum")]
+mod axum_extractor;
+#[cfg(feature = "tonic")]
+mod tonic_status;
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use axum_extractor::MissingLockToken;
+pub use client::{Redlock, RedlockBuilder, Released};
+pub use error::{ConfigError, ErrorDetail, LockError, NodeError, NodeFailure};
+pub use guard::LockGuard;
 pub use layer::RedlockLayer;
-pub use token::{Lock, LockToken, MAX_NAME_LEN, VALUE_LEN};
+pub use token::{Lock, LockToken, LostReason};
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

@@ -226,10 +226,13 @@ impl Node {
         let outcome = match timeout_at(deadline, attempt).await {
             Ok(Ok(ok)) => Ok(ok),
             Ok(Err(e)) => Err(NodeError::from(e)),
-            Err(_) => Err(NodeError::Connection(format!(
-                "no answer within the connect timeout of {:?}",
-                self.settings.connect_timeout
-            ))),
+            Err(_) => Err(NodeError::Connection(
+                format!(
+                    "no answer within the connect timeout of {:?}",
+                    self.settings.connect_timeout
+                )
+                .into(),
+            )),
         };
         {
             let mut st = self.state();
@@ -373,7 +376,7 @@ impl Node {
                     self.consecutive_timeouts.store(0, Ordering::Relaxed);
                     self.invalidate(
                         generation,
-                        &NodeError::Connection(format!("{n} consecutive timeouts")),
+                        &NodeError::Connection(format!("{n} consecutive timeouts").into()),
                     );
                 }
                 Err(NodeError::Timeout)

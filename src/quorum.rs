@@ -41,7 +41,7 @@ pub fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Option<Dur
 
 /// What a [`Tally`] knows so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// More answers are needed.
     Pending,
     /// The quorum is reached: no need to wait for the other nodes.
@@ -52,7 +52,7 @@ pub enum Decision {
 
 /// One node's answer within an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The node granted (or extended) the lock.
     Granted,
     /// The node answered that another client holds the lock.
@@ -61,19 +61,10 @@ pub enum Outcome {
     Failed,
 }
 
-/// Counts per-node outcomes of one operation and decides as early as the outcome is certain.
-///
-/// ```
-/// use tower_redlock::quorum::{Decision, Tally};
-///
-/// let mut t = Tally::new(5);
-/// assert_eq!(t.record(false), Decision::Pending);
-/// assert_eq!(t.record(true), Decision::Pending);
-/// assert_eq!(t.record(true), Decision::Pending);
-/// assert_eq!(t.record(true), Decision::Reached); // 3 of 5: no need to wait for the 5th
-/// ```
+/// Counts per-node outcomes of one operation and decides as early as the outcome is
+/// certain: with 5 nodes, 3 grants decide at once, without waiting for the other two.
 #[derive(Debug, Clone)]
-pub struct Tally {
+pub(crate) struct Tally {
     nodes: usize,
     quorum: usize,
     ok: usize,
@@ -83,7 +74,7 @@ pub struct Tally {
 
 impl Tally {
     /// A tally for `nodes` nodes.
-    pub fn new(nodes: usize) -> Self {
+    pub(crate) fn new(nodes: usize) -> Self {
         Self {
             nodes,
             quorum: quorum(nodes),
@@ -94,7 +85,8 @@ impl Tally {
     }
 
     /// Records one node's success or failure and says whether the result is now certain.
-    pub fn record(&mut self, success: bool) -> Decision {
+    #[cfg(test)]
+    fn record(&mut self, success: bool) -> Decision {
         self.record_outcome(if success {
             Outcome::Granted
         } else {
@@ -103,7 +95,7 @@ impl Tally {
     }
 
     /// Records one node's outcome and says whether the result is now certain.
-    pub fn record_outcome(&mut self, outcome: Outcome) -> Decision {
+    pub(crate) fn record_outcome(&mut self, outcome: Outcome) -> Decision {
         match outcome {
             Outcome::Granted => self.ok += 1,
             Outcome::HeldElsewhere => self.held += 1,
@@ -113,7 +105,7 @@ impl Tally {
     }
 
     /// The decision given what has been recorded so far.
-    pub fn decision(&self) -> Decision {
+    pub(crate) fn decision(&self) -> Decision {
         if self.ok >= self.quorum {
             Decision::Reached
         } else if self.held + self.failed > self.nodes - self.quorum {
@@ -125,34 +117,39 @@ impl Tally {
 
     /// Whether a failed operation is known to be busy (a quorum of nodes answered and
     /// some said another client holds the lock) rather than short of nodes.
-    pub fn is_busy(&self) -> bool {
+    pub(crate) fn is_busy(&self) -> bool {
         self.held > 0 && self.answered() >= self.quorum
     }
 
     /// Whether the answers still pending could change a failure from "no quorum" into
     /// "busy": some node said the lock is held elsewhere, but too few nodes answered yet.
-    pub fn busy_undecided(&self) -> bool {
+    pub(crate) fn busy_undecided(&self) -> bool {
         let pending = self.nodes - self.ok - self.held - self.failed;
         self.held > 0 && self.answered() < self.quorum && self.answered() + pending >= self.quorum
     }
 
     /// Nodes that answered (granted or held elsewhere).
-    pub fn answered(&self) -> usize {
+    pub(crate) fn answered(&self) -> usize {
         self.ok + self.held
     }
 
     /// Successes recorded so far.
-    pub fn successes(&self) -> usize {
+    pub(crate) fn successes(&self) -> usize {
         self.ok
     }
 
     /// Nodes that said another client holds the lock.
-    pub fn held_elsewhere(&self) -> usize {
+    pub(crate) fn held_elsewhere(&self) -> usize {
         self.held
     }
 
+    /// How many nodes this tally counts.
+    pub(crate) fn nodes(&self) -> usize {
+        self.nodes
+    }
+
     /// The quorum this tally needs.
-    pub fn quorum(&self) -> usize {
+    pub(crate) fn quorum(&self) -> usize {
         self.quorum
     }
 }

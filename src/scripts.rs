@@ -1,12 +1,20 @@
-//! The Lua scripts that run on every node, and how they are invoked.
+//! The Lua scripts that run on every node, how they are invoked, and the parsing of their
+//! replies.
 //!
 //! Each script is loaded with `SCRIPT LOAD` when a node connects and then run with
 //! `EVALSHA`, so an operation is one round trip. If a node answers `NOSCRIPT` (its script
 //! cache was flushed), the call falls back to `EVAL`, which also caches the script again.
+//!
+//! ```text
+//! EVALSHA <sha of RELEASE> 1 redlock:invoice:42 <value>   ->  1 (deleted) or 0 (not ours)
+//! ```
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
-use redis::Cmd;
+use redis::{Cmd, Value};
+
+use crate::error::NodeError;
 
 /// A Lua script with its SHA-1, computed once.
 pub(crate) struct Script {
@@ -158,5 +166,126 @@ impl Invocation<'_> {
             };
         }
         cmd
+    }
+}
+
+/// What a node answered to [`ACQUIRE`] or [`ACQUIRE_FENCED`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    /// The key was set. With fencing: the node's counter for the name (`None` if it has
+    /// none) and its clock in microseconds; without, neither.
+    Won { fence: Option<FenceRead> },
+    /// Another value is stored under the key; `pttl` is its remaining TTL, if it has one.
+    HeldElsewhere { pttl: Option<Duration> },
+}
+
+/// What phase 1 of fencing read on a node that granted the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FenceRead {
+    /// The node's counter for the name, if it has one.
+    pub(crate) counter: Option<u64>,
+    /// The node's clock (`TIME`) in microseconds.
+    pub(crate) clock_us: u64,
+}
+
+/// Parses the reply to [`ACQUIRE`] or [`ACQUIRE_FENCED`].
+pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
+    let bad = |what: &dyn std::fmt::Debug| {
+        NodeError::Protocol(format!("unexpected reply to the acquire script: {what:?}").into())
+    };
+    let Value::Array(items) = v else {
+        return Err(bad(&v));
+    };
+    match items.as_slice() {
+        [Value::Int(1)] => Ok(AcquireReply::Won { fence: None }),
+        [Value::Int(1), counter, secs, micros] => {
+            let counter = match counter {
+                Value::BulkString(b) if b.is_empty() => None,
+                other => Some(decimal(other).ok_or_else(|| bad(&items))?),
+            };
+            let clock_us = decimal(secs)
+                .zip(decimal(micros))
+                .and_then(|(s, us)| s.checked_mul(1_000_000)?.checked_add(us))
+                .ok_or_else(|| bad(&items))?;
+            Ok(AcquireReply::Won {
+                fence: Some(FenceRead { counter, clock_us }),
+            })
+        }
+        [Value::Int(0), Value::Int(pttl)] => Ok(AcquireReply::HeldElsewhere {
+            pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+        }),
+        _ => Err(bad(&items)),
+    }
+}
+
+/// Parses the reply to a compare-and-set script ([`FENCE`], [`RELEASE`], [`EXTEND`]):
+/// whether the key still held our value.
+pub(crate) fn parse_flag(v: Value) -> Result<bool, NodeError> {
+    match v {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(NodeError::Protocol(
+            format!("unexpected reply to a compare-and-set script: {other:?}").into(),
+        )),
+    }
+}
+
+/// A non-negative decimal integer sent as a bulk string (or an integer).
+fn decimal(v: &Value) -> Option<u64> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn parses_acquire_replies() {
+        let won = Value::Array(vec![Value::Int(1)]);
+        assert_eq!(
+            parse_acquire(won).ok(),
+            Some(AcquireReply::Won { fence: None })
+        );
+        let fenced = Value::Array(vec![Value::Int(1), bulk("17"), bulk("2"), bulk("5")]);
+        assert_eq!(
+            parse_acquire(fenced).ok(),
+            Some(AcquireReply::Won {
+                fence: Some(FenceRead {
+                    counter: Some(17),
+                    clock_us: 2_000_005
+                })
+            })
+        );
+        let fresh = Value::Array(vec![Value::Int(1), bulk(""), bulk("2"), bulk("5")]);
+        assert!(matches!(
+            parse_acquire(fresh),
+            Ok(AcquireReply::Won {
+                fence: Some(FenceRead { counter: None, .. })
+            })
+        ));
+        let held = Value::Array(vec![Value::Int(0), Value::Int(1500)]);
+        assert_eq!(
+            parse_acquire(held).ok(),
+            Some(AcquireReply::HeldElsewhere {
+                pttl: Some(Duration::from_millis(1500))
+            })
+        );
+        let garbage = Value::Array(vec![Value::Int(1), bulk("-3"), bulk("2"), bulk("5")]);
+        assert!(matches!(
+            parse_acquire(garbage),
+            Err(NodeError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_flag(Value::Okay),
+            Err(NodeError::Protocol(_))
+        ));
     }
 }

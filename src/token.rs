@@ -15,26 +15,21 @@
 //! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("invoice:42").await?;
 //! assert_eq!(lock.name(), b"invoice:42");
-//! assert_eq!(lock.value().len(), 2 * tower_redlock::VALUE_LEN);
+//! assert_eq!(lock.value().len(), 2 * tower_redlock::defaults::VALUE_LEN);
 //! println!("valid for another {:?}", lock.remaining());
 //! redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+use tokio::sync::watch;
 
+use crate::defaults::{MAX_NAME_LEN, VALUE_LEN};
 use crate::error::LockError;
-use crate::guard::{LostReason, Shared};
-
-/// Names longer than this many bytes are hashed with SHA-256 into a fixed-size key.
-pub const MAX_NAME_LEN: usize = 256;
-
-/// Bytes of CSPRNG output in every lock value (hex-encoded on the wire: twice as many characters).
-pub const VALUE_LEN: usize = 20;
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
@@ -183,7 +178,7 @@ impl fmt::Debug for Lock {
 }
 
 /// What a holder learns about its lock: handed out by [`LockGuard::token`](crate::LockGuard::token)
-/// and, behind [`RedlockLayer`](crate::layer::RedlockLayer), found in the request
+/// and, behind [`RedlockLayer`](crate::RedlockLayer), found in the request
 /// extensions: `Extension<LockToken>` (or plain `LockToken` with the `axum` feature) in
 /// axum, `request.extensions().get::<LockToken>()` in tonic and hyper.
 ///
@@ -266,6 +261,101 @@ impl fmt::Debug for LockToken {
             .field("remaining", &self.remaining())
             .field("lost", &self.lost_reason())
             .finish()
+    }
+}
+
+/// Why a guarded lock was lost.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// An extension failed for good: the lock is no longer ours on a quorum, no quorum
+    /// answered before the validity ran out, or the quorum came too late.
+    ExtendFailed(LockError),
+    /// The maximum hold time was reached; the lock was released.
+    MaxHoldReached,
+    /// The maximum number of extensions was made; the lock was released at the end of the
+    /// last extension's validity.
+    MaxExtensionsReached,
+    /// The guard was released or dropped while a token was still in use.
+    Released,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ExtendFailed(e) => write!(f, "extending the lock failed: {e}"),
+            Self::MaxHoldReached => f.write_str("the maximum hold time was reached"),
+            Self::MaxExtensionsReached => {
+                f.write_str("the maximum number of extensions was reached")
+            }
+            Self::Released => f.write_str("the lock was released"),
+        }
+    }
+}
+
+/// The state every token of one acquisition shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) lock: Lock,
+    valid_until: Mutex<Instant>,
+    lost: watch::Sender<Option<LostReason>>,
+}
+
+impl Shared {
+    pub(crate) fn new(lock: Lock) -> Arc<Self> {
+        let valid_until = Mutex::new(lock.valid_until());
+        Arc::new(Self {
+            lock,
+            valid_until,
+            lost: watch::channel(None).0,
+        })
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn set_valid_until(&self, t: Instant) {
+        *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = t;
+    }
+
+    /// Marks the lock lost (the first reason wins).
+    pub(crate) fn mark_lost(&self, reason: LostReason) {
+        self.lost.send_if_modified(|cur| {
+            if cur.is_none() {
+                *cur = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        self.lost.borrow().clone()
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        self.lost.borrow().is_none() && Instant::now() < self.valid_until()
+    }
+
+    pub(crate) async fn lost(&self) -> LostReason {
+        let mut rx = self.lost.subscribe();
+        loop {
+            if let Some(reason) = rx.borrow_and_update().clone() {
+                return reason;
+            }
+            if rx.changed().await.is_err() {
+                // Unreachable while `self` holds the sender; treat as released.
+                return LostReason::Released;
+            }
+        }
     }
 }
 

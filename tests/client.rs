@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use redis::AsyncCommands;
 use support::{Cluster, FaultProxy, GarbageServer, wait_for};
-use tower_redlock::{ConfigError, Lock, LockError, NodeError, Redlock, RedlockBuilder};
+use tower_redlock::{ConfigError, Lock, LockError, NodeError, RedlockBuilder};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -20,22 +20,10 @@ fn builder(urls: Vec<String>) -> RedlockBuilder {
         .node_timeout(NODE_TIMEOUT)
 }
 
-/// Acquires and releases once so every node is connected before timing anything.
-async fn warm_up(redlock: &Redlock) {
-    let lock = redlock.lock("warm-up").await.expect("warm-up lock");
-    let report = redlock.unlock(&lock).await;
-    assert!(report.released() >= redlock.quorum());
-}
-
-async fn raw_get(c: &Cluster, i: usize, key: &[u8]) -> Option<String> {
-    let mut conn = c.raw(i).await;
-    conn.get(key).await.expect("GET")
-}
-
 async fn mutual_exclusion(n: usize) {
     let cluster = Cluster::start(n);
     let redlock = builder(cluster.urls()).build().expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     let inside = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..32 {
@@ -95,7 +83,7 @@ async fn mutual_exclusion_on_5_nodes() {
 async fn two_of_five_killed_still_locks_and_unlocks() {
     let mut cluster = Cluster::start(5);
     let redlock = builder(cluster.urls()).build().expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     cluster.nodes[0].kill();
     cluster.nodes[3].kill();
     for _ in 0..3 {
@@ -120,7 +108,7 @@ async fn two_of_five_killed_still_locks_and_unlocks() {
 async fn three_of_five_killed_is_no_quorum_with_three_causes() {
     let mut cluster = Cluster::start(5);
     let redlock = builder(cluster.urls()).build().expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     let dead: HashSet<String> = [1, 2, 4].iter().map(|i| cluster.nodes[*i].addr()).collect();
     for i in [1, 2, 4] {
         cluster.nodes[i].kill();
@@ -160,7 +148,7 @@ async fn three_of_five_killed_is_no_quorum_with_three_causes() {
 async fn a_paused_node_does_not_stall_operations() {
     let mut cluster = Cluster::start(5);
     let redlock = builder(cluster.urls()).build().expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     cluster.nodes[2].pause();
     let margin = Duration::from_millis(40);
     for i in 0..10 {
@@ -196,7 +184,7 @@ async fn a_paused_node_does_not_stall_operations() {
 async fn a_restarted_node_comes_back_without_user_action() {
     let mut cluster = Cluster::start(3);
     let redlock = builder(cluster.urls()).build().expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     cluster.nodes[0].restart();
     wait_for(
         "the restarted node to take part again",
@@ -213,7 +201,7 @@ async fn a_restarted_node_comes_back_without_user_action() {
 async fn a_failed_attempt_leaves_no_key_of_ours() {
     let cluster = Cluster::start(5);
     let redlock = builder(cluster.urls()).build().expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     let key = b"redlock:contended";
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
@@ -232,7 +220,7 @@ async fn a_failed_attempt_leaves_no_key_of_ours() {
         other => panic!("expected Busy, got {other:?}"),
     }
     for i in 0..5 {
-        let v = raw_get(&cluster, i, key).await;
+        let v = cluster.get(i, key).await;
         if i < 3 {
             assert_eq!(v.as_deref(), Some("someone-else"), "node {i}");
         } else {
@@ -269,7 +257,7 @@ async fn unlock_never_deletes_another_clients_key_and_extend_after_expiry_is_not
         .build()
         .expect("build");
     let b = builder(cluster.urls()).build().expect("build");
-    warm_up(&b).await;
+    support::warm(&b).await;
     let mut lock_a = a
         .try_lock_with_ttl("expiring", Duration::from_millis(300))
         .await
@@ -280,7 +268,7 @@ async fn unlock_never_deletes_another_clients_key_and_extend_after_expiry_is_not
         || async {
             let mut gone = true;
             for i in 0..3 {
-                gone &= raw_get(&cluster, i, lock_a.key()).await.is_none();
+                gone &= cluster.get(i, lock_a.key()).await.is_none();
             }
             gone
         },
@@ -301,7 +289,7 @@ async fn unlock_never_deletes_another_clients_key_and_extend_after_expiry_is_not
     assert_eq!(report.not_held(), 3);
     for i in 0..3 {
         assert_eq!(
-            raw_get(&cluster, i, lock_b.key()).await.as_deref(),
+            cluster.get(i, lock_b.key()).await.as_deref(),
             Some(lock_b.value()),
             "B's key on node {i}"
         );
@@ -317,7 +305,7 @@ async fn unlock_never_deletes_another_clients_key_and_extend_after_expiry_is_not
 async fn extend_of_a_lock_replaced_on_a_majority_is_not_held_and_touches_nothing() {
     let cluster = Cluster::start(3);
     let redlock = builder(cluster.urls()).build().expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     let mut lock = redlock.try_lock("replaced").await.expect("lock");
     for i in [0, 2] {
         let mut conn = cluster.raw(i).await;
@@ -348,7 +336,7 @@ async fn extend_of_a_lock_replaced_on_a_majority_is_not_held_and_touches_nothing
 async fn extend_moves_the_deadline_and_the_ttl_on_the_nodes() {
     let cluster = Cluster::start(3);
     let redlock = builder(cluster.urls()).build().expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     let mut lock = redlock
         .try_lock_with_ttl("extended", Duration::from_secs(2))
         .await
@@ -376,13 +364,13 @@ async fn validity_is_below_the_ttl_and_shrinks_with_latency() {
         proxies.push(FaultProxy::start(node.addr()).await);
     }
     let ttl = Duration::from_secs(5);
-    let drift = tower_redlock::quorum::drift(ttl, tower_redlock::DEFAULT_DRIFT_FACTOR);
+    let drift = tower_redlock::quorum::drift(ttl, tower_redlock::defaults::DEFAULT_DRIFT_FACTOR);
     let redlock = support::builder(proxies.iter().map(FaultProxy::url).collect::<Vec<_>>())
         .ttl(ttl)
         .node_timeout(Duration::from_millis(400))
         .build()
         .expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     let fast = redlock.try_lock("validity-fast").await.expect("lock");
     let fast_validity = fast.valid_until() - fast.started();
     assert!(fast_validity <= ttl - drift, "{fast_validity:?}");
@@ -403,7 +391,7 @@ async fn validity_is_below_the_ttl_and_shrinks_with_latency() {
 async fn values_are_20_random_bytes_unique_across_100_000_acquisitions() {
     let cluster = Cluster::start(1);
     let redlock = builder(cluster.urls()).build().expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     let values: Vec<String> = futures_util::stream::iter(0..100_000u32)
         .map(|i| {
             let redlock = redlock.clone();
@@ -447,7 +435,7 @@ async fn a_waiter_gets_the_lock_after_the_holder_unlocks() {
         .retry_delay(Duration::from_millis(10), Duration::from_millis(10))
         .build()
         .expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     let holder = redlock.lock("handover").await.expect("lock");
     let before = evalsha_calls(&cluster, 0).await;
     let waiter = {
@@ -487,7 +475,7 @@ async fn lock_honours_the_retry_deadline() {
         .retry_deadline(Some(deadline))
         .build()
         .expect("build");
-    warm_up(&waiter).await;
+    support::warm(&waiter).await;
     let t = Instant::now();
     let err = waiter.lock("deadline").await.expect_err("held all along");
     let took = t.elapsed();
@@ -671,7 +659,12 @@ async fn a_wrongtype_key_is_a_clear_per_node_error() {
             assert!(failures.len() >= 2, "{failures:?}");
             for f in &failures {
                 match &f.error {
-                    NodeError::Redis(text) => assert!(text.contains("WRONGTYPE"), "{text}"),
+                    NodeError::Redis(text) => {
+                        assert!(text.contains("WRONGTYPE"), "{text}");
+                        // The redis error behind it stays reachable for callers.
+                        let source = std::error::Error::source(&f.error).expect("a source");
+                        assert!(source.is::<redis::RedisError>(), "{source:?}");
+                    }
                     other => panic!("expected a Redis error, got {other:?}"),
                 }
             }
@@ -711,7 +704,7 @@ async fn a_hung_node_at_connect_time_does_not_stall() {
 async fn a_flushed_script_cache_falls_back_to_eval() {
     let cluster = Cluster::start(3);
     let redlock = builder(cluster.urls()).build().expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
         let _: () = redis::cmd("SCRIPT")
@@ -758,7 +751,7 @@ async fn dropping_an_acquisition_half_way_releases_what_landed() {
         .node_timeout(Duration::from_millis(2_000))
         .build()
         .expect("build");
-    warm_up(&redlock).await;
+    support::warm(&redlock).await;
     proxy.set_delay(Duration::from_millis(300));
     let attempt = {
         let redlock = redlock.clone();
@@ -766,13 +759,13 @@ async fn dropping_an_acquisition_half_way_releases_what_landed() {
     };
     // The SET reached the node; its reply is still on its way back through the proxy.
     wait_for("the SET to land", Duration::from_secs(5), || async {
-        raw_get(&cluster, 0, b"redlock:dropped").await.is_some()
+        cluster.get(0, b"redlock:dropped").await.is_some()
     })
     .await;
     attempt.abort();
     assert!(attempt.await.expect_err("aborted").is_cancelled());
     wait_for("the background release", Duration::from_secs(5), || async {
-        raw_get(&cluster, 0, b"redlock:dropped").await.is_none()
+        cluster.get(0, b"redlock:dropped").await.is_none()
     })
     .await;
 }

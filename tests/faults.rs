@@ -61,8 +61,7 @@ async fn restart_scenario(quarantine: bool) -> Outcome {
         .restart_quarantine(quarantine)
         .build()
         .expect("B");
-    let warm = b.lock("warm-up").await.expect("B knows every node");
-    b.unlock(&warm).await;
+    support::warm(&b).await; // B knows every node
 
     let la = lock_on_first_three(&cluster, &a, "res").await;
     assert_eq!(

@@ -18,7 +18,8 @@ use redis::AsyncCommands;
 use support::http::{HttpClient, http1, http2, post as post_req, send, serve};
 use support::{Cluster, wait_for};
 use tokio::sync::Semaphore;
-use tower_redlock::layer::{Header, RedlockLayer, RedlockService, ResponseFuture};
+use tower_redlock::RedlockLayer;
+use tower_redlock::layer::{Header, RedlockService, ResponseFuture};
 use tower_redlock::{LockToken, Redlock};
 
 const KEY_HEADER: &str = "x-delivery";
@@ -84,15 +85,13 @@ async fn redlock(cluster: &Cluster) -> Redlock {
 
 /// A client with warm connections.
 async fn redlock_with(cluster: &Cluster, ttl: Duration, node_timeout: Duration) -> Redlock {
-    let r = support::builder(cluster.urls())
-        .ttl(ttl)
-        .node_timeout(node_timeout)
-        .retry_delay(Duration::from_millis(5), Duration::from_millis(10))
-        .build()
-        .expect("build");
-    let l = r.lock("warm-up").await.expect("warm-up");
-    r.unlock(&l).await;
-    r
+    cluster
+        .client(|b| {
+            b.ttl(ttl)
+                .node_timeout(node_timeout)
+                .retry_delay(Duration::from_millis(5), Duration::from_millis(10))
+        })
+        .await
 }
 
 /// TTL 600 ms: a guard extends it every 200 ms.
@@ -121,16 +120,6 @@ fn app(layer: RedlockLayer<Header>, state: App) -> Router {
         .route("/hook", post(gated))
         .route_layer(layer)
         .with_state(state)
-}
-
-async fn key_on_nodes(cluster: &Cluster, key: &str) -> usize {
-    let mut n = 0;
-    for i in 0..cluster.nodes.len() {
-        let mut conn = cluster.raw(i).await;
-        let exists: bool = conn.exists(key).await.expect("EXISTS");
-        n += usize::from(exists);
-    }
-    n
 }
 
 async fn duplicates_run_once(client: HttpClient) {
@@ -165,7 +154,7 @@ async fn duplicates_run_once(client: HttpClient) {
     wait_for(
         "the lock to be released",
         Duration::from_secs(5),
-        || async { key_on_nodes(&cluster, "redlock:evt-1").await == 0 },
+        || async { cluster.nodes_holding("redlock:evt-1").await == 0 },
     )
     .await;
 }
@@ -322,13 +311,13 @@ async fn a_client_that_disconnects_mid_request_releases_the_lock() {
         let request = spawn_delivery(client, addr, "gone");
         // The handler runs (and so holds the lock) ...
         state.started.acquire().await.expect("started").forget();
-        assert!(key_on_nodes(&cluster, "redlock:gone").await >= 2);
+        assert!(cluster.nodes_holding("redlock:gone").await >= 2);
         // ... when the client goes away; the gate never opens.
         request.abort();
         wait_for(
             "the lock to be released on every node",
             Duration::from_secs(5),
-            || async { key_on_nodes(&cluster, "redlock:gone").await == 0 },
+            || async { cluster.nodes_holding("redlock:gone").await == 0 },
         )
         .await;
         let runs = state.runs.load(Ordering::SeqCst);
@@ -391,7 +380,7 @@ async fn in_body_end_mode_the_lock_is_held_while_the_body_streams() {
     // Read to the end.
     let (tx, mut body) = open("s1").await;
     assert!(
-        key_on_nodes(&cluster, "redlock:s1").await >= 2,
+        cluster.nodes_holding("redlock:s1").await >= 2,
         "held while streaming"
     );
     drop(tx);
@@ -401,21 +390,21 @@ async fn in_body_end_mode_the_lock_is_held_while_the_body_streams() {
     wait_for(
         "release after the body ended",
         Duration::from_secs(5),
-        || async { key_on_nodes(&cluster, "redlock:s1").await == 0 },
+        || async { cluster.nodes_holding("redlock:s1").await == 0 },
     )
     .await;
 
     // Drop the body half-way.
     let (tx, body) = open("s2").await;
     assert!(
-        key_on_nodes(&cluster, "redlock:s2").await >= 2,
+        cluster.nodes_holding("redlock:s2").await >= 2,
         "held while streaming"
     );
     drop(body);
     wait_for(
         "release after the body was dropped",
         Duration::from_secs(5),
-        || async { key_on_nodes(&cluster, "redlock:s2").await == 0 },
+        || async { cluster.nodes_holding("redlock:s2").await == 0 },
     )
     .await;
     drop(tx);
@@ -582,7 +571,7 @@ async fn a_slow_handler_keeps_its_lock_past_the_ttl() {
     }
     state.gate.add_permits(1);
     assert_eq!(request.await.expect("request").status, 200);
-    assert_eq!(key_on_nodes(&cluster, "redlock:slow").await, 0);
+    assert_eq!(cluster.nodes_holding("redlock:slow").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -613,5 +602,5 @@ async fn with_abort_on_loss_a_destroyed_lock_drops_the_handler_and_answers_503()
         state.spans.lock().expect("spans").is_empty(),
         "the handler never completed"
     );
-    assert_eq!(key_on_nodes(&cluster, "redlock:doomed").await, 0);
+    assert_eq!(cluster.nodes_holding("redlock:doomed").await, 0);
 }

@@ -19,7 +19,8 @@ use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
 use tonic_prost::ProstCodec;
-use tower_redlock::layer::{Header, RedlockLayer};
+use tower_redlock::RedlockLayer;
+use tower_redlock::layer::Header;
 use tower_redlock::{LockError, LockToken};
 
 const METHOD: &str = "/test.Locked/Call";
@@ -78,12 +79,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for Locked {
 }
 
 async fn start(cluster: &Cluster, extractor: Header) -> (SocketAddr, Locked) {
-    let redlock = support::builder(cluster.urls())
-        .ttl(Duration::from_secs(30))
-        .build()
-        .expect("build");
-    let l = redlock.lock("warm-up").await.expect("warm-up");
-    redlock.unlock(&l).await;
+    let redlock = cluster.client(|b| b.ttl(Duration::from_secs(30))).await;
     let svc = Locked {
         runs: Arc::default(),
         gate: Arc::new(Semaphore::new(0)),

@@ -11,14 +11,12 @@ use http_body_util::Full;
 use redis::AsyncCommands;
 use support::{Cluster, wait_for};
 use tower::{Layer, ServiceExt, service_fn};
-use tower_redlock::layer::{Header, PathSegment, RedlockLayer};
+use tower_redlock::RedlockLayer;
+use tower_redlock::layer::{Header, PathSegment};
 use tower_redlock::{LockToken, Redlock};
 
 async fn redlock(cluster: &Cluster) -> Redlock {
-    let r = support::builder(cluster.urls()).build().expect("build");
-    let l = r.lock("warm-up").await.expect("warm-up");
-    r.unlock(&l).await;
-    r
+    cluster.client(|b| b).await
 }
 
 async fn body_text(res: Response<tower_redlock::layer::ResponseBody<Full<Bytes>>>) -> Bytes {

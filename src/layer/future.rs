@@ -1,8 +1,17 @@
 //! The response future of [`RedlockService`](super::RedlockService).
 //!
-//! States: acquiring the lock, then calling the inner service with the [`LockToken`] in the
-//! request extensions, then (in the default release mode) releasing before the response is
-//! returned. Dropping the future in any state releases what it holds in the background.
+//! States: acquiring the lock, then calling the inner service with the
+//! [`LockToken`](crate::LockToken) in the request extensions, then (in the default release
+//! mode) releasing before the response is returned. Each state holds what it needs; `poll`
+//! hands each state to one small function. Dropping the future in any state releases what
+//! it holds in the background.
+//!
+//! ```text
+//! Acquiring --lock--> Calling --response--> Releasing --> response
+//!     |                  |  \--lost (abort on loss)--> Releasing --> 503
+//!     \--error--> Rejected --> 409 / 503 / 400
+//! Passthrough (no lock name) --> response
+//! ```
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,23 +24,32 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 use super::body::ResponseBody;
-use super::reject::Rejection;
-use super::{Config, ReleaseOn};
+use super::config::{Config, ReleaseOn};
+use super::reject::{Protocol, Rejection};
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
-use crate::guard::{LockGuard, LostReason};
-use crate::token::{Lock, LockToken};
+use crate::guard::LockGuard;
+use crate::token::{Lock, LockToken, LostReason};
 
 /// Calls the inner service once the lock is held.
 pub(crate) type CallFn<F> = Box<dyn FnOnce(LockToken) -> F + Send>;
+
+/// Acquires the lock; on failure, hands back the name for the rejection.
+pub(crate) type AcquireFuture = BoxFuture<'static, Result<Lock, (LockError, Vec<u8>)>>;
 
 pin_project! {
     /// The response future of [`RedlockService`](super::RedlockService).
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         state: State<F, B, E>,
-        ctx: Option<Ctx>,
     }
+}
+
+/// What the future needs once the lock is held.
+pub(crate) struct Ctx {
+    pub(crate) redlock: Redlock,
+    pub(crate) config: Arc<Config>,
+    pub(crate) protocol: Protocol,
 }
 
 /// What a releasing future returns once the lock is released.
@@ -40,69 +58,64 @@ enum Output<B, E> {
     Rejection(Response<Bytes>),
 }
 
-/// What the future needs once the lock is held.
-pub(crate) struct Ctx {
-    pub(crate) redlock: Redlock,
-    pub(crate) config: Arc<Config>,
-    pub(crate) grpc: bool,
-}
-
 pin_project! {
     #[project = StateProj]
+    #[project_replace = StateOwned]
     enum State<F, B, E> {
         Acquiring {
-            acquire: BoxFuture<'static, Result<Lock, (LockError, Vec<u8>)>>,
-            call: Option<CallFn<F>>,
+            acquire: AcquireFuture,
+            call: CallFn<F>,
+            ctx: Ctx,
+        },
+        Passthrough {
+            #[pin]
+            fut: F,
         },
         Calling {
             #[pin]
             fut: F,
-            held: Option<LockGuard>,
+            guard: LockGuard,
             lost: Option<BoxFuture<'static, LostReason>>,
+            ctx: Ctx,
         },
         Releasing {
             release: BoxFuture<'static, Released>,
-            held: Option<LockGuard>,
-            output: Option<Output<B, E>>,
+            guard: LockGuard,
+            output: Output<B, E>,
         },
         Rejected {
-            response: Option<Response<Bytes>>,
+            response: Response<Bytes>,
         },
+        Done,
     }
+}
+
+type Ready<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+/// What one step of a state gave: a new state was set, or the output is ready.
+enum Step<B, E> {
+    Next,
+    Ready(Ready<B, E>),
 }
 
 impl<F, B, E> ResponseFuture<F, B, E> {
     pub(crate) fn passthrough(fut: F) -> Self {
         Self {
-            state: State::Calling {
-                fut,
-                held: None,
-                lost: None,
-            },
-            ctx: None,
+            state: State::Passthrough { fut },
         }
     }
 
     pub(crate) fn rejected(rejection: Rejection, config: &Config) -> Self {
         Self {
             state: State::Rejected {
-                response: Some(config.respond(rejection)),
+                response: config.respond(rejection),
             },
-            ctx: None,
         }
     }
 
-    pub(crate) fn acquiring(
-        acquire: BoxFuture<'static, Result<Lock, (LockError, Vec<u8>)>>,
-        call: CallFn<F>,
-        ctx: Ctx,
-    ) -> Self {
+    pub(crate) fn acquiring(acquire: AcquireFuture, call: CallFn<F>, ctx: Ctx) -> Self {
         Self {
-            state: State::Acquiring {
-                acquire,
-                call: Some(call),
-            },
-            ctx: Some(ctx),
+            state: State::Acquiring { acquire, call, ctx },
         }
     }
 }
@@ -111,13 +124,158 @@ impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.state {
             State::Acquiring { .. } => "acquiring",
+            State::Passthrough { .. } => "passthrough",
             State::Calling { .. } => "calling",
             State::Releasing { .. } => "releasing",
             State::Rejected { .. } => "rejected",
+            State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .finish()
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Ready<B, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            let step = match state.as_mut().project() {
+                StateProj::Acquiring { acquire, .. } => {
+                    let result = ready!(acquire.as_mut().poll(cx));
+                    acquired(state.as_mut(), result)
+                }
+                StateProj::Passthrough { fut } => {
+                    Step::Ready(ready!(fut.poll(cx)).map(|res| wrap(res, None)))
+                }
+                StateProj::Calling { fut, lost, .. } => {
+                    match lost.as_mut().map(|lost| lost.as_mut().poll(cx)) {
+                        Some(Poll::Ready(reason)) => lost_while_calling(state.as_mut(), &reason),
+                        _ => {
+                            let output = ready!(fut.poll(cx));
+                            called(state.as_mut(), output)
+                        }
+                    }
+                }
+                StateProj::Releasing { release, .. } => {
+                    ready!(release.as_mut().poll(cx));
+                    released(state.as_mut())
+                }
+                StateProj::Rejected { .. } => rejected(state.as_mut()),
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            };
+            if let Step::Ready(output) = step {
+                return Poll::Ready(output);
+            }
+        }
+    }
+}
+
+type StatePin<'a, F, B, E> = Pin<&'a mut State<F, B, E>>;
+
+/// The lock is held: call the inner service. Or it is not: reject.
+fn acquired<F, B, E>(
+    mut state: StatePin<'_, F, B, E>,
+    result: Result<Lock, (LockError, Vec<u8>)>,
+) -> Step<B, E> {
+    if let StateOwned::Acquiring { call, ctx, .. } = state.as_mut().project_replace(State::Done) {
+        let next = match result {
+            Ok(lock) => {
+                let guard = if ctx.config.auto_extend {
+                    ctx.redlock.guard(lock)
+                } else {
+                    ctx.redlock.guard_without_extension(lock)
+                };
+                let lost = ctx.config.abort_on_loss.then(|| {
+                    let token = guard.token();
+                    let lost: BoxFuture<'static, LostReason> =
+                        Box::pin(async move { token.lost().await });
+                    lost
+                });
+                let fut = call(guard.token());
+                State::Calling {
+                    fut,
+                    guard,
+                    lost,
+                    ctx,
+                }
+            }
+            Err((error, name)) => {
+                log_rejected(&error, &name);
+                let rejection = Rejection::from_lock_error(error, ctx.protocol).with_name(name);
+                State::Rejected {
+                    response: ctx.config.respond(rejection),
+                }
+            }
+        };
+        state.set(next);
+    }
+    Step::Next
+}
+
+/// The inner service answered: release first (default), or hand the lock to the body.
+fn called<F, B, E>(mut state: StatePin<'_, F, B, E>, output: Result<Response<B>, E>) -> Step<B, E> {
+    let StateOwned::Calling { mut guard, ctx, .. } = state.as_mut().project_replace(State::Done)
+    else {
+        return Step::Next;
+    };
+    match output {
+        Ok(res) if ctx.config.release == ReleaseOn::BodyEnd => {
+            Step::Ready(Ok(wrap(res, Some(guard))))
+        }
+        output => {
+            state.set(State::Releasing {
+                release: guard.release_future(),
+                guard,
+                output: Output::Inner(output),
+            });
+            Step::Next
+        }
+    }
+}
+
+/// Abort on loss: drop the inner future, release, and answer 503 / `UNAVAILABLE`.
+fn lost_while_calling<F, B, E>(
+    mut state: StatePin<'_, F, B, E>,
+    reason: &LostReason,
+) -> Step<B, E> {
+    if let StateOwned::Calling { mut guard, ctx, .. } = state.as_mut().project_replace(State::Done)
+    {
+        let rejection = Rejection::lost(reason, ctx.protocol).with_name(guard.name().to_vec());
+        tracing::warn!(%reason, "redlock layer aborted a request: its lock was lost");
+        state.set(State::Releasing {
+            release: guard.release_future(),
+            guard,
+            output: Output::Rejection(ctx.config.respond(rejection)),
+        });
+    }
+    Step::Next
+}
+
+/// The lock is released: return what was kept.
+fn released<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
+    let StateOwned::Releasing {
+        mut guard, output, ..
+    } = state.as_mut().project_replace(State::Done)
+    else {
+        return Step::Next;
+    };
+    guard.disarm();
+    Step::Ready(match output {
+        Output::Inner(output) => output.map(|res| wrap(res, None)),
+        Output::Rejection(response) => Ok(response.map(ResponseBody::rejection)),
+    })
+}
+
+fn rejected<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
+    match state.as_mut().project_replace(State::Done) {
+        StateOwned::Rejected { response } => Step::Ready(Ok(response.map(ResponseBody::rejection))),
+        _ => Step::Next,
     }
 }
 
@@ -135,133 +293,4 @@ fn log_rejected(error: &LockError, name: &[u8]) {
 
 fn wrap<B>(res: Response<B>, held: Option<LockGuard>) -> Response<ResponseBody<B>> {
     res.map(|b| ResponseBody::inner(b, held))
-}
-
-impl<F, B, E> Future for ResponseFuture<F, B, E>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<ResponseBody<B>>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                StateProj::Acquiring { acquire, call } => {
-                    let result = ready!(acquire.as_mut().poll(cx));
-                    let Some(ctx) = this.ctx.as_ref() else {
-                        unreachable!("an acquiring future always has its context")
-                    };
-                    match result {
-                        Ok(lock) => {
-                            let guard = if ctx.config.auto_extend {
-                                ctx.redlock.guard(lock)
-                            } else {
-                                ctx.redlock.guard_without_extension(lock)
-                            };
-                            let held = guard;
-                            let lost = ctx.config.abort_on_loss.then(|| {
-                                let shared = std::sync::Arc::clone(held.shared());
-                                let lost: BoxFuture<'static, LostReason> =
-                                    Box::pin(async move { shared.lost().await });
-                                lost
-                            });
-                            let Some(call) = call.take() else {
-                                unreachable!("the inner service is called once")
-                            };
-                            let fut = call(held.token());
-                            this.state.set(State::Calling {
-                                fut,
-                                held: Some(held),
-                                lost,
-                            });
-                        }
-                        Err((error, name)) => {
-                            log_rejected(&error, &name);
-                            let rejection =
-                                Rejection::from_lock_error(error, ctx.grpc).with_name(name);
-                            let response = ctx.config.respond(rejection);
-                            this.state.set(State::Rejected {
-                                response: Some(response),
-                            });
-                        }
-                    }
-                }
-                StateProj::Calling { fut, held, lost } => {
-                    if let Some(lost) = lost.as_mut()
-                        && let Poll::Ready(reason) = lost.as_mut().poll(cx)
-                    {
-                        // Abort on loss: drop the inner future, answer 503 / UNAVAILABLE.
-                        let Some(ctx) = this.ctx.as_ref() else {
-                            unreachable!("a locked future always has its context")
-                        };
-                        let mut rejection = Rejection::lost(&reason, ctx.grpc);
-                        if let Some(held) = held.as_ref() {
-                            rejection = rejection.with_name(held.name().to_vec());
-                        }
-                        tracing::warn!(%reason, "redlock layer aborted a request: its lock was lost");
-                        let response = ctx.config.respond(rejection);
-                        let mut guard = held.take();
-                        let release = guard.as_mut().map(LockGuard::release_future);
-                        match release {
-                            Some(release) => this.state.set(State::Releasing {
-                                release,
-                                held: guard,
-                                output: Some(Output::Rejection(response)),
-                            }),
-                            None => this.state.set(State::Rejected {
-                                response: Some(response),
-                            }),
-                        }
-                        continue;
-                    }
-                    let output = ready!(fut.poll(cx));
-                    let Some(mut guard) = held.take() else {
-                        // Passed through without a lock.
-                        return Poll::Ready(output.map(|res| wrap(res, None)));
-                    };
-                    let body_end = this
-                        .ctx
-                        .as_ref()
-                        .is_some_and(|c| c.config.release == ReleaseOn::BodyEnd);
-                    match output {
-                        Ok(res) if body_end => return Poll::Ready(Ok(wrap(res, Some(guard)))),
-                        output => {
-                            let release = guard.release_future();
-                            this.state.set(State::Releasing {
-                                release,
-                                held: Some(guard),
-                                output: Some(Output::Inner(output)),
-                            });
-                        }
-                    }
-                }
-                StateProj::Releasing {
-                    release,
-                    held,
-                    output,
-                } => {
-                    ready!(release.as_mut().poll(cx));
-                    if let Some(mut guard) = held.take() {
-                        guard.disarm();
-                    }
-                    return match output.take() {
-                        Some(Output::Inner(output)) => {
-                            Poll::Ready(output.map(|res| wrap(res, None)))
-                        }
-                        Some(Output::Rejection(response)) => {
-                            Poll::Ready(Ok(response.map(ResponseBody::rejection)))
-                        }
-                        None => unreachable!("the output is returned once"),
-                    };
-                }
-                StateProj::Rejected { response } => {
-                    let Some(response) = response.take() else {
-                        unreachable!("polled after completion")
-                    };
-                    return Poll::Ready(Ok(response.map(ResponseBody::rejection)));
-                }
-            }
-        }
-    }
 }

@@ -13,7 +13,8 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use axum::{Extension, Router, routing::post};
-//! use tower_redlock::layer::{Header, RedlockLayer};
+//! use tower_redlock::layer::Header;
+//! use tower_redlock::RedlockLayer;
 //! use tower_redlock::{LockToken, Redlock};
 //!
 //! async fn webhook(Extension(token): Extension<LockToken>) -> &'static str {
@@ -33,18 +34,11 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
-
-use bytes::Bytes;
-use http::Response;
-use tokio::sync::Semaphore;
-use tower_layer::Layer;
-
 mod body;
+mod config;
 pub mod extract;
 mod future;
+mod redlock_layer;
 pub mod reject;
 mod service;
 
@@ -54,176 +48,10 @@ pub use extract::{
     RequestHead, extract_fn,
 };
 pub use future::ResponseFuture;
-pub use reject::{Rejection, RejectionKind};
+pub use reject::{Protocol, Rejection, RejectionKind};
 pub use service::RedlockService;
 
-use crate::client::Redlock;
-
-type RejectionHook = Arc<dyn Fn(Rejection) -> Response<Bytes> + Send + Sync>;
-
-/// What to do when the lock is held by another request.
-#[derive(Clone)]
-pub(crate) enum BusyPolicy {
-    Reject,
-    Wait {
-        timeout: Duration,
-        waiters: Arc<Semaphore>,
-    },
-}
-
-/// When the lock is released.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ReleaseOn {
-    Response,
-    BodyEnd,
-}
-
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) ttl: Option<Duration>,
-    pub(crate) busy: BusyPolicy,
-    pub(crate) release: ReleaseOn,
-    pub(crate) auto_extend: bool,
-    pub(crate) abort_on_loss: bool,
-    pub(crate) on_rejection: Option<RejectionHook>,
-}
-
-impl Config {
-    pub(crate) fn respond(&self, rejection: Rejection) -> Response<Bytes> {
-        match &self.on_rejection {
-            Some(hook) => hook(rejection),
-            None => rejection.into_response(),
-        }
-    }
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let busy = match &self.busy {
-            BusyPolicy::Reject => "reject".to_owned(),
-            BusyPolicy::Wait { timeout, waiters } => format!(
-                "wait up to {timeout:?}, {} waiter slots free",
-                waiters.available_permits()
-            ),
-        };
-        f.debug_struct("Config")
-            .field("ttl", &self.ttl)
-            .field("busy", &busy)
-            .field("release", &self.release)
-            .field("auto_extend", &self.auto_extend)
-            .field("abort_on_loss", &self.abort_on_loss)
-            .field("on_rejection", &self.on_rejection.is_some())
-            .finish()
-    }
-}
-
-/// Tower layer that holds a quorum lock, named by an extractor, while each request runs.
-/// See the [module docs](self).
-#[derive(Debug, Clone)]
-pub struct RedlockLayer<E> {
-    redlock: Redlock,
-    extractor: E,
-    config: Arc<Config>,
-}
-
-impl<E> RedlockLayer<E> {
-    /// A layer that locks the names `extractor` gives, with `redlock`'s TTL, rejecting
-    /// busy requests at once and releasing when the inner future completes.
-    pub fn new(redlock: Redlock, extractor: E) -> Self {
-        Self {
-            redlock,
-            extractor,
-            config: Arc::new(Config {
-                ttl: None,
-                busy: BusyPolicy::Reject,
-                release: ReleaseOn::Response,
-                auto_extend: true,
-                abort_on_loss: false,
-                on_rejection: None,
-            }),
-        }
-    }
-
-    fn config(&mut self) -> &mut Config {
-        Arc::make_mut(&mut self.config)
-    }
-
-    /// The TTL of the locks this layer takes (default: the client's TTL).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.config().ttl = Some(ttl);
-        self
-    }
-
-    /// Rejects a request whose lock is busy at once, with 409 / `ABORTED` (the default).
-    pub fn reject_when_busy(mut self) -> Self {
-        self.config().busy = BusyPolicy::Reject;
-        self
-    }
-
-    /// Lets a request whose lock is busy wait up to `timeout` for it, retrying with the
-    /// client's jittered delay. At most `max_waiters` requests of this layer wait at once;
-    /// beyond that they are rejected at once as busy.
-    pub fn wait(mut self, timeout: Duration, max_waiters: usize) -> Self {
-        self.config().busy = BusyPolicy::Wait {
-            timeout,
-            waiters: Arc::new(Semaphore::new(max_waiters)),
-        };
-        self
-    }
-
-    /// Holds the lock until the response body ends (end of stream, error, trailers) or
-    /// is dropped, instead of until the inner future completes: for streaming responses.
-    pub fn release_on_body_end(mut self) -> Self {
-        self.config().release = ReleaseOn::BodyEnd;
-        self
-    }
-
-    /// Whether the lock is extended in the background while the inner service runs (and,
-    /// in body-end mode, while the body streams), per the client's
-    /// [`extend_fraction`](crate::RedlockBuilder::extend_fraction) and maximums. On by
-    /// default.
-    pub fn auto_extend(mut self, on: bool) -> Self {
-        self.config().auto_extend = on;
-        self
-    }
-
-    /// Drops the inner future and answers 503 / `UNAVAILABLE` (or the rejection hook's
-    /// response) as soon as the lock is lost while the inner service runs. Off by default:
-    /// the handler then learns of the loss through its [`LockToken`](crate::LockToken).
-    pub fn abort_on_loss(mut self, on: bool) -> Self {
-        self.config().abort_on_loss = on;
-        self
-    }
-
-    /// Whether this layer's locks get a fencing number ([`LockToken::fencing_token`](crate::LockToken::fencing_token)).
-    /// The default follows the client's [`fencing`](crate::RedlockBuilder::fencing) setting
-    /// (on). Turn it off for names that are unique per request, such as idempotency keys:
-    /// there is no later holder to fence, and each name would leave a counter behind on
-    /// every node (see [`crate::fencing`]).
-    pub fn fencing(mut self, on: bool) -> Self {
-        self.redlock = self.redlock.with_fencing(on);
-        self
-    }
-
-    /// Replaces the default rejection responses (see [`reject`]).
-    pub fn on_rejection<F>(mut self, hook: F) -> Self
-    where
-        F: Fn(Rejection) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        self.config().on_rejection = Some(Arc::new(hook));
-        self
-    }
-}
-
-impl<S, E: Clone> Layer<S> for RedlockLayer<E> {
-    type Service = RedlockService<S, E>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RedlockService {
-            inner,
-            redlock: self.redlock.clone(),
-            extractor: self.extractor.clone(),
-            config: Arc::clone(&self.config),
-        }
-    }
-}
+/// The layer's public path is [`tower_redlock::RedlockLayer`](crate::RedlockLayer); this
+/// alias keeps `tower_redlock::layer::RedlockLayer` compiling.
+#[doc(hidden)]
+pub use redlock_layer::RedlockLayer;

@@ -14,7 +14,9 @@
 //! ```
 //! use tower_redlock::layer::{Rejection, RejectionKind};
 //!
-//! let r = Rejection::bad_request("the idempotency-key header is empty", false);
+//! use tower_redlock::layer::Protocol;
+//!
+//! let r = Rejection::bad_request("the idempotency-key header is empty", Protocol::Http);
 //! assert_eq!(r.kind(), &RejectionKind::BadRequest);
 //! assert_eq!(r.into_response().status(), 400);
 //! ```
@@ -26,6 +28,28 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::error::LockError;
+use crate::token::LostReason;
+
+/// Whether a request is plain HTTP or a gRPC call (`content-type: application/grpc*`):
+/// gRPC calls are rejected with trailers-only statuses instead of HTTP status codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// Plain HTTP.
+    Http,
+    /// gRPC over HTTP/2.
+    Grpc,
+}
+
+impl Protocol {
+    /// The protocol of `request`, from its `content-type`.
+    pub fn of<B>(request: &http::Request<B>) -> Self {
+        let grpc = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        if grpc { Self::Grpc } else { Self::Http }
+    }
+}
 
 /// Why a request was rejected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +78,7 @@ pub enum RejectionKind {
 pub struct Rejection {
     kind: RejectionKind,
     message: String,
-    grpc: bool,
+    protocol: Protocol,
     error: Option<LockError>,
     name: Option<Vec<u8>>,
 }
@@ -69,7 +93,7 @@ mod code {
 
 impl Rejection {
     /// A rejection for a lock error.
-    pub fn from_lock_error(error: LockError, grpc: bool) -> Self {
+    pub fn from_lock_error(error: LockError, protocol: Protocol) -> Self {
         let (kind, message) = match &error {
             LockError::Busy { retry_after, .. } => (
                 RejectionKind::Busy {
@@ -93,7 +117,7 @@ impl Rejection {
         Self {
             kind,
             message,
-            grpc,
+            protocol,
             error: Some(error),
             name: None,
         }
@@ -111,32 +135,30 @@ impl Rejection {
     }
 
     /// A rejection for a request whose lock was lost while its handler ran (abort on loss).
-    pub fn lost(reason: &crate::guard::LostReason, grpc: bool) -> Self {
+    pub fn lost(reason: &LostReason, protocol: Protocol) -> Self {
         let error = match reason {
-            crate::guard::LostReason::ExtendFailed(e) => Some(e.clone()),
+            LostReason::ExtendFailed(e) => Some(e.clone()),
             _ => None,
         };
         let message = match reason {
-            crate::guard::LostReason::MaxHoldReached => {
-                "the request ran past the longest a lock may be held"
-            }
+            LostReason::MaxHoldReached => "the request ran past the longest a lock may be held",
             _ => "the lock was lost while the request ran; retry later",
         };
         Self {
             kind: RejectionKind::Unavailable,
             message: message.to_owned(),
-            grpc,
+            protocol,
             error,
             name: None,
         }
     }
 
     /// A rejection for bad input (an extractor's refusal).
-    pub fn bad_request(message: impl Into<String>, grpc: bool) -> Self {
+    pub fn bad_request(message: impl Into<String>, protocol: Protocol) -> Self {
         Self {
             kind: RejectionKind::BadRequest,
             message: message.into(),
-            grpc,
+            protocol,
             error: None,
             name: None,
         }
@@ -152,9 +174,9 @@ impl Rejection {
         &self.message
     }
 
-    /// Whether the request was a gRPC call.
-    pub fn is_grpc(&self) -> bool {
-        self.grpc
+    /// Whether the request was plain HTTP or a gRPC call.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
     }
 
     /// The lock error behind the rejection, if there was one (with per-node causes for
@@ -199,7 +221,7 @@ impl Rejection {
 
     /// The default response: see the [module docs](self).
     pub fn into_response(self) -> Response<Bytes> {
-        let mut res = if self.grpc {
+        let mut res = if self.protocol == Protocol::Grpc {
             let mut res = Response::new(Bytes::new());
             let h = res.headers_mut();
             h.insert(
@@ -265,10 +287,10 @@ mod tests {
             retry_after: Some(Duration::from_millis(2_100)),
             attempts: 1,
         };
-        let http = Rejection::from_lock_error(err.clone(), false).into_response();
+        let http = Rejection::from_lock_error(err.clone(), Protocol::Http).into_response();
         assert_eq!(http.status(), StatusCode::CONFLICT);
         assert_eq!(http.headers()[header::RETRY_AFTER], "3");
-        let grpc = Rejection::from_lock_error(err, true).into_response();
+        let grpc = Rejection::from_lock_error(err, Protocol::Grpc).into_response();
         assert_eq!(grpc.status(), StatusCode::OK);
         assert_eq!(grpc.headers()["grpc-status"], "10");
         assert!(grpc.body().is_empty());

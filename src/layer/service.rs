@@ -1,31 +1,59 @@
-//! The service [`RedlockLayer`](super::RedlockLayer) wraps around an inner service.
+//! The service [`RedlockLayer`](crate::RedlockLayer) wraps around an inner service.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response};
+//! use tower::{ServiceBuilder, service_fn};
+//! use tower_redlock::{Redlock, RedlockLayer};
+//! use tower_redlock::layer::Header;
+//!
+//! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let svc = ServiceBuilder::new()
+//!     .layer(RedlockLayer::new(redlock, Header::new("idempotency-key")))
+//!     .service(service_fn(|_req: Request<String>| async {
+//!         Ok::<_, Infallible>(Response::new(String::from("done")))
+//!     }));
+//! let inner = svc.get_ref(); // the wrapped service_fn
+//! # let _ = inner;
+//! # Ok(()) }
+//! ```
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use http::{Request, Response, header};
+use http::{Request, Response};
 use tower_service::Service;
 
+use super::config::{BusyPolicy, Config};
 use super::extract::ExtractLockName;
 use super::future::{Ctx, ResponseFuture};
-use super::reject::Rejection;
-use super::{BusyPolicy, Config};
+use super::reject::{Protocol, Rejection};
 use crate::client::Redlock;
 use crate::error::LockError;
 use crate::token::Lock;
 
 /// Holds a quorum lock, named by the extractor, while the inner service runs. Created by
-/// [`RedlockLayer`](super::RedlockLayer).
+/// [`RedlockLayer`](crate::RedlockLayer).
 #[derive(Debug, Clone)]
 pub struct RedlockService<S, E> {
-    pub(crate) inner: S,
-    pub(crate) redlock: Redlock,
-    pub(crate) extractor: E,
-    pub(crate) config: Arc<Config>,
+    inner: S,
+    redlock: Redlock,
+    extractor: E,
+    config: Arc<Config>,
 }
 
 impl<S, E> RedlockService<S, E> {
+    pub(crate) fn new(inner: S, redlock: Redlock, extractor: E, config: Arc<Config>) -> Self {
+        Self {
+            inner,
+            redlock,
+            extractor,
+            config,
+        }
+    }
+
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -40,12 +68,6 @@ impl<S, E> RedlockService<S, E> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-}
-
-fn is_grpc<B>(req: &Request<B>) -> bool {
-    req.headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// Acquires the lock per the busy policy; on failure, hands back the name for the
@@ -89,13 +111,13 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        let grpc = is_grpc(&req);
+        let protocol = Protocol::of(&req);
         let name = match self.extractor.extract(&req) {
             Ok(Some(name)) => name,
             Ok(None) => return ResponseFuture::passthrough(self.inner.call(req)),
             Err(e) => {
                 return ResponseFuture::rejected(
-                    Rejection::bad_request(e.message(), grpc),
+                    Rejection::bad_request(e.message(), protocol),
                     &self.config,
                 );
             }
@@ -118,7 +140,7 @@ where
             Ctx {
                 redlock: self.redlock.clone(),
                 config: Arc::clone(&self.config),
-                grpc,
+                protocol,
             },
         )
     }

@@ -386,6 +386,39 @@ impl Cluster {
         .await;
     }
 
+    /// A client over these nodes, built by `configure` from [`builder`] and warmed up
+    /// (see [`warm`]).
+    pub async fn client(
+        &self,
+        configure: impl FnOnce(tower_redlock::RedlockBuilder) -> tower_redlock::RedlockBuilder,
+    ) -> tower_redlock::Redlock {
+        let redlock = configure(builder(self.urls())).build().expect("build");
+        warm(&redlock).await;
+        redlock
+    }
+
+    /// How many of the running nodes hold `key`.
+    pub async fn nodes_holding(&self, key: impl AsRef<[u8]>) -> usize {
+        let mut n = 0;
+        for i in 0..self.nodes.len() {
+            if !self.nodes[i].is_running() {
+                continue;
+            }
+            let exists: bool = redis::AsyncCommands::exists(&mut self.raw(i).await, key.as_ref())
+                .await
+                .expect("EXISTS");
+            n += usize::from(exists);
+        }
+        n
+    }
+
+    /// The string stored at `key` on node `i`.
+    pub async fn get(&self, i: usize, key: impl AsRef<[u8]>) -> Option<String> {
+        redis::AsyncCommands::get(&mut self.raw(i).await, key.as_ref())
+            .await
+            .expect("GET")
+    }
+
     /// A plain redis client connection to node `i`, for checks behind the library's back.
     pub async fn raw(&self, i: usize) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.nodes[i].url())
@@ -394,6 +427,18 @@ impl Cluster {
             .await
             .expect("raw connection")
     }
+}
+
+/// Acquires and releases once, so that every node is connected before anything is timed
+/// or counted.
+pub async fn warm(redlock: &tower_redlock::Redlock) {
+    let lock = redlock.lock("warm-up").await.expect("warm-up lock");
+    let report = redlock.unlock(&lock).await;
+    assert!(
+        report.released() >= redlock.quorum(),
+        "warm-up released on {} nodes only",
+        report.released()
+    );
 }
 
 /// Waits until `cond` holds, polling every few ms, or panics with `what` at the deadline.

@@ -1,0 +1,298 @@
+//! Acquiring: one attempt of the algorithm (DESIGN section 2), and the retry loop around it.
+//!
+//! ```text
+//! start -> SET NX PX on every node at once -> quorum? -> [fencing phase 2] -> validity > min?
+//!       -> held                       otherwise -> release on every node -> Busy / NoQuorum / ...
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Redlock, later};
+use crate::error::Failure;
+use crate::fanout::{self, Round};
+use crate::fencing::{self, PhaseOne};
+use crate::quorum::{self, Outcome};
+use crate::scripts::{
+    ACQUIRE_FENCED_SCRIPT, ACQUIRE_SCRIPT, AcquireReply, Arg, Invocation, parse_acquire,
+};
+use crate::token::{Lock, Resource, new_value};
+
+/// What the `SET NX PX` round of one attempt came to.
+struct SetRound {
+    round: Round,
+    /// The longest remaining TTL of another holder's keys.
+    retry_after: Option<Duration>,
+    fencing: PhaseOne,
+}
+
+/// Why a `SET NX PX` round did not reach its quorum: busy when a quorum answered and
+/// some said another client holds the lock, short of nodes otherwise.
+fn set_failure(round: Round, retry_after: Option<Duration>) -> Failure {
+    let tally = &round.tally;
+    if tally.is_busy() {
+        Failure::Busy {
+            held_elsewhere: tally.held_elsewhere(),
+            nodes: tally.nodes(),
+            retry_after,
+        }
+    } else {
+        round.no_quorum()
+    }
+}
+
+impl Redlock {
+    /// One attempt: the algorithm of DESIGN section 2, steps 1 to 5.
+    pub(super) async fn attempt(
+        &self,
+        resource: &Arc<Resource>,
+        ttl: Duration,
+        outer: Option<Instant>,
+        attempt: u32,
+    ) -> Result<Lock, Failure> {
+        let value: Arc<str> = new_value()?.into();
+        // If this future is dropped while the SETs are out, release in the background.
+        let mut pending = PendingRelease {
+            redlock: self,
+            resource,
+            value: Some(Arc::clone(&value)),
+            ttl,
+        };
+        let ttl = Duration::from_millis(super::ttl_ms(ttl));
+        let drift = quorum::drift(ttl, self.inner.drift_factor);
+        // 1-3. SET NX PX everywhere at once, decided as early as the outcome is certain.
+        let start = Instant::now();
+        let SetRound {
+            round,
+            retry_after,
+            fencing: phase_one,
+        } = self.set_round(resource, &value, ttl, start, outer).await;
+        let mut outcome = if round.reached() {
+            Ok(None)
+        } else {
+            Err(set_failure(round, retry_after))
+        };
+        // Fencing phase 2: record the number on the nodes we hold, while we hold them.
+        if self.fencing
+            && outcome.is_ok()
+            && quorum::validity(ttl, start.elapsed(), drift).is_some()
+        {
+            let deadline = self.call_deadline(start, ttl, outer);
+            outcome = self.fence(resource, &value, &phase_one, deadline).await;
+        }
+        // 4. Held only with a quorum and validity left.
+        let elapsed = start.elapsed();
+        let validity = quorum::validity(ttl, elapsed, drift);
+        let outcome = match (outcome, validity) {
+            (Ok(fence), Some(v)) if v > self.inner.min_validity => {
+                tracing::debug!(
+                    nodes = self.inner.nodes.len(),
+                    fenced = fence.is_some(),
+                    elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+                    "redlock acquired"
+                );
+                pending.value = None;
+                return Ok(Lock {
+                    resource: Arc::clone(resource),
+                    value,
+                    started: start,
+                    valid_until: later(start, v),
+                    ttl,
+                    attempts: attempt,
+                    fence,
+                });
+            }
+            (Ok(_), _) => Failure::ValidityExhausted { elapsed, ttl },
+            (Err(failure), _) => failure,
+        };
+        // 5. Failed: release on every node, including those that failed or did not answer
+        // in time (their SET may have run while the reply was lost).
+        self.release_key(&resource.key, value.as_bytes(), ttl).await;
+        pending.value = None;
+        tracing::debug!(nodes = self.inner.nodes.len(), failure = ?outcome, "redlock attempt failed");
+        Err(outcome)
+    }
+
+    /// Fencing phase 2 with the number phase 1 read: the number, or why it could not be
+    /// recorded on a quorum.
+    async fn fence(
+        &self,
+        resource: &Resource,
+        value: &str,
+        phase_one: &PhaseOne,
+        deadline: Instant,
+    ) -> Result<Option<u64>, Failure> {
+        let token = phase_one.token();
+        let keys = [&*resource.key, self.inner.key_prefix.as_slice()];
+        let round = fencing::phase_two(
+            &self.inner.nodes,
+            &keys,
+            value.as_bytes(),
+            resource.counter_field(),
+            token,
+            deadline,
+            phase_one.refused,
+        )
+        .await;
+        if round.reached() {
+            Ok(Some(token))
+        } else {
+            Err(round.no_quorum())
+        }
+    }
+
+    /// Step 2: the acquire script on every node at once.
+    async fn set_round(
+        &self,
+        resource: &Resource,
+        value: &str,
+        ttl: Duration,
+        start: Instant,
+        outer: Option<Instant>,
+    ) -> SetRound {
+        let keys = [&*resource.key, self.inner.key_prefix.as_slice()];
+        let args = [
+            Arg::Bytes(value.as_bytes()),
+            Arg::Int(super::ttl_ms(ttl)),
+            Arg::Bytes(resource.counter_field()),
+        ];
+        let inv = if self.fencing {
+            Invocation {
+                script: &ACQUIRE_FENCED_SCRIPT,
+                keys: &keys,
+                args: &args,
+            }
+        } else {
+            Invocation {
+                script: &ACQUIRE_SCRIPT,
+                keys: &keys[..1],
+                args: &args[..2],
+            }
+        };
+        let deadline = self.call_deadline(start, ttl, outer);
+        let mut retry_after = None;
+        let mut fencing = PhaseOne::default();
+        let round = fanout::decide(
+            &self.inner.nodes,
+            &inv,
+            deadline,
+            |_| true,
+            |i, reply| {
+                let outcome = reply.and_then(parse_acquire).and_then(|r| match r {
+                    AcquireReply::Won { fence: None } => Ok(Outcome::Granted),
+                    AcquireReply::Won { fence: Some(read) } => {
+                        fencing.granted(read).map(|()| Outcome::Granted)
+                    }
+                    AcquireReply::HeldElsewhere { pttl } => {
+                        retry_after = retry_after.max(pttl);
+                        Ok(Outcome::HeldElsewhere)
+                    }
+                });
+                if !matches!(outcome, Ok(Outcome::Granted)) {
+                    // Not ours there: phase 2 of fencing skips the node.
+                    fencing.refused.insert(i);
+                }
+                outcome
+            },
+        )
+        .await;
+        SetRound {
+            round,
+            retry_after,
+            fencing,
+        }
+    }
+
+    /// Tries `attempt` until it succeeds, fails for good, `max_attempts` are made or
+    /// `deadline` passes, sleeping a jittered pause in between.
+    pub(super) async fn retry(
+        &self,
+        resource: &Arc<Resource>,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        max_attempts: u32,
+    ) -> Result<Lock, crate::LockError> {
+        let mut attempt = 1;
+        let mut previous: Option<Failure> = None;
+        loop {
+            let failure = match self.attempt(resource, ttl, deadline, attempt).await {
+                Ok(lock) => return Ok(lock),
+                Err(f) => f,
+            };
+            let past = |d: Option<Instant>| d.is_some_and(|d| Instant::now() >= d);
+            if past(deadline) && failure.cut_by_deadline() {
+                // The deadline cut the last attempt short: the attempt before says more.
+                return Err(previous.unwrap_or(failure).into_error(attempt));
+            }
+            if !failure.is_retryable() || attempt >= max_attempts {
+                return Err(failure.into_error(attempt));
+            }
+            let mut wake = later(Instant::now(), self.retry_pause());
+            if let Some(deadline) = deadline {
+                wake = wake.min(deadline);
+            }
+            tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
+            if past(deadline) {
+                return Err(failure.into_error(attempt));
+            }
+            previous = Some(failure);
+            attempt += 1;
+        }
+    }
+
+    /// A random pause from the retry policy: `[base, base + jitter)`.
+    pub(crate) fn retry_pause(&self) -> Duration {
+        jittered(self.inner.retry_delay, self.inner.retry_jitter)
+    }
+}
+
+/// A random delay in `[base, base + jitter)` (saturating at `Duration::MAX`).
+fn jittered(base: Duration, jitter: Duration) -> Duration {
+    let nanos = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
+    if nanos == 0 {
+        return base;
+    }
+    let r = getrandom::u64().unwrap_or_else(|_| {
+        // The OS generator failing is next to impossible; any spread will do for jitter.
+        u64::from(Instant::now().elapsed().subsec_nanos()) ^ 0x9e37_79b9_7f4a_7c15
+    });
+    base.saturating_add(Duration::from_nanos(r % nanos))
+}
+
+/// Releases an acquisition attempt's value in the background if the attempt's future is
+/// dropped before it finished (the SETs may have landed).
+struct PendingRelease<'a> {
+    redlock: &'a Redlock,
+    resource: &'a Arc<Resource>,
+    value: Option<Arc<str>>,
+    ttl: Duration,
+}
+
+impl Drop for PendingRelease<'_> {
+    fn drop(&mut self) {
+        if let Some(value) = self.value.take() {
+            self.redlock
+                .release_in_background(Arc::clone(self.resource), value, self.ttl);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_in_range() {
+        let base = Duration::from_millis(10);
+        let jitter = Duration::from_millis(5);
+        let mut distinct = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            let d = jittered(base, jitter);
+            assert!(d >= base && d < base + jitter, "{d:?}");
+            distinct.insert(d);
+        }
+        assert!(distinct.len() > 100, "jitter is not random");
+        assert_eq!(jittered(base, Duration::ZERO), base);
+        assert_eq!(jittered(Duration::MAX, jitter), Duration::MAX);
+    }
+}

@@ -1,0 +1,372 @@
+//! [`RedlockBuilder`]: every setting of a [`Redlock`](crate::Redlock), its default, and the checks
+//! [`build`](RedlockBuilder::build) makes.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_redlock::{ConfigError, Redlock};
+//!
+//! let err = Redlock::builder(["redis://127.0.0.1:6379"])
+//!     .ttl(Duration::from_millis(100))
+//!     .node_timeout(Duration::from_millis(50)) // more than TTL / 10
+//!     .build()
+//!     .unwrap_err();
+//! assert!(matches!(err, ConfigError::NodeTimeoutTooLong { .. }));
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use redis::Client;
+
+use crate::defaults::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_FENCING,
+    DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT,
+    DEFAULT_RECONNECT_AFTER_TIMEOUTS, DEFAULT_RESTART_QUARANTINE, DEFAULT_RETRY_DELAY,
+    DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_TTL, MIN_TTL_TO_TIMEOUT_RATIO,
+};
+use crate::error::ConfigError;
+use crate::node::{Node, NodeSettings};
+use crate::quorum;
+
+/// Builds a [`Redlock`](crate::Redlock); see [`Redlock::builder`](crate::Redlock::builder). Every setting has a documented default;
+/// [`build`](Self::build) checks them all.
+#[derive(Debug, Clone)]
+pub struct RedlockBuilder {
+    urls: Vec<String>,
+    ttl: Duration,
+    node_timeout: Duration,
+    drift_factor: f64,
+    max_attempts: u32,
+    retry_delay: Duration,
+    retry_jitter: Duration,
+    retry_deadline: Option<Duration>,
+    key_prefix: Vec<u8>,
+    min_validity: Duration,
+    connect_timeout: Duration,
+    reconnect_after_timeouts: u32,
+    extend_fraction: f64,
+    max_hold: Option<Duration>,
+    max_extensions: Option<u32>,
+    fencing: bool,
+    restart_quarantine: bool,
+}
+
+impl RedlockBuilder {
+    /// A builder over the given node URLs, with every default.
+    pub(super) fn new<I, S>(nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            urls: nodes.into_iter().map(Into::into).collect(),
+            ttl: DEFAULT_TTL,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            retry_delay: DEFAULT_RETRY_DELAY,
+            retry_jitter: DEFAULT_RETRY_JITTER,
+            retry_deadline: None,
+            key_prefix: DEFAULT_KEY_PREFIX.as_bytes().to_vec(),
+            min_validity: Duration::ZERO,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
+            extend_fraction: DEFAULT_EXTEND_FRACTION,
+            max_hold: None,
+            max_extensions: None,
+            fencing: DEFAULT_FENCING,
+            restart_quarantine: DEFAULT_RESTART_QUARANTINE,
+        }
+    }
+
+    /// The default TTL of locks ([`DEFAULT_TTL`]). Must be at least 1 ms and at most
+    /// [`MAX_TTL`]; Redis expiries have millisecond precision, so finer parts are dropped.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to wait for each node's answer ([`DEFAULT_NODE_TIMEOUT`]). Must be at most
+    /// TTL / [`MIN_TTL_TO_TIMEOUT_RATIO`]. Each call waits at most this long or the
+    /// lock's remaining validity, whichever is shorter.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// The clock drift factor ([`DEFAULT_DRIFT_FACTOR`]), in `[0, 0.5)`: the validity is
+    /// shortened by `ttl * drift_factor + 2 ms` for clock rate differences between nodes.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// How many attempts [`Redlock::lock`](crate::Redlock::lock) makes before it gives up
+    /// ([`DEFAULT_MAX_ATTEMPTS`]); at least 1.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The wait between attempts: `base` plus a random jitter in `[0, jitter)`
+    /// ([`DEFAULT_RETRY_DELAY`], [`DEFAULT_RETRY_JITTER`]). The jitter keeps competing
+    /// clients out of lock-step.
+    pub fn retry_delay(mut self, base: Duration, jitter: Duration) -> Self {
+        self.retry_delay = base;
+        self.retry_jitter = jitter;
+        self
+    }
+
+    /// An overall deadline for [`Redlock::lock`](crate::Redlock::lock), counted from the call (none by default):
+    /// no attempt starts and no node call runs past it.
+    pub fn retry_deadline(mut self, deadline: Option<Duration>) -> Self {
+        self.retry_deadline = deadline;
+        self
+    }
+
+    /// The prefix of every key ([`DEFAULT_KEY_PREFIX`]): the key of lock `name` is
+    /// `{prefix}{name}`.
+    pub fn key_prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
+        self.key_prefix = prefix.as_ref().to_vec();
+        self
+    }
+
+    /// Locks whose validity would be no longer than this are refused with
+    /// [`LockError::ValidityExhausted`](crate::LockError::ValidityExhausted) (default zero: any positive validity is accepted).
+    pub fn min_validity(mut self, min: Duration) -> Self {
+        self.min_validity = min;
+        self
+    }
+
+    /// The time allowed to (re)connect to a node, load the scripts and read its
+    /// `INFO` ([`DEFAULT_CONNECT_TIMEOUT`]). Connecting runs in the background: operations
+    /// wait for it only up to their per-node timeout.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// After this many consecutive timeouts on a node its connection is rebuilt
+    /// ([`DEFAULT_RECONNECT_AFTER_TIMEOUTS`]; 0 counts as 1).
+    pub fn reconnect_after_timeouts(mut self, timeouts: u32) -> Self {
+        self.reconnect_after_timeouts = timeouts.max(1);
+        self
+    }
+
+    /// How often a [`LockGuard`](crate::LockGuard) extends its lock, as a fraction of the TTL
+    /// ([`DEFAULT_EXTEND_FRACTION`], a third), in `(0, 1)`. The rest of the validity is
+    /// room to retry a failed extension before the lock is declared lost.
+    pub fn extend_fraction(mut self, fraction: f64) -> Self {
+        self.extend_fraction = fraction;
+        self
+    }
+
+    /// The longest a [`LockGuard`](crate::LockGuard) keeps extending its lock (none by default); then it
+    /// releases it and reports [`LostReason::MaxHoldReached`](crate::LostReason::MaxHoldReached).
+    pub fn max_hold(mut self, max: Option<Duration>) -> Self {
+        self.max_hold = max;
+        self
+    }
+
+    /// The most extensions a [`LockGuard`](crate::LockGuard) makes (none by default); then the lock runs out
+    /// and the guard reports [`LostReason::MaxExtensionsReached`](crate::LostReason::MaxExtensionsReached).
+    pub fn max_extensions(mut self, max: Option<u32>) -> Self {
+        self.max_extensions = max;
+        self
+    }
+
+    /// Whether every acquisition gets a fencing number ([`DEFAULT_FENCING`]: on): a number
+    /// that strictly increases with each new holder of a name, for a downstream store to
+    /// reject writes from holders whose lock expired. It costs a second round trip per
+    /// acquisition and one hash field per distinct name on every node; see
+    /// [`crate::fencing`]. [`Redlock::with_fencing`](crate::Redlock::with_fencing) and
+    /// [`RedlockLayer::fencing`](crate::RedlockLayer::fencing) switch it per use.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
+        self
+    }
+
+    /// Whether a node that restarted is kept out of acquisitions and extensions until
+    /// the locks it may have lost have expired ([`DEFAULT_RESTART_QUARANTINE`]: on).
+    ///
+    /// A Redis node restarted without persistence has forgotten its lock keys and would
+    /// grant a lock that another client still holds through it: with 5 nodes, client A
+    /// holds nodes 1-3, node 3 restarts empty, client B takes nodes 3-5, and both hold
+    /// the lock. The Redlock spec's remedy is to keep a restarted node unavailable for a
+    /// TTL; the client enforces it. On every (re)connect it reads `INFO server`: a node
+    /// whose `run_id` changed is quarantined for the longest TTL this client has used (at
+    /// least the default TTL), on first contact a node up for less than that is
+    /// quarantined for the difference. A quarantined node fails acquire and extend at
+    /// once with [`NodeError::Quarantined`](crate::NodeError::Quarantined), which the no-quorum error lists; releases
+    /// still go to it. Quarantines are logged (`warn`) when they start.
+    ///
+    /// Switch it off only for nodes with `appendonly yes` and `appendfsync always`, or for
+    /// throwaway nodes started empty by the same program (tests, demos). If other clients
+    /// lock the same names with longer TTLs, give this client that TTL as its default.
+    pub fn restart_quarantine(mut self, on: bool) -> Self {
+        self.restart_quarantine = on;
+        self
+    }
+
+    /// Checks every setting and creates the nodes (without I/O): the settings of a client.
+    pub(super) fn validate(self) -> Result<Settings, ConfigError> {
+        let n = self.urls.len();
+        if n == 0 {
+            return Err(ConfigError::NoNodes);
+        }
+        if n.is_multiple_of(2) {
+            return Err(ConfigError::EvenNodeCount { nodes: n });
+        }
+        check_ttl(self.ttl, self.node_timeout)?;
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return Err(ConfigError::DriftFactorOutOfRange {
+                drift_factor: self.drift_factor,
+            });
+        }
+        if self
+            .min_validity
+            .saturating_add(quorum::drift(self.ttl, self.drift_factor))
+            >= self.ttl
+        {
+            return Err(ConfigError::MinValidityTooLong {
+                min_validity: self.min_validity,
+                ttl: self.ttl,
+            });
+        }
+        if self.max_attempts == 0 {
+            return Err(ConfigError::ZeroAttempts);
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::ZeroConnectTimeout);
+        }
+        if !(self.extend_fraction > 0.0 && self.extend_fraction < 1.0) {
+            return Err(ConfigError::ExtendFractionOutOfRange {
+                fraction: self.extend_fraction,
+            });
+        }
+        let max_ttl_ms = Arc::new(AtomicU64::new(ttl_ms(self.ttl)));
+        let settings = NodeSettings {
+            connect_timeout: self.connect_timeout,
+            reconnect_after_timeouts: self.reconnect_after_timeouts,
+            quarantine: self.restart_quarantine,
+            max_ttl_ms: Arc::clone(&max_ttl_ms),
+        };
+        let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(n);
+        for url in &self.urls {
+            let client = Client::open(url.as_str()).map_err(|e| ConfigError::InvalidUrl {
+                url: redact(url),
+                reason: e.to_string(),
+            })?;
+            let label = client.get_connection_info().addr().to_string();
+            if nodes.iter().any(|other| other.label() == label) {
+                return Err(ConfigError::DuplicateNode { node: label });
+            }
+            nodes.push(Arc::new(Node::new(label, client, settings.clone())));
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            for node in &nodes {
+                node.kick();
+            }
+        }
+        Ok(Settings {
+            nodes,
+            ttl: self.ttl,
+            node_timeout: self.node_timeout,
+            drift_factor: self.drift_factor,
+            max_attempts: self.max_attempts,
+            retry_delay: self.retry_delay,
+            retry_jitter: self.retry_jitter,
+            retry_deadline: self.retry_deadline,
+            key_prefix: self.key_prefix,
+            min_validity: self.min_validity,
+            max_ttl_ms,
+            keep_alive: KeepAlive {
+                fraction: self.extend_fraction,
+                max_hold: self.max_hold,
+                max_extensions: self.max_extensions,
+            },
+            fencing: self.fencing,
+        })
+    }
+}
+
+/// The checked settings of a client, shared by its clones.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) nodes: Vec<Arc<Node>>,
+    pub(crate) ttl: Duration,
+    pub(crate) node_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) max_attempts: u32,
+    pub(crate) retry_delay: Duration,
+    pub(crate) retry_jitter: Duration,
+    pub(crate) retry_deadline: Option<Duration>,
+    pub(crate) key_prefix: Vec<u8>,
+    pub(crate) min_validity: Duration,
+    /// The longest TTL used so far, in ms (shared with the nodes, for quarantines).
+    pub(crate) max_ttl_ms: Arc<AtomicU64>,
+    pub(crate) keep_alive: KeepAlive,
+    /// Whether acquisitions get a fencing number unless a handle says otherwise.
+    pub(crate) fencing: bool,
+}
+
+/// Checks a TTL against the limits and the per-node timeout.
+pub(crate) fn check_ttl(ttl: Duration, node_timeout: Duration) -> Result<(), ConfigError> {
+    if ttl.as_millis() == 0 {
+        return Err(ConfigError::ZeroTtl);
+    }
+    if ttl > MAX_TTL {
+        return Err(ConfigError::TtlTooLong { ttl });
+    }
+    if node_timeout.is_zero() {
+        return Err(ConfigError::ZeroNodeTimeout);
+    }
+    if node_timeout
+        .checked_mul(MIN_TTL_TO_TIMEOUT_RATIO)
+        .is_none_or(|t| t > ttl)
+    {
+        return Err(ConfigError::NodeTimeoutTooLong { node_timeout, ttl });
+    }
+    Ok(())
+}
+
+/// A TTL in whole milliseconds.
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A URL with any `user:password@` part removed, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_credentials() {
+        assert_eq!(
+            redact("rediss://user:secret@host:6380/0"),
+            "rediss://***@host:6380/0"
+        );
+        assert_eq!(redact("redis://host:1"), "redis://host:1");
+    }
+}
+
+/// How a [`LockGuard`](crate::LockGuard) keeps its lock alive; set on the builder
+/// ([`extend_fraction`](RedlockBuilder::extend_fraction),
+/// [`max_hold`](RedlockBuilder::max_hold),
+/// [`max_extensions`](RedlockBuilder::max_extensions)).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeepAlive {
+    pub(crate) fraction: f64,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) max_extensions: Option<u32>,
+}

@@ -1,0 +1,112 @@
+//! Releasing: compare-and-delete on every node, and the background release of dropped
+//! locks and attempts.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use tower_redlock::Redlock;
+//!
+//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let lock = redlock.lock("invoice:42").await?;
+//! let report = redlock.unlock(&lock).await;
+//! println!("released on {}, gone on {}", report.released(), report.not_held());
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Redlock, later};
+use crate::error::NodeFailure;
+use crate::fanout;
+use crate::scripts::{Arg, Invocation, RELEASE_SCRIPT, parse_flag};
+use crate::token::{Lock, Resource};
+
+/// The outcome of [`Redlock::unlock`]: on how many nodes our key was deleted.
+///
+/// Releasing never deletes a key that holds another client's value; a lock that already
+/// expired simply counts as not held.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Released {
+    released: usize,
+    not_held: usize,
+    failures: Vec<NodeFailure>,
+}
+
+impl Released {
+    /// Nodes on which the key still held our value and was deleted.
+    pub fn released(&self) -> usize {
+        self.released
+    }
+
+    /// Nodes on which the key no longer held our value (expired, or someone else's).
+    pub fn not_held(&self) -> usize {
+        self.not_held
+    }
+
+    /// Nodes that did not answer or failed; their keys expire at the end of the TTL.
+    pub fn failures(&self) -> &[NodeFailure] {
+        &self.failures
+    }
+}
+
+impl Redlock {
+    /// Releases `lock` on every node (see [`Redlock::unlock`]).
+    pub(super) async fn release(&self, lock: &Lock) -> Released {
+        let out = self
+            .release_key(lock.key(), lock.value().as_bytes(), lock.ttl)
+            .await;
+        tracing::debug!(
+            released = out.released,
+            not_held = out.not_held,
+            failed = out.failures.len(),
+            "redlock released"
+        );
+        out
+    }
+
+    /// Compare-and-delete of `value` at `key` on every node, waiting for all answers
+    /// (each bounded by the per-node timeout, or the TTL if shorter).
+    pub(super) async fn release_key(&self, key: &[u8], value: &[u8], ttl: Duration) -> Released {
+        let inv = Invocation {
+            script: &RELEASE_SCRIPT,
+            keys: &[key],
+            args: &[Arg::Bytes(value)],
+        };
+        let deadline = later(Instant::now(), self.inner.node_timeout.min(ttl));
+        let (mut released, mut not_held) = (0, 0);
+        let failures = fanout::everywhere(&self.inner.nodes, &inv, deadline, |reply| {
+            match parse_flag(reply)? {
+                true => released += 1,
+                false => not_held += 1,
+            }
+            Ok(())
+        })
+        .await;
+        Released {
+            released,
+            not_held,
+            failures,
+        }
+    }
+
+    /// Spawns a release of `value` on every node, if a tokio runtime is running;
+    /// otherwise the keys expire at the end of their TTL. Never blocks.
+    pub(crate) fn release_in_background(
+        &self,
+        resource: Arc<Resource>,
+        value: Arc<str>,
+        ttl: Duration,
+    ) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let redlock = self.clone();
+                handle.spawn(async move {
+                    redlock
+                        .release_key(&resource.key, value.as_bytes(), ttl)
+                        .await;
+                });
+            }
+            Err(_) => tracing::debug!("no tokio runtime: the lock will expire at its TTL"),
+        }
+    }
+}

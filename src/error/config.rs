@@ -1,0 +1,141 @@
+//! [`ConfigError`]: a configuration the builder refuses, and what to change.
+//!
+//! ```
+//! use tower_redlock::{ConfigError, Redlock};
+//!
+//! let err = Redlock::builder(["redis://a:1", "redis://b:1"]).build().unwrap_err();
+//! assert_eq!(err, ConfigError::EvenNodeCount { nodes: 2 });
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::defaults::{MAX_TTL, MIN_TTL_TO_TIMEOUT_RATIO};
+
+/// A configuration the builder refuses; returned by [`RedlockBuilder::build`](crate::RedlockBuilder::build)
+/// and, for per-call TTL overrides, inside [`LockError::Config`](crate::LockError::Config).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The node list is empty.
+    NoNodes,
+    /// The node list has an even number of nodes.
+    EvenNodeCount {
+        /// How many nodes were given.
+        nodes: usize,
+    },
+    /// The same node appears twice, which would let one server count twice towards the quorum.
+    DuplicateNode {
+        /// The node, without credentials.
+        node: String,
+    },
+    /// A node URL could not be parsed or is not supported.
+    InvalidUrl {
+        /// The URL, without credentials.
+        url: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// The TTL is zero (below one millisecond).
+    ZeroTtl,
+    /// The TTL is above [`MAX_TTL`](crate::defaults::MAX_TTL).
+    TtlTooLong {
+        /// The TTL asked for.
+        ttl: Duration,
+    },
+    /// The per-node timeout is zero.
+    ZeroNodeTimeout,
+    /// The per-node timeout is not far below the TTL: it must be at most
+    /// TTL / [`MIN_TTL_TO_TIMEOUT_RATIO`](crate::defaults::MIN_TTL_TO_TIMEOUT_RATIO).
+    NodeTimeoutTooLong {
+        /// The per-node timeout.
+        node_timeout: Duration,
+        /// The TTL it was checked against.
+        ttl: Duration,
+    },
+    /// The clock drift factor is outside `[0, 0.5)`.
+    DriftFactorOutOfRange {
+        /// The factor asked for.
+        drift_factor: f64,
+    },
+    /// The minimum validity is not below the TTL minus the drift allowance, so no lock could
+    /// ever be granted.
+    MinValidityTooLong {
+        /// The minimum validity asked for.
+        min_validity: Duration,
+        /// The TTL it was checked against.
+        ttl: Duration,
+    },
+    /// `max_attempts` is zero.
+    ZeroAttempts,
+    /// The connect timeout is zero.
+    ZeroConnectTimeout,
+    /// The extension fraction of a guard is outside `(0, 1)`.
+    ExtendFractionOutOfRange {
+        /// The fraction asked for.
+        fraction: f64,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoNodes => f.write_str(
+                "no Redis nodes given: pass one URL (single instance) or an odd number of \
+                 independent masters such as 3 or 5",
+            ),
+            Self::EvenNodeCount { nodes } => write!(
+                f,
+                "{nodes} nodes given: use an odd number ({} or {}); an even count tolerates no \
+                 more failed nodes than one node fewer",
+                nodes - 1,
+                nodes + 1
+            ),
+            Self::DuplicateNode { node } => write!(
+                f,
+                "node {node} is listed twice: every node must be a distinct, independent Redis master"
+            ),
+            Self::InvalidUrl { url, reason } => write!(
+                f,
+                "invalid Redis URL {url:?}: {reason}; expected redis://[user:password@]host:port[/db] \
+                 or rediss://... (with the `tls-rustls` feature)"
+            ),
+            Self::ZeroTtl => f.write_str("the TTL is zero: give a TTL of at least a few seconds"),
+            Self::TtlTooLong { ttl } => write!(
+                f,
+                "the TTL {ttl:?} is longer than the maximum {MAX_TTL:?}: use a shorter TTL and extend the lock"
+            ),
+            Self::ZeroNodeTimeout => f.write_str(
+                "the per-node timeout is zero: give a few tens of milliseconds (the default is 50 ms)",
+            ),
+            Self::NodeTimeoutTooLong { node_timeout, ttl } => write!(
+                f,
+                "the per-node timeout {node_timeout:?} is not far below the TTL {ttl:?}: it must be at \
+                 most TTL / {MIN_TTL_TO_TIMEOUT_RATIO} so that a slow node cannot eat the lock's \
+                 validity; lower the timeout or raise the TTL"
+            ),
+            Self::DriftFactorOutOfRange { drift_factor } => write!(
+                f,
+                "the drift factor {drift_factor} is outside [0, 0.5): the usual value is 0.01"
+            ),
+            Self::MinValidityTooLong { min_validity, ttl } => write!(
+                f,
+                "the minimum validity {min_validity:?} leaves no room in the TTL {ttl:?} once the \
+                 drift allowance is taken off: lower it or raise the TTL"
+            ),
+            Self::ZeroAttempts => {
+                f.write_str("max_attempts is zero: give at least 1 (1 means no retry)")
+            }
+            Self::ZeroConnectTimeout => f.write_str(
+                "the connect timeout is zero: give at least the time a TCP (and TLS) handshake takes",
+            ),
+            Self::ExtendFractionOutOfRange { fraction } => write!(
+                f,
+                "the extension fraction {fraction} is outside (0, 1): guards extend their lock \
+                 every TTL * fraction; the usual value is 1/3"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

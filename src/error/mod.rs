@@ -1,0 +1,310 @@
+//! Errors: what went wrong, on which node, and what to do about it.
+//!
+//! There are three layers of errors:
+//!
+//! - [`ConfigError`]: the builder refused a configuration (no nodes, a bad URL, a zero TTL,
+//!   ...). Fix the configuration; retrying will not help.
+//! - [`LockError`]: an operation did not get or keep the lock. Each variant says why:
+//!   [`Busy`](LockError::Busy) (someone else holds it), [`NoQuorum`](LockError::NoQuorum)
+//!   (too many nodes failed, each with its [`NodeFailure`]),
+//!   [`ValidityExhausted`](LockError::ValidityExhausted), [`NotHeld`](LockError::NotHeld),
+//!   [`InvalidName`](LockError::InvalidName) and [`Config`](LockError::Config).
+//! - [`NodeError`]: why one Redis node did not take part in a quorum.
+//!
+//! ```
+//! use tower_redlock::{ConfigError, Redlock};
+//!
+//! let err = Redlock::builder(Vec::<String>::new()).build().unwrap_err();
+//! assert!(matches!(err, ConfigError::NoNodes));
+//! println!("{err}"); // says what happened and what to do
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+mod config;
+mod node;
+
+pub use config::ConfigError;
+pub use node::{ErrorDetail, NodeError, NodeFailure};
+
+/// Why an operation on a lock (acquire, extend) did not succeed.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Another client holds the lock on enough nodes that no quorum is possible.
+    Busy {
+        /// On how many nodes another client's value was found (in the last attempt).
+        held_elsewhere: usize,
+        /// How many nodes there are.
+        nodes: usize,
+        /// The longest remaining TTL seen on the other client's keys: a hint for when to
+        /// retry. `None` when no node reported one.
+        retry_after: Option<Duration>,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// Too many nodes failed (timeouts, refused connections, Redis errors) to reach the
+    /// quorum. Each failure is listed with its node.
+    NoQuorum {
+        /// How many nodes had to agree.
+        needed: usize,
+        /// How many agreed.
+        reached: usize,
+        /// How many answered that another client holds the lock.
+        held_elsewhere: usize,
+        /// The nodes that failed in the last attempt and why; nodes whose answer was not
+        /// awaited once the outcome was certain are not listed.
+        failures: Vec<NodeFailure>,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// A quorum was reached, but so late that less than the minimum validity was left of
+    /// the TTL once the elapsed time and the drift allowance were taken off.
+    ValidityExhausted {
+        /// How long the attempt took.
+        elapsed: Duration,
+        /// The TTL asked for.
+        ttl: Duration,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// The lock is no longer ours on a quorum of nodes (it expired, or someone deleted or
+    /// replaced it): extending it is not possible. Acquire it again.
+    NotHeld {
+        /// On how many nodes the lock was still ours.
+        held_on: usize,
+        /// How many nodes had to agree.
+        needed: usize,
+        /// Nodes that failed outright, if any.
+        failures: Vec<NodeFailure>,
+        /// How many attempts were made (a guard retries a failed extension while the
+        /// validity leaves room).
+        attempts: u32,
+    },
+    /// The lock name was rejected.
+    InvalidName {
+        /// Why.
+        reason: &'static str,
+    },
+    /// A per-call setting (such as a TTL override) is invalid.
+    Config(ConfigError),
+    /// The operating system's random number generator failed.
+    Entropy(String),
+}
+
+impl LockError {
+    /// Whether retrying later can help (busy, no quorum, validity exhausted).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Busy { .. } | Self::NoQuorum { .. } | Self::ValidityExhausted { .. }
+        )
+    }
+
+    /// How many attempts the operation made, for the errors that come from talking to the
+    /// nodes.
+    pub fn attempts(&self) -> Option<u32> {
+        match self {
+            Self::Busy { attempts, .. }
+            | Self::NoQuorum { attempts, .. }
+            | Self::ValidityExhausted { attempts, .. }
+            | Self::NotHeld { attempts, .. } => Some(*attempts),
+            _ => None,
+        }
+    }
+}
+
+/// Why one round of node calls (an acquire or extend attempt) failed, before the number
+/// of attempts is known: [`into_error`](Self::into_error) makes the [`LockError`].
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Busy {
+        held_elsewhere: usize,
+        nodes: usize,
+        retry_after: Option<Duration>,
+    },
+    NoQuorum {
+        needed: usize,
+        reached: usize,
+        held_elsewhere: usize,
+        failures: Vec<NodeFailure>,
+    },
+    ValidityExhausted {
+        elapsed: Duration,
+        ttl: Duration,
+    },
+    NotHeld {
+        held_on: usize,
+        needed: usize,
+        failures: Vec<NodeFailure>,
+    },
+    /// Not about the nodes (a bad name or setting, the random generator).
+    Other(LockError),
+}
+
+impl Failure {
+    /// Whether another attempt can help.
+    pub(crate) fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Busy { .. } | Self::NoQuorum { .. } | Self::ValidityExhausted { .. }
+        )
+    }
+
+    /// Whether the attempt failed only because its node calls ran into the deadline.
+    pub(crate) fn cut_by_deadline(&self) -> bool {
+        matches!(self, Self::NoQuorum { failures, .. }
+            if failures.iter().all(|f| f.error == NodeError::Timeout))
+    }
+
+    /// The error of an operation that made `attempts` attempts and failed with this.
+    pub(crate) fn into_error(self, attempts: u32) -> LockError {
+        match self {
+            Self::Busy {
+                held_elsewhere,
+                nodes,
+                retry_after,
+            } => LockError::Busy {
+                held_elsewhere,
+                nodes,
+                retry_after,
+                attempts,
+            },
+            Self::NoQuorum {
+                needed,
+                reached,
+                held_elsewhere,
+                failures,
+            } => LockError::NoQuorum {
+                needed,
+                reached,
+                held_elsewhere,
+                failures,
+                attempts,
+            },
+            Self::ValidityExhausted { elapsed, ttl } => LockError::ValidityExhausted {
+                elapsed,
+                ttl,
+                attempts,
+            },
+            Self::NotHeld {
+                held_on,
+                needed,
+                failures,
+            } => LockError::NotHeld {
+                held_on,
+                needed,
+                failures,
+                attempts,
+            },
+            Self::Other(e) => e,
+        }
+    }
+}
+
+impl From<LockError> for Failure {
+    fn from(e: LockError) -> Self {
+        Self::Other(e)
+    }
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Busy {
+                held_elsewhere,
+                nodes,
+                retry_after,
+                attempts,
+            } => {
+                write!(
+                    f,
+                    "the lock is held by another client on {held_elsewhere} of {nodes} nodes \
+                     (after {attempts} attempt(s))"
+                )?;
+                match retry_after {
+                    Some(d) => write!(
+                        f,
+                        "; it expires in about {d:?}: retry then, or wait with lock()"
+                    ),
+                    None => f.write_str("; retry later, or wait with lock()"),
+                }
+            }
+            Self::NoQuorum {
+                needed,
+                reached,
+                held_elsewhere,
+                failures,
+                attempts,
+            } => {
+                write!(
+                    f,
+                    "no quorum: {reached} node(s) granted the lock, {needed} needed"
+                )?;
+                if *held_elsewhere > 0 {
+                    write!(f, ", {held_elsewhere} held by another client")?;
+                }
+                write!(
+                    f,
+                    " (after {attempts} attempt(s)); check that a majority of nodes is up and reachable"
+                )?;
+                for (i, fail) in failures.iter().enumerate() {
+                    f.write_str(if i == 0 { ": " } else { "; " })?;
+                    write!(f, "{fail}")?;
+                }
+                Ok(())
+            }
+            Self::ValidityExhausted {
+                elapsed,
+                ttl,
+                attempts,
+            } => write!(
+                f,
+                "the quorum took {elapsed:?} of the TTL {ttl:?}, leaving too little validity \
+                 (after {attempts} attempt(s)); nodes are slow: raise the TTL or lower the per-node timeout"
+            ),
+            Self::NotHeld {
+                held_on,
+                needed,
+                failures,
+                attempts,
+            } => {
+                write!(
+                    f,
+                    "the lock is no longer held: it is ours on {held_on} node(s), {needed} needed \
+                     (after {attempts} attempt(s)); it expired or was taken over: acquire it again"
+                )?;
+                for (i, fail) in failures.iter().enumerate() {
+                    f.write_str(if i == 0 { " (failed: " } else { "; " })?;
+                    write!(f, "{fail}")?;
+                    if i + 1 == failures.len() {
+                        f.write_str(")")?;
+                    }
+                }
+                Ok(())
+            }
+            Self::InvalidName { reason } => write!(f, "invalid lock name: {reason}"),
+            Self::Config(e) => write!(f, "invalid setting: {e}"),
+            Self::Entropy(e) => write!(
+                f,
+                "the operating system's random number generator failed: {e}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Config(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<ConfigError> for LockError {
+    fn from(e: ConfigError) -> Self {
+        Self::Config(e)
+    }
+}

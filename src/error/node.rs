@@ -1,0 +1,206 @@
+//! [`NodeError`]: why one Redis node did not take part in a quorum, with the `redis` error
+//! behind it as its `source()`.
+//!
+//! ```
+//! use tower_redlock::{NodeError, NodeFailure};
+//!
+//! let failure = NodeFailure { node: "127.0.0.1:7001".into(), error: NodeError::Timeout };
+//! assert_eq!(failure.to_string(), "127.0.0.1:7001: timed out");
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why one node did not count towards a quorum.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The node did not answer within the per-node timeout (or the lock's remaining
+    /// validity, if shorter). The node may be hung, paused or far away.
+    Timeout,
+    /// The node refused the TCP connection: nothing listens on that port.
+    Refused,
+    /// The node could not be reached or the connection broke (I/O error, TLS or
+    /// authentication failure, connect timeout).
+    Connection(ErrorDetail),
+    /// The node answered with a Redis error, such as `WRONGTYPE` for a key that holds a
+    /// value of another type.
+    Redis(ErrorDetail),
+    /// The node answered something that is not the Redis protocol or not the reply our
+    /// script returns: it is probably not a Redis server.
+    Protocol(ErrorDetail),
+    /// The lock key no longer held our value when the fencing number was to be recorded
+    /// (it expired, or the node lost its data in between).
+    LockLost,
+    /// The node restarted (its run id changed), or it has been up for less than the
+    /// longest TTL in use, so it may have lost lock keys that are still valid: it takes
+    /// no part in acquiring or extending until every such lock has expired. See
+    /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine).
+    Quarantined {
+        /// How much longer the quarantine lasts.
+        remaining: Duration,
+    },
+}
+
+impl NodeError {
+    /// Whether this error means the connection must be rebuilt.
+    pub(crate) fn breaks_connection(&self) -> bool {
+        matches!(
+            self,
+            Self::Refused | Self::Connection(_) | Self::Protocol(_)
+        )
+    }
+}
+
+impl fmt::Display for NodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Timeout => f.write_str("timed out"),
+            Self::Refused => f.write_str("connection refused"),
+            Self::Connection(e) => write!(f, "connection failed: {e}"),
+            Self::Redis(e) => write!(f, "Redis error: {e}"),
+            Self::Protocol(e) => write!(f, "protocol error (is this a Redis server?): {e}"),
+            Self::Quarantined { remaining } => write!(
+                f,
+                "restarted or started recently and may have lost lock keys: kept out of \
+                 acquisitions for another {remaining:?} (releases still go to it)"
+            ),
+            Self::LockLost => f.write_str(
+                "the lock key vanished before its fencing number was recorded (expired or data lost)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for NodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Connection(d) | Self::Redis(d) | Self::Protocol(d) => d.source(),
+            _ => None,
+        }
+    }
+}
+
+impl From<redis::RedisError> for NodeError {
+    fn from(e: redis::RedisError) -> Self {
+        use redis::ErrorKind;
+        if e.is_connection_refusal() {
+            return Self::Refused;
+        }
+        if e.is_timeout() {
+            return Self::Timeout;
+        }
+        match e.kind() {
+            ErrorKind::Parse | ErrorKind::UnexpectedReturnType | ErrorKind::RESP3NotSupported => {
+                Self::Protocol(ErrorDetail::from(e))
+            }
+            ErrorKind::Server(_) | ErrorKind::Extension => Self::Redis(ErrorDetail::from(e)),
+            _ => Self::Connection(ErrorDetail::from(e)),
+        }
+    }
+}
+
+/// What a [`NodeError`] says, and the `redis` error behind it, if there was one, as its
+/// [`source`](std::error::Error::source).
+///
+/// It reads as the message (`Deref<Target = str>`, `Display`); two details are equal when
+/// their messages are.
+///
+/// ```
+/// use tower_redlock::NodeError;
+///
+/// let err = NodeError::Redis("WRONGTYPE Operation against a key".into());
+/// if let NodeError::Redis(detail) = &err {
+///     assert!(detail.contains("WRONGTYPE"));
+/// }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ErrorDetail {
+    message: String,
+    cause: Option<Arc<redis::RedisError>>,
+}
+
+impl ErrorDetail {
+    /// The message.
+    pub fn as_str(&self) -> &str {
+        &self.message
+    }
+
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<redis::RedisError> for ErrorDetail {
+    fn from(e: redis::RedisError) -> Self {
+        Self {
+            message: e.to_string(),
+            cause: Some(Arc::new(e)),
+        }
+    }
+}
+
+impl From<String> for ErrorDetail {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            cause: None,
+        }
+    }
+}
+
+impl From<&str> for ErrorDetail {
+    fn from(message: &str) -> Self {
+        Self::from(message.to_owned())
+    }
+}
+
+impl std::ops::Deref for ErrorDetail {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ErrorDetail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl PartialEq for ErrorDetail {
+    fn eq(&self, other: &Self) -> bool {
+        self.message == other.message
+    }
+}
+
+impl Eq for ErrorDetail {}
+
+/// One node's failure within an operation: which node and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFailure {
+    /// The node's address (`host:port`, without credentials).
+    pub node: String,
+    /// What went wrong there.
+    pub error: NodeError,
+}
+
+impl NodeFailure {
+    /// The failure of the node labelled `node`.
+    pub(crate) fn new(node: &str, error: NodeError) -> Self {
+        Self {
+            node: node.to_owned(),
+            error,
+        }
+    }
+}
+
+impl fmt::Display for NodeFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.node, self.error)
+    }
+}
