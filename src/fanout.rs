@@ -23,7 +23,7 @@ use redis::Value;
 use crate::error::{Failure, NodeError, NodeFailure};
 use crate::node::Node;
 use crate::quorum::{Decision, Outcome, Tally};
-use crate::scripts::Invocation;
+use crate::scripts::Request;
 
 /// What a round of node calls came to.
 #[derive(Debug)]
@@ -50,13 +50,13 @@ impl Round {
     }
 }
 
-/// Sends `inv` to the nodes whose index `to` accepts, all at once; the answers arrive as
+/// Sends `request` to the nodes whose index `to` accepts, all at once; the answers arrive as
 /// they come, with the node's index. With `acquiring` (acquire, fence, extend), quarantined
 /// nodes fail at once; releases go to them too.
 fn send<'a>(
     nodes: &'a [Arc<Node>],
-    inv: &'a Invocation<'a>,
-    by_sha: &'a redis::Cmd,
+    request: &'a Request<'a>,
+    cmd: &'a redis::Cmd,
     deadline: Instant,
     to: impl Fn(usize) -> bool,
     acquiring: bool,
@@ -66,17 +66,17 @@ fn send<'a>(
         .enumerate()
         .filter(|(i, _)| to(*i))
         .map(move |(i, node)| async move {
-            (i, node, node.call(inv, by_sha, deadline, acquiring).await)
+            (i, node, node.call(request, cmd, deadline, acquiring).await)
         })
         .collect()
 }
 
-/// A round of `inv` (an acquire, fence or extend) on the nodes whose index `to` accepts
+/// A round of `request` (an acquire, fence or extend) on the nodes whose index `to` accepts
 /// (the others count as failed), until the outcome is certain. `on_reply` turns each
 /// node's answer into its outcome, or into the error listed for that node.
 pub(crate) async fn decide<F>(
     nodes: &[Arc<Node>],
-    inv: &Invocation<'_>,
+    request: &Request<'_>,
     deadline: Instant,
     to: impl Fn(usize) -> bool,
     mut on_reply: F,
@@ -91,8 +91,8 @@ where
     for _ in (0..nodes.len()).filter(|i| !to(*i)) {
         round.tally.record_outcome(Outcome::Failed);
     }
-    let by_sha = inv.cmd(true);
-    let mut calls = send(nodes, inv, &by_sha, deadline, to, true);
+    let cmd = request.cmd();
+    let mut calls = send(nodes, request, &cmd, deadline, to, true);
     while round.tally.decision() == Decision::Pending || round.tally.busy_undecided() {
         let Some((i, node, reply)) = calls.next().await else {
             break;
@@ -106,19 +106,19 @@ where
     round
 }
 
-/// `inv` (a release) on every node, quarantined ones included, awaiting every answer (each
+/// `request` (a release) on every node, quarantined ones included, awaiting every answer (each
 /// bounded by `deadline`); `on_reply` takes each answer. Returns the nodes that failed.
 pub(crate) async fn everywhere<F>(
     nodes: &[Arc<Node>],
-    inv: &Invocation<'_>,
+    request: &Request<'_>,
     deadline: Instant,
     mut on_reply: F,
 ) -> Vec<NodeFailure>
 where
     F: FnMut(Value) -> Result<(), NodeError>,
 {
-    let by_sha = inv.cmd(true);
-    let mut calls = send(nodes, inv, &by_sha, deadline, |_| true, false);
+    let cmd = request.cmd();
+    let mut calls = send(nodes, request, &cmd, deadline, |_| true, false);
     let mut failures = Vec::new();
     while let Some((_, node, reply)) = calls.next().await {
         if let Err(error) = reply.and_then(&mut on_reply) {

@@ -7,7 +7,7 @@ use crate::error::NodeError;
 use crate::fanout::{self, Round};
 use crate::node::Node;
 use crate::quorum::Outcome;
-use crate::scripts::{Arg, FENCE_SCRIPT, FenceRead, Invocation, parse_flag};
+use crate::scripts::{Arg, FENCE_SCRIPT, FenceRead, Invocation, Request, parse_flag};
 
 /// A set of node indices, one bit per node. Nodes beyond the 64th are never in it, which
 /// only ever makes phase 2 ask a node more, never less.
@@ -73,14 +73,14 @@ pub(crate) async fn phase_two(
     refused: NodeMask,
 ) -> Round {
     let args = [Arg::Bytes(value), Arg::Bytes(field), Arg::Int(token)];
-    let inv = Invocation {
+    let request = Request::Script(Invocation {
         script: &FENCE_SCRIPT,
         keys,
         args: &args,
-    };
+    });
     fanout::decide(
         nodes,
-        &inv,
+        &request,
         deadline,
         |i| !refused.contains(i),
         |_, reply| match parse_flag(reply?)? {

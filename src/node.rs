@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use tokio::time::timeout_at;
 
 use crate::error::NodeError;
-use crate::scripts::{self, Invocation};
+use crate::scripts::{self, Request};
 
 /// Shortest wait before reconnecting after a failed connect.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -332,12 +332,12 @@ impl Node {
         }
     }
 
-    /// Runs one script call, bounded by `deadline` (connection wait included). With
+    /// Runs one request, bounded by `deadline` (connection wait included). With
     /// `acquiring` (acquire and extend), a quarantined node fails at once.
     pub(crate) async fn call(
         self: &Arc<Self>,
-        inv: &Invocation<'_>,
-        by_sha: &redis::Cmd,
+        request: &Request<'_>,
+        cmd: &redis::Cmd,
         deadline: Instant,
         acquiring: bool,
     ) -> Result<Value, NodeError> {
@@ -346,16 +346,7 @@ impl Node {
             Ok(c) => c?,
             Err(_) => return Err(NodeError::Timeout),
         };
-        let run = async {
-            match by_sha.query_async::<Value>(&mut conn).await {
-                Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    inv.cmd(false).query_async::<Value>(&mut conn).await
-                }
-                other => other,
-            }
-        };
+        let run = request.run(&mut conn, cmd);
         match timeout_at(deadline, run).await {
             Ok(Ok(v)) => {
                 if self.consecutive_timeouts.load(Ordering::Relaxed) != 0 {

@@ -12,6 +12,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Value};
 
 use crate::error::NodeError;
@@ -31,24 +32,21 @@ impl Script {
     }
 }
 
-/// `KEYS[1]` = lock key, `ARGV[1]` = value, `ARGV[2]` = TTL in ms.
-///
-/// Returns `{1}` when the lock was set, `{0, pttl}` when the key exists (pttl is the
-/// holder's remaining TTL in ms, -1 if it has none). `GET` fails with `WRONGTYPE` on a key of
-/// another type, which surfaces as a clear per-node error. The `GET`/`SET PX` pair is
-/// atomic in the script and so equals `SET NX PX`.
-const ACQUIRE: &str = r#"
-if redis.call('GET', KEYS[1]) then
-  return {0, redis.call('PTTL', KEYS[1])}
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1}
+/// The busy path of an unfenced acquisition, which is a plain `SET key value NX PX ttl`:
+/// when that finds the key taken, this asks for the holder's remaining TTL (a hint for when
+/// to retry). `KEYS[1]` = lock key. Returns the PTTL in ms (-1 without expiry, -2 if the key
+/// is gone by now). The `GET` fails with `WRONGTYPE` on a key of another type, which
+/// surfaces as a clear per-node error, as with the fenced script.
+const HOLDER_TTL: &str = r#"
+redis.call('GET', KEYS[1])
+return redis.call('PTTL', KEYS[1])
 "#;
 
 /// Phase 1 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the counters hash,
 /// `ARGV[1]` = value, `ARGV[2]` = TTL in ms, `ARGV[3]` = the name's field in the hash.
 ///
-/// Like [`ACQUIRE`], and on success also returns the node's counter for the name (`""` if
+/// `SET NX PX` as a script (`{0, pttl}` when the key exists, `{1, ...}` when set), and on
+/// success also returns the node's counter for the name (`""` if
 /// it has none) and the server's clock (`TIME`: seconds, microseconds):
 /// `{1, counter, seconds, microseconds}`. The client seeds a missing or lost counter from
 /// the clock; all arithmetic happens in the client, on 64-bit integers (Lua numbers are
@@ -110,7 +108,7 @@ end
 return 0
 "#;
 
-pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
+pub(crate) static HOLDER_TTL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER_TTL));
 pub(crate) static ACQUIRE_FENCED_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_FENCED));
 pub(crate) static FENCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE));
@@ -120,7 +118,7 @@ pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new
 /// Every script, for `SCRIPT LOAD` on connect.
 pub(crate) fn all() -> [&'static Script; 5] {
     [
-        &ACQUIRE_SCRIPT,
+        &HOLDER_TTL_SCRIPT,
         &ACQUIRE_FENCED_SCRIPT,
         &FENCE_SCRIPT,
         &RELEASE_SCRIPT,
@@ -142,7 +140,72 @@ pub(crate) struct Invocation<'a> {
     pub(crate) args: &'a [Arg<'a>],
 }
 
+/// What a round sends to every node.
+pub(crate) enum Request<'a> {
+    /// A script call.
+    Script(Invocation<'a>),
+    /// An unfenced acquisition: `SET key value NX PX ttl`, then, only where the key is
+    /// taken, [`HOLDER_TTL`].
+    SetNx {
+        key: &'a [u8],
+        value: &'a [u8],
+        ttl_ms: u64,
+    },
+}
+
+impl Request<'_> {
+    /// The command sent first: built once per round and shared by every node's call.
+    pub(crate) fn cmd(&self) -> Cmd {
+        match self {
+            Self::Script(inv) => inv.cmd(true),
+            Self::SetNx { key, value, ttl_ms } => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(*key).arg(*value).arg("NX").arg("PX").arg(*ttl_ms);
+                cmd
+            }
+        }
+    }
+
+    /// Runs the request on one connection; `cmd` is [`cmd`](Self::cmd). A script the node
+    /// no longer has (`NOSCRIPT`) is sent again with `EVAL`.
+    pub(crate) async fn run(
+        &self,
+        conn: &mut MultiplexedConnection,
+        cmd: &Cmd,
+    ) -> redis::RedisResult<Value> {
+        match self {
+            Self::Script(inv) => inv.run(conn, cmd).await,
+            Self::SetNx { key, .. } => match cmd.query_async::<Value>(conn).await? {
+                Value::Nil => {
+                    let holder = Invocation {
+                        script: &HOLDER_TTL_SCRIPT,
+                        keys: &[key],
+                        args: &[],
+                    };
+                    holder.run(conn, &holder.cmd(true)).await
+                }
+                set => Ok(set),
+            },
+        }
+    }
+}
+
 impl Invocation<'_> {
+    /// Runs the script by `by_sha` (its `EVALSHA` command), falling back to `EVAL` when the
+    /// node answers `NOSCRIPT`.
+    async fn run(
+        &self,
+        conn: &mut MultiplexedConnection,
+        by_sha: &Cmd,
+    ) -> redis::RedisResult<Value> {
+        match by_sha.query_async::<Value>(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.cmd(false).query_async::<Value>(conn).await
+            }
+            other => other,
+        }
+    }
+
     /// The command: `EVALSHA sha numkeys keys... args...`, or `EVAL code ...` when `by_sha`
     /// is false.
     pub(crate) fn cmd(&self, by_sha: bool) -> Cmd {
@@ -169,7 +232,8 @@ impl Invocation<'_> {
     }
 }
 
-/// What a node answered to [`ACQUIRE`] or [`ACQUIRE_FENCED`].
+/// What a node answered to an acquisition: `SET NX PX` (then [`HOLDER_TTL`]) or
+/// [`ACQUIRE_FENCED`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     /// The key was set. With fencing: the node's counter for the name (`None` if it has
@@ -188,16 +252,23 @@ pub(crate) struct FenceRead {
     pub(crate) clock_us: u64,
 }
 
-/// Parses the reply to [`ACQUIRE`] or [`ACQUIRE_FENCED`].
+/// Parses the reply to an acquisition: `OK` (set) or the holder's PTTL from [`HOLDER_TTL`]
+/// for `SET NX PX`, an array for [`ACQUIRE_FENCED`].
 pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
     let bad = |what: &dyn std::fmt::Debug| {
-        NodeError::Protocol(format!("unexpected reply to the acquire script: {what:?}").into())
+        NodeError::Protocol(format!("unexpected reply to the acquire command: {what:?}").into())
     };
-    let Value::Array(items) = v else {
-        return Err(bad(&v));
+    let items = match v {
+        Value::Okay => return Ok(AcquireReply::Won { fence: None }),
+        Value::Int(pttl) => {
+            return Ok(AcquireReply::HeldElsewhere {
+                pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+            });
+        }
+        Value::Array(items) => items,
+        other => return Err(bad(&other)),
     };
     match items.as_slice() {
-        [Value::Int(1)] => Ok(AcquireReply::Won { fence: None }),
         [Value::Int(1), counter, secs, micros] => {
             let counter = match counter {
                 Value::BulkString(b) if b.is_empty() => None,

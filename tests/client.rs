@@ -232,21 +232,26 @@ async fn a_failed_attempt_leaves_no_key_of_ours() {
 #[tokio::test]
 async fn busy_reports_the_holders_remaining_ttl() {
     let cluster = Cluster::start(3);
-    let redlock = builder(cluster.urls()).build().expect("build");
-    let holder = redlock.lock("ttl-hint").await.expect("lock");
-    match redlock.try_lock("ttl-hint").await {
-        Err(LockError::Busy {
-            retry_after: Some(d),
-            ..
-        }) => {
-            assert!(
-                d <= Duration::from_secs(5) && d > Duration::from_secs(3),
-                "{d:?}"
-            );
+    let base = builder(cluster.urls()).build().expect("build");
+    // Fenced acquisitions read the TTL in their script; unfenced ones are a plain SET NX PX
+    // and ask for it only on the busy path.
+    for fencing in [true, false] {
+        let redlock = base.with_fencing(fencing);
+        let holder = redlock.lock("ttl-hint").await.expect("lock");
+        match redlock.try_lock("ttl-hint").await {
+            Err(LockError::Busy {
+                retry_after: Some(d),
+                ..
+            }) => {
+                assert!(
+                    d <= Duration::from_secs(5) && d > Duration::from_secs(3),
+                    "fencing {fencing}: {d:?}"
+                );
+            }
+            other => panic!("fencing {fencing}: expected Busy with a hint, got {other:?}"),
         }
-        other => panic!("expected Busy with a hint, got {other:?}"),
+        redlock.unlock(&holder).await;
     }
-    redlock.unlock(&holder).await;
 }
 
 #[tokio::test]
@@ -645,31 +650,33 @@ async fn a_node_that_speaks_garbage_is_a_clear_per_node_error() {
 #[tokio::test]
 async fn a_wrongtype_key_is_a_clear_per_node_error() {
     let cluster = Cluster::start(3);
-    let redlock = builder(cluster.urls()).build().expect("build");
+    let base = builder(cluster.urls()).build().expect("build");
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
         let _: () = conn.lpush("redlock:listy", "x").await.expect("LPUSH");
     }
-    match redlock.try_lock("listy").await {
-        Err(LockError::NoQuorum {
-            failures,
-            reached: 0,
-            ..
-        }) => {
-            assert!(failures.len() >= 2, "{failures:?}");
-            for f in &failures {
-                match &f.error {
-                    NodeError::Redis(text) => {
-                        assert!(text.contains("WRONGTYPE"), "{text}");
-                        // The redis error behind it stays reachable for callers.
-                        let source = std::error::Error::source(&f.error).expect("a source");
-                        assert!(source.is::<redis::RedisError>(), "{source:?}");
+    for fencing in [true, false] {
+        match base.with_fencing(fencing).try_lock("listy").await {
+            Err(LockError::NoQuorum {
+                failures,
+                reached: 0,
+                ..
+            }) => {
+                assert!(failures.len() >= 2, "{failures:?}");
+                for f in &failures {
+                    match &f.error {
+                        NodeError::Redis(text) => {
+                            assert!(text.contains("WRONGTYPE"), "{text}");
+                            // The redis error behind it stays reachable for callers.
+                            let source = std::error::Error::source(&f.error).expect("a source");
+                            assert!(source.is::<redis::RedisError>(), "{source:?}");
+                        }
+                        other => panic!("expected a Redis error, got {other:?}"),
                     }
-                    other => panic!("expected a Redis error, got {other:?}"),
                 }
             }
+            other => panic!("expected NoQuorum, got {other:?}"),
         }
-        other => panic!("expected NoQuorum, got {other:?}"),
     }
 }
 
@@ -768,4 +775,34 @@ async fn dropping_an_acquisition_half_way_releases_what_landed() {
         cluster.get(0, b"redlock:dropped").await.is_none()
     })
     .await;
+}
+
+#[tokio::test]
+async fn an_unfenced_acquisition_is_one_plain_set_per_node() {
+    let cluster = Cluster::start(1);
+    let redlock = cluster.client(|b| b.fencing(false)).await;
+    let mut raw = cluster.raw(0).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut raw)
+        .await
+        .expect("CONFIG RESETSTAT");
+    let lock = redlock.try_lock("plain").await.expect("free");
+    redlock.unlock(&lock).await;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await
+        .expect("INFO");
+    let calls = |name: &str| {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(calls("set"), 1, "{stats}");
+    // The release is the one script: compare-and-delete.
+    assert_eq!(calls("evalsha"), 1, "{stats}");
+    assert_eq!(calls("eval"), 0, "{stats}");
 }

@@ -14,7 +14,7 @@ use crate::fanout::{self, Round};
 use crate::fencing::{self, PhaseOne};
 use crate::quorum::{self, Outcome};
 use crate::scripts::{
-    ACQUIRE_FENCED_SCRIPT, ACQUIRE_SCRIPT, AcquireReply, Arg, Invocation, parse_acquire,
+    ACQUIRE_FENCED_SCRIPT, AcquireReply, Arg, Invocation, Request, parse_acquire,
 };
 use crate::token::{Lock, Resource, new_value};
 
@@ -141,7 +141,8 @@ impl Redlock {
         }
     }
 
-    /// Step 2: the acquire script on every node at once.
+    /// Step 2: `SET NX PX` on every node at once (as a script that also reads the
+    /// fencing counter when fencing is on).
     async fn set_round(
         &self,
         resource: &Resource,
@@ -150,23 +151,24 @@ impl Redlock {
         start: Instant,
         outer: Option<Instant>,
     ) -> SetRound {
+        let ttl_ms = super::ttl_ms(ttl);
         let keys = [&*resource.key, self.inner.key_prefix.as_slice()];
         let args = [
             Arg::Bytes(value.as_bytes()),
-            Arg::Int(super::ttl_ms(ttl)),
+            Arg::Int(ttl_ms),
             Arg::Bytes(resource.counter_field()),
         ];
-        let inv = if self.fencing {
-            Invocation {
+        let request = if self.fencing {
+            Request::Script(Invocation {
                 script: &ACQUIRE_FENCED_SCRIPT,
                 keys: &keys,
                 args: &args,
-            }
+            })
         } else {
-            Invocation {
-                script: &ACQUIRE_SCRIPT,
-                keys: &keys[..1],
-                args: &args[..2],
+            Request::SetNx {
+                key: &resource.key,
+                value: value.as_bytes(),
+                ttl_ms,
             }
         };
         let deadline = self.call_deadline(start, ttl, outer);
@@ -174,7 +176,7 @@ impl Redlock {
         let mut fencing = PhaseOne::default();
         let round = fanout::decide(
             &self.inner.nodes,
-            &inv,
+            &request,
             deadline,
             |_| true,
             |i, reply| {

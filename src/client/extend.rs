@@ -19,7 +19,7 @@ use super::{Redlock, check_ttl, later, ttl_ms};
 use crate::error::Failure;
 use crate::fanout;
 use crate::quorum::{self, Outcome};
-use crate::scripts::{Arg, EXTEND_SCRIPT, Invocation, parse_flag};
+use crate::scripts::{Arg, EXTEND_SCRIPT, Invocation, Request, parse_flag};
 use crate::token::Lock;
 
 impl Redlock {
@@ -40,17 +40,17 @@ impl Redlock {
         }
         let keys = [lock.key()];
         let args = [Arg::Bytes(lock.value().as_bytes()), Arg::Int(ttl_ms(ttl))];
-        let inv = Invocation {
+        let request = Request::Script(Invocation {
             script: &EXTEND_SCRIPT,
             keys: &keys,
             args: &args,
-        };
+        });
         // The extension must take effect within the current validity.
         let deadline = self.call_deadline(start, ttl, Some(lock.valid_until));
         let mut not_held = 0;
         let round = fanout::decide(
             &self.inner.nodes,
-            &inv,
+            &request,
             deadline,
             |_| true,
             |_, reply| {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::{Redlock, later};
 use crate::error::NodeFailure;
 use crate::fanout;
-use crate::scripts::{Arg, Invocation, RELEASE_SCRIPT, parse_flag};
+use crate::scripts::{Arg, Invocation, RELEASE_SCRIPT, Request, parse_flag};
 use crate::token::{Lock, Resource};
 
 /// The outcome of [`Redlock::unlock`]: on how many nodes our key was deleted.
@@ -67,14 +67,14 @@ impl Redlock {
     /// Compare-and-delete of `value` at `key` on every node, waiting for all answers
     /// (each bounded by the per-node timeout, or the TTL if shorter).
     pub(super) async fn release_key(&self, key: &[u8], value: &[u8], ttl: Duration) -> Released {
-        let inv = Invocation {
+        let request = Request::Script(Invocation {
             script: &RELEASE_SCRIPT,
             keys: &[key],
             args: &[Arg::Bytes(value)],
-        };
+        });
         let deadline = later(Instant::now(), self.inner.node_timeout.min(ttl));
         let (mut released, mut not_held) = (0, 0);
-        let failures = fanout::everywhere(&self.inner.nodes, &inv, deadline, |reply| {
+        let failures = fanout::everywhere(&self.inner.nodes, &request, deadline, |reply| {
             match parse_flag(reply)? {
                 true => released += 1,
                 false => not_held += 1,
