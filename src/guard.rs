@@ -13,14 +13,13 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures_util::future::BoxFuture;
-use tokio::task::JoinHandle;
 
 use crate::client::builder::KeepAlive;
-use crate::client::{Redlock, Released, later};
+use crate::client::{Redlock, Released};
 use crate::error::LockError;
+use crate::keepalive;
 use crate::token::{Lock, LockToken, LostReason, Shared};
 
 /// A held lock that extends itself while the work runs and says when it is lost.
@@ -77,7 +76,8 @@ use crate::token::{Lock, LockToken, LostReason, Shared};
 pub struct LockGuard {
     redlock: Redlock,
     token: LockToken,
-    task: Option<JoinHandle<()>>,
+    /// The lock's id with the client's keep-alive driver, while it extends the lock.
+    keep_alive: Option<u64>,
     released: bool,
 }
 
@@ -93,14 +93,12 @@ impl LockGuard {
     /// Guards `lock`, extending it in the background per `keep_alive` (if given).
     pub(crate) fn new(redlock: Redlock, lock: Lock, keep_alive: Option<KeepAlive>) -> Self {
         let shared = Shared::new(lock);
-        let task = keep_alive.and_then(|ka| {
-            let handle = tokio::runtime::Handle::try_current().ok()?;
-            Some(handle.spawn(keep_alive_task(redlock.clone(), Arc::clone(&shared), ka)))
-        });
+        let keep_alive =
+            keep_alive.and_then(|policy| keepalive::start(&redlock, Arc::clone(&shared), policy));
         Self {
             redlock,
             token: LockToken::from_shared(shared),
-            task,
+            keep_alive,
             released: false,
         }
     }
@@ -119,9 +117,7 @@ impl LockGuard {
     /// The release, as a future that owns what it needs; the guard stays armed (dropping
     /// it still releases in the background) until [`disarm`](Self::disarm).
     pub(crate) fn release_future(&mut self) -> BoxFuture<'static, Released> {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+        self.stop_extending();
         let redlock = self.redlock.clone();
         let shared = Arc::clone(self.token.shared());
         Box::pin(async move {
@@ -129,6 +125,12 @@ impl LockGuard {
             shared.mark_lost(LostReason::Released);
             out
         })
+    }
+
+    fn stop_extending(&mut self) {
+        if let Some(id) = self.keep_alive.take() {
+            keepalive::stop(&self.redlock, id);
+        }
     }
 
     pub(crate) fn disarm(&mut self) {
@@ -176,9 +178,7 @@ impl std::ops::Deref for LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+        self.stop_extending();
         if !self.released {
             let shared = self.token.shared();
             shared.mark_lost(LostReason::Released);
@@ -190,63 +190,4 @@ impl Drop for LockGuard {
             );
         }
     }
-}
-
-/// Extends the lock every `ttl * fraction` until stopped, lost, or a maximum is reached.
-async fn keep_alive_task(redlock: Redlock, shared: Arc<Shared>, ka: KeepAlive) {
-    let mut lock = shared.lock.clone();
-    let ttl = lock.ttl();
-    let interval = ttl.mul_f64(ka.fraction);
-    let hold_end = ka.max_hold.map(|h| later(lock.started(), h));
-    let mut extensions = 0u32;
-    // Attempts at the current extension (retries of a transient failure included).
-    let mut attempts = 0u32;
-    let mut next = later(lock.started(), interval);
-    loop {
-        let wake = hold_end.map_or(next, |end| end.min(next));
-        tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
-        if hold_end.is_some_and(|end| Instant::now() >= end) {
-            finish(&redlock, &shared, &lock, LostReason::MaxHoldReached).await;
-            return;
-        }
-        if ka.max_extensions.is_some_and(|max| extensions >= max) {
-            // Let the last validity run out, then say so (and clean up).
-            let end = lock.valid_until();
-            tokio::time::sleep_until(tokio::time::Instant::from_std(end)).await;
-            finish(&redlock, &shared, &lock, LostReason::MaxExtensionsReached).await;
-            return;
-        }
-        attempts = attempts.saturating_add(1);
-        match redlock.extend_once(&mut lock, ttl).await {
-            Ok(()) => {
-                extensions += 1;
-                attempts = 0;
-                shared.set_valid_until(lock.valid_until());
-                next = later(lock.started(), interval);
-                tracing::trace!(extensions, "redlock guard extended");
-            }
-            Err(failure) => {
-                // Retry a transient failure while the validity leaves room for one more
-                // round of node calls; give up at once if the lock is no longer ours.
-                let room = lock.remaining();
-                let retry_in = redlock.retry_pause();
-                let needed = retry_in.saturating_add(redlock.node_timeout().saturating_mul(2));
-                if failure.is_retryable() && room > needed {
-                    tracing::debug!(?failure, "redlock guard extension failed: retrying");
-                    next = later(Instant::now(), retry_in);
-                    continue;
-                }
-                let e = failure.into_error(attempts);
-                tracing::warn!(error = %e, "redlock guard lost its lock");
-                finish(&redlock, &shared, &lock, LostReason::ExtendFailed(e)).await;
-                return;
-            }
-        }
-    }
-}
-
-/// Signals the loss first (so holders stop at once), then releases what is left.
-async fn finish(redlock: &Redlock, shared: &Shared, lock: &Lock, reason: LostReason) {
-    shared.mark_lost(reason);
-    redlock.unlock(lock).await;
 }

@@ -111,6 +111,7 @@ mod error;
 mod fanout;
 pub mod fencing;
 mod guard;
+mod keepalive;
 pub mod layer;
 mod node;
 pub mod quorum;

@@ -190,3 +190,57 @@ fn dropping_a_guard_while_the_runtime_shuts_down_neither_panics_nor_blocks() {
     drop(rt);
     drop(guard);
 }
+
+/// One keep-alive driver per client extends every guard; a client that outlives the
+/// runtime its driver ran on starts a new driver, so its guards never silently stop
+/// extending.
+#[test]
+fn guards_keep_extending_in_numbers_and_across_runtimes() {
+    let cluster = Cluster::start(3);
+    let redlock = {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(async {
+            let redlock = builder(&cluster).build().expect("build");
+            support::warm(&redlock).await;
+            let guard = redlock.acquire("first-runtime").await.expect("acquire");
+            guard.release().await;
+            redlock
+        })
+    }; // that runtime, and the driver it ran, are gone
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let other = builder(&cluster).build().expect("build");
+        support::warm(&other).await;
+        let guards: Vec<_> =
+            futures_util::future::join_all((0..10).map(|i| redlock.acquire(format!("many-{i}"))))
+                .await
+                .into_iter()
+                .map(|g| g.expect("acquire"))
+                .collect();
+        let first: Vec<_> = guards.iter().map(|g| g.valid_until()).collect();
+        let end = Instant::now() + Duration::from_millis(1_800);
+        while Instant::now() < end {
+            for (i, guard) in guards.iter().enumerate() {
+                assert!(
+                    guard.is_held(),
+                    "guard {i} lost its lock: {:?}",
+                    guard.lost_reason()
+                );
+            }
+            match other.try_lock("many-3").await {
+                Err(LockError::Busy { .. }) => {}
+                slipped => panic!("the lock slipped: {slipped:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for (guard, first) in guards.iter().zip(first) {
+            assert!(
+                guard.valid_until() > first + Duration::from_millis(900),
+                "not extended"
+            );
+        }
+        for guard in guards {
+            assert!(guard.release().await.released() >= 2);
+        }
+    });
+}

@@ -13,11 +13,12 @@
 //! assert!(matches!(err, ConfigError::NodeTimeoutTooLong { .. }));
 //! ```
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::Client;
+use tokio::sync::mpsc::UnboundedSender;
 
 use crate::defaults::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_FENCING,
@@ -28,6 +29,7 @@ use crate::defaults::{
 use crate::error::ConfigError;
 use crate::node::{Node, NodeSettings};
 use crate::quorum;
+use crate::token::Shared;
 
 /// Builds a [`Redlock`](crate::Redlock); see [`Redlock::builder`](crate::Redlock::builder). Every setting has a documented default;
 /// [`build`](Self::build) checks them all.
@@ -287,6 +289,8 @@ impl RedlockBuilder {
                 max_extensions: self.max_extensions,
             },
             fencing: self.fencing,
+            keep_alive_driver: Mutex::new(None),
+            next_guard_id: AtomicU64::new(0),
         })
     }
 }
@@ -309,6 +313,10 @@ pub(crate) struct Settings {
     pub(crate) keep_alive: KeepAlive,
     /// Whether acquisitions get a fencing number unless a handle says otherwise.
     pub(crate) fencing: bool,
+    /// The channel to this client's keep-alive driver, while one runs.
+    pub(crate) keep_alive_driver: Mutex<Option<UnboundedSender<KeepAliveCommand>>>,
+    /// The id of the next guarded lock.
+    pub(crate) next_guard_id: AtomicU64,
 }
 
 /// Checks a TTL against the limits and the per-node timeout.
@@ -369,4 +377,18 @@ pub(crate) struct KeepAlive {
     pub(crate) fraction: f64,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) max_extensions: Option<u32>,
+}
+
+/// Work for a client's keep-alive driver (one task per client that extends every guarded
+/// lock when it is due).
+#[derive(Debug)]
+pub(crate) enum KeepAliveCommand {
+    /// Keep the lock of `shared` alive per `policy`, under `id`.
+    Start {
+        id: u64,
+        shared: Arc<Shared>,
+        policy: KeepAlive,
+    },
+    /// Stop keeping lock `id` alive: it is being released.
+    Stop { id: u64 },
 }

@@ -29,8 +29,8 @@
 //! The operations live in one file each: [`builder`] (settings and checks), `acquire`
 //! (one attempt of the algorithm and the retry loop), `extend`, `release`.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{ConfigError, LockError};
@@ -45,7 +45,8 @@ mod release;
 pub use builder::RedlockBuilder;
 pub use release::Released;
 
-use builder::{KeepAlive, Settings, check_ttl, ttl_ms};
+use builder::{KeepAlive, KeepAliveCommand, Settings, check_ttl, ttl_ms};
+use tokio::sync::mpsc::UnboundedSender;
 
 /// A Redlock client over N independent Redis masters (N = 1 is the plain single-instance
 /// lock; 3 or 5 is Redlock proper).
@@ -229,6 +230,29 @@ impl Redlock {
         self.inner.keep_alive
     }
 
+    /// The channel to this client's keep-alive driver, while one runs.
+    pub(crate) fn keep_alive_driver(
+        &self,
+    ) -> MutexGuard<'_, Option<UnboundedSender<KeepAliveCommand>>> {
+        self.inner
+            .keep_alive_driver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A fresh id for a guarded lock.
+    pub(crate) fn next_guard_id(&self) -> u64 {
+        self.inner.next_guard_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A handle that does not keep the client alive (for its background tasks).
+    pub(crate) fn downgrade(&self) -> WeakRedlock {
+        WeakRedlock {
+            inner: Arc::downgrade(&self.inner),
+            fencing: self.fencing,
+        }
+    }
+
     fn resource(&self, name: &[u8], ttl: Duration) -> Result<Arc<Resource>, LockError> {
         check_ttl(ttl, self.inner.node_timeout)?;
         self.note_ttl(ttl);
@@ -260,6 +284,23 @@ impl Redlock {
         let usable = ttl.saturating_sub(quorum::drift(ttl, self.inner.drift_factor));
         let deadline = later(Instant::now(), self.inner.node_timeout).min(later(start, usable));
         outer.map_or(deadline, |o| o.min(deadline))
+    }
+}
+
+/// A [`Redlock`] that does not keep the client alive.
+#[derive(Debug)]
+pub(crate) struct WeakRedlock {
+    inner: Weak<Settings>,
+    fencing: bool,
+}
+
+impl WeakRedlock {
+    /// The client, if a handle on it still exists.
+    pub(crate) fn upgrade(&self) -> Option<Redlock> {
+        Some(Redlock {
+            inner: self.inner.upgrade()?,
+            fencing: self.fencing,
+        })
     }
 }
 

@@ -1,0 +1,278 @@
+//! The keep-alive driver: one task per client that extends every guarded lock when it is
+//! due, instead of one task per lock.
+//!
+//! A guard hands its lock to the driver ([`start`]) and takes it back when released
+//! ([`stop`]). The driver keeps the locks in a queue ordered by due time and sleeps until
+//! the earliest; extensions that are due run concurrently inside the driver task. It holds
+//! the client weakly and ends once the client and every guard are gone. If the runtime
+//! that ran it shut down, the next guard starts a new one on its own runtime.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let a = redlock.acquire("a").await?; // both extended by the same driver task
+//! let b = redlock.acquire("b").await?;
+//! a.release().await;
+//! b.release().await;
+//! # Ok(()) }
+//! ```
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::mpsc::{self, UnboundedReceiver, error::SendError};
+
+use crate::client::builder::{KeepAlive, KeepAliveCommand};
+use crate::client::{Redlock, WeakRedlock, later};
+use crate::error::Failure;
+use crate::token::{Lock, LostReason, Shared};
+
+/// Hands the lock of `shared` to `redlock`'s driver, starting one if none runs. Returns
+/// the lock's id for [`stop`], or `None` outside a tokio runtime (the lock then runs out).
+pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -> Option<u64> {
+    let handle = tokio::runtime::Handle::try_current().ok()?;
+    let id = redlock.next_guard_id();
+    let command = KeepAliveCommand::Start { id, shared, policy };
+    let mut driver = redlock.keep_alive_driver();
+    let command = match driver.as_ref() {
+        Some(tx) => match tx.send(command) {
+            Ok(()) => return Some(id),
+            Err(SendError(command)) => command,
+        },
+        None => command,
+    };
+    // No driver, or its runtime is gone: start one here.
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(command).ok()?;
+    handle.spawn(drive(redlock.downgrade(), rx));
+    *driver = Some(tx);
+    Some(id)
+}
+
+/// Stops extending lock `id` (its guard is releasing it).
+pub(crate) fn stop(redlock: &Redlock, id: u64) {
+    if let Some(tx) = redlock.keep_alive_driver().as_ref() {
+        // A driver that is gone has nothing left to stop.
+        let _ = tx.send(KeepAliveCommand::Stop { id });
+    }
+}
+
+/// One guarded lock, between extensions.
+struct Entry {
+    shared: Arc<Shared>,
+    /// The lock as of its last extension.
+    lock: Lock,
+    policy: KeepAlive,
+    hold_end: Option<Instant>,
+    interval: Duration,
+    extensions: u32,
+    /// Attempts at the current extension (retries of a transient failure included).
+    attempts: u32,
+}
+
+impl Entry {
+    fn new(shared: Arc<Shared>, policy: KeepAlive) -> Self {
+        let lock = shared.lock.clone();
+        let interval = lock.ttl().mul_f64(policy.fraction);
+        Self {
+            hold_end: policy.max_hold.map(|h| later(lock.started(), h)),
+            shared,
+            lock,
+            policy,
+            interval,
+            extensions: 0,
+            attempts: 0,
+        }
+    }
+
+    /// When to act next: the next extension, or the end of the hold if sooner.
+    fn due(&self, next: Instant) -> Instant {
+        self.hold_end.map_or(next, |end| end.min(next))
+    }
+}
+
+/// What a piece of the driver's work came to: an extension of a lock with its result, or
+/// `None` for a finished release.
+type Done = Option<(u64, Entry, Result<(), Failure>)>;
+
+type Work = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+/// The locks the driver keeps alive, by id, and their due times.
+#[derive(Default)]
+struct Queue {
+    entries: HashMap<u64, Entry>,
+    /// Due times; an id no longer in `entries` (stopped) is skipped when it comes up.
+    due: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Locks whose extension is running.
+    in_flight: HashSet<u64>,
+    /// Locks stopped while their extension was running: not to be scheduled again.
+    stopped: HashSet<u64>,
+}
+
+impl Queue {
+    fn stop(&mut self, id: u64) {
+        if self.entries.remove(&id).is_none() && self.in_flight.contains(&id) {
+            self.stopped.insert(id);
+        }
+    }
+
+    /// An extension of `id` came back; false if the lock was stopped meanwhile.
+    fn landed(&mut self, id: u64) -> bool {
+        self.in_flight.remove(&id);
+        !self.stopped.remove(&id)
+    }
+
+    fn schedule(&mut self, id: u64, entry: Entry, at: Instant) {
+        self.entries.insert(id, entry);
+        self.due.push(Reverse((at, id)));
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        self.due.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// The next entry whose time has come.
+    fn pop_due(&mut self, now: Instant) -> Option<(u64, Entry)> {
+        while let Some(Reverse((at, id))) = self.due.peek().copied() {
+            if at > now {
+                return None;
+            }
+            self.due.pop();
+            if let Some(entry) = self.entries.remove(&id) {
+                return Some((id, entry));
+            }
+        }
+        None
+    }
+}
+
+async fn drive(redlock: WeakRedlock, mut rx: UnboundedReceiver<KeepAliveCommand>) {
+    let mut queue = Queue::default();
+    let mut work: FuturesUnordered<Work> = FuturesUnordered::new();
+    let mut open = true;
+    loop {
+        if !open && queue.entries.is_empty() && work.is_empty() {
+            return;
+        }
+        let next_due = queue.next_due();
+        let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(
+            next_due.unwrap_or_else(|| later(Instant::now(), Duration::from_secs(3600))),
+        ));
+        tokio::select! {
+            command = rx.recv(), if open => match command {
+                Some(KeepAliveCommand::Start { id, shared, policy }) => {
+                    let entry = Entry::new(shared, policy);
+                    let at = entry.due(later(entry.lock.started(), entry.interval));
+                    queue.schedule(id, entry, at);
+                }
+                Some(KeepAliveCommand::Stop { id }) => queue.stop(id),
+                None => open = false,
+            },
+            () = sleep, if next_due.is_some() => {
+                let Some(redlock) = redlock.upgrade() else { return };
+                while let Some((id, entry)) = queue.pop_due(Instant::now()) {
+                    if let Some(w) = act(&redlock, id, entry, &mut queue) {
+                        work.push(w);
+                    }
+                }
+            }
+            Some(done) = work.next(), if !work.is_empty() => {
+                let Some((id, entry, result)) = done else { continue };
+                if !queue.landed(id) {
+                    continue;
+                }
+                let Some(redlock) = redlock.upgrade() else { return };
+                if let Some(w) = extended(&redlock, id, entry, result, &mut queue) {
+                    work.push(w);
+                }
+            }
+        }
+    }
+}
+
+/// An entry is due: stop at the maximum hold, let the lock run out after the last allowed
+/// extension, or extend it.
+fn act(redlock: &Redlock, id: u64, mut entry: Entry, queue: &mut Queue) -> Option<Work> {
+    if entry.shared.lost_reason().is_some() {
+        return None;
+    }
+    let now = Instant::now();
+    if entry.hold_end.is_some_and(|end| now >= end) {
+        return Some(finish(redlock, entry, LostReason::MaxHoldReached));
+    }
+    if entry
+        .policy
+        .max_extensions
+        .is_some_and(|max| entry.extensions >= max)
+    {
+        let end = entry.lock.valid_until();
+        if now < end {
+            // Let the last validity run out, then say so (and clean up).
+            queue.schedule(id, entry, end);
+            return None;
+        }
+        return Some(finish(redlock, entry, LostReason::MaxExtensionsReached));
+    }
+    entry.attempts = entry.attempts.saturating_add(1);
+    queue.in_flight.insert(id);
+    let redlock = redlock.clone();
+    Some(Box::pin(async move {
+        let ttl = entry.lock.ttl();
+        let result = redlock.extend_once(&mut entry.lock, ttl).await;
+        Some((id, entry, result))
+    }))
+}
+
+/// An extension came back: schedule the next one, retry a transient failure while the
+/// validity leaves room, or declare the lock lost.
+fn extended(
+    redlock: &Redlock,
+    id: u64,
+    mut entry: Entry,
+    result: Result<(), Failure>,
+    queue: &mut Queue,
+) -> Option<Work> {
+    if entry.shared.lost_reason().is_some() {
+        return None; // released meanwhile
+    }
+    match result {
+        Ok(()) => {
+            entry.extensions += 1;
+            entry.attempts = 0;
+            entry.shared.set_valid_until(entry.lock.valid_until());
+            tracing::trace!(extensions = entry.extensions, "redlock guard extended");
+            let at = entry.due(later(entry.lock.started(), entry.interval));
+            queue.schedule(id, entry, at);
+            None
+        }
+        Err(failure) => {
+            let retry_in = redlock.retry_pause();
+            let needed = retry_in.saturating_add(redlock.node_timeout().saturating_mul(2));
+            if failure.is_retryable() && entry.lock.remaining() > needed {
+                tracing::debug!(?failure, "redlock guard extension failed: retrying");
+                let at = entry.due(later(Instant::now(), retry_in));
+                queue.schedule(id, entry, at);
+                return None;
+            }
+            let error = failure.into_error(entry.attempts);
+            tracing::warn!(%error, "redlock guard lost its lock");
+            Some(finish(redlock, entry, LostReason::ExtendFailed(error)))
+        }
+    }
+}
+
+/// Signals the loss first (so holders stop at once), then releases what is left.
+fn finish(redlock: &Redlock, entry: Entry, reason: LostReason) -> Work {
+    entry.shared.mark_lost(reason);
+    let redlock = redlock.clone();
+    Box::pin(async move {
+        redlock.unlock(&entry.lock).await;
+        None
+    })
+}
