@@ -320,11 +320,24 @@ mod tests {
 
     #[test]
     fn parses_acquire_replies() {
-        let won = Value::Array(vec![Value::Int(1)]);
         assert_eq!(
-            parse_acquire(won).ok(),
+            parse_acquire(Value::Okay).ok(),
             Some(AcquireReply::Won { fence: None })
         );
+        assert_eq!(
+            parse_acquire(Value::Int(250)).ok(),
+            Some(AcquireReply::HeldElsewhere {
+                pttl: Some(Duration::from_millis(250))
+            })
+        );
+        assert_eq!(
+            parse_acquire(Value::Int(-2)).ok(),
+            Some(AcquireReply::HeldElsewhere { pttl: None })
+        );
+        assert!(matches!(
+            parse_acquire(Value::Nil),
+            Err(NodeError::Protocol(_))
+        ));
         let fenced = Value::Array(vec![Value::Int(1), bulk("17"), bulk("2"), bulk("5")]);
         assert_eq!(
             parse_acquire(fenced).ok(),
