@@ -22,7 +22,7 @@ use redis::Value;
 
 use crate::error::{Failure, NodeError, NodeFailure};
 use crate::node::Node;
-use crate::quorum::{Decision, Outcome, Tally};
+use crate::quorum::{Decision, NodeMask, Outcome, Tally};
 use crate::scripts::Request;
 
 /// What a round of node calls came to.
@@ -106,19 +106,21 @@ where
     round
 }
 
-/// `request` (a release) on every node, quarantined ones included, awaiting every answer (each
-/// bounded by `deadline`); `on_reply` takes each answer. Returns the nodes that failed.
+/// `request` (a release) on every node not in `skip`, quarantined ones included, awaiting
+/// every answer (each bounded by `deadline`); `on_reply` takes each answer. Returns the
+/// nodes that failed.
 pub(crate) async fn everywhere<F>(
     nodes: &[Arc<Node>],
     request: &Request<'_>,
     deadline: Instant,
+    skip: NodeMask,
     mut on_reply: F,
 ) -> Vec<NodeFailure>
 where
     F: FnMut(Value) -> Result<(), NodeError>,
 {
     let cmd = request.cmd();
-    let mut calls = send(nodes, request, &cmd, deadline, |_| true, false);
+    let mut calls = send(nodes, request, &cmd, deadline, |i| !skip.contains(i), false);
     let mut failures = Vec::new();
     while let Some((_, node, reply)) = calls.next().await {
         if let Err(error) = reply.and_then(&mut on_reply) {

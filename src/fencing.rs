@@ -6,29 +6,8 @@ use std::time::Instant;
 use crate::error::NodeError;
 use crate::fanout::{self, Round};
 use crate::node::Node;
-use crate::quorum::Outcome;
+use crate::quorum::{NodeMask, Outcome};
 use crate::scripts::{Arg, FENCE_SCRIPT, FenceRead, Invocation, Request, parse_flag};
-
-/// A set of node indices, one bit per node. Nodes beyond the 64th are never in it, which
-/// only ever makes phase 2 ask a node more, never less.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct NodeMask(u64);
-
-impl NodeMask {
-    pub(crate) fn insert(&mut self, i: usize) {
-        self.0 |= u32::try_from(i)
-            .ok()
-            .and_then(|i| 1u64.checked_shl(i))
-            .unwrap_or(0);
-    }
-
-    pub(crate) fn contains(self, i: usize) -> bool {
-        u32::try_from(i)
-            .ok()
-            .and_then(|i| self.0.checked_shr(i))
-            .is_some_and(|m| m & 1 == 1)
-    }
-}
 
 /// What phase 1 learned across the nodes of one attempt: the highest counter among the
 /// nodes that granted, and the nodes that did not (phase 2 skips them: the lock is not
@@ -94,16 +73,6 @@ pub(crate) async fn phase_two(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_mask_holds_the_first_64_nodes() {
-        let mut m = NodeMask::default();
-        m.insert(0);
-        m.insert(63);
-        m.insert(64);
-        assert!(m.contains(0) && m.contains(63));
-        assert!(!m.contains(1) && !m.contains(64) && !m.contains(usize::MAX));
-    }
 
     #[test]
     fn the_token_is_above_every_counter_and_clock() {

@@ -187,6 +187,7 @@ impl Drop for LockGuard {
                 Arc::clone(&lock.resource),
                 Arc::clone(&lock.value),
                 lock.ttl,
+                lock.foreign,
             );
         }
     }

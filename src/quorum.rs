@@ -39,6 +39,32 @@ pub fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Option<Dur
         .filter(|v| !v.is_zero())
 }
 
+/// A set of node indices, one bit per node. Nodes beyond the 64th are never in it, so a
+/// mask used to skip nodes only ever makes a round ask a node more, never less.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct NodeMask(u64);
+
+impl NodeMask {
+    pub(crate) fn insert(&mut self, i: usize) {
+        self.0 |= u32::try_from(i)
+            .ok()
+            .and_then(|i| 1u64.checked_shl(i))
+            .unwrap_or(0);
+    }
+
+    /// How many nodes are in the set.
+    pub(crate) fn len(self) -> usize {
+        self.0.count_ones() as usize
+    }
+
+    pub(crate) fn contains(self, i: usize) -> bool {
+        u32::try_from(i)
+            .ok()
+            .and_then(|i| self.0.checked_shr(i))
+            .is_some_and(|m| m & 1 == 1)
+    }
+}
+
 /// What a [`Tally`] knows so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Decision {
@@ -157,6 +183,17 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mask_holds_the_first_64_nodes() {
+        let mut m = NodeMask::default();
+        m.insert(0);
+        m.insert(63);
+        m.insert(64);
+        assert!(m.contains(0) && m.contains(63));
+        assert!(!m.contains(1) && !m.contains(64) && !m.contains(usize::MAX));
+        assert_eq!(m.len(), 2);
+    }
 
     #[test]
     fn quorum_is_a_strict_majority() {

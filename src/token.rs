@@ -30,6 +30,7 @@ use tokio::sync::watch;
 
 use crate::defaults::{MAX_NAME_LEN, VALUE_LEN};
 use crate::error::LockError;
+use crate::quorum::NodeMask;
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
@@ -105,6 +106,9 @@ pub struct Lock {
     pub(crate) ttl: Duration,
     pub(crate) attempts: u32,
     pub(crate) fence: Option<u64>,
+    /// Nodes that held another client's value when this lock was acquired: our value never
+    /// reached them, so releasing skips them.
+    pub(crate) foreign: NodeMask,
 }
 
 impl Lock {

@@ -12,7 +12,7 @@ use super::{Redlock, later};
 use crate::error::Failure;
 use crate::fanout::{self, Round};
 use crate::fencing::{self, PhaseOne};
-use crate::quorum::{self, Outcome};
+use crate::quorum::{self, NodeMask, Outcome};
 use crate::scripts::{
     ACQUIRE_FENCED_SCRIPT, AcquireReply, Arg, Invocation, Request, parse_acquire,
 };
@@ -21,6 +21,8 @@ use crate::token::{Lock, Resource, new_value};
 /// What the `SET NX PX` round of one attempt came to.
 struct SetRound {
     round: Round,
+    /// The nodes that answered that another client holds the key.
+    foreign: NodeMask,
     /// The longest remaining TTL of another holder's keys.
     retry_after: Option<Duration>,
     fencing: PhaseOne,
@@ -64,6 +66,7 @@ impl Redlock {
         let start = Instant::now();
         let SetRound {
             round,
+            foreign,
             retry_after,
             fencing: phase_one,
         } = self.set_round(resource, &value, ttl, start, outer).await;
@@ -100,6 +103,7 @@ impl Redlock {
                     ttl,
                     attempts: attempt,
                     fence,
+                    foreign,
                 });
             }
             (Ok(_), _) => Failure::ValidityExhausted { elapsed, ttl },
@@ -107,7 +111,8 @@ impl Redlock {
         };
         // 5. Failed: release on every node, including those that failed or did not answer
         // in time (their SET may have run while the reply was lost).
-        self.release_key(&resource.key, value.as_bytes(), ttl).await;
+        self.release_key(&resource.key, value.as_bytes(), ttl, foreign)
+            .await;
         pending.value = None;
         tracing::debug!(nodes = self.inner.nodes.len(), failure = ?outcome, "redlock attempt failed");
         Err(outcome)
@@ -173,6 +178,7 @@ impl Redlock {
         };
         let deadline = self.call_deadline(start, ttl, outer);
         let mut retry_after = None;
+        let mut foreign = NodeMask::default();
         let mut fencing = PhaseOne::default();
         let round = fanout::decide(
             &self.inner.nodes,
@@ -187,6 +193,7 @@ impl Redlock {
                     }
                     AcquireReply::HeldElsewhere { pttl } => {
                         retry_after = retry_after.max(pttl);
+                        foreign.insert(i);
                         Ok(Outcome::HeldElsewhere)
                     }
                 });
@@ -200,6 +207,7 @@ impl Redlock {
         .await;
         SetRound {
             round,
+            foreign,
             retry_after,
             fencing,
         }
@@ -273,8 +281,13 @@ struct PendingRelease<'a> {
 impl Drop for PendingRelease<'_> {
     fn drop(&mut self) {
         if let Some(value) = self.value.take() {
-            self.redlock
-                .release_in_background(Arc::clone(self.resource), value, self.ttl);
+            // The replies are unknown: release everywhere.
+            self.redlock.release_in_background(
+                Arc::clone(self.resource),
+                value,
+                self.ttl,
+                NodeMask::default(),
+            );
         }
     }
 }

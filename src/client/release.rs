@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use super::{Redlock, later};
 use crate::error::NodeFailure;
 use crate::fanout;
+use crate::quorum::NodeMask;
 use crate::scripts::{Arg, Invocation, RELEASE_SCRIPT, Request, parse_flag};
 use crate::token::{Lock, Resource};
 
@@ -53,7 +54,7 @@ impl Redlock {
     /// Releases `lock` on every node (see [`Redlock::unlock`]).
     pub(super) async fn release(&self, lock: &Lock) -> Released {
         let out = self
-            .release_key(lock.key(), lock.value().as_bytes(), lock.ttl)
+            .release_key(lock.key(), lock.value().as_bytes(), lock.ttl, lock.foreign)
             .await;
         tracing::debug!(
             released = out.released,
@@ -64,17 +65,26 @@ impl Redlock {
         out
     }
 
-    /// Compare-and-delete of `value` at `key` on every node, waiting for all answers
-    /// (each bounded by the per-node timeout, or the TTL if shorter).
-    pub(super) async fn release_key(&self, key: &[u8], value: &[u8], ttl: Duration) -> Released {
+    /// Compare-and-delete of `value` at `key` on every node but those in `foreign` (which
+    /// answered the acquisition with another client's value, so ours never reached them
+    /// and they count as not held), waiting for all answers (each bounded by the per-node
+    /// timeout, or the TTL if shorter).
+    pub(super) async fn release_key(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        ttl: Duration,
+        foreign: NodeMask,
+    ) -> Released {
         let request = Request::Script(Invocation {
             script: &RELEASE_SCRIPT,
             keys: &[key],
             args: &[Arg::Bytes(value)],
         });
         let deadline = later(Instant::now(), self.inner.node_timeout.min(ttl));
-        let (mut released, mut not_held) = (0, 0);
-        let failures = fanout::everywhere(&self.inner.nodes, &request, deadline, |reply| {
+        let (mut released, mut not_held) = (0, foreign.len());
+        let nodes = &self.inner.nodes;
+        let failures = fanout::everywhere(nodes, &request, deadline, foreign, |reply| {
             match parse_flag(reply)? {
                 true => released += 1,
                 false => not_held += 1,
@@ -96,13 +106,14 @@ impl Redlock {
         resource: Arc<Resource>,
         value: Arc<str>,
         ttl: Duration,
+        foreign: NodeMask,
     ) {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();
                 handle.spawn(async move {
                     redlock
-                        .release_key(&resource.key, value.as_bytes(), ttl)
+                        .release_key(&resource.key, value.as_bytes(), ttl, foreign)
                         .await;
                 });
             }

@@ -419,6 +419,33 @@ impl Cluster {
             .expect("GET")
     }
 
+    /// Resets the command statistics of every node (`CONFIG RESETSTAT`).
+    pub async fn reset_stats(&self) {
+        for i in 0..self.nodes.len() {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut self.raw(i).await)
+                .await
+                .expect("CONFIG RESETSTAT");
+        }
+    }
+
+    /// How many times node `i` ran `command` (lower case) since the last reset, from
+    /// `INFO commandstats`.
+    pub async fn command_calls(&self, i: usize, command: &str) -> u64 {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.raw(i).await)
+            .await
+            .expect("INFO commandstats");
+        let prefix = format!("cmdstat_{command}:calls=");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// A plain redis client connection to node `i`, for checks behind the library's back.
     pub async fn raw(&self, i: usize) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.nodes[i].url())
