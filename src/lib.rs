@@ -117,6 +117,7 @@ mod node;
 pub mod quorum;
 mod scripts;
 mod token;
+mod waiters;
 
 #[cfg(feature = "axum")]
 mod axum_extractor;

@@ -168,6 +168,16 @@ impl Node {
         &self.label
     }
 
+    /// The node's client, for connections of other kinds (pub/sub).
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The time allowed to connect to the node.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.settings.connect_timeout
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // The state stays consistent at every point a panic could occur, so a poisoned
         // lock is still usable.

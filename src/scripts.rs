@@ -92,10 +92,15 @@ end
 return 1
 "#;
 
-/// Compare-and-delete: deletes the key only if it holds our value. Returns 1 or 0.
+/// Compare-and-delete: deletes the key only if it holds our value, and then tells the
+/// waiters on the key's channel (the channel is named like the key). Returns 1 or 0.
+/// The message is published after the delete, in the same script, so it can never arrive
+/// while the key is still there.
 const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', KEYS[1], '')
+  return 1
 end
 return 0
 "#;

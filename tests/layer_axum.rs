@@ -604,3 +604,85 @@ async fn with_abort_on_loss_a_destroyed_lock_drops_the_handler_and_answers_503()
     );
     assert_eq!(cluster.nodes_holding("redlock:doomed").await, 0);
 }
+
+/// 50 requests for one key behind the wait policy run one at a time, in the order they
+/// arrived, each woken by the release of the one before (the retry delay is seconds long,
+/// so polling cannot explain the pace).
+///
+/// Tolerance: requests are sent 10 ms apart over separate connections, so two neighbours
+/// may reach the server in either order; each request must run within 2 places of its
+/// arrival and none may be skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_wait_policy_50_waiters_run_in_arrival_order() {
+    let cluster = Cluster::start(3);
+    let redlock = cluster
+        .client(|b| {
+            b.ttl(Duration::from_secs(30))
+                .retry_delay(Duration::from_secs(3), Duration::ZERO)
+        })
+        .await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let gate = Arc::new(Semaphore::new(0));
+    let entered = Arc::new(Semaphore::new(0));
+    let handler = {
+        let (order, gate, entered) = (order.clone(), gate.clone(), entered.clone());
+        move |req: http::Request<Body>| {
+            let (order, gate, entered) = (order.clone(), gate.clone(), entered.clone());
+            async move {
+                let seq: usize = req.headers()["x-seq"]
+                    .to_str()
+                    .expect("ascii")
+                    .parse()
+                    .expect("number");
+                order.lock().expect("order").push(seq);
+                entered.add_permits(1);
+                gate.acquire().await.expect("gate").forget();
+                "done"
+            }
+        }
+    };
+    let layer = RedlockLayer::new(redlock, Header::new(KEY_HEADER))
+        .fencing(false)
+        .wait(Duration::from_secs(120), 64);
+    let app = Router::new()
+        .route("/hook", post(handler))
+        .route_layer(layer);
+    let addr = serve(app).await;
+    let client = http1();
+    let request = |seq: usize| {
+        let mut req = post_req(addr, "/hook", Some((KEY_HEADER, "evt-order")));
+        req.headers_mut().insert("x-seq", seq.into());
+        let client = client.clone();
+        tokio::spawn(async move { send(&client, req).await.status })
+    };
+    let mut replies = vec![request(0)];
+    entered.acquire().await.expect("first in").forget();
+    for seq in 1..50 {
+        replies.push(request(seq));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t = Instant::now();
+    gate.add_permits(50);
+    for reply in replies {
+        assert_eq!(reply.await.expect("request task"), 200);
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "49 handoffs took {:?}: they waited for the retry delay, not the release",
+        t.elapsed()
+    );
+    let order = order.lock().expect("order").clone();
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        (0..50).collect::<Vec<_>>(),
+        "every request ran once"
+    );
+    for (place, seq) in order.iter().enumerate() {
+        assert!(
+            place.abs_diff(*seq) <= 2,
+            "arrival {seq} ran at place {place}: {order:?}"
+        );
+    }
+}

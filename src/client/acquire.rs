@@ -17,6 +17,7 @@ use crate::scripts::{
     ACQUIRE_FENCED_SCRIPT, AcquireReply, Arg, Invocation, Request, parse_acquire,
 };
 use crate::token::{Lock, Resource, new_value};
+use crate::waiters::Ticket;
 
 /// What the `SET NX PX` round of one attempt came to.
 struct SetRound {
@@ -214,7 +215,9 @@ impl Redlock {
     }
 
     /// Tries `attempt` until it succeeds, fails for good, `max_attempts` are made or
-    /// `deadline` passes, sleeping a jittered pause in between.
+    /// `deadline` passes. While the name is busy it waits in the client's queue for the
+    /// name (see `crate::waiters`): woken by the release, or after a jittered pause; other
+    /// failures sleep a jittered pause.
     pub(super) async fn retry(
         &self,
         resource: &Arc<Resource>,
@@ -222,14 +225,23 @@ impl Redlock {
         deadline: Option<Instant>,
         max_attempts: u32,
     ) -> Result<Lock, crate::LockError> {
+        let past = |d: Option<Instant>| d.is_some_and(|d| Instant::now() >= d);
+        // Arrival order: behind the tasks of this client that already wait for the name.
+        let mut ticket = None;
+        if self.inner.waiters.has_queue(&resource.key) {
+            let t = self.queue_up(resource).await;
+            t.wait(self.retry_pause(), deadline).await;
+            ticket = Some(t);
+        }
         let mut attempt = 1;
         let mut previous: Option<Failure> = None;
         loop {
-            let failure = match self.attempt(resource, ttl, deadline, attempt).await {
+            // A deadline that passed while queued still leaves one honest attempt.
+            let outer = deadline.filter(|d| attempt > 1 || Instant::now() < *d);
+            let failure = match self.attempt(resource, ttl, outer, attempt).await {
                 Ok(lock) => return Ok(lock),
                 Err(f) => f,
             };
-            let past = |d: Option<Instant>| d.is_some_and(|d| Instant::now() >= d);
             if past(deadline) && failure.cut_by_deadline() {
                 // The deadline cut the last attempt short: the attempt before says more.
                 return Err(previous.unwrap_or(failure).into_error(attempt));
@@ -237,17 +249,39 @@ impl Redlock {
             if !failure.is_retryable() || attempt >= max_attempts {
                 return Err(failure.into_error(attempt));
             }
-            let mut wake = later(Instant::now(), self.retry_pause());
-            if let Some(deadline) = deadline {
-                wake = wake.min(deadline);
+            match (&failure, &ticket) {
+                (Failure::Busy { .. }, Some(t)) => t.wait(self.retry_pause(), deadline).await,
+                (Failure::Busy { .. }, None) => {
+                    let t = self.queue_up(resource).await;
+                    if !t.is_head() {
+                        t.wait(self.retry_pause(), deadline).await;
+                    }
+                    // The first waiter tries again at once: a release that came before its
+                    // subscriptions were in place told nobody.
+                    ticket = Some(t);
+                }
+                _ => {
+                    let mut wake = later(Instant::now(), self.retry_pause());
+                    if let Some(deadline) = deadline {
+                        wake = wake.min(deadline);
+                    }
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
+                }
             }
-            tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
             if past(deadline) {
                 return Err(failure.into_error(attempt));
             }
             previous = Some(failure);
             attempt += 1;
         }
+    }
+
+    /// A place in this client's queue for `resource`, subscribed to its release.
+    async fn queue_up(&self, resource: &Resource) -> Ticket {
+        self.inner
+            .waiters
+            .join(&resource.key, &self.inner.nodes, self.inner.node_timeout)
+            .await
     }
 
     /// A random pause from the retry policy: `[base, base + jitter)`.

@@ -30,6 +30,7 @@ use crate::error::ConfigError;
 use crate::node::{Node, NodeSettings};
 use crate::quorum;
 use crate::token::Shared;
+use crate::waiters::Waiters;
 
 /// Builds a [`Redlock`](crate::Redlock); see [`Redlock::builder`](crate::Redlock::builder). Every setting has a documented default;
 /// [`build`](Self::build) checks them all.
@@ -291,6 +292,7 @@ impl RedlockBuilder {
             fencing: self.fencing,
             keep_alive_driver: Mutex::new(None),
             next_guard_id: AtomicU64::new(0),
+            waiters: Waiters::new(n, quorum::quorum(n)),
         })
     }
 }
@@ -317,6 +319,8 @@ pub(crate) struct Settings {
     pub(crate) keep_alive_driver: Mutex<Option<UnboundedSender<KeepAliveCommand>>>,
     /// The id of the next guarded lock.
     pub(crate) next_guard_id: AtomicU64,
+    /// The tasks waiting for a lock, woken on release.
+    pub(crate) waiters: Arc<Waiters>,
 }
 
 /// Checks a TTL against the limits and the per-node timeout.

@@ -456,6 +456,50 @@ impl Cluster {
     }
 }
 
+/// Log lines captured on the current thread (for tests on a current-thread runtime, whose
+/// tasks all run there), until dropped.
+pub struct CapturedLogs {
+    buf: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+impl CapturedLogs {
+    pub fn start() -> Self {
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = {
+            let buf = std::sync::Arc::clone(&buf);
+            move || LogWriter(std::sync::Arc::clone(&buf))
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        Self {
+            buf,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    pub fn contains(&self, needle: &str) -> bool {
+        let buf = self.buf.lock().expect("log buffer");
+        String::from_utf8_lossy(&buf).contains(needle)
+    }
+}
+
+struct LogWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Acquires and releases once, so that every node is connected before anything is timed
 /// or counted.
 pub async fn warm(redlock: &tower_redlock::Redlock) {

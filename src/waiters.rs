@@ -1,0 +1,380 @@
+//! Waking waiters on release: a release tells the waiters, and the next one goes at once.
+//!
+//! The release script publishes on the lock key's channel right after it deletes the key
+//! (in the same script, so the message cannot come before the delete). Each client keeps
+//! one pub/sub connection per node, opened the first time something waits, and a local
+//! registry of waiters per lock key, in arrival order. Only the head of a queue makes
+//! attempts: it retries when a quorum of nodes said the key was released, or when its
+//! jittered backstop delay runs out (a lost message costs at most one retry delay). The
+//! others wait for their turn without touching the nodes, so a hot name does not stampede
+//! every node at each release, and a task that just released queues behind the waiters
+//! instead of taking the lock again at once.
+//!
+//! A notification is only ever a hint to retry the normal acquisition, never a reason to
+//! believe the lock is free. If a node refuses `SUBSCRIBE` (ACL), is down or restarts,
+//! its notifications are missing and waiting falls back to polling; after a reconnect the
+//! subscriptions are renewed and every head retries, since messages may have been lost.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tower_redlock::Redlock;
+//!
+//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"])
+//!     .retry_delay(Duration::from_millis(500), Duration::from_millis(500)) // the backstop
+//!     .build()?;
+//! let held = redlock.lock("report").await?;
+//! let waiter = tokio::spawn({
+//!     let redlock = redlock.clone();
+//!     async move { redlock.lock("report").await } // waits, subscribed to the release
+//! });
+//! redlock.unlock(&held).await; // the waiter gets the lock within a round trip or two
+//! let lock = waiter.await??;
+//! redlock.unlock(&lock).await;
+//! # Ok(()) }
+//! ```
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender, error::SendError};
+use tokio::sync::{Notify, oneshot};
+
+use crate::error::NodeError;
+use crate::node::Node;
+
+/// Shortest wait before reconnecting a pub/sub connection after a failure.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest wait before reconnecting a pub/sub connection after repeated failures.
+const BACKOFF_MAX: Duration = Duration::from_millis(1_000);
+
+/// The waiters of one client, per lock key, and its pub/sub connections.
+#[derive(Debug)]
+pub(crate) struct Waiters {
+    registry: Mutex<Registry>,
+    /// How many nodes' release messages wake a head: a quorum, since the next acquisition
+    /// needs the key gone from that many nodes.
+    quorum: usize,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    queues: HashMap<Box<[u8]>, Queue>,
+    next_id: u64,
+    /// One subscription manager per node, by node index, while one runs.
+    managers: Vec<Option<UnboundedSender<Subscription>>>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// Waiters in arrival order; the first is the head.
+    order: VecDeque<(u64, Arc<Notify>)>,
+    /// Release messages since the head was last woken.
+    notes: usize,
+}
+
+/// A request to a node's subscription manager.
+#[derive(Debug)]
+enum Subscription {
+    Subscribe(Box<[u8]>, oneshot::Sender<Result<(), NodeError>>),
+    Unsubscribe(Box<[u8]>),
+}
+
+impl Waiters {
+    pub(crate) fn new(nodes: usize, quorum: usize) -> Arc<Self> {
+        Arc::new(Self {
+            registry: Mutex::new(Registry {
+                managers: (0..nodes).map(|_| None).collect(),
+                ..Registry::default()
+            }),
+            quorum,
+        })
+    }
+
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether some task of this client waits for `key`.
+    pub(crate) fn has_queue(&self, key: &[u8]) -> bool {
+        self.registry().queues.contains_key(key)
+    }
+
+    /// Queues up for `key` and makes sure every reachable node will tell about its
+    /// release (waiting for each node's confirmation up to `timeout`).
+    pub(crate) async fn join(
+        self: &Arc<Self>,
+        key: &[u8],
+        nodes: &[Arc<Node>],
+        timeout: Duration,
+    ) -> Ticket {
+        let notify = Arc::new(Notify::new());
+        let mut confirmations = Vec::with_capacity(nodes.len());
+        let id = {
+            let mut reg = self.registry();
+            let id = reg.next_id;
+            reg.next_id += 1;
+            reg.queues
+                .entry(key.into())
+                .or_default()
+                .order
+                .push_back((id, Arc::clone(&notify)));
+            for (i, node) in nodes.iter().enumerate() {
+                let (tx, rx) = oneshot::channel();
+                if self.send(&mut reg, i, node, Subscription::Subscribe(key.into(), tx)) {
+                    confirmations.push(rx);
+                }
+            }
+            id
+        };
+        let ticket = Ticket {
+            waiters: Arc::clone(self),
+            key: key.into(),
+            id,
+            notify,
+        };
+        // A node that does not confirm in time is simply not waited for: its
+        // notifications may be missing, and the backstop covers that.
+        let _ = tokio::time::timeout(timeout, join_all(confirmations)).await;
+        ticket
+    }
+
+    /// Sends `request` to node `i`'s subscription manager, starting one if none runs
+    /// (or its runtime is gone). False outside a tokio runtime.
+    fn send(
+        self: &Arc<Self>,
+        reg: &mut Registry,
+        i: usize,
+        node: &Arc<Node>,
+        request: Subscription,
+    ) -> bool {
+        let Some(slot) = reg.managers.get_mut(i) else {
+            return false;
+        };
+        let request = match slot.as_ref() {
+            Some(tx) => match tx.send(request) {
+                Ok(()) => return true,
+                Err(SendError(request)) => request,
+            },
+            None => request,
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        if tx.send(request).is_err() {
+            return false;
+        }
+        handle.spawn(manage(Arc::downgrade(self), Arc::clone(node), rx));
+        *slot = Some(tx);
+        true
+    }
+
+    /// A node said `key` was released: wake the head of its queue once a quorum of nodes
+    /// said so.
+    fn released(&self, key: &[u8]) {
+        let mut reg = self.registry();
+        let Some(queue) = reg.queues.get_mut(key) else {
+            return;
+        };
+        queue.notes += 1;
+        if queue.notes >= self.quorum {
+            queue.notes = 0;
+            if let Some((_, head)) = queue.order.front() {
+                head.notify_one();
+            }
+        }
+    }
+
+    /// Wakes every head (after a reconnect, messages may have been lost).
+    fn wake_heads(&self) {
+        for queue in self.registry().queues.values() {
+            if let Some((_, head)) = queue.order.front() {
+                head.notify_one();
+            }
+        }
+    }
+
+    /// Takes ticket `id` off `key`'s queue: promotes the next waiter if it was the head,
+    /// and drops the subscriptions with the last waiter.
+    fn leave(&self, key: &[u8], id: u64) {
+        let mut reg = self.registry();
+        let Some(queue) = reg.queues.get_mut(key) else {
+            return;
+        };
+        let was_head = queue.order.front().is_some_and(|(head, _)| *head == id);
+        queue.order.retain(|(other, _)| *other != id);
+        if let Some((_, next)) = queue.order.front() {
+            if was_head {
+                next.notify_one();
+            }
+            return;
+        }
+        reg.queues.remove(key);
+        for tx in reg.managers.iter().flatten() {
+            // A manager that is gone has nothing to unsubscribe.
+            let _ = tx.send(Subscription::Unsubscribe(key.into()));
+        }
+    }
+}
+
+/// A place in the queue of one lock key; leaving it (drop) lets the next waiter go.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    waiters: Arc<Waiters>,
+    key: Box<[u8]>,
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+impl Ticket {
+    /// Whether this waiter is the first in its queue (the one that makes attempts).
+    pub(crate) fn is_head(&self) -> bool {
+        self.waiters
+            .registry()
+            .queues
+            .get(&self.key)
+            .and_then(|q| q.order.front())
+            .is_some_and(|(head, _)| *head == self.id)
+    }
+
+    /// Waits until it is this waiter's turn to attempt: as the head, until a quorum of
+    /// release messages or the `backstop` delay; behind others, until it is the head and
+    /// then the same. Returns early at `deadline`.
+    pub(crate) async fn wait(&self, backstop: Duration, deadline: Option<Instant>) {
+        let far = || crate::client::later(Instant::now(), Duration::from_secs(3600));
+        let end = deadline.unwrap_or_else(far);
+        loop {
+            if Instant::now() >= end {
+                return;
+            }
+            let head = self.is_head();
+            let until = if head {
+                crate::client::later(Instant::now(), backstop).min(end)
+            } else {
+                end
+            };
+            let woken = tokio::select! {
+                () = self.notify.notified() => true,
+                () = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => false,
+            };
+            if head {
+                return;
+            }
+            if !woken && Instant::now() >= end {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.waiters.leave(&self.key, self.id);
+    }
+}
+
+/// One node's pub/sub connection: subscribes and unsubscribes keys in the order asked,
+/// hands release messages to the registry, and reconnects (renewing every subscription)
+/// after a failure. Ends when the client is gone.
+async fn manage(waiters: Weak<Waiters>, node: Arc<Node>, mut rx: UnboundedReceiver<Subscription>) {
+    let mut subscribed: HashSet<Box<[u8]>> = HashSet::new();
+    let mut backoff = BACKOFF_MIN;
+    let refused_logged = AtomicBool::new(false);
+    loop {
+        let connected =
+            tokio::time::timeout(node.connect_timeout(), node.client().get_async_pubsub()).await;
+        let (mut sink, mut stream) = match connected {
+            Ok(Ok(pubsub)) => pubsub.split(),
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => NodeError::from(e),
+                    _ => NodeError::Timeout,
+                };
+                tracing::debug!(node = %node.label(), %error, "redlock pub/sub connect failed: waiters poll this node");
+                // While down, answer requests at once so no waiter waits on this node.
+                let pause = tokio::time::sleep(backoff);
+                tokio::pin!(pause);
+                loop {
+                    tokio::select! {
+                        () = &mut pause => break,
+                        request = rx.recv() => match request {
+                            None => return,
+                            Some(Subscription::Subscribe(key, reply)) => {
+                                subscribed.insert(key);
+                                let _ = reply.send(Err(error.clone()));
+                            }
+                            Some(Subscription::Unsubscribe(key)) => {
+                                subscribed.remove(&key);
+                            }
+                        },
+                    }
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        if !subscribed.is_empty() {
+            let keys: Vec<&[u8]> = subscribed.iter().map(|k| &**k).collect();
+            if let Err(e) = sink.subscribe(keys).await {
+                log_refused(&node, &NodeError::from(e), &refused_logged);
+            }
+        }
+        backoff = BACKOFF_MIN;
+        match waiters.upgrade() {
+            Some(w) => w.wake_heads(),
+            None => return,
+        }
+        loop {
+            tokio::select! {
+                request = rx.recv() => match request {
+                    None => return,
+                    Some(Subscription::Subscribe(key, reply)) => {
+                        let result = if subscribed.contains(&key) {
+                            Ok(())
+                        } else {
+                            let result = sink.subscribe(&*key).await.map_err(NodeError::from);
+                            subscribed.insert(key);
+                            result
+                        };
+                        if let Err(error) = &result {
+                            log_refused(&node, error, &refused_logged);
+                        }
+                        let _ = reply.send(result);
+                    }
+                    Some(Subscription::Unsubscribe(key)) => {
+                        if subscribed.remove(&key) {
+                            let _ = sink.unsubscribe(&*key).await;
+                        }
+                    }
+                },
+                message = stream.next() => match message {
+                    Some(message) => {
+                        let Some(w) = waiters.upgrade() else { return };
+                        if let Ok(key) = message.get_channel::<Vec<u8>>() {
+                            w.released(&key);
+                        }
+                    }
+                    // The connection broke: reconnect and renew the subscriptions.
+                    None => break,
+                },
+            }
+        }
+    }
+}
+
+/// Logs, once per connection manager, that a node refused or failed a `SUBSCRIBE`.
+fn log_refused(node: &Node, error: &NodeError, logged: &AtomicBool) {
+    if !logged.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            node = %node.label(),
+            %error,
+            "redlock node refused SUBSCRIBE: waiters fall back to polling it (grant the \
+             client SUBSCRIBE on the lock channels to wake waiters on release)"
+        );
+    }
+}

@@ -1,0 +1,181 @@
+//! Waiting for a busy lock: woken by the release through pub/sub, with the jittered retry
+//! as the backstop, against real Redis nodes.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::{Cluster, wait_for};
+use tower_redlock::Redlock;
+
+/// A backstop so long that only a notification can explain a fast handoff.
+const SLOW_BACKSTOP: Duration = Duration::from_secs(3);
+
+async fn subscribers(cluster: &Cluster, i: usize, channel: &str) -> i64 {
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut cluster.raw(i).await)
+        .await
+        .expect("PUBSUB NUMSUB");
+    n
+}
+
+/// Waits until every node has a subscriber on `channel`: the waiter is queued.
+async fn wait_subscribed(cluster: &Cluster, channel: &str) {
+    wait_for(
+        "the waiter's subscriptions",
+        Duration::from_secs(5),
+        || async {
+            let mut all = true;
+            for i in 0..cluster.nodes.len() {
+                all &= subscribers(cluster, i, channel).await == 1;
+            }
+            all
+        },
+    )
+    .await;
+}
+
+/// Spawns a `lock()` of `name` and returns when it got the lock, with the instant.
+fn spawn_waiter(redlock: &Redlock, name: &'static str) -> tokio::task::JoinHandle<Instant> {
+    let redlock = redlock.clone();
+    tokio::spawn(async move {
+        let lock = redlock.lock(name).await.expect("the waiter gets the lock");
+        let got = Instant::now();
+        redlock.unlock(&lock).await;
+        got
+    })
+}
+
+#[tokio::test]
+async fn a_waiter_acquires_right_after_the_release_not_after_the_retry_delay() {
+    let cluster = Cluster::start(3);
+    let holder = cluster.client(|b| b).await;
+    let waiter = cluster
+        .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
+        .await;
+    let lock = holder.lock("handoff").await.expect("lock");
+    let task = spawn_waiter(&waiter, "handoff");
+    wait_subscribed(&cluster, "redlock:handoff").await;
+    let released = Instant::now();
+    holder.unlock(&lock).await;
+    let got = task.await.expect("waiter task");
+    let handoff = got.saturating_duration_since(released);
+    assert!(
+        handoff < Duration::from_millis(500),
+        "the waiter took {handoff:?} (its retry delay is {SLOW_BACKSTOP:?})"
+    );
+    // The last waiter gone, the subscriptions go too.
+    wait_for("the unsubscriptions", Duration::from_secs(5), || async {
+        subscribers(&cluster, 0, "redlock:handoff").await == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_lost_notification_costs_at_most_the_backstop() {
+    let cluster = Cluster::start(3);
+    let backstop = Duration::from_millis(400);
+    let holder = cluster.client(|b| b).await;
+    let waiter = cluster
+        .client(|b| b.retry_delay(backstop, Duration::ZERO).max_attempts(50))
+        .await;
+    let lock = holder.lock("lost-note").await.expect("lock");
+    let task = spawn_waiter(&waiter, "lost-note");
+    wait_subscribed(&cluster, "redlock:lost-note").await;
+    // Cut every subscription connection, then release while they are down: the
+    // messages go nowhere.
+    for i in 0..3 {
+        let _: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(&mut cluster.raw(i).await)
+            .await
+            .expect("CLIENT KILL");
+    }
+    let released = Instant::now();
+    holder.unlock(&lock).await;
+    let got = task.await.expect("waiter task");
+    let took = got.saturating_duration_since(released);
+    // One backstop delay, plus a round of node calls, with room for a loaded machine.
+    assert!(took < backstop * 4, "the waiter took {took:?}");
+}
+
+#[tokio::test]
+async fn waiters_of_one_client_go_in_arrival_order() {
+    let cluster = Cluster::start(3);
+    let redlock = cluster
+        .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
+        .await;
+    let first = redlock.lock("queue").await.expect("lock");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let redlock = redlock.clone();
+        let order = Arc::clone(&order);
+        tasks.push(tokio::spawn(async move {
+            let lock = redlock
+                .lock("queue")
+                .await
+                .expect("each waiter gets its turn");
+            order.lock().expect("order").push(i);
+            redlock.unlock(&lock).await;
+        }));
+        // The next one arrives once this one is queued.
+        wait_for("the waiter to queue", Duration::from_secs(5), || async {
+            subscribers(&cluster, 0, "redlock:queue").await == 1
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    redlock.unlock(&first).await;
+    let t = Instant::now();
+    for task in tasks {
+        task.await.expect("waiter");
+    }
+    // Ten handoffs by notification, none by the 3 s backstop.
+    assert!(t.elapsed() < SLOW_BACKSTOP, "{:?}", t.elapsed());
+    assert_eq!(*order.lock().expect("order"), (0..10).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn without_subscribe_permission_waiting_polls_and_says_so() {
+    let cluster = Cluster::start(1);
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nosub",
+            "on",
+            ">secret",
+            "~*",
+            "&*",
+            "+@all",
+            "-subscribe",
+        ])
+        .query_async(&mut cluster.raw(0).await)
+        .await
+        .expect("ACL SETUSER");
+    let url = format!("redis://nosub:secret@127.0.0.1:{}", cluster.nodes[0].port());
+    let logs = support::CapturedLogs::start();
+    let redlock = support::builder([url])
+        .retry_delay(Duration::from_millis(100), Duration::from_millis(50))
+        .build()
+        .expect("build");
+    support::warm(&redlock).await;
+    let lock = redlock.lock("acl").await.expect("lock");
+    let task = spawn_waiter(&redlock, "acl");
+    wait_for("the refusal to be logged", Duration::from_secs(5), || {
+        let seen = logs.contains("refused SUBSCRIBE");
+        async move { seen }
+    })
+    .await;
+    redlock.unlock(&lock).await;
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the waiter gets the lock by polling")
+        .expect("waiter task");
+    assert!(!logs.contains("secret"), "a credential was logged");
+}
