@@ -113,20 +113,22 @@ impl Waiters {
         timeout: Duration,
     ) -> Ticket {
         let notify = Arc::new(Notify::new());
-        let mut confirmations = Vec::with_capacity(nodes.len());
+        let mut confirmations = Vec::new();
         let id = {
             let mut reg = self.registry();
             let id = reg.next_id;
             reg.next_id += 1;
-            reg.queues
-                .entry(key.into())
-                .or_default()
-                .order
-                .push_back((id, Arc::clone(&notify)));
-            for (i, node) in nodes.iter().enumerate() {
-                let (tx, rx) = oneshot::channel();
-                if self.send(&mut reg, i, node, Subscription::Subscribe(key.into(), tx)) {
-                    confirmations.push(rx);
+            let queue = reg.queues.entry(key.into()).or_default();
+            let first = queue.order.is_empty();
+            queue.order.push_back((id, Arc::clone(&notify)));
+            // The first waiter subscribes; the queue keeps the subscriptions until its
+            // last waiter leaves.
+            if first {
+                for (i, node) in nodes.iter().enumerate() {
+                    let (tx, rx) = oneshot::channel();
+                    if self.send(&mut reg, i, node, Subscription::Subscribe(key.into(), tx)) {
+                        confirmations.push(rx);
+                    }
                 }
             }
             id
@@ -139,7 +141,9 @@ impl Waiters {
         };
         // A node that does not confirm in time is simply not waited for: its
         // notifications may be missing, and the backstop covers that.
-        let _ = tokio::time::timeout(timeout, join_all(confirmations)).await;
+        if !confirmations.is_empty() {
+            let _ = tokio::time::timeout(timeout, join_all(confirmations)).await;
+        }
         ticket
     }
 
@@ -190,6 +194,16 @@ impl Waiters {
         }
     }
 
+    /// This client released `key` on a quorum of nodes: wake the head of its queue at once.
+    pub(crate) fn wake(&self, key: &[u8]) {
+        if let Some(queue) = self.registry().queues.get_mut(key) {
+            queue.notes = 0;
+            if let Some((_, head)) = queue.order.front() {
+                head.notify_one();
+            }
+        }
+    }
+
     /// Wakes every head (after a reconnect, messages may have been lost).
     fn wake_heads(&self) {
         for queue in self.registry().queues.values() {
@@ -210,6 +224,8 @@ impl Waiters {
         queue.order.retain(|(other, _)| *other != id);
         if let Some((_, next)) = queue.order.front() {
             if was_head {
+                // Messages so far were seen by the previous head's attempts.
+                queue.notes = 0;
                 next.notify_one();
             }
             return;
@@ -240,6 +256,15 @@ impl Ticket {
             .get(&self.key)
             .and_then(|q| q.order.front())
             .is_some_and(|(head, _)| *head == self.id)
+    }
+
+    /// Forgets the release messages so far: called right before an attempt, which sees
+    /// their effect anyway. Messages that come during the attempt count towards the next
+    /// wake-up, so a release that the attempt just missed still wakes the head.
+    pub(crate) fn attempting(&self) {
+        if let Some(queue) = self.waiters.registry().queues.get_mut(&self.key) {
+            queue.notes = 0;
+        }
     }
 
     /// Waits until it is this waiter's turn to attempt: as the head, until a quorum of

@@ -238,6 +238,9 @@ impl Redlock {
         loop {
             // A deadline that passed while queued still leaves one honest attempt.
             let outer = deadline.filter(|d| attempt > 1 || Instant::now() < *d);
+            if let Some(t) = &ticket {
+                t.attempting();
+            }
             let failure = match self.attempt(resource, ttl, outer, attempt).await {
                 Ok(lock) => return Ok(lock),
                 Err(f) => f,

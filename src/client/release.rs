@@ -84,9 +84,16 @@ impl Redlock {
         let deadline = later(Instant::now(), self.inner.node_timeout.min(ttl));
         let (mut released, mut not_held) = (0, foreign.len());
         let nodes = &self.inner.nodes;
+        let quorum = self.quorum();
         let failures = fanout::everywhere(nodes, &request, deadline, foreign, |reply| {
             match parse_flag(reply)? {
-                true => released += 1,
+                true => {
+                    released += 1;
+                    if released == quorum {
+                        // This client's own waiters need not wait for the nodes' messages.
+                        self.inner.waiters.wake(key);
+                    }
+                }
                 false => not_held += 1,
             }
             Ok(())
