@@ -20,9 +20,15 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
+use common::{
+    command_output, env_parse, flush_all, fmt_num, machine, median, percentile_us, redis_cpu_us,
+    source_state,
+};
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -87,15 +93,6 @@ struct Config {
     repeats: usize,
     workloads: Vec<Workload>,
     report: Option<String>,
-}
-
-fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
-    let raw = std::env::var(name).ok()?;
-    Some(
-        raw.trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={raw:?} is not a valid number")),
-    )
 }
 
 impl Config {
@@ -256,36 +253,6 @@ fn process_cpu_us() -> f64 {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
-/// `used_cpu_user + used_cpu_sys` summed over the nodes, in µs.
-async fn redis_cpu_us(conns: &mut [MultiplexedConnection]) -> f64 {
-    let mut total = 0.0;
-    for conn in conns.iter_mut() {
-        let info: String = redis::cmd("INFO")
-            .arg("cpu")
-            .query_async(conn)
-            .await
-            .expect("INFO cpu");
-        for line in info.lines() {
-            if let Some(v) = line
-                .strip_prefix("used_cpu_user:")
-                .or_else(|| line.strip_prefix("used_cpu_sys:"))
-            {
-                total += v.trim().parse::<f64>().expect("INFO cpu field is a number") * 1e6;
-            }
-        }
-    }
-    total
-}
-
-async fn flush_all(conns: &mut [MultiplexedConnection]) {
-    for conn in conns.iter_mut() {
-        let () = redis::cmd("FLUSHALL")
-            .query_async(conn)
-            .await
-            .expect("FLUSHALL");
-    }
-}
-
 /// Client CPU, allocations and Redis CPU at one instant.
 struct Snapshot {
     at: Instant,
@@ -318,27 +285,6 @@ async fn snapshot_end(conns: &mut [MultiplexedConnection]) -> Snapshot {
         cpu_us,
         allocs,
         redis_us: redis_cpu_us(conns).await,
-    }
-}
-
-/// Nearest-rank percentile of nanosecond samples, in µs.
-fn percentile_us(sorted_ns: &[u64], p: f64) -> f64 {
-    if sorted_ns.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted_ns.len() as f64).ceil() as usize;
-    sorted_ns[rank.clamp(1, sorted_ns.len()) - 1] as f64 / 1e3
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
     }
 }
 
@@ -720,67 +666,6 @@ async fn bench(cfg: &Config) -> Vec<Cell> {
     }
     flush_all(&mut all_conns).await;
     cells
-}
-
-fn command_output(cmd: &str, args: &[&str]) -> String {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_else(|| format!("({cmd} unavailable)"))
-}
-
-fn machine() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map_or("unknown CPU", |(_, m)| m.trim())
-        .to_owned();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let mem = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or("unknown memory".to_owned(), |kb| {
-            format!("{:.1} GiB RAM", kb / 1024.0 / 1024.0)
-        });
-    format!(
-        "{} cores (`nproc`), {model}, {mem}",
-        command_output("nproc", &[])
-    )
-}
-
-fn fmt_num(v: f64) -> String {
-    if v.is_nan() {
-        "—".to_owned()
-    } else if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-/// The commit the benchmark was built from, and whether src/ differed from it (at start).
-fn source_state() -> String {
-    let repo = env!("CARGO_MANIFEST_DIR");
-    let commit = command_output("git", &["-C", repo, "rev-parse", "--short", "HEAD"]);
-    let dirty = Command::new("git")
-        .args(["-C", repo, "status", "--porcelain", "--", "src"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .is_some_and(|o| !o.stdout.is_empty());
-    if dirty {
-        format!("commit {commit} + uncommitted changes in src/")
-    } else {
-        format!("commit {commit}")
-    }
 }
 
 fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> String {

@@ -1,0 +1,670 @@
+//! Layer overhead (the last workload of `BENCHMARKS.md`): an axum 0.8 route `POST /hook`
+//! that answers 200 "ok" at once, served plain, behind `RedlockLayer` keyed by the
+//! `x-request-id` header (fencing off), and behind `RedlockLayer` with fencing on, on 1 and
+//! 5 local redis-server nodes started by the test harness.
+//!
+//! `cargo bench --bench layer --features axum` (or `scripts/bench layer`).
+//!
+//! The server runs in a child process (this binary, re-executed with
+//! `LAYER_BENCH_SERVE=variant,url,...`), so that its CPU (`/proc/<pid>/stat`, utime +
+//! stime) is measured apart from the load generator's. The child prints its port on stdout
+//! and serves until its stdin closes (or the parent dies: `PR_SET_PDEATHSIG`). The load
+//! generator (this process) drives it over 32 HTTP/1.1 connections, one task each, every
+//! request with a unique `x-request-id`, after a warm-up of 1,000 requests. The three
+//! variants run interleaved, `LAYER_REPEATS` times, on nodes flushed before each run; the
+//! report gives the medians, and the layer's cost per request (locked − plain, fenced −
+//! plain, per repeat, median).
+//!
+//! Environment:
+//! - `LAYER_QUICK=1`: a smoke run (2,000 requests, one repeat);
+//! - `LAYER_REQUESTS`, `LAYER_REPEATS`: sizes (default 20,000 and 3);
+//! - `LAYER_REPORT=path`: also write the report (a `## Layer overhead` section, to be merged
+//!   into `docs/performance.md`) to that file. By default the report goes to stdout only.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use common::{
+    command_output, env_parse, flush_all, fmt_num, machine, median, percentile_us, redis_cpu_us,
+    source_state,
+};
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use redis::aio::MultiplexedConnection;
+use tokio::sync::watch;
+
+// ---------------------------------------------------------------------------------------
+// Configuration
+
+const TTL: Duration = Duration::from_secs(10);
+const CONNECTIONS: usize = 32;
+const WARMUP_REQUESTS: usize = 1_000;
+const NODE_COUNTS: [usize; 2] = [1, 5];
+const KEY_HEADER: &str = "x-request-id";
+const SERVE_ENV: &str = "LAYER_BENCH_SERVE";
+/// After the last response, before the end snapshot: lets releases still under way on the
+/// nodes beyond the quorum finish, so that they are counted.
+const SETTLE: Duration = Duration::from_millis(50);
+
+struct Config {
+    requests: usize,
+    repeats: usize,
+    report: Option<String>,
+}
+
+impl Config {
+    fn from_env() -> Self {
+        if let Some(arg) = std::env::args().skip(1).find(|a| !a.starts_with('-')) {
+            panic!(
+                "unknown argument {arg:?}: the layer benchmark takes none (see LAYER_* in benches/layer.rs)"
+            );
+        }
+        let quick = std::env::var("LAYER_QUICK").is_ok_and(|v| v != "0" && !v.is_empty());
+        let (requests, repeats) = if quick { (2_000, 1) } else { (20_000, 3) };
+        let cfg = Self {
+            requests: env_parse("LAYER_REQUESTS").unwrap_or(requests),
+            repeats: env_parse("LAYER_REPEATS").unwrap_or(repeats),
+            report: std::env::var("LAYER_REPORT").ok().filter(|p| !p.is_empty()),
+        };
+        assert!(cfg.requests > 0, "LAYER_REQUESTS must be positive");
+        assert!(cfg.repeats > 0, "LAYER_REPEATS must be positive");
+        cfg
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    Plain,
+    Locked,
+    Fenced,
+}
+
+const VARIANTS: [Variant; 3] = [Variant::Plain, Variant::Locked, Variant::Fenced];
+
+impl Variant {
+    fn id(self) -> &'static str {
+        match self {
+            Variant::Plain => "plain",
+            Variant::Locked => "locked",
+            Variant::Fenced => "fenced",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Plain => "plain",
+            Variant::Locked => "locked",
+            Variant::Fenced => "locked-fenced",
+        }
+    }
+
+    fn parse(s: &str) -> Self {
+        VARIANTS
+            .into_iter()
+            .find(|v| v.id() == s)
+            .unwrap_or_else(|| panic!("unknown variant {s:?}"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The server (child process)
+
+async fn hook() -> &'static str {
+    "ok"
+}
+
+/// The child: builds the router for `LAYER_BENCH_SERVE=variant,url,...`, prints its port
+/// and serves until stdin closes.
+fn serve_child(spec: &str) {
+    let mut parts = spec.split(',');
+    let variant = Variant::parse(parts.next().unwrap_or_default());
+    let urls: Vec<String> = parts.map(str::to_owned).collect();
+    // The parent closes our stdin to stop us (and so does its death).
+    std::thread::spawn(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        std::process::exit(0);
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async move {
+        let app = Router::new().route("/hook", post(hook));
+        let app = match variant {
+            Variant::Plain => app,
+            Variant::Locked | Variant::Fenced => {
+                let redlock = support::builder(urls)
+                    .ttl(TTL)
+                    .fencing(variant == Variant::Fenced)
+                    .build()
+                    .expect("build tower-redlock");
+                support::warm(&redlock).await;
+                app.route_layer(tower_redlock::RedlockLayer::new(
+                    redlock,
+                    tower_redlock::layer::Header::new(KEY_HEADER).required(),
+                ))
+            }
+        };
+        use axum::serve::ListenerExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        println!("{port}");
+        axum::serve(listener, app).await.expect("serve");
+    });
+}
+
+/// A server child process, killed on drop.
+struct Server {
+    variant: Variant,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    addr: SocketAddr,
+}
+
+impl Server {
+    /// Starts the server for `variant` over `urls`. Call from the main thread: the child's
+    /// `PR_SET_PDEATHSIG` fires when the thread that spawned it ends.
+    fn start(variant: Variant, urls: &[String]) -> Self {
+        let exe = std::env::current_exe().expect("current exe");
+        let mut spec = variant.id().to_owned();
+        for url in urls {
+            spec.push(',');
+            spec.push_str(url);
+        }
+        let mut cmd = Command::new(exe);
+        cmd.env(SERVE_ENV, spec)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        // SAFETY: prctl in the child before exec; async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn the server child");
+        let stdin = child.stdin.take();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("child stdout"))
+            .read_line(&mut line)
+            .expect("read the child's port");
+        let port: u16 = line.trim().parse().unwrap_or_else(|_| {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the {} server child printed {line:?}, not a port",
+                variant.id()
+            )
+        });
+        Self {
+            variant,
+            child,
+            stdin,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+
+    /// The child's user + system CPU so far, in µs.
+    fn cpu_us(&self) -> f64 {
+        let pid = self.child.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_else(|e| panic!("read /proc/{pid}/stat: {e}"));
+        // Field 2 (comm) may hold spaces: count from the last ')'. After it come fields 3..,
+        // so utime (14) and stime (15) are at 11 and 12.
+        let rest = &stat[stat.rfind(')').expect("stat format") + 1..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| -> f64 { fields[i].parse::<u64>().expect("stat tick field") as f64 };
+        // SAFETY: sysconf reads a constant; no memory is involved.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        (ticks(11) + ticks(12)) * 1e6 / hz
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Measurements
+
+/// One timed run of one variant. Latencies in µs, CPU in µs per request.
+#[derive(Clone, Copy, Default)]
+struct Metrics {
+    throughput: f64,
+    p50: f64,
+    p99: f64,
+    server_cpu: f64,
+    redis_cpu: f64,
+    errors: u64,
+}
+
+// ---------------------------------------------------------------------------------------
+// The load generator
+
+type Sender = SendRequest<Empty<Bytes>>;
+
+async fn connect(addr: SocketAddr) -> Sender {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the server child");
+    tcp.set_nodelay(true).expect("nodelay");
+    let (sender, conn) = http1::handshake(TokioIo::new(tcp))
+        .await
+        .expect("HTTP/1 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender
+}
+
+/// What one request returned: `Ok` for 200 "ok", else a description of the error.
+async fn request(sender: &mut Sender, addr: SocketAddr, id: &str) -> Result<(), String> {
+    let req = http::Request::post("/hook")
+        .header(http::header::HOST, addr.to_string())
+        .header(KEY_HEADER, id)
+        .body(Empty::new())
+        .expect("request");
+    sender
+        .ready()
+        .await
+        .map_err(|e| format!("connection: {e}"))?;
+    let res = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    let (parts, body) = res.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?
+        .to_bytes();
+    if parts.status == http::StatusCode::OK {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} {:?}",
+            parts.status,
+            String::from_utf8_lossy(&body)
+        ))
+    }
+}
+
+/// What one connection's task measured.
+struct TaskSamples {
+    latency_ns: Vec<u64>,
+    errors: Vec<String>,
+}
+
+/// Requests from a shared counter until `total` are taken; ids are `{tag}-{i}`.
+async fn drive(
+    sender: &mut Sender,
+    addr: SocketAddr,
+    tag: &str,
+    next: &AtomicUsize,
+    total: usize,
+    samples: &mut TaskSamples,
+) {
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= total {
+            return;
+        }
+        let id = format!("{tag}-{i}");
+        let t0 = Instant::now();
+        let result = request(sender, addr, &id).await;
+        samples.latency_ns.push(t0.elapsed().as_nanos() as u64);
+        if let Err(e) = result {
+            samples.errors.push(format!("{id}: {e}"));
+            if sender.is_closed() {
+                *sender = connect(addr).await;
+            }
+        }
+    }
+}
+
+/// One run: `CONNECTIONS` tasks on their own connections, `WARMUP_REQUESTS` in total
+/// (untimed), then `requests` in total (timed).
+async fn run(
+    server: &Server,
+    conns: &mut [MultiplexedConnection],
+    tag: &str,
+    requests: usize,
+) -> Metrics {
+    let addr = server.addr;
+    let warm_next = Arc::new(AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
+    let (go_tx, go_rx) = watch::channel(false);
+    let ready = Arc::new(tokio::sync::Barrier::new(CONNECTIONS + 1));
+    let handles: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let (warm_next, next, ready) = (warm_next.clone(), next.clone(), ready.clone());
+            let mut go = go_rx.clone();
+            let tag = tag.to_owned();
+            tokio::spawn(async move {
+                let mut sender = connect(addr).await;
+                let mut warm = TaskSamples {
+                    latency_ns: Vec::new(),
+                    errors: Vec::new(),
+                };
+                drive(
+                    &mut sender,
+                    addr,
+                    &format!("{tag}w"),
+                    &warm_next,
+                    WARMUP_REQUESTS,
+                    &mut warm,
+                )
+                .await;
+                let mut s = TaskSamples {
+                    latency_ns: Vec::with_capacity(requests / CONNECTIONS + 1),
+                    errors: warm.errors,
+                };
+                ready.wait().await;
+                go.wait_for(|go| *go).await.expect("start signal");
+                drive(&mut sender, addr, &tag, &next, requests, &mut s).await;
+                s
+            })
+        })
+        .collect();
+    ready.wait().await;
+    // Start: Redis first, then the server, so that our INFO calls are not in the window.
+    let redis0 = redis_cpu_us(conns).await;
+    let cpu0 = server.cpu_us();
+    let t0 = Instant::now();
+    go_tx.send(true).expect("start signal");
+    let mut latency_ns = Vec::with_capacity(requests);
+    let mut errors = Vec::new();
+    for h in handles {
+        let s = h.await.expect("load task");
+        latency_ns.extend(s.latency_ns);
+        errors.extend(s.errors);
+    }
+    let elapsed = t0.elapsed();
+    tokio::time::sleep(SETTLE).await;
+    let cpu1 = server.cpu_us();
+    let redis1 = redis_cpu_us(conns).await;
+    latency_ns.sort_unstable();
+    for e in errors.iter().take(10) {
+        eprintln!("  non-200 ({} {tag}): {e}", server.variant.label());
+    }
+    if errors.len() > 10 {
+        eprintln!("  ... and {} more", errors.len() - 10);
+    }
+    let n = requests as f64;
+    Metrics {
+        throughput: n / elapsed.as_secs_f64(),
+        p50: percentile_us(&latency_ns, 50.0),
+        p99: percentile_us(&latency_ns, 99.0),
+        server_cpu: (cpu1 - cpu0) / n,
+        redis_cpu: (redis1 - redis0) / n,
+        errors: errors.len() as u64,
+    }
+}
+
+/// The runs of one node count: `runs[repeat][variant]`.
+struct Cell {
+    nodes: usize,
+    runs: Vec<[Metrics; 3]>,
+}
+
+impl Cell {
+    fn median(&self, v: usize, field: fn(&Metrics) -> f64) -> f64 {
+        let mut values: Vec<f64> = self.runs.iter().map(|r| field(&r[v])).collect();
+        median(&mut values)
+    }
+
+    /// Median over the repeats of `variant − plain`.
+    fn delta(&self, v: usize, field: fn(&Metrics) -> f64) -> f64 {
+        let mut values: Vec<f64> = self
+            .runs
+            .iter()
+            .map(|r| field(&r[v]) - field(&r[0]))
+            .collect();
+        median(&mut values)
+    }
+
+    /// Median over the repeats of `variant ÷ plain`.
+    fn ratio(&self, v: usize, field: fn(&Metrics) -> f64) -> f64 {
+        let mut values: Vec<f64> = self
+            .runs
+            .iter()
+            .map(|r| field(&r[v]) / field(&r[0]))
+            .collect();
+        median(&mut values)
+    }
+
+    fn errors(&self, v: usize) -> u64 {
+        self.runs.iter().map(|r| r[v].errors).sum()
+    }
+}
+
+async fn bench(cfg: &Config) -> Vec<Cell> {
+    let mut cells = Vec::new();
+    let mut run_id = 0usize;
+    for n in NODE_COUNTS {
+        let cluster = support::Cluster::start(n);
+        let urls = cluster.urls();
+        let mut conns = Vec::with_capacity(n);
+        for i in 0..n {
+            conns.push(cluster.raw(i).await);
+        }
+        let servers: Vec<Server> = VARIANTS.iter().map(|&v| Server::start(v, &urls)).collect();
+        let mut cell = Cell {
+            nodes: n,
+            runs: Vec::with_capacity(cfg.repeats),
+        };
+        for rep in 0..cfg.repeats {
+            let mut trio = [Metrics::default(); 3];
+            for (v, server) in servers.iter().enumerate() {
+                run_id += 1;
+                flush_all(&mut conns).await;
+                let m = run(server, &mut conns, &format!("r{run_id}"), cfg.requests).await;
+                eprintln!(
+                    "N={n} repeat {}/{} {:<13} {:>7.0} req/s  p50 {:>6.0} µs  p99 {:>6.0} µs  \
+                     server {:>6.1} µs/req  Redis {:>6.1} µs/req  errors {}",
+                    rep + 1,
+                    cfg.repeats,
+                    server.variant.label(),
+                    m.throughput,
+                    m.p50,
+                    m.p99,
+                    m.server_cpu,
+                    m.redis_cpu,
+                    m.errors,
+                );
+                trio[v] = m;
+            }
+            cell.runs.push(trio);
+        }
+        flush_all(&mut conns).await;
+        drop(servers);
+        cells.push(cell);
+    }
+    cells
+}
+
+// ---------------------------------------------------------------------------------------
+// The report
+
+fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> String {
+    let mut env: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("LAYER_") && k != SERVE_ENV)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    env.sort();
+    let mut command = env.join(" ");
+    if !command.is_empty() {
+        command.push(' ');
+    }
+    command.push_str("cargo bench --bench layer --features axum");
+    let redis_bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
+    // SAFETY: sysconf reads a constant; no memory is involved.
+    let clk_tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let mut out = String::new();
+    let w = &mut out;
+    let _ = writeln!(w, "## Layer overhead\n");
+    let _ = writeln!(
+        w,
+        "Generated by `benches/layer.rs`. An axum 0.8 route `POST /hook` answering 200 \"ok\" \
+         at once, served **plain**, behind `RedlockLayer` keyed by the `{KEY_HEADER}` header \
+         (`Header::new(\"{KEY_HEADER}\").required()`, fencing off: **locked**), and the same \
+         with fencing on (**locked-fenced**). The variants ran interleaved, {} time(s), on the \
+         same loopback redis-server nodes (flushed before each run); the tables give the \
+         median over the repeats. Compare variants of the same run, not absolute figures \
+         from other runs.\n",
+        cfg.repeats
+    );
+    let _ = writeln!(w, "- command: `{command}` (or `scripts/bench layer`)");
+    let _ = writeln!(
+        w,
+        "- date: {}",
+        command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+    );
+    let _ = writeln!(w, "- machine: {}", machine());
+    let _ = writeln!(
+        w,
+        "- versions: tower-redlock {} ({source}), axum 0.8, hyper 1, {}, {}",
+        env!("CARGO_PKG_VERSION"),
+        command_output(&redis_bin, &["--version"]),
+        command_output("rustc", &["--version"]),
+    );
+    let _ = writeln!(
+        w,
+        "- setup: bench profile (release). The server is a child process (tokio \
+         multi-thread runtime, worker threads = cores, `axum::serve`, TCP_NODELAY); the load \
+         generator is the parent (its own tokio multi-thread runtime): {CONNECTIONS} HTTP/1.1 \
+         keep-alive connections, one task each, sending the next request when the last \
+         response's body is in; every request has a unique `{KEY_HEADER}`. Per run: \
+         {WARMUP_REQUESTS} warm-up requests, then {} timed. Server, load generator and \
+         redis-server nodes share the same cores. TTL {} s, restart quarantine off, layer \
+         defaults otherwise (reject when busy, release before the response, auto-extend \
+         on); run time {:.0} s",
+        cfg.requests,
+        TTL.as_secs(),
+        elapsed.as_secs_f64(),
+    );
+    let _ = writeln!(
+        w,
+        "- metrics: latencies in µs, nearest-rank percentiles of per-request wall times \
+         (request sent to body received); req/s = timed requests ÷ wall time of the timed \
+         phase; server CPU = user + system CPU of the server process (`/proc/<pid>/stat`, \
+         clock ticks of {} ms, so ± {} µs/req at this size) over the timed phase (+{} ms \
+         for releases still under way), per request; Redis CPU = sum over the nodes of \
+         `used_cpu_user + used_cpu_sys`, per request; errors = responses other than 200 and \
+         failed requests (warm-up included), total over the repeats (must be 0: every name \
+         is fresh).\n",
+        1e3 / clk_tck,
+        fmt_num(1e6 / clk_tck / cfg.requests as f64),
+        SETTLE.as_millis(),
+    );
+    let _ = writeln!(
+        w,
+        "| N | variant | req/s | p50 µs | p99 µs | server CPU µs/req | Redis CPU µs/req | errors |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for cell in cells {
+        for (v, variant) in VARIANTS.iter().enumerate() {
+            let errors = cell.errors(v);
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                cell.nodes,
+                variant.label(),
+                fmt_num(cell.median(v, |m| m.throughput)),
+                fmt_num(cell.median(v, |m| m.p50)),
+                fmt_num(cell.median(v, |m| m.p99)),
+                fmt_num(cell.median(v, |m| m.server_cpu)),
+                fmt_num(cell.median(v, |m| m.redis_cpu)),
+                if errors == 0 {
+                    "0".to_owned()
+                } else {
+                    format!("**{errors} (MUST BE 0)**")
+                },
+            );
+        }
+    }
+    let _ = writeln!(
+        w,
+        "\n**The layer's cost per request**: variant − plain (÷ plain for req/s), per repeat \
+         from the same run, median over the repeats. Layer CPU = the server's extra CPU per \
+         request; + Redis = that plus the nodes' CPU per request.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| N | variant | layer CPU µs/req | Redis CPU µs/req | layer + Redis CPU µs/req | Δ p50 µs | Δ p99 µs | req/s ÷ plain |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for cell in cells {
+        for (v, variant) in VARIANTS.iter().enumerate().skip(1) {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {} | {} | {} | {} | {:.2} |",
+                cell.nodes,
+                variant.label(),
+                fmt_num(cell.delta(v, |m| m.server_cpu)),
+                fmt_num(cell.delta(v, |m| m.redis_cpu)),
+                fmt_num(cell.delta(v, |m| m.server_cpu + m.redis_cpu)),
+                fmt_num(cell.delta(v, |m| m.p50)),
+                fmt_num(cell.delta(v, |m| m.p99)),
+                cell.ratio(v, |m| m.throughput),
+            );
+        }
+    }
+    out
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var(SERVE_ENV) {
+        serve_child(&spec);
+        return;
+    }
+    let cfg = Config::from_env();
+    let source = source_state();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let started = Instant::now();
+    // block_on runs `bench` on this (main) thread, which spawns the server children.
+    let cells = rt.block_on(bench(&cfg));
+    let text = report(&cfg, &cells, &source, started.elapsed());
+    println!("{text}");
+    if let Some(path) = &cfg.report {
+        std::fs::write(path, &text).unwrap_or_else(|e| panic!("cannot write {path}: {e}"));
+        eprintln!("report written to {path}");
+    }
+    let errors: u64 = cells
+        .iter()
+        .flat_map(|c| &c.runs)
+        .flatten()
+        .map(|m| m.errors)
+        .sum();
+    assert_eq!(errors, 0, "{errors} requests did not get a 200");
+}
