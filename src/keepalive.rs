@@ -29,8 +29,9 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::mpsc::{self, UnboundedReceiver, error::SendError};
 
 use crate::client::builder::{KeepAlive, KeepAliveCommand};
-use crate::client::{Redlock, WeakRedlock, later};
+use crate::client::{Redlock, WeakRedlock};
 use crate::error::Failure;
+use crate::quorum::later;
 use crate::token::{Lock, LostReason, Shared};
 
 /// Hands the lock of `shared` to `redlock`'s driver, starting one if none runs. Returns

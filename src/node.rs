@@ -212,7 +212,10 @@ impl Node {
     }
 
     async fn connect(self: Arc<Self>) {
-        let deadline = tokio::time::Instant::now() + self.settings.connect_timeout;
+        let deadline = tokio::time::Instant::from_std(crate::quorum::later(
+            Instant::now(),
+            self.settings.connect_timeout,
+        ));
         let attempt = async {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.settings.connect_timeout))
@@ -260,7 +263,7 @@ impl Node {
                         if let Some((length, cause)) =
                             quarantine_for(st.known_run_id.as_deref(), &info, max_ttl)
                         {
-                            let until = Instant::now() + length;
+                            let until = crate::quorum::later(Instant::now(), length);
                             st.quarantined_until =
                                 Some(st.quarantined_until.map_or(until, |u| u.max(until)));
                             match cause {

@@ -6,7 +6,7 @@
 //! ([`drift`]) allows for clock rate differences between the nodes.
 //!
 //! ```
-//! use std::time::Duration;
+//! use std::time::{Duration, Instant};
 //! use tower_redlock::quorum::{drift, quorum, validity};
 //!
 //! assert_eq!(quorum(5), 3);
@@ -17,7 +17,7 @@
 //! assert_eq!(validity(ttl, Duration::from_secs(10), d), None); // nothing left
 //! ```
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The fixed part of the drift allowance, for the granularity of Redis expiries.
 pub const DRIFT_FLOOR: Duration = Duration::from_millis(2);
@@ -63,6 +63,14 @@ impl NodeMask {
             .and_then(|i| self.0.checked_shr(i))
             .is_some_and(|m| m & 1 == 1)
     }
+}
+
+/// `t + d`, or the latest representable instant near it when that overflows.
+pub(crate) fn later(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d).unwrap_or_else(|| {
+        // About 30 years ahead: later than any lock or deadline this crate deals in.
+        t.checked_add(Duration::from_secs(1 << 30)).unwrap_or(t)
+    })
 }
 
 /// What a [`Tally`] knows so far.

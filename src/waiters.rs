@@ -271,7 +271,7 @@ impl Ticket {
     /// release messages or the `backstop` delay; behind others, until it is the head and
     /// then the same. Returns early at `deadline`.
     pub(crate) async fn wait(&self, backstop: Duration, deadline: Option<Instant>) {
-        let far = || crate::client::later(Instant::now(), Duration::from_secs(3600));
+        let far = || crate::quorum::later(Instant::now(), Duration::from_secs(3600));
         let end = deadline.unwrap_or_else(far);
         loop {
             if Instant::now() >= end {
@@ -279,7 +279,7 @@ impl Ticket {
             }
             let head = self.is_head();
             let until = if head {
-                crate::client::later(Instant::now(), backstop).min(end)
+                crate::quorum::later(Instant::now(), backstop).min(end)
             } else {
                 end
             };

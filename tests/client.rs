@@ -802,3 +802,69 @@ async fn an_unfenced_acquisition_is_one_plain_set_per_node() {
     assert_eq!(cluster.command_calls(0, "evalsha").await, 1);
     assert_eq!(cluster.command_calls(0, "eval").await, 0);
 }
+
+/// `Duration::MAX` is a legal setting everywhere: a typed error where it cannot work, and
+/// "no limit" where it means that; never a panic, a hang or a silent stop.
+#[tokio::test]
+async fn duration_max_settings_give_typed_errors_or_mean_no_limit() {
+    let cluster = Cluster::start(1);
+    let urls = cluster.urls();
+    assert!(matches!(
+        builder(urls.clone()).node_timeout(Duration::MAX).build(),
+        Err(ConfigError::NodeTimeoutTooLong { .. })
+    ));
+    assert!(matches!(
+        builder(urls.clone()).min_validity(Duration::MAX).build(),
+        Err(ConfigError::MinValidityTooLong { .. })
+    ));
+    // No connect timeout: the node is still used.
+    let patient = builder(urls.clone())
+        .connect_timeout(Duration::MAX)
+        .build()
+        .expect("build");
+    support::warm(&patient).await;
+    // An endless retry delay and deadline: the waiter sleeps until the release wakes it.
+    let holder = cluster.client(|b| b).await;
+    let lock = holder.lock("max-delay").await.expect("lock");
+    let waiter = cluster
+        .client(|b| {
+            b.retry_delay(Duration::MAX, Duration::MAX)
+                .retry_deadline(Some(Duration::MAX))
+        })
+        .await;
+    let task = tokio::spawn(async move { waiter.lock("max-delay").await.map(|l| l.attempts()) });
+    wait_for("the waiter to queue", Duration::from_secs(5), || async {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("redlock:max-delay")
+            .query_async(&mut cluster.raw(0).await)
+            .await
+            .expect("PUBSUB NUMSUB");
+        n == 1
+    })
+    .await;
+    holder.unlock(&lock).await;
+    let attempts = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("woken by the release")
+        .expect("task")
+        .expect("the waiter gets the lock");
+    assert!(attempts >= 2, "{attempts}");
+    // No maximum hold: the guard keeps extending.
+    let unlimited = cluster
+        .client(|b| {
+            b.ttl(Duration::from_millis(600))
+                .node_timeout(Duration::from_millis(50))
+                .max_hold(Some(Duration::MAX))
+        })
+        .await;
+    let guard = unlimited.acquire("max-hold").await.expect("acquire");
+    let first = guard.valid_until();
+    wait_for("two extensions", Duration::from_secs(5), || {
+        let extended = guard.valid_until() > first + Duration::from_millis(300);
+        async move { extended }
+    })
+    .await;
+    assert!(guard.is_held());
+    guard.release().await;
+}

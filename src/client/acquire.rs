@@ -8,10 +8,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Redlock, later};
+use super::Redlock;
 use crate::error::Failure;
 use crate::fanout::{self, Round};
 use crate::fencing::{self, PhaseOne};
+use crate::quorum::later;
 use crate::quorum::{self, NodeMask, Outcome};
 use crate::scripts::{
     ACQUIRE_FENCED_SCRIPT, AcquireReply, Arg, Invocation, Request, parse_acquire,

@@ -15,9 +15,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Redlock, check_ttl, later, ttl_ms};
+use super::{Redlock, check_ttl, ttl_ms};
 use crate::error::Failure;
 use crate::fanout;
+use crate::quorum::later;
 use crate::quorum::{self, Outcome};
 use crate::scripts::{Arg, EXTEND_SCRIPT, Invocation, Request, parse_flag};
 use crate::token::Lock;

@@ -34,7 +34,7 @@ use std::sync::{Arc, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{ConfigError, LockError};
-use crate::quorum;
+use crate::quorum::{self, later};
 use crate::token::{Lock, Resource, key_for};
 
 mod acquire;
@@ -302,12 +302,4 @@ impl WeakRedlock {
             fencing: self.fencing,
         })
     }
-}
-
-/// `t + d`, or the latest representable instant near it when that overflows.
-pub(crate) fn later(t: Instant, d: Duration) -> Instant {
-    t.checked_add(d).unwrap_or_else(|| {
-        // About 30 years ahead: later than any lock or deadline this crate deals in.
-        t.checked_add(Duration::from_secs(1 << 30)).unwrap_or(t)
-    })
 }

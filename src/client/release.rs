@@ -15,10 +15,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Redlock, later};
+use super::Redlock;
 use crate::error::NodeFailure;
 use crate::fanout;
 use crate::quorum::NodeMask;
+use crate::quorum::later;
 use crate::scripts::{Arg, Invocation, RELEASE_SCRIPT, Request, parse_flag};
 use crate::token::{Lock, Resource};
 

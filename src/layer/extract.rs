@@ -101,19 +101,20 @@ impl<'a> RequestHead<'a> {
 /// [`required`](Self::required); an empty value is always rejected.
 #[derive(Debug, Clone)]
 pub struct Header {
-    name: HeaderName,
+    /// The header, or the text that is not a valid header name.
+    name: Result<HeaderName, &'static str>,
     required: bool,
 }
 
 impl Header {
-    /// Uses the header `name`.
+    /// Uses the header `name`, in any case (`Idempotency-Key` and `idempotency-key` are
+    /// the same header).
     ///
-    /// # Panics
-    ///
-    /// If `name` is not a valid header name (a programming error, caught at start-up).
+    /// A `name` that is not a valid header name never panics: every request is then
+    /// rejected as bad input, with a message that names the setting.
     pub fn new(name: &'static str) -> Self {
         Self {
-            name: HeaderName::from_static(name),
+            name: HeaderName::from_bytes(name.as_bytes()).map_err(|_| name),
             required: false,
         }
     }
@@ -121,7 +122,7 @@ impl Header {
     /// Uses the header `name`.
     pub fn from_name(name: HeaderName) -> Self {
         Self {
-            name,
+            name: Ok(name),
             required: false,
         }
     }
@@ -135,15 +136,18 @@ impl Header {
 
 impl<B> ExtractLockName<B> for Header {
     fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
-        match request.headers().get(&self.name) {
+        let name = self.name.as_ref().map_err(|bad| {
+            ExtractError::new(format!(
+                "the lock layer is configured with {bad:?}, which is not a valid header name"
+            ))
+        })?;
+        match request.headers().get(name) {
             Some(v) if v.is_empty() => Err(ExtractError::new(format!(
-                "the {} header (gRPC: metadata) is empty",
-                self.name
+                "the {name} header (gRPC: metadata) is empty"
             ))),
             Some(v) => Ok(Some(v.as_bytes().to_vec())),
             None if self.required => Err(ExtractError::new(format!(
-                "the {} header (gRPC: metadata) is required",
-                self.name
+                "the {name} header (gRPC: metadata) is required"
             ))),
             None => Ok(None),
         }
@@ -318,6 +322,23 @@ mod tests {
             .body(())
             .unwrap_or_default();
         assert!(h.extract(&empty).is_err());
+    }
+
+    #[test]
+    fn header_names_are_case_insensitive_and_bad_ones_do_not_panic() {
+        let mixed = Header::new("Idempotency-Key");
+        let with = Request::get("/")
+            .header("idempotency-key", "k1")
+            .body(())
+            .unwrap_or_default();
+        assert_eq!(mixed.extract(&with), Ok(Some(b"k1".to_vec())));
+        let bad = Header::new("not a header");
+        let err = bad.extract(&req("/")).err().map(|e| e.message().to_owned());
+        assert!(
+            err.as_deref()
+                .is_some_and(|m| m.contains("not a valid header name")),
+            "{err:?}"
+        );
     }
 
     #[test]

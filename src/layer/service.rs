@@ -85,7 +85,7 @@ async fn acquire(
             match Arc::clone(waiters).try_acquire_owned() {
                 Ok(_permit) => {
                     redlock
-                        .lock_until(&name, ttl, Instant::now() + *timeout)
+                        .lock_until(&name, ttl, crate::quorum::later(Instant::now(), *timeout))
                         .await
                 }
                 Err(_) => first,
