@@ -55,6 +55,12 @@ pub const DEFAULT_EXTEND_FRACTION: f64 = 1.0 / 3.0;
 /// Fencing numbers are on by default: every acquisition carries one (see
 /// [`crate::fencing`]), at the cost of a second round trip.
 pub const DEFAULT_FENCING: bool = true;
+/// Default retention of a name's fencing counter after its last fenced acquisition:
+/// 24 hours, or 100 times the client's TTL if that is longer (see
+/// [`RedlockBuilder::fencing_retention`](crate::RedlockBuilder::fencing_retention)).
+pub const DEFAULT_FENCING_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// The fencing retention must be at least this many times the TTL of every fenced lock.
+pub const MIN_RETENTION_TO_TTL_RATIO: u32 = 10;
 /// Restarted and recently started nodes are quarantined by default (see
 /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine)).
 pub const DEFAULT_RESTART_QUARANTINE: bool = true;

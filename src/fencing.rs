@@ -40,18 +40,18 @@ impl PhaseOne {
 }
 
 /// Phase 2: raises the name's counter to `token` on every node that may hold the lock,
-/// only where the lock key still holds `value`. `keys` are the lock key and the counters
-/// key; `field` is the name's field there.
+/// only where the lock key still holds `value`, and keeps the counter for `retention_ms`.
+/// `keys` are the lock key and the counter key.
 pub(crate) async fn phase_two(
     nodes: &[Arc<Node>],
     keys: &[&[u8]; 2],
     value: &[u8],
-    field: &[u8],
     token: u64,
+    retention_ms: u64,
     deadline: Instant,
     refused: NodeMask,
 ) -> Round {
-    let args = [Arg::Bytes(value), Arg::Bytes(field), Arg::Int(token)];
+    let args = [Arg::Bytes(value), Arg::Int(token), Arg::Int(retention_ms)];
     let request = Request::Script(Invocation {
         script: &FENCE_SCRIPT,
         keys,

@@ -42,40 +42,44 @@ redis.call('GET', KEYS[1])
 return redis.call('PTTL', KEYS[1])
 "#;
 
-/// Phase 1 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the counters hash,
-/// `ARGV[1]` = value, `ARGV[2]` = TTL in ms, `ARGV[3]` = the name's field in the hash.
+/// Phase 1 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the name's counter
+/// key, `KEYS[3]` = the counters hash of earlier versions (one field per name),
+/// `ARGV[1]` = value, `ARGV[2]` = TTL in ms, `ARGV[3]` = the name's field in that hash.
 ///
-/// `SET NX PX` as a script (`{0, pttl}` when the key exists, `{1, ...}` when set), and on
-/// success also returns the node's counter for the name (`""` if
-/// it has none) and the server's clock (`TIME`: seconds, microseconds):
-/// `{1, counter, seconds, microseconds}`. The client seeds a missing or lost counter from
-/// the clock; all arithmetic happens in the client, on 64-bit integers (Lua numbers are
-/// doubles). The counter is read before the `SET`, so a wrong-type counters key fails the
-/// call before it writes anything.
+/// `SET NX PX` as a script (`{0, pttl}` when the key exists), and on success also returns
+/// the node's counter for the name (`""` if it has none) and the server's clock (`TIME`:
+/// seconds, microseconds): `{1, counter, seconds, microseconds}`. A missing counter is
+/// read once from the old hash, as a floor, so numbers never go back across the upgrade.
+/// The client seeds a missing or lost counter from the clock; all arithmetic happens in
+/// the client, on 64-bit integers (Lua numbers are doubles). The counter is read before
+/// the `SET`, so a wrong-type counter key fails the call before it writes anything.
 const ACQUIRE_FENCED: &str = r#"
 if redis.call('GET', KEYS[1]) then
   return {0, redis.call('PTTL', KEYS[1])}
 end
-local counter = redis.call('HGET', KEYS[2], ARGV[3]) or ''
+local counter = redis.call('GET', KEYS[2])
+if not counter then
+  counter = redis.call('HGET', KEYS[3], ARGV[3]) or ''
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local t = redis.call('TIME')
 return {1, counter, t[1], t[2]}
 "#;
 
-/// Phase 2 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the counters hash,
-/// `ARGV[1]` = value, `ARGV[2]` = the name's field, `ARGV[3]` = the fencing number
-/// (decimal, no leading zeros).
+/// Phase 2 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the name's counter
+/// key, `ARGV[1]` = value, `ARGV[2]` = the fencing number (decimal, no leading zeros),
+/// `ARGV[3]` = the retention in ms.
 ///
 /// Only while the lock key still holds our value: raises the counter to the fencing number
-/// (`counter = max(counter, token)`) and returns 1; otherwise returns 0 and changes
-/// nothing. Numbers are compared as decimal strings (length first, then digit by digit),
-/// so any 64-bit value compares exactly.
+/// (`counter = max(counter, token)`), gives it the retention as its TTL, and returns 1;
+/// otherwise returns 0 and changes nothing. Numbers are compared as decimal strings (length
+/// first, then digit by digit), so any 64-bit value compares exactly.
 const FENCE: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-local cur = redis.call('HGET', KEYS[2], ARGV[2])
-local new = ARGV[3]
+local cur = redis.call('GET', KEYS[2])
+local new = ARGV[2]
 local raise = not cur or #cur < #new
 if cur and #cur == #new then
   for i = 1, #new do
@@ -87,7 +91,9 @@ if cur and #cur == #new then
   end
 end
 if raise then
-  redis.call('HSET', KEYS[2], ARGV[2], new)
+  redis.call('SET', KEYS[2], new, 'PX', ARGV[3])
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 return 1
 "#;

@@ -41,26 +41,70 @@ fn hex_into(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
-/// The Redis key for `name` under `prefix`; an error for an empty name.
-pub(crate) fn key_for(prefix: &[u8], name: &[u8]) -> Result<Vec<u8>, LockError> {
+/// The Redis keys of one lock name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Keys {
+    /// `{prefix}{{name}}`: the name (or its hash) is the key's hash tag.
+    pub(crate) lock: Vec<u8>,
+    /// `{prefix}#fence{{name}}`: the fencing counter, in the lock key's hash slot.
+    pub(crate) counter: Vec<u8>,
+    /// The name's field in the counters hash of earlier versions (read once as a floor).
+    pub(crate) legacy_field: Vec<u8>,
+}
+
+/// The Redis keys for `name` under `prefix`; an error for an empty name.
+///
+/// The name goes between braces, so it is the hash tag of both the lock key and the
+/// counter key: in a Redis Cluster they share a slot, whatever the name holds. A name
+/// longer than [`MAX_NAME_LEN`] bytes, or starting with `}` (which would make the tag
+/// empty), is replaced by `#sha256:` and its hex SHA-256.
+pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
     if name.is_empty() {
         return Err(LockError::InvalidName {
             reason: "the name is empty",
         });
     }
-    if name.len() <= MAX_NAME_LEN {
-        let mut key = Vec::with_capacity(prefix.len() + name.len());
-        key.extend_from_slice(prefix);
-        key.extend_from_slice(name);
-        Ok(key)
+    let hashed = || {
+        let mut out = Vec::with_capacity(8 + 64);
+        out.extend_from_slice(b"#sha256:");
+        hex_into(&mut out, &Sha256::digest(name));
+        out
+    };
+    let legacy_field = if name.len() <= MAX_NAME_LEN {
+        name.to_vec()
     } else {
-        const TAG: &[u8] = b"#sha256:";
-        let digest = Sha256::digest(name);
-        let mut key = Vec::with_capacity(prefix.len() + TAG.len() + 64);
+        hashed()
+    };
+    let part = if name.len() <= MAX_NAME_LEN && !name.starts_with(b"}") {
+        name.to_vec()
+    } else {
+        hashed()
+    };
+    let tagged = |infix: &[u8]| {
+        let mut key = Vec::with_capacity(prefix.len() + infix.len() + part.len() + 2);
         key.extend_from_slice(prefix);
-        key.extend_from_slice(TAG);
-        hex_into(&mut key, &digest);
-        Ok(key)
+        key.extend_from_slice(infix);
+        key.push(b'{');
+        key.extend_from_slice(&part);
+        key.push(b'}');
+        key
+    };
+    Ok(Keys {
+        lock: tagged(b""),
+        counter: tagged(b"#fence"),
+        legacy_field,
+    })
+}
+
+/// Whether lock and counter keys under `prefix` share their hash tag: the prefix has no
+/// `{`, or its first `{` is closed by a `}` within the prefix with something between.
+pub(crate) fn prefix_keeps_tags(prefix: &[u8]) -> bool {
+    match prefix.iter().position(|b| *b == b'{') {
+        None => true,
+        Some(open) => prefix
+            .get(open + 1..)
+            .and_then(|rest| rest.iter().position(|b| *b == b'}'))
+            .is_some_and(|len| len > 0),
     }
 }
 
@@ -74,21 +118,16 @@ pub(crate) fn new_value() -> Result<String, LockError> {
     String::from_utf8(out).map_err(|e| LockError::Entropy(e.to_string()))
 }
 
-/// A resource's name and its Redis key.
+/// A resource's name and its Redis keys.
 #[derive(Debug)]
 pub(crate) struct Resource {
     pub(crate) name: Box<[u8]>,
+    /// The lock key.
     pub(crate) key: Box<[u8]>,
-    /// The length of the key prefix within `key`.
-    pub(crate) prefix_len: usize,
-}
-
-impl Resource {
-    /// The name's field in the fencing counters hash: the key without its prefix (the name,
-    /// or its hash for long names).
-    pub(crate) fn counter_field(&self) -> &[u8] {
-        self.key.get(self.prefix_len..).unwrap_or(&self.key)
-    }
+    /// The fencing counter's key.
+    pub(crate) counter_key: Box<[u8]>,
+    /// The name's field in the counters hash of earlier versions.
+    pub(crate) legacy_field: Box<[u8]>,
 }
 
 /// A lock this client holds (or held): returned by [`Redlock::lock`](crate::Redlock::lock)
@@ -368,27 +407,65 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
 
+    fn lock_key(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+        keys_for(prefix, name).map(|k| k.lock).unwrap_or_default()
+    }
+
+    /// The hash tag of a key, as Redis Cluster computes it (the whole key without one).
+    fn hash_tag(key: &[u8]) -> &[u8] {
+        if let Some(open) = key.iter().position(|b| *b == b'{')
+            && let Some(len) = key[open + 1..].iter().position(|b| *b == b'}')
+            && len > 0
+        {
+            return &key[open + 1..open + 1 + len];
+        }
+        key
+    }
+
     #[test]
-    fn short_names_are_prefixed_verbatim() {
-        assert_eq!(key_for(b"p:", b"abc").ok(), Some(b"p:abc".to_vec()));
+    fn short_names_are_the_hash_tag_of_both_keys() {
+        let keys = keys_for(b"p:", b"abc").ok();
+        assert_eq!(
+            keys.as_ref().map(|k| k.lock.as_slice()),
+            Some(&b"p:{abc}"[..])
+        );
+        assert_eq!(
+            keys.as_ref().map(|k| k.counter.as_slice()),
+            Some(&b"p:#fence{abc}"[..])
+        );
+        assert_eq!(keys.map(|k| k.legacy_field), Some(b"abc".to_vec()));
         let exact = vec![b'x'; MAX_NAME_LEN];
-        let key = key_for(b"", &exact).ok();
-        assert_eq!(key.as_deref(), Some(exact.as_slice()));
+        assert_eq!(lock_key(b"", &exact).len(), MAX_NAME_LEN + 2);
+    }
+
+    #[test]
+    fn lock_and_counter_keys_share_a_slot_whatever_the_name_or_prefix() {
+        for prefix in [&b"redlock:"[..], b"{app}:", b"a}b:", b""] {
+            assert!(prefix_keeps_tags(prefix));
+            for name in [&b"order:42"[..], b"a}b", b"}x", b"{y}", b"{}", b"x{"] {
+                let Ok(k) = keys_for(prefix, name) else {
+                    panic!("{name:?} is a valid name")
+                };
+                assert_eq!(
+                    hash_tag(&k.lock),
+                    hash_tag(&k.counter),
+                    "{prefix:?} {name:?}"
+                );
+                assert_ne!(k.lock, k.counter);
+            }
+        }
+        assert!(!prefix_keeps_tags(b"a{b:"));
+        assert!(!prefix_keeps_tags(b"a{}b:"));
     }
 
     #[test]
     fn long_names_are_hashed_to_a_fixed_size() {
-        let a = key_for(b"p:", &vec![b'a'; MAX_NAME_LEN + 1]).ok();
-        let b = key_for(b"p:", &vec![b'a'; 1_000_000]).ok();
-        let c = key_for(b"p:", &vec![b'b'; 1_000_000]).ok();
-        let (a, b, c) = (
-            a.unwrap_or_default(),
-            b.unwrap_or_default(),
-            c.unwrap_or_default(),
-        );
-        assert_eq!(a.len(), 2 + 8 + 64);
+        let a = lock_key(b"p:", &vec![b'a'; MAX_NAME_LEN + 1]);
+        let b = lock_key(b"p:", &vec![b'a'; 1_000_000]);
+        let c = lock_key(b"p:", &vec![b'b'; 1_000_000]);
+        assert_eq!(a.len(), 2 + 2 + 8 + 64);
         assert_eq!(b.len(), a.len());
-        assert!(b.starts_with(b"p:#sha256:"));
+        assert!(b.starts_with(b"p:{#sha256:"));
         assert_ne!(a, b);
         assert_ne!(b, c);
     }
@@ -396,7 +473,7 @@ mod tests {
     #[test]
     fn empty_names_are_rejected() {
         assert!(matches!(
-            key_for(b"p:", b""),
+            keys_for(b"p:", b""),
             Err(LockError::InvalidName { .. })
         ));
     }

@@ -202,7 +202,7 @@ async fn a_failed_attempt_leaves_no_key_of_ours() {
     let cluster = Cluster::start(5);
     let redlock = builder(cluster.urls()).build().expect("build");
     support::warm(&redlock).await;
-    let key = b"redlock:contended";
+    let key = b"redlock:{contended}";
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
         let _: () = conn.set(key, "someone-else").await.expect("SET");
@@ -666,7 +666,7 @@ async fn a_wrongtype_key_is_a_clear_per_node_error() {
     let base = builder(cluster.urls()).build().expect("build");
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
-        let _: () = conn.lpush("redlock:listy", "x").await.expect("LPUSH");
+        let _: () = conn.lpush("redlock:{listy}", "x").await.expect("LPUSH");
     }
     for fencing in [true, false] {
         match base.with_fencing(fencing).try_lock("listy").await {
@@ -779,13 +779,13 @@ async fn dropping_an_acquisition_half_way_releases_what_landed() {
     };
     // The SET reached the node; its reply is still on its way back through the proxy.
     wait_for("the SET to land", Duration::from_secs(5), || async {
-        cluster.get(0, b"redlock:dropped").await.is_some()
+        cluster.get(0, b"redlock:{dropped}").await.is_some()
     })
     .await;
     attempt.abort();
     assert!(attempt.await.expect_err("aborted").is_cancelled());
     wait_for("the background release", Duration::from_secs(5), || async {
-        cluster.get(0, b"redlock:dropped").await.is_none()
+        cluster.get(0, b"redlock:{dropped}").await.is_none()
     })
     .await;
 }
@@ -836,7 +836,7 @@ async fn duration_max_settings_give_typed_errors_or_mean_no_limit() {
     wait_for("the waiter to queue", Duration::from_secs(5), || async {
         let (_, n): (String, i64) = redis::cmd("PUBSUB")
             .arg("NUMSUB")
-            .arg("redlock:max-delay")
+            .arg("redlock:{max-delay}")
             .query_async(&mut cluster.raw(0).await)
             .await
             .expect("PUBSUB NUMSUB");

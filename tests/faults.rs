@@ -17,7 +17,7 @@ const TTL: Duration = Duration::from_secs(2);
 /// Client A takes the lock on nodes 0, 1 and 2 only: nodes 3 and 4 hold a stranger's key
 /// while A acquires.
 async fn lock_on_first_three(cluster: &Cluster, a: &Redlock, name: &str) -> Lock {
-    let key = format!("redlock:{name}");
+    let key = format!("redlock:{{{name}}}");
     for i in [3, 4] {
         let mut conn = cluster.raw(i).await;
         let _: () = conn.set(&key, "stranger").await.expect("SET");

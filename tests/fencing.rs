@@ -27,17 +27,22 @@ fn token(lock: &Lock) -> u64 {
     lock.fencing_token().expect("fencing is on by default")
 }
 
+/// The fencing counter key of `name` (default prefix).
+fn counter_key(name: &str) -> String {
+    format!("redlock:#fence{{{name}}}")
+}
+
 /// Sets the counter of `name` (default prefix) on every node.
 async fn seed_counters(cluster: &Cluster, name: &str, value: u64) {
     for i in 0..cluster.nodes.len() {
         let mut conn = cluster.raw(i).await;
-        let _: () = conn.hset("redlock:", name, value).await.expect("HSET");
+        let _: () = conn.set(counter_key(name), value).await.expect("SET");
     }
 }
 
 async fn counter_on(cluster: &Cluster, i: usize, name: &str) -> Option<u64> {
     let mut conn = cluster.raw(i).await;
-    conn.hget("redlock:", name).await.expect("HGET")
+    conn.get(counter_key(name)).await.expect("GET")
 }
 
 fn assert_strictly_increasing(tokens: &[u64]) {
@@ -107,7 +112,7 @@ async fn a_lost_counter_falls_back_to_the_clock() {
     redlock.unlock(&lock).await;
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
-        let _: () = conn.hdel("redlock:", "ledger").await.expect("HDEL");
+        let _: () = conn.del(counter_key("ledger")).await.expect("DEL");
     }
     let lock = redlock.lock("ledger").await.expect("lock");
     assert!(token(&lock) > before);
@@ -138,7 +143,10 @@ async fn naive_incr_goes_backwards_ours_does_not() {
     for (count, granting) in schedule {
         for (i, conn) in conns.iter_mut().enumerate() {
             if !granting.contains(&i) {
-                let _: () = conn.set("redlock:account", "stranger").await.expect("SET");
+                let _: () = conn
+                    .set("redlock:{account}", "stranger")
+                    .await
+                    .expect("SET");
             }
         }
         for _ in 0..count {
@@ -162,7 +170,7 @@ async fn naive_incr_goes_backwards_ours_does_not() {
             naive.push(highest);
         }
         for conn in &mut conns {
-            let _: () = conn.del("redlock:account").await.expect("DEL");
+            let _: () = conn.del("redlock:{account}").await.expect("DEL");
         }
     }
     assert_eq!(naive[19], 20);

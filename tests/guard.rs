@@ -61,7 +61,7 @@ async fn deleting_the_key_on_a_majority_fires_the_lost_signal_within_one_interva
     support::warm(&redlock).await;
     let guard = redlock.acquire("deleted").await.expect("acquire");
     let token = guard.token();
-    let key = b"redlock:deleted";
+    let key = b"redlock:{deleted}";
     for i in [0, 1] {
         let mut conn = cluster.raw(i).await;
         let _: () = conn.del(key).await.expect("DEL");
@@ -150,7 +150,7 @@ async fn the_maximum_hold_releases_and_says_why() {
     wait_for(
         "the lock to be released",
         Duration::from_secs(5),
-        || async { cluster.nodes_holding(b"redlock:bounded").await == 0 },
+        || async { cluster.nodes_holding(b"redlock:{bounded}").await == 0 },
     )
     .await;
     drop(guard);

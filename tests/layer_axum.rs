@@ -154,7 +154,7 @@ async fn duplicates_run_once(client: HttpClient) {
     wait_for(
         "the lock to be released",
         Duration::from_secs(5),
-        || async { cluster.nodes_holding("redlock:evt-1").await == 0 },
+        || async { cluster.nodes_holding("redlock:{evt-1}").await == 0 },
     )
     .await;
 }
@@ -311,13 +311,13 @@ async fn a_client_that_disconnects_mid_request_releases_the_lock() {
         let request = spawn_delivery(client, addr, "gone");
         // The handler runs (and so holds the lock) ...
         state.started.acquire().await.expect("started").forget();
-        assert!(cluster.nodes_holding("redlock:gone").await >= 2);
+        assert!(cluster.nodes_holding("redlock:{gone}").await >= 2);
         // ... when the client goes away; the gate never opens.
         request.abort();
         wait_for(
             "the lock to be released on every node",
             Duration::from_secs(5),
-            || async { cluster.nodes_holding("redlock:gone").await == 0 },
+            || async { cluster.nodes_holding("redlock:{gone}").await == 0 },
         )
         .await;
         let runs = state.runs.load(Ordering::SeqCst);
@@ -380,7 +380,7 @@ async fn in_body_end_mode_the_lock_is_held_while_the_body_streams() {
     // Read to the end.
     let (tx, mut body) = open("s1").await;
     assert!(
-        cluster.nodes_holding("redlock:s1").await >= 2,
+        cluster.nodes_holding("redlock:{s1}").await >= 2,
         "held while streaming"
     );
     drop(tx);
@@ -390,21 +390,21 @@ async fn in_body_end_mode_the_lock_is_held_while_the_body_streams() {
     wait_for(
         "release after the body ended",
         Duration::from_secs(5),
-        || async { cluster.nodes_holding("redlock:s1").await == 0 },
+        || async { cluster.nodes_holding("redlock:{s1}").await == 0 },
     )
     .await;
 
     // Drop the body half-way.
     let (tx, body) = open("s2").await;
     assert!(
-        cluster.nodes_holding("redlock:s2").await >= 2,
+        cluster.nodes_holding("redlock:{s2}").await >= 2,
         "held while streaming"
     );
     drop(body);
     wait_for(
         "release after the body was dropped",
         Duration::from_secs(5),
-        || async { cluster.nodes_holding("redlock:s2").await == 0 },
+        || async { cluster.nodes_holding("redlock:{s2}").await == 0 },
     )
     .await;
     drop(tx);
@@ -523,7 +523,7 @@ async fn handlers_get_growing_fencing_numbers_unless_the_layer_turns_fencing_off
     assert_eq!((reply.status.as_u16(), reply.body.as_str()), (200, "none"));
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
-        let counter: Option<String> = conn.hget("redlock:", "req-1").await.expect("HGET");
+        let counter: Option<String> = conn.get("redlock:#fence{req-1}").await.expect("GET");
         assert_eq!(
             counter, None,
             "no counter for a name locked without fencing"
@@ -571,7 +571,7 @@ async fn a_slow_handler_keeps_its_lock_past_the_ttl() {
     }
     state.gate.add_permits(1);
     assert_eq!(request.await.expect("request").status, 200);
-    assert_eq!(cluster.nodes_holding("redlock:slow").await, 0);
+    assert_eq!(cluster.nodes_holding("redlock:{slow}").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -585,7 +585,7 @@ async fn with_abort_on_loss_a_destroyed_lock_drops_the_handler_and_answers_503()
     state.started.acquire().await.expect("started").forget();
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
-        let _: () = conn.del("redlock:doomed").await.expect("DEL");
+        let _: () = conn.del("redlock:{doomed}").await.expect("DEL");
     }
     let reply = tokio::time::timeout(Duration::from_secs(5), request)
         .await
@@ -602,7 +602,7 @@ async fn with_abort_on_loss_a_destroyed_lock_drops_the_handler_and_answers_503()
         state.spans.lock().expect("spans").is_empty(),
         "the handler never completed"
     );
-    assert_eq!(cluster.nodes_holding("redlock:doomed").await, 0);
+    assert_eq!(cluster.nodes_holding("redlock:{doomed}").await, 0);
 }
 
 /// 50 requests for one key behind the wait policy run one at a time, in the order they

@@ -51,7 +51,7 @@ async fn an_inner_error_releases_the_lock_and_is_passed_on() {
         .expect_err("the inner error");
     assert_eq!(err, "inner failure");
     // Released before the error was returned.
-    assert!(!exists(&cluster, "redlock:job-1").await);
+    assert!(!exists(&cluster, "redlock:{job-1}").await);
 }
 
 #[tokio::test]
@@ -89,7 +89,7 @@ async fn the_token_is_in_the_extensions_and_released_after_the_response() {
     let body = body_text(res).await;
     assert_eq!(&body[..], b"40 true");
     assert!(
-        !exists(&cluster, "redlock:k").await,
+        !exists(&cluster, "redlock:{k}").await,
         "released before the response"
     );
     // Without the header: passed through, no token.
@@ -122,10 +122,10 @@ async fn a_dropped_response_future_releases_in_the_background() {
         ),
     );
     started_rx.await.expect("the inner service was called");
-    assert!(exists(&cluster, "redlock:stuck").await);
+    assert!(exists(&cluster, "redlock:{stuck}").await);
     call.abort();
     wait_for("the background release", Duration::from_secs(5), || async {
-        !exists(&cluster, "redlock:stuck").await
+        !exists(&cluster, "redlock:{stuck}").await
     })
     .await;
 }

@@ -58,7 +58,7 @@ async fn a_waiter_acquires_right_after_the_release_not_after_the_retry_delay() {
         .await;
     let lock = holder.lock("handoff").await.expect("lock");
     let task = spawn_waiter(&waiter, "handoff");
-    wait_subscribed(&cluster, "redlock:handoff").await;
+    wait_subscribed(&cluster, "redlock:{handoff}").await;
     let released = Instant::now();
     holder.unlock(&lock).await;
     let got = task.await.expect("waiter task");
@@ -69,7 +69,7 @@ async fn a_waiter_acquires_right_after_the_release_not_after_the_retry_delay() {
     );
     // The last waiter gone, the subscriptions go too.
     wait_for("the unsubscriptions", Duration::from_secs(5), || async {
-        subscribers(&cluster, 0, "redlock:handoff").await == 0
+        subscribers(&cluster, 0, "redlock:{handoff}").await == 0
     })
     .await;
 }
@@ -84,7 +84,7 @@ async fn a_lost_notification_costs_at_most_the_backstop() {
         .await;
     let lock = holder.lock("lost-note").await.expect("lock");
     let task = spawn_waiter(&waiter, "lost-note");
-    wait_subscribed(&cluster, "redlock:lost-note").await;
+    wait_subscribed(&cluster, "redlock:{lost-note}").await;
     // Cut every subscription connection, then release while they are down: the
     // messages go nowhere.
     for i in 0..3 {
@@ -126,7 +126,7 @@ async fn waiters_of_one_client_go_in_arrival_order() {
         }));
         // The next one arrives once this one is queued.
         wait_for("the waiter to queue", Duration::from_secs(5), || async {
-            subscribers(&cluster, 0, "redlock:queue").await == 1
+            subscribers(&cluster, 0, "redlock:{queue}").await == 1
         })
         .await;
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -130,13 +130,14 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Option<u64>, Failure> {
         let token = phase_one.token();
-        let keys = [&*resource.key, self.inner.key_prefix.as_slice()];
+        let keys = [&*resource.key, &*resource.counter_key];
+        let retention_ms = super::ttl_ms(self.inner.fencing_retention);
         let round = fencing::phase_two(
             &self.inner.nodes,
             &keys,
             value.as_bytes(),
-            resource.counter_field(),
             token,
+            retention_ms,
             deadline,
             phase_one.refused,
         )
@@ -159,11 +160,16 @@ impl Redlock {
         outer: Option<Instant>,
     ) -> SetRound {
         let ttl_ms = super::ttl_ms(ttl);
-        let keys = [&*resource.key, self.inner.key_prefix.as_slice()];
+        // The third key is the counters hash of earlier versions, at the key prefix.
+        let keys = [
+            &*resource.key,
+            &*resource.counter_key,
+            self.inner.key_prefix.as_slice(),
+        ];
         let args = [
             Arg::Bytes(value.as_bytes()),
             Arg::Int(ttl_ms),
-            Arg::Bytes(resource.counter_field()),
+            Arg::Bytes(&resource.legacy_field),
         ];
         let request = if self.fencing {
             Request::Script(Invocation {

@@ -22,14 +22,15 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::defaults::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_FENCING,
-    DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT,
+    DEFAULT_FENCING_RETENTION, DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT,
     DEFAULT_RECONNECT_AFTER_TIMEOUTS, DEFAULT_RESTART_QUARANTINE, DEFAULT_RETRY_DELAY,
-    DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_TTL, MIN_TTL_TO_TIMEOUT_RATIO,
+    DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO,
+    MIN_TTL_TO_TIMEOUT_RATIO,
 };
 use crate::error::ConfigError;
 use crate::node::{Node, NodeSettings};
 use crate::quorum;
-use crate::token::Shared;
+use crate::token::{Shared, prefix_keeps_tags};
 use crate::waiters::Waiters;
 
 /// Builds a [`Redlock`](crate::Redlock); see [`Redlock::builder`](crate::Redlock::builder). Every setting has a documented default;
@@ -52,6 +53,7 @@ pub struct RedlockBuilder {
     max_hold: Option<Duration>,
     max_extensions: Option<u32>,
     fencing: bool,
+    fencing_retention: Option<Duration>,
     restart_quarantine: bool,
 }
 
@@ -79,6 +81,7 @@ impl RedlockBuilder {
             max_hold: None,
             max_extensions: None,
             fencing: DEFAULT_FENCING,
+            fencing_retention: None,
             restart_quarantine: DEFAULT_RESTART_QUARANTINE,
         }
     }
@@ -190,6 +193,21 @@ impl RedlockBuilder {
         self
     }
 
+    /// How long a name's fencing counter lives on after its last fenced acquisition
+    /// (default: [`DEFAULT_FENCING_RETENTION`], 24 hours, or 100 times the TTL if that is
+    /// longer). At least [`MIN_RETENTION_TO_TTL_RATIO`] times the TTL of every fenced lock.
+    ///
+    /// Counters expire so that memory is bounded by the names used within the retention
+    /// (about 100 bytes per name and node), not by every name ever used. A name locked
+    /// again after its counter expired gets a number seeded from the nodes' clocks, which
+    /// is above every earlier number as long as the nodes' clocks agree to within the
+    /// retention; see [`crate::fencing`] for the exact condition. 24 hours leaves room for
+    /// clocks that drift for hours without NTP, and for outages and maintenance windows.
+    pub fn fencing_retention(mut self, retention: Duration) -> Self {
+        self.fencing_retention = Some(retention);
+        self
+    }
+
     /// Whether a node that restarted is kept out of acquisitions and extensions until
     /// the locks it may have lost have expired ([`DEFAULT_RESTART_QUARANTINE`]: on).
     ///
@@ -239,6 +257,18 @@ impl RedlockBuilder {
         }
         if self.max_attempts == 0 {
             return Err(ConfigError::ZeroAttempts);
+        }
+        let fencing_retention = match self.fencing_retention {
+            Some(retention) => {
+                check_retention(retention, self.ttl)?;
+                retention
+            }
+            None => DEFAULT_FENCING_RETENTION.max(self.ttl.saturating_mul(100)),
+        };
+        if !prefix_keeps_tags(&self.key_prefix) {
+            return Err(ConfigError::KeyPrefixBrace {
+                prefix: String::from_utf8_lossy(&self.key_prefix).into_owned(),
+            });
         }
         if self.connect_timeout.is_zero() {
             return Err(ConfigError::ZeroConnectTimeout);
@@ -290,6 +320,7 @@ impl RedlockBuilder {
                 max_extensions: self.max_extensions,
             },
             fencing: self.fencing,
+            fencing_retention,
             keep_alive_driver: Mutex::new(None),
             next_guard_id: AtomicU64::new(0),
             waiters: Waiters::new(n, quorum::quorum(n)),
@@ -315,6 +346,8 @@ pub(crate) struct Settings {
     pub(crate) keep_alive: KeepAlive,
     /// Whether acquisitions get a fencing number unless a handle says otherwise.
     pub(crate) fencing: bool,
+    /// How long a fencing counter lives after its last fenced acquisition.
+    pub(crate) fencing_retention: Duration,
     /// The channel to this client's keep-alive driver, while one runs.
     pub(crate) keep_alive_driver: Mutex<Option<UnboundedSender<KeepAliveCommand>>>,
     /// The id of the next guarded lock.
@@ -339,6 +372,17 @@ pub(crate) fn check_ttl(ttl: Duration, node_timeout: Duration) -> Result<(), Con
         .is_none_or(|t| t > ttl)
     {
         return Err(ConfigError::NodeTimeoutTooLong { node_timeout, ttl });
+    }
+    Ok(())
+}
+
+/// Checks a fencing retention against a TTL.
+pub(crate) fn check_retention(retention: Duration, ttl: Duration) -> Result<(), ConfigError> {
+    if ttl
+        .checked_mul(MIN_RETENTION_TO_TTL_RATIO)
+        .is_none_or(|min| retention < min)
+    {
+        return Err(ConfigError::FencingRetentionTooShort { retention, ttl });
     }
     Ok(())
 }

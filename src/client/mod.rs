@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{ConfigError, LockError};
 use crate::quorum::{self, later};
-use crate::token::{Lock, Resource, key_for};
+use crate::token::{Lock, Resource, keys_for};
 
 mod acquire;
 pub(crate) mod builder;
@@ -45,7 +45,7 @@ mod release;
 pub use builder::RedlockBuilder;
 pub use release::Released;
 
-use builder::{KeepAlive, KeepAliveCommand, Settings, check_ttl, ttl_ms};
+use builder::{KeepAlive, KeepAliveCommand, Settings, check_retention, check_ttl, ttl_ms};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// A Redlock client over N independent Redis masters (N = 1 is the plain single-instance
@@ -263,11 +263,15 @@ impl Redlock {
                 ttl,
             }));
         }
-        let key = key_for(&self.inner.key_prefix, name)?;
+        if self.fencing {
+            check_retention(self.inner.fencing_retention, ttl)?;
+        }
+        let keys = keys_for(&self.inner.key_prefix, name)?;
         Ok(Arc::new(Resource {
             name: name.into(),
-            key: key.into(),
-            prefix_len: self.inner.key_prefix.len(),
+            key: keys.lock.into(),
+            counter_key: keys.counter.into(),
+            legacy_field: keys.legacy_field.into(),
         }))
     }
 

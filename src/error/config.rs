@@ -10,7 +10,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::defaults::{MAX_TTL, MIN_TTL_TO_TIMEOUT_RATIO};
+use crate::defaults::{MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO};
 
 /// A configuration the builder refuses; returned by [`RedlockBuilder::build`](crate::RedlockBuilder::build)
 /// and, for per-call TTL overrides, inside [`LockError::Config`](crate::LockError::Config).
@@ -70,6 +70,21 @@ pub enum ConfigError {
     ZeroAttempts,
     /// The connect timeout is zero.
     ZeroConnectTimeout,
+    /// The fencing retention is shorter than
+    /// [`MIN_RETENTION_TO_TTL_RATIO`](crate::defaults::MIN_RETENTION_TO_TTL_RATIO) times the
+    /// TTL: a counter could expire while numbers near it are still in use.
+    FencingRetentionTooShort {
+        /// The retention asked for.
+        retention: Duration,
+        /// The TTL it was checked against.
+        ttl: Duration,
+    },
+    /// The key prefix has a `{` that does not open a non-empty `{...}` within the prefix,
+    /// so a lock key and its fencing counter could land in different hash slots.
+    KeyPrefixBrace {
+        /// The prefix, as text (lossy).
+        prefix: String,
+    },
     /// The extension fraction of a guard is outside `(0, 1)`.
     ExtendFractionOutOfRange {
         /// The fraction asked for.
@@ -128,6 +143,16 @@ impl fmt::Display for ConfigError {
             }
             Self::ZeroConnectTimeout => f.write_str(
                 "the connect timeout is zero: give at least the time a TCP (and TLS) handshake takes",
+            ),
+            Self::FencingRetentionTooShort { retention, ttl } => write!(
+                f,
+                "the fencing retention {retention:?} is shorter than {MIN_RETENTION_TO_TTL_RATIO} \
+                 times the TTL {ttl:?}: raise the retention (the default is 24 h) or lower the TTL"
+            ),
+            Self::KeyPrefixBrace { prefix } => write!(
+                f,
+                "the key prefix {prefix:?} has a '{{' without a non-empty '{{...}}' after it in \
+                 the prefix: remove it, or close it (such as \"{{app}}:lock:\")"
             ),
             Self::ExtendFractionOutOfRange { fraction } => write!(
                 f,
