@@ -51,7 +51,11 @@
 //! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let app: Router = Router::new()
 //!     .route("/webhook", post(webhook))
-//!     .route_layer(RedlockLayer::new(redlock, Header::new("x-github-delivery").required()));
+//!     // Delivery ids are unique: nothing to fence (see the fencing module).
+//!     .route_layer(
+//!         RedlockLayer::new(redlock, Header::new("x-github-delivery").required())
+//!             .fencing(false),
+//!     );
 //! # Ok(()) }
 //! ```
 //!

@@ -368,3 +368,176 @@ async fn ten_thousand_sequential_acquisitions_through_failures_and_data_loss() {
         injected[0], injected[1], injected[2]
     );
 }
+
+async fn used_memory(cluster: &Cluster) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut cluster.raw(0).await)
+        .await
+        .expect("INFO memory");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory")
+}
+
+async fn db_size(cluster: &Cluster) -> i64 {
+    redis::cmd("DBSIZE")
+        .query_async(&mut cluster.raw(0).await)
+        .await
+        .expect("DBSIZE")
+}
+
+/// Memory per distinct name is bounded by the retention: 100,000 names locked once each
+/// leave one counter each, and after the retention memory is back at the baseline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_of_distinct_names_expire_after_the_retention() {
+    const NAMES: usize = 100_000;
+    const TASKS: usize = 64;
+    let cluster = Cluster::start(1);
+    let retention = Duration::from_secs(5);
+    let redlock = cluster
+        .client(|b| {
+            b.ttl(Duration::from_millis(500))
+                .fencing_retention(retention)
+        })
+        .await;
+    // The baseline once the client's connections and scripts are in place and the warm-up
+    // counter is gone.
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut cluster.raw(0).await)
+        .await
+        .expect("FLUSHALL");
+    let baseline = used_memory(&cluster).await;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let redlock = redlock.clone();
+            tokio::spawn(async move {
+                for i in (t..NAMES).step_by(TASKS) {
+                    let lock = redlock.lock(format!("order:{i:06}")).await.expect("lock");
+                    redlock.unlock(&lock).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("locker");
+    }
+    // Counters of the first names may have expired already: count what is there.
+    let (grown, counters) = (
+        used_memory(&cluster).await - baseline,
+        db_size(&cluster).await,
+    );
+    let per_name = grown as f64 / counters as f64;
+    println!("fencing counters: {per_name:.1} bytes per name ({grown} bytes, {counters} counters)");
+    assert!(
+        counters > NAMES as i64 / 2,
+        "{counters} counters left of {NAMES}"
+    );
+    // docs/fencing.md gives this figure.
+    assert!(
+        (50.0..=150.0).contains(&per_name),
+        "{per_name} bytes per name"
+    );
+    support::wait_for(
+        "the counters to expire and memory to return to the baseline",
+        retention + Duration::from_secs(60),
+        || async {
+            db_size(&cluster).await == 0
+                && (used_memory(&cluster).await - baseline).abs() * 100 <= baseline
+        },
+    )
+    .await;
+}
+
+/// A name locked again within the retention reads its counter; after the counter expired
+/// its numbers are seeded from the node clocks, still above every earlier number.
+#[tokio::test]
+async fn numbers_keep_increasing_before_and_after_the_counter_expires() {
+    let cluster = Cluster::start(3);
+    let redlock = cluster
+        .client(|b| {
+            b.ttl(Duration::from_millis(200))
+                .node_timeout(Duration::from_millis(20))
+                .fencing_retention(Duration::from_secs(2))
+        })
+        .await;
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let lock = redlock.lock("expiring").await.expect("lock");
+        tokens.push(token(&lock));
+        redlock.unlock(&lock).await;
+    }
+    assert!(counter_on(&cluster, 0, "expiring").await.is_some());
+    support::wait_for(
+        "the counters to expire",
+        Duration::from_secs(10),
+        || async {
+            let mut gone = true;
+            for i in 0..3 {
+                gone &= counter_on(&cluster, i, "expiring").await.is_none();
+            }
+            gone
+        },
+    )
+    .await;
+    let lock = redlock.lock("expiring").await.expect("lock");
+    tokens.push(token(&lock));
+    redlock.unlock(&lock).await;
+    assert_strictly_increasing(&tokens);
+}
+
+/// Counters of the earlier layout (one hash at the key prefix) are read once as a floor, so
+/// numbers never go back across the upgrade; afterwards the hash can be deleted.
+#[tokio::test]
+async fn counters_of_the_old_layout_are_a_floor() {
+    let cluster = Cluster::start(3);
+    let redlock = cluster.client(|b| b).await;
+    for i in 0..3 {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn
+            .hset("redlock:", "migrated", FAR_FUTURE)
+            .await
+            .expect("HSET");
+    }
+    let first = redlock.lock("migrated").await.expect("lock");
+    assert!(token(&first) > FAR_FUTURE, "{}", token(&first));
+    redlock.unlock(&first).await;
+    for i in 0..3 {
+        let mut conn = cluster.raw(i).await;
+        let _: () = conn.del("redlock:").await.expect("DEL");
+    }
+    let second = redlock.lock("migrated").await.expect("lock");
+    assert!(token(&second) > token(&first));
+    redlock.unlock(&second).await;
+}
+
+#[test]
+fn retention_and_prefix_settings_are_checked() {
+    let url = ["redis://127.0.0.1:1"];
+    let short = support::builder(url)
+        .ttl(Duration::from_secs(10))
+        .fencing_retention(Duration::from_secs(60))
+        .build();
+    assert!(
+        matches!(
+            short,
+            Err(tower_redlock::ConfigError::FencingRetentionTooShort { .. })
+        ),
+        "{short:?}"
+    );
+    let brace = support::builder(url).key_prefix("app{lock:").build();
+    assert!(
+        matches!(
+            brace,
+            Err(tower_redlock::ConfigError::KeyPrefixBrace { .. })
+        ),
+        "{brace:?}"
+    );
+    assert!(
+        support::builder(url)
+            .key_prefix("{app}:lock:")
+            .build()
+            .is_ok()
+    );
+}

@@ -139,6 +139,28 @@ async fn paused_clients_and_every_fault_in_turn() {
     .await;
 }
 
+/// Fencing counters expire mid-run: the names alternate between two sets every 3 s, and
+/// the counters live 2 s after their last acquisition, so every set comes back to expired
+/// counters (seeded again from the node clocks); numbers must still grow in lock order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_counters_expire_mid_run() {
+    let w = Workload {
+        ttl: Duration::from_millis(200),
+        node_timeout: Duration::from_millis(20),
+        fencing_retention: Some(Duration::from_secs(2)),
+        alternate_names: Some(Duration::from_secs(3)),
+        ..Workload::default()
+    };
+    let length = jepsen::duration().max(Duration::from_secs(7));
+    run(
+        "fencing counters expire mid-run (2 s retention)",
+        &[],
+        w,
+        length,
+    )
+    .await;
+}
+
 /// The long run: `JEPSEN_SOAK_SECS=600 cargo test --release --all-features --test jepsen
 /// -- --ignored --nocapture soak`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,6 +28,7 @@
 //!     .route("/webhook", post(webhook))
 //!     .route_layer(
 //!         RedlockLayer::new(redlock, Header::new("x-github-delivery").required())
+//!             .fencing(false) // unique delivery ids: nothing to fence
 //!             .ttl(Duration::from_secs(30))
 //!             .wait(Duration::from_secs(2), 64),
 //!     );

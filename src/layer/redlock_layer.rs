@@ -42,6 +42,7 @@ use crate::client::Redlock;
 /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 /// let app: Router = Router::new().route("/webhook", post(webhook)).route_layer(
 ///     RedlockLayer::new(redlock, Header::new("x-github-delivery").required())
+///         .fencing(false) // unique delivery ids: nothing to fence
 ///         .ttl(Duration::from_secs(30)),
 /// );
 /// # Ok(()) }
@@ -124,9 +125,11 @@ impl<E> RedlockLayer<E> {
 
     /// Whether this layer's locks get a fencing number ([`LockToken::fencing_token`](crate::LockToken::fencing_token)).
     /// The default follows the client's [`fencing`](crate::RedlockBuilder::fencing) setting
-    /// (on). Turn it off for names that are unique per request, such as idempotency keys:
-    /// there is no later holder to fence, and each name would leave a counter behind on
-    /// every node (see [`crate::fencing`]).
+    /// (on), which fits locks on shared resources (a path parameter such as an order id).
+    /// Turn it off for names that are unique per request, such as idempotency keys and
+    /// webhook delivery ids: there is no later holder to fence, and each name would cost a
+    /// second round trip and leave a counter on every node for the
+    /// [retention](crate::RedlockBuilder::fencing_retention) (see [`crate::fencing`]).
     pub fn fencing(mut self, on: bool) -> Self {
         self.redlock = self.redlock.with_fencing(on);
         self

@@ -87,6 +87,12 @@ pub struct Workload {
     pub node_timeout: Duration,
     /// One hold in this many freezes past its validity, then writes (a paused client).
     pub client_pause_one_in: Option<usize>,
+    /// The clients' fencing retention (default: the client default).
+    pub fencing_retention: Option<Duration>,
+    /// With `Some(period)`, the workload alternates every period between two sets of
+    /// names, so each set sits idle for a period (and its counters can expire) before it
+    /// is used again.
+    pub alternate_names: Option<Duration>,
 }
 
 impl Default for Workload {
@@ -98,6 +104,8 @@ impl Default for Workload {
             ttl: Duration::from_secs(1),
             node_timeout: Duration::from_millis(100),
             client_pause_one_in: None,
+            fencing_retention: None,
+            alternate_names: None,
         }
     }
 }
@@ -147,13 +155,16 @@ pub async fn run_workload(
 ) {
     let mut tasks = Vec::new();
     for c in 0..w.clients {
-        let redlock = Redlock::builder(urls.clone())
+        let mut builder = Redlock::builder(urls.clone())
             .ttl(w.ttl)
             .node_timeout(w.node_timeout)
             .connect_timeout(Duration::from_millis(300))
-            .retry_delay(Duration::from_millis(2), Duration::from_millis(8))
-            .build()
-            .expect("build");
+            .retry_delay(Duration::from_millis(2), Duration::from_millis(8));
+        if let Some(retention) = w.fencing_retention {
+            builder = builder.fencing_retention(retention);
+        }
+        let redlock = builder.build().expect("build");
+        let from = Instant::now();
         for t in 0..w.tasks_per_client {
             let redlock = redlock.clone();
             let store = store.clone();
@@ -162,7 +173,10 @@ pub async fn run_workload(
             let mut rng = Rng(seed ^ ((c * 64 + t + 1) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             tasks.push(tokio::spawn(async move {
                 while Instant::now() < until {
-                    let name = rng.below(w.names);
+                    let set = w.alternate_names.map_or(0, |period| {
+                        (from.elapsed().as_nanos() / period.as_nanos().max(1)) as usize % 2
+                    });
+                    let name = rng.below(w.names) + set * w.names;
                     let pause = w.client_pause_one_in.is_some_and(|n| rng.below(n) == 0);
                     hold_once(&redlock, &store, &w, name, pause, until, &history).await;
                 }
