@@ -389,7 +389,9 @@ async fn db_size(cluster: &Cluster) -> i64 {
 }
 
 /// Memory per distinct name is bounded by the retention: 100,000 names locked once each
-/// leave one counter each, and after the retention memory is back at the baseline.
+/// leave one counter each (measured over the counters still there, since the first ones
+/// may expire while the last names are locked), and after the retention memory is back
+/// at the baseline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_of_distinct_names_expire_after_the_retention() {
     const NAMES: usize = 100_000;
