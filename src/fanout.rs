@@ -79,7 +79,23 @@ pub(crate) async fn decide<F>(
     request: &Request<'_>,
     deadline: Instant,
     to: impl Fn(usize) -> bool,
+    on_reply: F,
+) -> Round
+where
+    F: FnMut(usize, Result<Value, NodeError>) -> Result<Outcome, NodeError>,
+{
+    decide_or_wait(nodes, request, deadline, to, on_reply, || false).await
+}
+
+/// Like [`decide`], but awaits every answer once `wait_all` says so (for a round whose
+/// outcome needs to know every node, such as one that found a completion record).
+pub(crate) async fn decide_or_wait<F>(
+    nodes: &[Arc<Node>],
+    request: &Request<'_>,
+    deadline: Instant,
+    to: impl Fn(usize) -> bool,
     mut on_reply: F,
+    wait_all: impl Fn() -> bool,
 ) -> Round
 where
     F: FnMut(usize, Result<Value, NodeError>) -> Result<Outcome, NodeError>,
@@ -93,7 +109,8 @@ where
     }
     let cmd = request.cmd();
     let mut calls = send(nodes, request, &cmd, deadline, to, true);
-    while round.tally.decision() == Decision::Pending || round.tally.busy_undecided() {
+    while round.tally.decision() == Decision::Pending || round.tally.busy_undecided() || wait_all()
+    {
         let Some((i, node, reply)) = calls.next().await else {
             break;
         };

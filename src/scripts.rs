@@ -46,7 +46,8 @@ return redis.call('PTTL', KEYS[1])
 /// key, `KEYS[3]` = the counters hash of earlier versions (one field per name),
 /// `ARGV[1]` = value, `ARGV[2]` = TTL in ms, `ARGV[3]` = the name's field in that hash.
 ///
-/// `SET NX PX` as a script (`{0, pttl}` when the key exists), and on success also returns
+/// `SET NX PX` as a script (`{0, pttl}` when the key exists, `{2, record}` when it holds a
+/// completion record, see [`ACQUIRE_OR_REPLAY`]), and on success also returns
 /// the node's counter for the name (`""` if it has none) and the server's clock (`TIME`:
 /// seconds, microseconds): `{1, counter, seconds, microseconds}`. A missing counter is
 /// read once from the old hash, as a floor, so numbers never go back across the upgrade.
@@ -54,7 +55,11 @@ return redis.call('PTTL', KEYS[1])
 /// the client, on 64-bit integers (Lua numbers are doubles). The counter is read before
 /// the `SET`, so a wrong-type counter key fails the call before it writes anything.
 const ACQUIRE_FENCED: &str = r#"
-if redis.call('GET', KEYS[1]) then
+local held = redis.call('GET', KEYS[1])
+if held then
+  if string.sub(held, 1, 8) == '#record\n' then
+    return {2, held}
+  end
   return {0, redis.call('PTTL', KEYS[1])}
 end
 local counter = redis.call('GET', KEYS[2])
@@ -98,6 +103,40 @@ end
 return 1
 "#;
 
+/// The marker that starts every completion record stored under a lock key (lock values
+/// are hex, so they never start with it).
+pub(crate) const RECORD_MARKER: &[u8] = b"#record\n";
+
+/// An unfenced acquisition that also finds completion records (the layer's replay).
+/// `KEYS[1]` = lock key, `ARGV[1]` = value, `ARGV[2]` = TTL in ms.
+///
+/// Returns `{1}` when the lock was set, `{2, record}` when the key holds a completion
+/// record, and `{0, pttl}` when another client holds the lock: the record comes back in
+/// the acquire round trip, so a replay costs nothing extra.
+const ACQUIRE_OR_REPLAY: &str = r#"
+local held = redis.call('GET', KEYS[1])
+if held then
+  if string.sub(held, 1, 8) == '#record\n' then
+    return {2, held}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1}
+"#;
+
+/// Compare-and-set of a completion record: replaces our lock value with the record
+/// (`ARGV[2]`) for the retention (`ARGV[3]` ms), and tells the waiters. `KEYS[1]` = lock
+/// key, `ARGV[1]` = value. Returns 1, or 0 when the key no longer holds our value.
+const COMPLETE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  redis.call('PUBLISH', KEYS[1], '')
+  return 1
+end
+return 0
+"#;
+
 /// Compare-and-delete: deletes the key only if it holds our value, and then tells the
 /// waiters on the key's channel (the channel is named like the key). Returns 1 or 0.
 /// The message is published after the delete, in the same script, so it can never arrive
@@ -120,6 +159,9 @@ return 0
 "#;
 
 pub(crate) static HOLDER_TTL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER_TTL));
+pub(crate) static ACQUIRE_OR_REPLAY_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_OR_REPLAY));
+pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE));
 pub(crate) static ACQUIRE_FENCED_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_FENCED));
 pub(crate) static FENCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE));
@@ -127,9 +169,11 @@ pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::ne
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND));
 
 /// Every script, for `SCRIPT LOAD` on connect.
-pub(crate) fn all() -> [&'static Script; 5] {
+pub(crate) fn all() -> [&'static Script; 7] {
     [
         &HOLDER_TTL_SCRIPT,
+        &ACQUIRE_OR_REPLAY_SCRIPT,
+        &COMPLETE_SCRIPT,
         &ACQUIRE_FENCED_SCRIPT,
         &FENCE_SCRIPT,
         &RELEASE_SCRIPT,
@@ -245,13 +289,15 @@ impl Invocation<'_> {
 
 /// What a node answered to an acquisition: `SET NX PX` (then [`HOLDER_TTL`]) or
 /// [`ACQUIRE_FENCED`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     /// The key was set. With fencing: the node's counter for the name (`None` if it has
     /// none) and its clock in microseconds; without, neither.
     Won { fence: Option<FenceRead> },
     /// Another value is stored under the key; `pttl` is its remaining TTL, if it has one.
     HeldElsewhere { pttl: Option<Duration> },
+    /// The key holds a completion record (the name's work is done): the record.
+    Record(Vec<u8>),
 }
 
 /// What phase 1 of fencing read on a node that granted the lock.
@@ -296,6 +342,10 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
         [Value::Int(0), Value::Int(pttl)] => Ok(AcquireReply::HeldElsewhere {
             pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
         }),
+        [Value::Int(1)] => Ok(AcquireReply::Won { fence: None }),
+        [Value::Int(2), Value::BulkString(record)] if record.starts_with(RECORD_MARKER) => {
+            Ok(AcquireReply::Record(record.clone()))
+        }
         _ => Err(bad(&items)),
     }
 }

@@ -686,3 +686,158 @@ async fn with_the_wait_policy_50_waiters_run_in_arrival_order() {
         );
     }
 }
+
+/// A handler that counts its runs and answers with `status` (from the `x-status` header,
+/// default 201), a JSON content type and the run number in the body.
+fn counting_app(redlock: Redlock, runs: Arc<AtomicUsize>, replay: Duration) -> Router {
+    let handler = move |req: http::Request<Body>| {
+        let runs = runs.clone();
+        async move {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let status = req
+                .headers()
+                .get("x-status")
+                .and_then(|v| v.to_str().ok()?.parse::<u16>().ok())
+                .and_then(|s| http::StatusCode::from_u16(s).ok())
+                .unwrap_or(http::StatusCode::CREATED);
+            (
+                status,
+                [(http::header::CONTENT_TYPE, "application/json")],
+                format!("{{\"run\":{run}}}"),
+            )
+        }
+    };
+    let layer = RedlockLayer::new(redlock, Header::new(KEY_HEADER))
+        .fencing(false)
+        .replay(replay);
+    Router::new()
+        .route("/hook", post(handler))
+        .route_layer(layer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_retries_after_completion_get_the_first_response() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let redlock = redlock(&cluster).await;
+    let addr = serve(counting_app(redlock, runs.clone(), Duration::from_secs(60))).await;
+    let client = http1();
+    let first = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-r"))),
+    )
+    .await;
+    assert_eq!(first.status, 201);
+    assert!(
+        first
+            .headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_none()
+    );
+    cluster.reset_stats().await;
+    for _ in 0..100 {
+        let again = send(
+            &client,
+            post_req(addr, "/hook", Some((KEY_HEADER, "evt-r"))),
+        )
+        .await;
+        assert_eq!(again.status, 201);
+        assert_eq!(again.body, first.body);
+        assert_eq!(again.headers["content-type"], "application/json");
+        assert_eq!(again.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    // A replay is the acquire round trip only: one script per node and request, no
+    // release, no second round.
+    for i in 0..3 {
+        assert_eq!(cluster.command_calls(i, "evalsha").await, 100, "node {i}");
+        assert_eq!(cluster.command_calls(i, "set").await, 0, "node {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_5xx_is_not_kept_and_records_expire() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let redlock = redlock(&cluster).await;
+    let addr = serve(counting_app(redlock, runs.clone(), Duration::from_secs(1))).await;
+    let client = http1();
+    let with_status = |status: &'static str| {
+        let mut req = post_req(addr, "/hook", Some((KEY_HEADER, "evt-5")));
+        req.headers_mut()
+            .insert("x-status", http::HeaderValue::from_static(status));
+        req
+    };
+    assert_eq!(send(&client, with_status("503")).await.status, 503);
+    assert_eq!(send(&client, with_status("200")).await.status, 200);
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "a 5xx is retried");
+    let replayed = send(&client, with_status("500")).await;
+    assert_eq!(replayed.status, 200, "the kept 200 is replayed");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    wait_for("the record to expire", Duration::from_secs(10), || async {
+        cluster.nodes_holding("redlock:{evt-5}").await == 0
+    })
+    .await;
+    assert_eq!(send(&client, with_status("200")).await.status, 200);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "after the retention the handler runs again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_minority_down_still_records_and_replays() {
+    let mut cluster = Cluster::start(5);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let redlock = redlock(&cluster).await;
+    let addr = serve(counting_app(redlock, runs.clone(), Duration::from_secs(60))).await;
+    let client = http1();
+    cluster.nodes[0].kill();
+    cluster.nodes[1].kill();
+    let first = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-m"))),
+    )
+    .await;
+    assert_eq!(first.status, 201);
+    cluster.nodes[1].restart(); // empty, like a node that never saw the record
+    let again = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-m"))),
+    )
+    .await;
+    assert_eq!(again.status, 201);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_duplicate_while_running_is_409_then_replayed() {
+    let cluster = Cluster::start(3);
+    let state = App::new();
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
+        .fencing(false)
+        .replay(Duration::from_secs(60));
+    let addr = serve(app(layer, state.clone())).await;
+    let client = http1();
+    let first = spawn_delivery(client.clone(), addr, "evt-d");
+    state.started.acquire().await.expect("first runs").forget();
+    let dup = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-d"))),
+    )
+    .await;
+    assert_eq!(dup.status, 409);
+    state.gate.add_permits(1);
+    assert_eq!(first.await.expect("first").status, 200);
+    let after = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-d"))),
+    )
+    .await;
+    assert_eq!((after.status.as_u16(), after.body.as_str()), (200, "evt-d"));
+    assert_eq!(after.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+    assert_eq!(state.runs.load(Ordering::SeqCst), 1);
+}

@@ -6,6 +6,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Redlock;
@@ -15,7 +16,8 @@ use crate::fencing::{self, PhaseOne};
 use crate::quorum::later;
 use crate::quorum::{self, NodeMask, Outcome};
 use crate::scripts::{
-    ACQUIRE_FENCED_SCRIPT, AcquireReply, Arg, Invocation, Request, parse_acquire,
+    ACQUIRE_FENCED_SCRIPT, ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, Request,
+    parse_acquire,
 };
 use crate::token::{Lock, Resource, new_value};
 use crate::waiters::Ticket;
@@ -25,6 +27,8 @@ struct SetRound {
     round: Round,
     /// The nodes that answered that another client holds the key.
     foreign: NodeMask,
+    /// A completion record found under the key, if any.
+    record: Option<Vec<u8>>,
     /// The longest remaining TTL of another holder's keys.
     retry_after: Option<Duration>,
     fencing: PhaseOne,
@@ -53,6 +57,7 @@ impl Redlock {
         ttl: Duration,
         outer: Option<Instant>,
         attempt: u32,
+        replay: bool,
     ) -> Result<Lock, Failure> {
         let value: Arc<str> = new_value()?.into();
         // If this future is dropped while the SETs are out, release in the background.
@@ -70,9 +75,16 @@ impl Redlock {
             round,
             foreign,
             retry_after,
+            record,
             fencing: phase_one,
-        } = self.set_round(resource, &value, ttl, start, outer).await;
-        let mut outcome = if round.reached() {
+        } = self
+            .set_round(resource, &value, ttl, start, outer, replay)
+            .await;
+        let nodes = round.tally.nodes();
+        let mut outcome = if let Some(record) = record {
+            // The name's work is done: hand back its record (our SETs are released below).
+            Err(Failure::Replay { record, nodes })
+        } else if round.reached() {
             Ok(None)
         } else {
             Err(set_failure(round, retry_after))
@@ -158,6 +170,7 @@ impl Redlock {
         ttl: Duration,
         start: Instant,
         outer: Option<Instant>,
+        replay: bool,
     ) -> SetRound {
         let ttl_ms = super::ttl_ms(ttl);
         // The third key is the counters hash of earlier versions, at the key prefix.
@@ -177,6 +190,12 @@ impl Redlock {
                 keys: &keys,
                 args: &args,
             })
+        } else if replay {
+            Request::Script(Invocation {
+                script: &ACQUIRE_OR_REPLAY_SCRIPT,
+                keys: &keys[..1],
+                args: &args[..2],
+            })
         } else {
             Request::SetNx {
                 key: &resource.key,
@@ -187,8 +206,12 @@ impl Redlock {
         let deadline = self.call_deadline(start, ttl, outer);
         let mut retry_after = None;
         let mut foreign = NodeMask::default();
+        let mut record = None;
         let mut fencing = PhaseOne::default();
-        let round = fanout::decide(
+        // Once a node answers with a completion record, every answer is awaited: the
+        // nodes that answered with it need no release afterwards.
+        let saw_record = AtomicBool::new(false);
+        let round = fanout::decide_or_wait(
             &self.inner.nodes,
             &request,
             deadline,
@@ -204,6 +227,12 @@ impl Redlock {
                         foreign.insert(i);
                         Ok(Outcome::HeldElsewhere)
                     }
+                    AcquireReply::Record(r) => {
+                        saw_record.store(true, Ordering::Relaxed);
+                        record = Some(r);
+                        foreign.insert(i);
+                        Ok(Outcome::HeldElsewhere)
+                    }
                 });
                 if !matches!(outcome, Ok(Outcome::Granted)) {
                     // Not ours there: phase 2 of fencing skips the node.
@@ -211,11 +240,13 @@ impl Redlock {
                 }
                 outcome
             },
+            || saw_record.load(Ordering::Relaxed),
         )
         .await;
         SetRound {
             round,
             foreign,
+            record,
             retry_after,
             fencing,
         }
@@ -231,7 +262,8 @@ impl Redlock {
         ttl: Duration,
         deadline: Option<Instant>,
         max_attempts: u32,
-    ) -> Result<Lock, crate::LockError> {
+        replay: bool,
+    ) -> Result<Lock, (Failure, u32)> {
         let past = |d: Option<Instant>| d.is_some_and(|d| Instant::now() >= d);
         // Arrival order: behind the tasks of this client that already wait for the name.
         let mut ticket = None;
@@ -248,16 +280,16 @@ impl Redlock {
             if let Some(t) = &ticket {
                 t.attempting();
             }
-            let failure = match self.attempt(resource, ttl, outer, attempt).await {
+            let failure = match self.attempt(resource, ttl, outer, attempt, replay).await {
                 Ok(lock) => return Ok(lock),
                 Err(f) => f,
             };
             if past(deadline) && failure.cut_by_deadline() {
                 // The deadline cut the last attempt short: the attempt before says more.
-                return Err(previous.unwrap_or(failure).into_error(attempt));
+                return Err((previous.unwrap_or(failure), attempt));
             }
             if !failure.is_retryable() || attempt >= max_attempts {
-                return Err(failure.into_error(attempt));
+                return Err((failure, attempt));
             }
             match (&failure, &ticket) {
                 (Failure::Busy { .. }, Some(t)) => t.wait(self.retry_pause(), deadline).await,
@@ -279,7 +311,7 @@ impl Redlock {
                 }
             }
             if past(deadline) {
-                return Err(failure.into_error(attempt));
+                return Err((failure, attempt));
             }
             previous = Some(failure);
             attempt += 1;

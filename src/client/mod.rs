@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use crate::error::{ConfigError, LockError};
+use crate::error::{ConfigError, Failure, LockError};
 use crate::quorum::{self, later};
 use crate::token::{Lock, Resource, keys_for};
 
@@ -167,8 +167,9 @@ impl Redlock {
     ) -> Result<Lock, LockError> {
         let resource = self.resource(name.as_ref(), ttl)?;
         let deadline = self.inner.retry_deadline.map(|d| later(Instant::now(), d));
-        self.retry(&resource, ttl, deadline, self.inner.max_attempts)
+        self.retry(&resource, ttl, deadline, self.inner.max_attempts, false)
             .await
+            .map_err(|(f, n)| f.into_error(n))
     }
 
     /// Acquires `name` with `ttl`, retrying with the jittered delay until `deadline`
@@ -181,7 +182,9 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Lock, LockError> {
         let resource = self.resource(name.as_ref(), ttl)?;
-        self.retry(&resource, ttl, Some(deadline), u32::MAX).await
+        self.retry(&resource, ttl, Some(deadline), u32::MAX, false)
+            .await
+            .map_err(|(f, n)| f.into_error(n))
     }
 
     /// Makes one attempt to acquire `name` with the default TTL.
@@ -196,7 +199,7 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<Lock, LockError> {
         let resource = self.resource(name.as_ref(), ttl)?;
-        self.attempt(&resource, ttl, None, 1)
+        self.attempt(&resource, ttl, None, 1, false)
             .await
             .map_err(|f| f.into_error(1))
     }
@@ -223,6 +226,28 @@ impl Redlock {
         self.extend_once(lock, ttl)
             .await
             .map_err(|f| f.into_error(1))
+    }
+
+    /// Acquires `name` for the layer's replay: one attempt, or (with a `deadline`) waiting
+    /// until then. A completion record found under the key comes back as
+    /// [`Refusal::Replay`] instead of a lock.
+    pub(crate) async fn acquire_or_replay(
+        &self,
+        name: &[u8],
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Lock, Refusal> {
+        let resource = self.resource(name, ttl).map_err(Refusal::Error)?;
+        let (max_attempts, deadline) = match deadline {
+            Some(deadline) => (u32::MAX, Some(deadline)),
+            None => (1, None),
+        };
+        self.retry(&resource, ttl, deadline, max_attempts, true)
+            .await
+            .map_err(|(failure, attempts)| match failure {
+                Failure::Replay { record, .. } => Refusal::Replay(record),
+                other => Refusal::Error(other.into_error(attempts)),
+            })
     }
 
     /// How a guard keeps its locks alive (builder settings).
@@ -289,6 +314,15 @@ impl Redlock {
         let deadline = later(Instant::now(), self.inner.node_timeout).min(later(start, usable));
         outer.map_or(deadline, |o| o.min(deadline))
     }
+}
+
+/// Why [`Redlock::acquire_or_replay`] gave no lock.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The lock could not be had.
+    Error(LockError),
+    /// The name's work is done: its completion record.
+    Replay(Vec<u8>),
 }
 
 /// A [`Redlock`] that does not keep the client alive.

@@ -20,7 +20,7 @@ use crate::error::NodeFailure;
 use crate::fanout;
 use crate::quorum::NodeMask;
 use crate::quorum::later;
-use crate::scripts::{Arg, Invocation, RELEASE_SCRIPT, Request, parse_flag};
+use crate::scripts::{Arg, COMPLETE_SCRIPT, Invocation, RELEASE_SCRIPT, Request, parse_flag};
 use crate::token::{Lock, Resource};
 
 /// The outcome of [`Redlock::unlock`]: on how many nodes our key was deleted.
@@ -105,6 +105,35 @@ impl Redlock {
             not_held,
             failures,
         }
+    }
+
+    /// Replaces `lock`'s value with `record` for `retention` on every node where the lock
+    /// is still ours (the layer's completion record); returns on how many nodes.
+    pub(crate) async fn complete(&self, lock: &Lock, record: &[u8], retention: Duration) -> usize {
+        let args = [
+            Arg::Bytes(lock.value().as_bytes()),
+            Arg::Bytes(record),
+            Arg::Int(super::ttl_ms(retention)),
+        ];
+        let request = Request::Script(Invocation {
+            script: &COMPLETE_SCRIPT,
+            keys: &[lock.key()],
+            args: &args,
+        });
+        let deadline = later(Instant::now(), self.inner.node_timeout);
+        let mut stored = 0;
+        let nodes = &self.inner.nodes;
+        let failures = fanout::everywhere(nodes, &request, deadline, lock.foreign, |reply| {
+            if parse_flag(reply)? {
+                stored += 1;
+            }
+            Ok(())
+        })
+        .await;
+        for failure in &failures {
+            tracing::debug!(%failure, "redlock completion record not stored on a node");
+        }
+        stored
     }
 
     /// Spawns a release of `value` on every node, if a tokio runtime is running;

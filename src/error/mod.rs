@@ -139,6 +139,11 @@ pub(crate) enum Failure {
         needed: usize,
         failures: Vec<NodeFailure>,
     },
+    /// The name's work is done: a node holds its completion record (the layer's replay).
+    Replay {
+        record: Vec<u8>,
+        nodes: usize,
+    },
     /// Not about the nodes (a bad name or setting, the random generator).
     Other(LockError),
 }
@@ -196,6 +201,13 @@ impl Failure {
                 held_on,
                 needed,
                 failures,
+                attempts,
+            },
+            // Outside the layer's replay, a record is a key held by someone else.
+            Self::Replay { nodes, .. } => LockError::Busy {
+                held_elsewhere: 1,
+                nodes,
+                retry_after: None,
                 attempts,
             },
             Self::Other(e) => e,

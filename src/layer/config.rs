@@ -24,6 +24,7 @@ use bytes::Bytes;
 use http::Response;
 use tokio::sync::Semaphore;
 
+use super::record::ReplayPolicy;
 use super::reject::Rejection;
 
 pub(crate) type RejectionHook = Arc<dyn Fn(Rejection) -> Response<Bytes> + Send + Sync>;
@@ -53,6 +54,8 @@ pub(crate) struct Config {
     pub(crate) auto_extend: bool,
     pub(crate) abort_on_loss: bool,
     pub(crate) on_rejection: Option<RejectionHook>,
+    /// Idempotent replay of finished responses, when on.
+    pub(crate) replay: Option<ReplayPolicy>,
 }
 
 impl Config {
@@ -80,6 +83,7 @@ impl fmt::Debug for Config {
             .field("auto_extend", &self.auto_extend)
             .field("abort_on_loss", &self.abort_on_loss)
             .field("on_rejection", &self.on_rejection.is_some())
+            .field("replay", &self.replay)
             .finish()
     }
 }

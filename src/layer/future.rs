@@ -18,13 +18,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use futures_util::future::BoxFuture;
 use http::Response;
+use http_body::Body;
 use pin_project_lite::pin_project;
 
 use super::body::ResponseBody;
 use super::config::{Config, ReleaseOn};
+use super::record::{self, ReplayPolicy};
 use super::reject::{Protocol, Rejection};
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
@@ -34,8 +36,16 @@ use crate::token::{Lock, LockToken, LostReason};
 /// Calls the inner service once the lock is held.
 pub(crate) type CallFn<F> = Box<dyn FnOnce(LockToken) -> F + Send>;
 
-/// Acquires the lock; on failure, hands back the name for the rejection.
-pub(crate) type AcquireFuture = BoxFuture<'static, Result<Lock, (LockError, Vec<u8>)>>;
+/// Acquires the lock.
+pub(crate) type AcquireFuture = BoxFuture<'static, Result<Lock, Denied>>;
+
+/// Why a request got no lock.
+pub(crate) enum Denied {
+    /// The lock error, and the name for the rejection.
+    Error(LockError, Vec<u8>),
+    /// The name's work is done: its completion record (replay).
+    Replay(Vec<u8>),
+}
 
 pin_project! {
     /// The response future of [`RedlockService`](super::RedlockService).
@@ -56,6 +66,7 @@ pub(crate) struct Ctx {
 enum Output<B, E> {
     Inner(Result<Response<B>, E>),
     Rejection(Response<Bytes>),
+    Ready(Response<ResponseBody<B>>),
 }
 
 pin_project! {
@@ -85,6 +96,19 @@ pin_project! {
         },
         Rejected {
             response: Response<Bytes>,
+        },
+        Recording {
+            #[pin]
+            body: B,
+            parts: http::response::Parts,
+            buf: Vec<u8>,
+            guard: LockGuard,
+            ctx: Ctx,
+        },
+        Completing {
+            work: BoxFuture<'static, ()>,
+            guard: LockGuard,
+            response: Response<ResponseBody<B>>,
         },
         Done,
     }
@@ -128,6 +152,8 @@ impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
             State::Calling { .. } => "calling",
             State::Releasing { .. } => "releasing",
             State::Rejected { .. } => "rejected",
+            State::Recording { .. } => "recording",
+            State::Completing { .. } => "completing",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -139,6 +165,8 @@ impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
 impl<F, B, E> Future for ResponseFuture<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: Body,
+    B::Data: From<Bytes>,
 {
     type Output = Ready<B, E>;
 
@@ -167,6 +195,14 @@ where
                     released(state.as_mut())
                 }
                 StateProj::Rejected { .. } => rejected(state.as_mut()),
+                StateProj::Recording { body, buf, .. } => {
+                    let end = ready!(collect(body, buf, cx));
+                    recorded(state.as_mut(), end)
+                }
+                StateProj::Completing { work, .. } => {
+                    ready!(work.as_mut().poll(cx));
+                    completed(state.as_mut())
+                }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             if let Step::Ready(output) = step {
@@ -179,10 +215,7 @@ where
 type StatePin<'a, F, B, E> = Pin<&'a mut State<F, B, E>>;
 
 /// The lock is held: call the inner service. Or it is not: reject.
-fn acquired<F, B, E>(
-    mut state: StatePin<'_, F, B, E>,
-    result: Result<Lock, (LockError, Vec<u8>)>,
-) -> Step<B, E> {
+fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Denied>) -> Step<B, E> {
     if let StateOwned::Acquiring { call, ctx, .. } = state.as_mut().project_replace(State::Done) {
         let next = match result {
             Ok(lock) => {
@@ -205,13 +238,32 @@ fn acquired<F, B, E>(
                     ctx,
                 }
             }
-            Err((error, name)) => {
+            Err(Denied::Error(error, name)) => {
                 log_rejected(&error, &name);
                 let rejection = Rejection::from_lock_error(error, ctx.protocol).with_name(name);
                 State::Rejected {
                     response: ctx.config.respond(rejection),
                 }
             }
+            Err(Denied::Replay(record)) => match record::decode(&record) {
+                Some(record) => State::Rejected {
+                    response: record.into_response(),
+                },
+                None => {
+                    tracing::warn!("redlock layer found a completion record it cannot read");
+                    let error = LockError::Busy {
+                        held_elsewhere: 1,
+                        nodes: ctx.redlock.node_count(),
+                        retry_after: None,
+                        attempts: 1,
+                    };
+                    State::Rejected {
+                        response: ctx
+                            .config
+                            .respond(Rejection::from_lock_error(error, ctx.protocol)),
+                    }
+                }
+            },
         };
         state.set(next);
     }
@@ -219,12 +271,25 @@ fn acquired<F, B, E>(
 }
 
 /// The inner service answered: release first (default), or hand the lock to the body.
-fn called<F, B, E>(mut state: StatePin<'_, F, B, E>, output: Result<Response<B>, E>) -> Step<B, E> {
+fn called<F, B, E>(mut state: StatePin<'_, F, B, E>, output: Result<Response<B>, E>) -> Step<B, E>
+where
+    B: Body,
+{
     let StateOwned::Calling { mut guard, ctx, .. } = state.as_mut().project_replace(State::Done)
     else {
         return Step::Next;
     };
+    let keep = |res: &Response<B>| {
+        ctx.config
+            .replay
+            .as_ref()
+            .is_some_and(|policy| policy.keeps(res.status()))
+    };
     match output {
+        Ok(res) if keep(&res) => {
+            record(state, res, guard, ctx);
+            Step::Next
+        }
         Ok(res) if ctx.config.release == ReleaseOn::BodyEnd => {
             Step::Ready(Ok(wrap(res, Some(guard))))
         }
@@ -269,6 +334,7 @@ fn released<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
     Step::Ready(match output {
         Output::Inner(output) => output.map(|res| wrap(res, None)),
         Output::Rejection(response) => Ok(response.map(ResponseBody::rejection)),
+        Output::Ready(response) => Ok(response),
     })
 }
 
@@ -277,6 +343,136 @@ fn rejected<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
         StateOwned::Rejected { response } => Step::Ready(Ok(response.map(ResponseBody::rejection))),
         _ => Step::Next,
     }
+}
+
+/// A response to keep for replay: collect its body if it is small enough, otherwise keep
+/// status and headers only.
+fn record<F, B: Body, E>(
+    mut state: StatePin<'_, F, B, E>,
+    res: Response<B>,
+    guard: LockGuard,
+    ctx: Ctx,
+) {
+    let Some(policy) = ctx.config.replay.clone() else {
+        return;
+    };
+    let (parts, body) = res.into_parts();
+    let small = body
+        .size_hint()
+        .upper()
+        .and_then(|n| usize::try_from(n).ok())
+        .is_some_and(|n| n <= policy.body_limit());
+    if small {
+        state.set(State::Recording {
+            body,
+            parts,
+            buf: Vec::new(),
+            guard,
+            ctx,
+        });
+    } else {
+        let record = policy.encode(&parts, None);
+        let response = Response::from_parts(parts, ResponseBody::inner(body, None));
+        state.set(completing(guard, &ctx, record, &policy, response));
+    }
+}
+
+/// Reads the whole body into `buf`; `Ready(true)` at its end, `Ready(false)` on an error.
+fn collect<B: Body>(mut body: Pin<&mut B>, buf: &mut Vec<u8>, cx: &mut Context<'_>) -> Poll<bool> {
+    loop {
+        match ready!(body.as_mut().poll_frame(cx)) {
+            None => return Poll::Ready(true),
+            Some(Err(_)) => return Poll::Ready(false),
+            Some(Ok(frame)) => {
+                // Trailers are not kept (gRPC responses are not replayed).
+                if let Ok(mut data) = frame.into_data() {
+                    while data.has_remaining() {
+                        let chunk = data.chunk();
+                        buf.extend_from_slice(chunk);
+                        let n = chunk.len();
+                        data.advance(n);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The body is read: store the record (or, after a body error, release without one).
+fn recorded<F, B: Body, E>(mut state: StatePin<'_, F, B, E>, complete: bool) -> Step<B, E> {
+    let StateOwned::Recording {
+        parts,
+        buf,
+        mut guard,
+        ctx,
+        ..
+    } = state.as_mut().project_replace(State::Done)
+    else {
+        return Step::Next;
+    };
+    let record = ctx
+        .config
+        .replay
+        .as_ref()
+        .filter(|_| complete)
+        .map(|policy| (policy.encode(&parts, Some(&buf)), policy.clone()));
+    let response = Response::from_parts(parts, ResponseBody::rejection(Bytes::from(buf)));
+    match record {
+        Some((record, policy)) => state.set(completing(guard, &ctx, record, &policy, response)),
+        None => {
+            tracing::warn!("redlock layer: the response body failed; no completion record");
+            state.set(State::Releasing {
+                release: guard.release_future(),
+                guard,
+                output: Output::Ready(response),
+            });
+        }
+    }
+    Step::Next
+}
+
+/// Stores `record` where the lock is held, then releases what is left; the response waits.
+fn completing<F, B, E>(
+    mut guard: LockGuard,
+    ctx: &Ctx,
+    record: Vec<u8>,
+    policy: &ReplayPolicy,
+    response: Response<ResponseBody<B>>,
+) -> State<F, B, E> {
+    let redlock = ctx.redlock.clone();
+    let lock = guard.shared().lock.clone();
+    let retention = policy.retention();
+    let release = guard.release_future();
+    let work: BoxFuture<'static, ()> = Box::pin(async move {
+        let stored = redlock.complete(&lock, &record, retention).await;
+        if stored < redlock.quorum() {
+            tracing::warn!(
+                stored,
+                needed = redlock.quorum(),
+                "redlock layer stored the completion record on too few nodes: a retry may run the handler again"
+            );
+        }
+        release.await;
+    });
+    State::Completing {
+        work,
+        guard,
+        response,
+    }
+}
+
+/// The record is stored: return the response.
+fn completed<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
+    let StateOwned::Completing {
+        mut guard,
+        response,
+        ..
+    } = state.as_mut().project_replace(State::Done)
+    else {
+        return Step::Next;
+    };
+    guard.disarm();
+    Step::Ready(Ok(response))
 }
 
 /// Logs why a request did not get its lock: service failures (with each node's cause) at

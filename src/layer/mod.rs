@@ -39,6 +39,7 @@ mod body;
 mod config;
 pub mod extract;
 mod future;
+mod record;
 mod redlock_layer;
 pub mod reject;
 mod service;
@@ -49,6 +50,7 @@ pub use extract::{
     RequestHead, extract_fn,
 };
 pub use future::ResponseFuture;
+pub use record::{REPLAYED_HEADER, ReplayPolicy};
 pub use reject::{Protocol, Rejection, RejectionKind};
 pub use service::RedlockService;
 

@@ -68,6 +68,7 @@ impl<E> RedlockLayer<E> {
                 auto_extend: true,
                 abort_on_loss: false,
                 on_rejection: None,
+                replay: None,
             }),
         }
     }
@@ -132,6 +133,29 @@ impl<E> RedlockLayer<E> {
     /// [retention](crate::RedlockBuilder::fencing_retention) (see [`crate::fencing`]).
     pub fn fencing(mut self, on: bool) -> Self {
         self.redlock = self.redlock.with_fencing(on);
+        self
+    }
+
+    /// Makes the layer an idempotency layer: a response the handler finished with is kept
+    /// under the lock name for `retention`, and a later request with the same name gets it
+    /// back (marked `idempotent-replayed: true`) without running the handler. See
+    /// [`ReplayPolicy`](super::ReplayPolicy) for what is kept (2xx and 4xx except 409/429;
+    /// bodies up to 8 KiB of known size) and [`replay_policy`](Self::replay_policy) to
+    /// change it.
+    ///
+    /// The record is written on the nodes that hold the lock, while they hold it, before
+    /// the lock is released; the lookup is part of the acquire round trip. A record
+    /// written on a quorum is seen by every later acquirer (any quorum it can take shares
+    /// a node with the record's). If the record reaches fewer nodes, a retry may run the
+    /// handler again (at least once, logged at `warn`). A handler that panics, or a client
+    /// that disconnects, leaves no record. gRPC streaming responses are not replayed.
+    pub fn replay(self, retention: Duration) -> Self {
+        self.replay_policy(super::ReplayPolicy::new(retention))
+    }
+
+    /// Like [`replay`](Self::replay), with the policy given.
+    pub fn replay_policy(mut self, policy: super::ReplayPolicy) -> Self {
+        self.config().replay = Some(policy);
         self
     }
 

@@ -28,10 +28,11 @@ use tower_service::Service;
 
 use super::config::{BusyPolicy, Config};
 use super::extract::ExtractLockName;
-use super::future::{Ctx, ResponseFuture};
+use super::future::{Ctx, Denied, ResponseFuture};
 use super::reject::{Protocol, Rejection};
-use crate::client::Redlock;
+use crate::client::{Redlock, Refusal};
 use crate::error::LockError;
+use crate::quorum::later;
 use crate::token::Lock;
 
 /// Holds a quorum lock, named by the extractor, while the inner service runs. Created by
@@ -70,30 +71,41 @@ impl<S, E> RedlockService<S, E> {
     }
 }
 
-/// Acquires the lock per the busy policy; on failure, hands back the name for the
-/// rejection.
-async fn acquire(
-    redlock: Redlock,
-    name: Vec<u8>,
-    config: Arc<Config>,
-) -> Result<Lock, (LockError, Vec<u8>)> {
+/// Acquires the lock per the busy policy (with replay: or finds the name's record).
+async fn acquire(redlock: Redlock, name: Vec<u8>, config: Arc<Config>) -> Result<Lock, Denied> {
     let ttl = config.ttl.unwrap_or_else(|| redlock.ttl());
-    let first = redlock.try_lock_with_ttl(&name, ttl).await;
+    let replay = config.replay.is_some();
+    let attempt = |deadline: Option<Instant>| {
+        let (redlock, name) = (&redlock, &name);
+        async move {
+            match (replay, deadline) {
+                (true, _) => redlock.acquire_or_replay(name, ttl, deadline).await,
+                (false, None) => redlock
+                    .try_lock_with_ttl(name, ttl)
+                    .await
+                    .map_err(Refusal::Error),
+                (false, Some(deadline)) => redlock
+                    .lock_until(name, ttl, deadline)
+                    .await
+                    .map_err(Refusal::Error),
+            }
+        }
+    };
+    let first = attempt(None).await;
     let result = match (&first, &config.busy) {
-        (Err(LockError::Busy { .. }), BusyPolicy::Wait { timeout, waiters }) => {
+        (Err(Refusal::Error(LockError::Busy { .. })), BusyPolicy::Wait { timeout, waiters }) => {
             // Beyond the bound on waiting requests: reject at once.
             match Arc::clone(waiters).try_acquire_owned() {
-                Ok(_permit) => {
-                    redlock
-                        .lock_until(&name, ttl, crate::quorum::later(Instant::now(), *timeout))
-                        .await
-                }
+                Ok(_permit) => attempt(Some(later(Instant::now(), *timeout))).await,
                 Err(_) => first,
             }
         }
         _ => first,
     };
-    result.map_err(|e| (e, name))
+    result.map_err(|refusal| match refusal {
+        Refusal::Error(error) => Denied::Error(error, name),
+        Refusal::Replay(record) => Denied::Replay(record),
+    })
 }
 
 impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for RedlockService<S, E>
@@ -101,6 +113,8 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     E: ExtractLockName<ReqBody>,
     ReqBody: Send + 'static,
+    ResBody: http_body::Body,
+    ResBody::Data: From<bytes::Bytes>,
 {
     type Response = Response<super::ResponseBody<ResBody>>;
     type Error = S::Error;
