@@ -4,9 +4,10 @@
 //!
 //! The layer locks the `Idempotency-Key` header's value and, with
 //! `.wait(Duration::from_secs(5), 32)`, lets a request whose key is busy wait up to 5 s
-//! for it (at most 32 such requests wait at once; beyond that they get 409). Under the
-//! lock the handler looks the key up in a response store: a hit is replayed, a miss does
-//! the slow work and stores its response before the lock is released.
+//! for it (at most 32 such requests wait at once; beyond that they get 409). With
+//! `.replay(..)`, the layer keeps the first response under the key (on the Redis nodes,
+//! for 24 h) before it releases the lock, and answers every later request with that key
+//! from the record, marked `idempotent-replayed: true`, without running the handler.
 //!
 //! The example starts the server, fires 5 concurrent requests with one key and 5 with
 //! distinct keys, prints when each completed, and exits. The shared key's requests
@@ -17,27 +18,26 @@
 //! ```
 //!
 //! Uses the nodes in `REDLOCK_NODES` (comma-separated `redis://` URLs) or starts 3 local
-//! `redis-server` processes for the run. A real service would keep the response store
-//! in a database and also compare a fingerprint of the request body with the stored one.
+//! `redis-server` processes for the run.
 
 mod common;
 
 use common::Error;
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::routing::post;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_redlock::layer::Header;
+use tower_redlock::layer::{Header, ReplayPolicy};
 use tower_redlock::{LockToken, Redlock, RedlockLayer};
 
 /// How long creating a payment takes (calling the card processor, say).
@@ -47,17 +47,14 @@ const WORK: Duration = Duration::from_millis(300);
 struct App {
     /// Time zero of the printed timeline.
     epoch: Instant,
-    /// Idempotency key -> the stored response body.
-    responses: Arc<Mutex<HashMap<String, String>>>,
     next_payment: Arc<AtomicU64>,
 }
 
-/// Runs with the key's lock held: requests with the same key wait their turn.
+/// Runs with the key's lock held, once per key: later requests get the stored response.
 async fn create_payment(
     State(app): State<App>,
     token: LockToken,
 ) -> (StatusCode, HeaderMap, String) {
-    let key = String::from_utf8_lossy(token.name()).into_owned();
     let from = app.epoch.elapsed().as_millis();
     let mut headers = HeaderMap::new();
     let held = |headers: &mut HeaderMap| {
@@ -66,15 +63,6 @@ async fn create_payment(
             headers.insert("x-lock-held-ms", v);
         }
     };
-    let stored = {
-        let responses = app.responses.lock().unwrap_or_else(|e| e.into_inner());
-        responses.get(&key).cloned()
-    };
-    if let Some(body) = stored {
-        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
-        held(&mut headers);
-        return (StatusCode::CREATED, headers, body);
-    }
     tokio::time::sleep(WORK).await;
     if !token.is_held() {
         return (
@@ -85,8 +73,6 @@ async fn create_payment(
     }
     let id = app.next_payment.fetch_add(1, Ordering::SeqCst) + 1;
     let body = format!("payment pay_{id:04}");
-    let mut responses = app.responses.lock().unwrap_or_else(|e| e.into_inner());
-    responses.insert(key, body.clone());
     held(&mut headers);
     (StatusCode::CREATED, headers, body)
 }
@@ -107,13 +93,17 @@ async fn main() -> Result<(), Error> {
         .ttl(Duration::from_secs(10))
         // Idempotency keys are unique per request: no fencing counter per key.
         .fencing(false)
-        .wait(Duration::from_secs(5), 32);
+        .wait(Duration::from_secs(5), 32)
+        // Keep each key's first response for a day and replay it to every retry.
+        .replay_policy(
+            ReplayPolicy::new(Duration::from_secs(24 * 60 * 60))
+                .headers([CONTENT_TYPE, HeaderName::from_static("x-lock-held-ms")]),
+        );
     let router = Router::new()
         .route("/payments", post(create_payment))
         .route_layer(layer)
         .with_state(App {
             epoch: started,
-            responses: Arc::default(),
             next_payment: Arc::default(),
         });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -175,8 +165,8 @@ async fn main() -> Result<(), Error> {
     }
     let executed = results.iter().filter(|r| !r.4).count();
     println!(
-        "\n{executed} payments created for 6 distinct keys; order-1001's 5 requests ran \
-         one after another, the other keys in parallel"
+        "\n{executed} payments created for 6 distinct keys; order-1001's first request ran \
+         the handler, the 4 others waited and got its stored response"
     );
 
     drop(local); // stops the local redis-server nodes, if any

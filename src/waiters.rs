@@ -75,6 +75,9 @@ struct Queue {
     order: VecDeque<(u64, Arc<Notify>)>,
     /// Release messages since the head was last woken.
     notes: usize,
+    /// The name's work is done (a waiter found its completion record): every waiter
+    /// attempts at once to get the record too.
+    done: bool,
 }
 
 /// A request to a node's subscription manager.
@@ -204,6 +207,13 @@ impl Waiters {
         }
     }
 
+    /// A waiter found `key`'s completion record: the others need not wait for a release.
+    pub(crate) fn done(&self, key: &[u8]) {
+        if let Some(queue) = self.registry().queues.get_mut(key) {
+            queue.done = true;
+        }
+    }
+
     /// Wakes every head (after a reconnect, messages may have been lost).
     fn wake_heads(&self) {
         for queue in self.registry().queues.values() {
@@ -258,6 +268,20 @@ impl Ticket {
             .is_some_and(|(head, _)| *head == self.id)
     }
 
+    /// Whether a waiter found the name's completion record.
+    fn name_done(&self) -> bool {
+        self.waiters
+            .registry()
+            .queues
+            .get(&self.key)
+            .is_some_and(|q| q.done)
+    }
+
+    /// Tells the waiters behind that the name's work is done (its record was found).
+    pub(crate) fn done(&self) {
+        self.waiters.done(&self.key);
+    }
+
     /// Forgets the release messages so far: called right before an attempt, which sees
     /// their effect anyway. Messages that come during the attempt count towards the next
     /// wake-up, so a release that the attempt just missed still wakes the head.
@@ -278,6 +302,9 @@ impl Ticket {
                 return;
             }
             let head = self.is_head();
+            if head && self.name_done() {
+                return;
+            }
             let until = if head {
                 crate::quorum::later(Instant::now(), backstop).min(end)
             } else {

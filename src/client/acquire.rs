@@ -289,6 +289,10 @@ impl Redlock {
                 return Err((previous.unwrap_or(failure), attempt));
             }
             if !failure.is_retryable() || attempt >= max_attempts {
+                if let (Failure::Replay { .. }, Some(t)) = (&failure, &ticket) {
+                    // The waiters behind need not wait for a release: there is a record.
+                    t.done();
+                }
                 return Err((failure, attempt));
             }
             match (&failure, &ticket) {
