@@ -711,7 +711,8 @@ fn counting_app(redlock: Redlock, runs: Arc<AtomicUsize>, replay: Duration) -> R
         .fencing(false)
         .replay(replay);
     Router::new()
-        .route("/hook", post(handler))
+        .route("/hook", post(handler.clone()))
+        .route("/other", post(handler))
         .route_layer(layer)
 }
 
@@ -840,4 +841,86 @@ async fn with_replay_a_duplicate_while_running_is_409_then_replayed() {
     assert_eq!((after.status.as_u16(), after.body.as_str()), (200, "evt-d"));
     assert_eq!(after.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
     assert_eq!(state.runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_the_same_key_for_another_request_is_422() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let redlock = redlock(&cluster).await;
+    let addr = serve(counting_app(redlock, runs.clone(), Duration::from_secs(60))).await;
+    let client = http1();
+    let first = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-f"))),
+    )
+    .await;
+    assert_eq!(first.status, 201);
+    let other = send(
+        &client,
+        post_req(addr, "/other", Some((KEY_HEADER, "evt-f"))),
+    )
+    .await;
+    assert_eq!(other.status, 422, "{}", other.body);
+    assert!(other.body.contains("different request"), "{}", other.body);
+    let same = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-f"))),
+    )
+    .await;
+    assert_eq!((same.status.as_u16(), &same.body), (201, &first.body));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A handler that panics leaves no record: the lock is released and the retry runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_panicking_handler_leaves_no_record() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        move || {
+            let runs = runs.clone();
+            async move {
+                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("the first run fails");
+                }
+                "ok"
+            }
+        }
+    };
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
+        .fencing(false)
+        .replay(Duration::from_secs(60));
+    let app = Router::new()
+        .route("/hook", post(handler))
+        .route_layer(layer);
+    let addr = serve(app).await;
+    let client = http1();
+    let failed = client
+        .request(post_req(addr, "/hook", Some((KEY_HEADER, "evt-p"))))
+        .await;
+    assert!(
+        failed.is_err(),
+        "the connection closes when the handler panics"
+    );
+    wait_for(
+        "the lock to be released",
+        Duration::from_secs(5),
+        || async { cluster.nodes_holding("redlock:{evt-p}").await == 0 },
+    )
+    .await;
+    let retry = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-p"))),
+    )
+    .await;
+    assert_eq!((retry.status.as_u16(), retry.body.as_str()), (200, "ok"));
+    assert!(
+        retry
+            .headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_none()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }

@@ -26,7 +26,7 @@ use pin_project_lite::pin_project;
 
 use super::body::ResponseBody;
 use super::config::{Config, ReleaseOn};
-use super::record::{self, ReplayPolicy};
+use super::record::{self, Fingerprint, ReplayPolicy};
 use super::reject::{Protocol, Rejection};
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
@@ -60,6 +60,8 @@ pub(crate) struct Ctx {
     pub(crate) redlock: Redlock,
     pub(crate) config: Arc<Config>,
     pub(crate) protocol: Protocol,
+    /// The request's fingerprint, with replay on.
+    pub(crate) fingerprint: Fingerprint,
 }
 
 /// What a releasing future returns once the lock is released.
@@ -246,8 +248,11 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                 }
             }
             Err(Denied::Replay(record)) => match record::decode(&record) {
-                Some(record) => State::Rejected {
+                Some(record) if record.fingerprint == ctx.fingerprint => State::Rejected {
                     response: record.into_response(),
+                },
+                Some(_) => State::Rejected {
+                    response: ctx.config.respond(Rejection::key_reused(ctx.protocol)),
                 },
                 None => {
                     tracing::warn!("redlock layer found a completion record it cannot read");
@@ -371,7 +376,7 @@ fn record<F, B: Body, E>(
             ctx,
         });
     } else {
-        let record = policy.encode(&parts, None);
+        let record = policy.encode(&ctx.fingerprint, &parts, None);
         let response = Response::from_parts(parts, ResponseBody::inner(body, None));
         state.set(completing(guard, &ctx, record, &policy, response));
     }
@@ -415,7 +420,10 @@ fn recorded<F, B: Body, E>(mut state: StatePin<'_, F, B, E>, complete: bool) -> 
         .replay
         .as_ref()
         .filter(|_| complete)
-        .map(|policy| (policy.encode(&parts, Some(&buf)), policy.clone()));
+        .map(|policy| {
+            let record = policy.encode(&ctx.fingerprint, &parts, Some(&buf));
+            (record, policy.clone())
+        });
     let response = Response::from_parts(parts, ResponseBody::rejection(Bytes::from(buf)));
     match record {
         Some((record, policy)) => state.set(completing(guard, &ctx, record, &policy, response)),

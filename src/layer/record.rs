@@ -85,9 +85,16 @@ impl ReplayPolicy {
         self.max_body
     }
 
-    /// The record of a response with `parts` and, if kept, `body`.
-    pub(crate) fn encode(&self, parts: &http::response::Parts, body: Option<&[u8]>) -> Vec<u8> {
+    /// The record of a response with `parts` and, if kept, `body`, for a request with
+    /// `fingerprint`.
+    pub(crate) fn encode(
+        &self,
+        fingerprint: &Fingerprint,
+        parts: &http::response::Parts,
+        body: Option<&[u8]>,
+    ) -> Vec<u8> {
         let mut out = RECORD_MARKER.to_vec();
+        out.extend_from_slice(fingerprint);
         out.extend_from_slice(&parts.status.as_u16().to_be_bytes());
         let kept: Vec<_> = self
             .headers
@@ -119,9 +126,31 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// What identifies a request beyond its lock name: the SHA-256 of its method, path and
+/// query. The same idempotency key sent with a different request is refused with 422.
+pub(crate) type Fingerprint = [u8; 32];
+
+/// The fingerprint of `request`.
+pub(crate) fn fingerprint<B>(request: &http::Request<B>) -> Fingerprint {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(request.method().as_str().as_bytes());
+    h.update(b" ");
+    h.update(
+        request
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .as_bytes(),
+    );
+    h.finalize().into()
+}
+
 /// A stored response, decoded.
 #[derive(Debug)]
 pub(crate) struct Record {
+    /// The fingerprint of the request that produced it.
+    pub(crate) fingerprint: Fingerprint,
     status: StatusCode,
     headers: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
@@ -130,6 +159,7 @@ pub(crate) struct Record {
 /// Reads a record; `None` if it is not one this version wrote.
 pub(crate) fn decode(record: &[u8]) -> Option<Record> {
     let mut r = Reader(record.strip_prefix(RECORD_MARKER)?);
+    let fingerprint = r.take(32)?.try_into().ok()?;
     let status = StatusCode::from_u16(u16::from_be_bytes(r.take(2)?.try_into().ok()?)).ok()?;
     let count = r.len()?;
     let mut headers = Vec::with_capacity(count.min(64));
@@ -143,6 +173,7 @@ pub(crate) fn decode(record: &[u8]) -> Option<Record> {
         _ => Bytes::new(),
     };
     Some(Record {
+        fingerprint,
         status,
         headers,
         body,
@@ -197,7 +228,8 @@ mod tests {
         parts
             .headers
             .insert("x-secret", HeaderValue::from_static("not kept"));
-        let encoded = policy.encode(&parts, Some(b"hello"));
+        let encoded = policy.encode(&[7; 32], &parts, Some(b"hello"));
+        assert_eq!(decode(&encoded).map(|r| r.fingerprint), Some([7; 32]));
         let res = decode(&encoded).map(Record::into_response);
         let res = res.unwrap_or_default();
         assert_eq!(res.status(), StatusCode::CREATED);
@@ -207,7 +239,7 @@ mod tests {
         assert_eq!(res.body(), &Bytes::from_static(b"hello"));
         assert!(decode(b"#record\n\x00").is_none());
         assert!(decode(b"0123abcd").is_none());
-        let headers_only = policy.encode(&parts, None);
+        let headers_only = policy.encode(&[7; 32], &parts, None);
         let res = decode(&headers_only)
             .map(Record::into_response)
             .unwrap_or_default();

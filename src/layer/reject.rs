@@ -6,6 +6,7 @@
 //! | no quorum, validity exhausted, lock lost (abort on loss) | 503 | `UNAVAILABLE` (14) |
 //! | the extractor refused the request, bad name | 400 | `INVALID_ARGUMENT` (3) |
 //! | a misconfigured layer (bad TTL) | 500 | `INTERNAL` (13) |
+//! | with replay: the key was used for a different request | 422 | `INVALID_ARGUMENT` (3) |
 //!
 //! gRPC requests are recognised by `content-type: application/grpc*` and answered with
 //! HTTP 200 and `grpc-status` / `grpc-message` headers and no body. A hook set with
@@ -66,6 +67,9 @@ pub enum RejectionKind {
     BadRequest,
     /// The layer is misconfigured (for example a TTL the client refuses).
     Internal,
+    /// The lock name (an idempotency key) was already used, with replay on, for a
+    /// different request (another method or path).
+    KeyReused,
 }
 
 /// A rejected request: what happened, and how to answer it.
@@ -153,6 +157,18 @@ impl Rejection {
         }
     }
 
+    /// A rejection for an idempotency key already used for a different request (replay):
+    /// 422 / `INVALID_ARGUMENT`.
+    pub fn key_reused(protocol: Protocol) -> Self {
+        Self {
+            kind: RejectionKind::KeyReused,
+            message: "this idempotency key was already used for a different request".to_owned(),
+            protocol,
+            error: None,
+            name: None,
+        }
+    }
+
     /// A rejection for bad input (an extractor's refusal).
     pub fn bad_request(message: impl Into<String>, protocol: Protocol) -> Self {
         Self {
@@ -192,6 +208,7 @@ impl Rejection {
             RejectionKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             RejectionKind::BadRequest => StatusCode::BAD_REQUEST,
             RejectionKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            RejectionKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
 
@@ -202,6 +219,7 @@ impl Rejection {
             RejectionKind::Unavailable => code::UNAVAILABLE,
             RejectionKind::BadRequest => code::INVALID_ARGUMENT,
             RejectionKind::Internal => code::INTERNAL,
+            RejectionKind::KeyReused => code::INVALID_ARGUMENT,
         }
     }
 

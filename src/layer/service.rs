@@ -29,6 +29,7 @@ use tower_service::Service;
 use super::config::{BusyPolicy, Config};
 use super::extract::ExtractLockName;
 use super::future::{Ctx, Denied, ResponseFuture};
+use super::record;
 use super::reject::{Protocol, Rejection};
 use crate::client::{Redlock, Refusal};
 use crate::error::LockError;
@@ -126,6 +127,11 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let protocol = Protocol::of(&req);
+        let fingerprint = if self.config.replay.is_some() {
+            record::fingerprint(&req)
+        } else {
+            [0; 32]
+        };
         let name = match self.extractor.extract(&req) {
             Ok(Some(name)) => name,
             Ok(None) => return ResponseFuture::passthrough(self.inner.call(req)),
@@ -155,6 +161,7 @@ where
                 redlock: self.redlock.clone(),
                 config: Arc::clone(&self.config),
                 protocol,
+                fingerprint,
             },
         )
     }
