@@ -26,10 +26,7 @@ mod support;
 
 mod common;
 
-use common::{
-    command_output, env_parse, flush_all, fmt_num, machine, median, percentile_us, redis_cpu_us,
-    source_state,
-};
+use common::{env_parse, flush_all, fmt_num, median, percentile_us, redis_cpu_us, source_state};
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read};
@@ -541,19 +538,12 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
          from other runs.\n",
         cfg.repeats
     );
-    let _ = writeln!(w, "- command: `{command}` (or `scripts/bench layer`)");
-    let _ = writeln!(
+    common::context_lines(
         w,
-        "- date: {}",
-        command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
-    );
-    let _ = writeln!(w, "- machine: {}", machine());
-    let _ = writeln!(
-        w,
-        "- versions: tower-redlock {} ({source}), axum 0.8, hyper 1, {}, {}",
-        env!("CARGO_PKG_VERSION"),
-        command_output(&redis_bin, &["--version"]),
-        command_output("rustc", &["--version"]),
+        &format!("`{command}` (or `scripts/bench layer`)"),
+        source,
+        "axum 0.8, hyper 1",
+        &redis_bin,
     );
     let _ = writeln!(
         w,

@@ -22,10 +22,7 @@ mod support;
 
 mod common;
 
-use common::{
-    command_output, env_parse, flush_all, fmt_num, machine, median, percentile_us, redis_cpu_us,
-    source_state,
-};
+use common::{env_parse, flush_all, fmt_num, median, percentile_us, redis_cpu_us, source_state};
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
@@ -700,19 +697,12 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
          between runs: compare the **ratios to rslock**, not absolute figures from other runs.\n",
         cfg.repeats
     );
-    let _ = writeln!(w, "- command: `{command}` (or `scripts/bench`)");
-    let _ = writeln!(
+    common::context_lines(
         w,
-        "- date: {}",
-        command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
-    );
-    let _ = writeln!(w, "- machine: {}", machine());
-    let _ = writeln!(
-        w,
-        "- versions: tower-redlock {} ({source}), rslock 0.10 (`tokio-comp`), {}, {}",
-        env!("CARGO_PKG_VERSION"),
-        command_output(&redis_bin, &["--version"]),
-        command_output("rustc", &["--version"]),
+        &format!("`{command}` (or `scripts/bench`)"),
+        source,
+        "rslock 0.10 (`tokio-comp`)",
+        &redis_bin,
     );
     let _ = writeln!(
         w,

@@ -42,6 +42,22 @@ redis.call('GET', KEYS[1])
 return redis.call('PTTL', KEYS[1])
 "#;
 
+/// The start of every acquire script: when the key exists, answer `{2, record}` for a
+/// completion record ([`RECORD_MARKER`]) and `{0, pttl}` for another holder.
+macro_rules! held_or_record {
+    () => {
+        r#"
+local held = redis.call('GET', KEYS[1])
+if held then
+  if string.sub(held, 1, 8) == '#record\n' then
+    return {2, held}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+"#
+    };
+}
+
 /// Phase 1 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the name's counter
 /// key, `KEYS[3]` = the counters hash of earlier versions (one field per name),
 /// `ARGV[1]` = value, `ARGV[2]` = TTL in ms, `ARGV[3]` = the name's field in that hash.
@@ -54,14 +70,9 @@ return redis.call('PTTL', KEYS[1])
 /// The client seeds a missing or lost counter from the clock; all arithmetic happens in
 /// the client, on 64-bit integers (Lua numbers are doubles). The counter is read before
 /// the `SET`, so a wrong-type counter key fails the call before it writes anything.
-const ACQUIRE_FENCED: &str = r#"
-local held = redis.call('GET', KEYS[1])
-if held then
-  if string.sub(held, 1, 8) == '#record\n' then
-    return {2, held}
-  end
-  return {0, redis.call('PTTL', KEYS[1])}
-end
+const ACQUIRE_FENCED: &str = concat!(
+    held_or_record!(),
+    r#"
 local counter = redis.call('GET', KEYS[2])
 if not counter then
   counter = redis.call('HGET', KEYS[3], ARGV[3]) or ''
@@ -69,7 +80,8 @@ end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local t = redis.call('TIME')
 return {1, counter, t[1], t[2]}
-"#;
+"#
+);
 
 /// Phase 2 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the name's counter
 /// key, `ARGV[1]` = value, `ARGV[2]` = the fencing number (decimal, no leading zeros),
@@ -113,17 +125,13 @@ pub(crate) const RECORD_MARKER: &[u8] = b"#record\n";
 /// Returns `{1}` when the lock was set, `{2, record}` when the key holds a completion
 /// record, and `{0, pttl}` when another client holds the lock: the record comes back in
 /// the acquire round trip, so a replay costs nothing extra.
-const ACQUIRE_OR_REPLAY: &str = r#"
-local held = redis.call('GET', KEYS[1])
-if held then
-  if string.sub(held, 1, 8) == '#record\n' then
-    return {2, held}
-  end
-  return {0, redis.call('PTTL', KEYS[1])}
-end
+const ACQUIRE_OR_REPLAY: &str = concat!(
+    held_or_record!(),
+    r#"
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1}
-"#;
+"#
+);
 
 /// Compare-and-set of a completion record: replaces our lock value with the record
 /// (`ARGV[2]`) for the retention (`ARGV[3]` ms), and tells the waiters. `KEYS[1]` = lock

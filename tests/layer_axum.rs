@@ -689,6 +689,17 @@ async fn with_the_wait_policy_50_waiters_run_in_arrival_order() {
 
 /// A handler that counts its runs and answers with `status` (from the `x-status` header,
 /// default 201), a JSON content type and the run number in the body.
+/// Serves [`counting_app`] with replay (`retention`) on `cluster`; returns its address and
+/// its run counter.
+async fn serve_counting(
+    cluster: &Cluster,
+    retention: Duration,
+) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = counting_app(redlock(cluster).await, runs.clone(), retention);
+    (serve(app).await, runs)
+}
+
 fn counting_app(redlock: Redlock, runs: Arc<AtomicUsize>, replay: Duration) -> Router {
     let handler = move |req: http::Request<Body>| {
         let runs = runs.clone();
@@ -719,9 +730,7 @@ fn counting_app(redlock: Redlock, runs: Arc<AtomicUsize>, replay: Duration) -> R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_replay_retries_after_completion_get_the_first_response() {
     let cluster = Cluster::start(3);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let redlock = redlock(&cluster).await;
-    let addr = serve(counting_app(redlock, runs.clone(), Duration::from_secs(60))).await;
+    let (addr, runs) = serve_counting(&cluster, Duration::from_secs(60)).await;
     let client = http1();
     let first = send(
         &client,
@@ -759,9 +768,7 @@ async fn with_replay_retries_after_completion_get_the_first_response() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_replay_5xx_is_not_kept_and_records_expire() {
     let cluster = Cluster::start(3);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let redlock = redlock(&cluster).await;
-    let addr = serve(counting_app(redlock, runs.clone(), Duration::from_secs(1))).await;
+    let (addr, runs) = serve_counting(&cluster, Duration::from_secs(1)).await;
     let client = http1();
     let with_status = |status: &'static str| {
         let mut req = post_req(addr, "/hook", Some((KEY_HEADER, "evt-5")));
@@ -790,9 +797,7 @@ async fn with_replay_5xx_is_not_kept_and_records_expire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_replay_a_minority_down_still_records_and_replays() {
     let mut cluster = Cluster::start(5);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let redlock = redlock(&cluster).await;
-    let addr = serve(counting_app(redlock, runs.clone(), Duration::from_secs(60))).await;
+    let (addr, runs) = serve_counting(&cluster, Duration::from_secs(60)).await;
     let client = http1();
     cluster.nodes[0].kill();
     cluster.nodes[1].kill();
@@ -846,9 +851,7 @@ async fn with_replay_a_duplicate_while_running_is_409_then_replayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_replay_the_same_key_for_another_request_is_422() {
     let cluster = Cluster::start(3);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let redlock = redlock(&cluster).await;
-    let addr = serve(counting_app(redlock, runs.clone(), Duration::from_secs(60))).await;
+    let (addr, runs) = serve_counting(&cluster, Duration::from_secs(60)).await;
     let client = http1();
     let first = send(
         &client,

@@ -126,3 +126,23 @@ pub fn source_state() -> String {
         format!("commit {commit}")
     }
 }
+
+/// The command, date, machine and versions lines of a report; `peers` names the other
+/// software measured (with its version).
+pub fn context_lines(w: &mut String, command: &str, source: &str, peers: &str, redis_bin: &str) {
+    use std::fmt::Write as _;
+    let _ = writeln!(w, "- command: {command}");
+    let _ = writeln!(
+        w,
+        "- date: {}",
+        command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+    );
+    let _ = writeln!(w, "- machine: {}", machine());
+    let _ = writeln!(
+        w,
+        "- versions: tower-redlock {} ({source}), {peers}, {}, {}",
+        env!("CARGO_PKG_VERSION"),
+        command_output(redis_bin, &["--version"]),
+        command_output("rustc", &["--version"]),
+    );
+}

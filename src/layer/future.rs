@@ -280,8 +280,7 @@ fn called<F, B, E>(mut state: StatePin<'_, F, B, E>, output: Result<Response<B>,
 where
     B: Body,
 {
-    let StateOwned::Calling { mut guard, ctx, .. } = state.as_mut().project_replace(State::Done)
-    else {
+    let StateOwned::Calling { guard, ctx, .. } = state.as_mut().project_replace(State::Done) else {
         return Step::Next;
     };
     let keep = |res: &Response<B>| {
@@ -299,11 +298,7 @@ where
             Step::Ready(Ok(wrap(res, Some(guard))))
         }
         output => {
-            state.set(State::Releasing {
-                release: guard.release_future(),
-                guard,
-                output: Output::Inner(output),
-            });
+            state.set(releasing(guard, Output::Inner(output)));
             Step::Next
         }
     }
@@ -408,7 +403,7 @@ fn recorded<F, B: Body, E>(mut state: StatePin<'_, F, B, E>, complete: bool) -> 
     let StateOwned::Recording {
         parts,
         buf,
-        mut guard,
+        guard,
         ctx,
         ..
     } = state.as_mut().project_replace(State::Done)
@@ -429,14 +424,19 @@ fn recorded<F, B: Body, E>(mut state: StatePin<'_, F, B, E>, complete: bool) -> 
         Some((record, policy)) => state.set(completing(guard, &ctx, record, &policy, response)),
         None => {
             tracing::warn!("redlock layer: the response body failed; no completion record");
-            state.set(State::Releasing {
-                release: guard.release_future(),
-                guard,
-                output: Output::Ready(response),
-            });
+            state.set(releasing(guard, Output::Ready(response)));
         }
     }
     Step::Next
+}
+
+/// Releases the lock, then returns `output`.
+fn releasing<F, B, E>(mut guard: LockGuard, output: Output<B, E>) -> State<F, B, E> {
+    State::Releasing {
+        release: guard.release_future(),
+        guard,
+        output,
+    }
 }
 
 /// Stores `record` where the lock is held, then releases what is left; the response waits.
