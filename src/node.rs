@@ -224,20 +224,38 @@ impl Node {
                 .client
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
+            // `INFO server` only feeds the restart quarantine: without it, a user that may
+            // not run INFO can still lock.
+            let quarantine = self.settings.quarantine;
             let mut pipe = redis::pipe();
-            pipe.cmd("INFO").arg("server");
+            if quarantine {
+                pipe.cmd("INFO").arg("server");
+            }
             for s in scripts::all() {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
             }
             let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
             let info = match replies.first() {
-                Some(v) => redis::from_redis_value_ref::<String>(v)?,
-                None => String::new(),
+                Some(v) if quarantine => redis::from_redis_value_ref::<String>(v)?,
+                _ => String::new(),
             };
             Ok::<_, redis::RedisError>((conn, ServerInfo::parse(&info)))
         };
         let outcome = match timeout_at(deadline, attempt).await {
             Ok(Ok(ok)) => Ok(ok),
+            Ok(Err(e))
+                if self.settings.quarantine
+                    && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+                    && e.to_string().to_ascii_lowercase().contains("info") =>
+            {
+                Err(NodeError::Redis(
+                    format!(
+                        "the user may not run INFO, which the restart quarantine needs: grant \
+                         it +info, or turn restart_quarantine off ({e})"
+                    )
+                    .into(),
+                ))
+            }
             Ok(Err(e)) => Err(NodeError::from(e)),
             Err(_) => Err(NodeError::Connection(
                 format!(

@@ -868,3 +868,72 @@ async fn duration_max_settings_give_typed_errors_or_mean_no_limit() {
     assert!(guard.is_held());
     guard.release().await;
 }
+
+/// The ACL line in the README is enough for every feature (fencing, quarantine, waking
+/// waiters), and `INFO` is only needed by the restart quarantine.
+#[tokio::test]
+async fn the_readme_acl_rule_is_enough_and_info_is_only_for_the_quarantine() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let rule = readme
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER locker "))
+        .expect("the README's ACL line");
+    let cluster = Cluster::start(1);
+    let mut admin = cluster.raw(0).await;
+    let mut acl = redis::cmd("ACL");
+    for word in rule.split_whitespace().skip(1) {
+        acl.arg(word);
+    }
+    let _: () = acl
+        .query_async(&mut admin)
+        .await
+        .expect("the README's ACL rule");
+    let url = format!(
+        "redis://locker:secret@127.0.0.1:{}",
+        cluster.nodes[0].port()
+    );
+    let ttl = Duration::from_secs(1);
+    cluster.wait_older_than(ttl).await; // the quarantine stays on
+    let client = |quarantine: bool| {
+        tower_redlock::Redlock::builder([url.clone()])
+            .ttl(ttl)
+            .node_timeout(Duration::from_millis(50))
+            .restart_quarantine(quarantine)
+            .build()
+            .expect("build")
+    };
+    let redlock = client(true);
+    support::warm(&redlock).await;
+    // A waiter behind a holder is woken by the release (SUBSCRIBE is allowed).
+    let held = redlock.lock("acl-job").await.expect("lock");
+    let waiter = {
+        let redlock = redlock.clone();
+        tokio::spawn(async move { redlock.lock("acl-job").await.map(|l| l.fencing_token()) })
+    };
+    redlock.unlock(&held).await;
+    let fenced = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .expect("task")
+        .expect("lock");
+    assert!(fenced.is_some(), "fencing works with the rule");
+    // Without INFO: the quarantine says what it needs; without the quarantine it works.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "locker", "-info"])
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER -info");
+    match client(true).try_lock("acl-job").await {
+        Err(LockError::NoQuorum { failures, .. }) => {
+            let text = failures[0].to_string();
+            assert!(
+                text.contains("INFO") && text.contains("restart_quarantine"),
+                "{text}"
+            );
+        }
+        other => panic!("expected a failure that names INFO, got {other:?}"),
+    }
+    let plain = client(false);
+    support::warm(&plain).await;
+}

@@ -129,3 +129,47 @@ async fn a_dropped_response_future_releases_in_the_background() {
     })
     .await;
 }
+
+/// A percent-encoded duplicate names the same lock: `/jobs/4%32` waits on `/jobs/42`.
+#[tokio::test]
+async fn percent_encoded_paths_contend_with_their_decoded_form() {
+    let cluster = Cluster::start(1);
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let inner = {
+        let gate = gate.clone();
+        service_fn(move |_req: Request<Full<Bytes>>| {
+            let gate = gate.clone();
+            async move {
+                gate.acquire().await.expect("gate").forget();
+                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ran"))))
+            }
+        })
+    };
+    let svc = RedlockLayer::new(redlock(&cluster).await, PathSegment::new(1)).layer(inner);
+    let first = tokio::spawn(
+        svc.clone().oneshot(
+            Request::get("/jobs/42")
+                .body(Full::default())
+                .expect("request"),
+        ),
+    );
+    wait_for(
+        "the first to hold the lock",
+        Duration::from_secs(5),
+        || async { exists(&cluster, "redlock:{42}").await },
+    )
+    .await;
+    let encoded = svc
+        .clone()
+        .oneshot(
+            Request::get("/jobs/4%32")
+                .body(Full::default())
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+    assert_eq!(encoded.status(), 409, "the encoded duplicate must not run");
+    gate.add_permits(1);
+    let first = first.await.expect("task").expect("response");
+    assert_eq!(first.status(), 200);
+}

@@ -158,6 +158,28 @@ fn segments(path: &str) -> impl Iterator<Item = &str> {
     path.split('/').filter(|s| !s.is_empty())
 }
 
+/// A path segment with its `%XX` escapes decoded, so `/jobs/4%32` and `/jobs/42` name the
+/// same lock. A `%` not followed by two hex digits stays as it is.
+fn percent_decode(segment: &str) -> Vec<u8> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let hex = |j: usize| bytes.get(j).and_then(|c| char::from(*c).to_digit(16));
+        match (b, hex(i + 1), hex(i + 2)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'%'));
+                i += 3;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 /// The lock name is the path segment at a position (0 is the first after the leading
 /// `/`); requests with fewer segments pass through.
 #[derive(Debug, Clone, Copy)]
@@ -176,7 +198,7 @@ impl<B> ExtractLockName<B> for PathSegment {
     fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
         Ok(segments(request.uri().path())
             .nth(self.index)
-            .map(|s| s.as_bytes().to_vec()))
+            .map(percent_decode))
     }
 }
 
@@ -185,28 +207,31 @@ impl<B> ExtractLockName<B> for PathSegment {
 #[derive(Debug, Clone)]
 pub struct PathParam {
     template: Vec<String>,
-    index: usize,
+    /// The parameter's position in the template, or the parameter the template lacks.
+    index: Result<usize, String>,
 }
 
 impl PathParam {
-    /// Uses parameter `param` (written `{param}` in `template`).
+    /// Uses parameter `param` (written `{param}` in `template`). Path segments are
+    /// percent-decoded before they are compared or become names.
     ///
-    /// # Panics
-    ///
-    /// If `template` has no `{param}` segment (a programming error, caught at start-up).
+    /// A `template` without a `{param}` segment never panics: every request is then
+    /// rejected as bad input, with a message that names the setting.
     pub fn new(template: &str, param: &str) -> Self {
         let template: Vec<String> = segments(template).map(str::to_owned).collect();
         let wanted = format!("{{{param}}}");
-        let index = template
-            .iter()
-            .position(|s| *s == wanted)
-            .unwrap_or_else(|| panic!("route template has no {wanted} segment"));
+        let index = template.iter().position(|s| *s == wanted).ok_or(wanted);
         Self { template, index }
     }
 }
 
 impl<B> ExtractLockName<B> for PathParam {
     fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
+        let index = *self.index.as_ref().map_err(|wanted| {
+            ExtractError::new(format!(
+                "the lock layer's route template has no {wanted} segment"
+            ))
+        })?;
         let mut found = None;
         let mut count = 0;
         for (i, seg) in segments(request.uri().path()).enumerate() {
@@ -214,11 +239,12 @@ impl<B> ExtractLockName<B> for PathParam {
                 return Ok(None);
             };
             let is_param = pattern.starts_with('{') && pattern.ends_with('}');
-            if !is_param && pattern != seg {
+            let decoded = percent_decode(seg);
+            if !is_param && pattern.as_bytes() != decoded.as_slice() {
                 return Ok(None);
             }
-            if i == self.index {
-                found = Some(seg.as_bytes().to_vec());
+            if i == index {
+                found = Some(decoded);
             }
             count += 1;
         }
@@ -322,6 +348,24 @@ mod tests {
             .body(())
             .unwrap_or_default();
         assert!(h.extract(&empty).is_err());
+    }
+
+    #[test]
+    fn path_segments_are_percent_decoded_and_bad_templates_do_not_panic() {
+        let seg = PathSegment::new(1);
+        assert_eq!(seg.extract(&req("/jobs/4%32")), Ok(Some(b"42".to_vec())));
+        assert_eq!(seg.extract(&req("/jobs/42")), Ok(Some(b"42".to_vec())));
+        assert_eq!(
+            seg.extract(&req("/jobs/%zz%4")),
+            Ok(Some(b"%zz%4".to_vec()))
+        );
+        let param = PathParam::new("/jobs/{id}/run", "id");
+        assert_eq!(
+            param.extract(&req("/jobs/4%32/r%75n")),
+            Ok(Some(b"42".to_vec()))
+        );
+        let bad = PathParam::new("/jobs/{id}", "other");
+        assert!(bad.extract(&req("/jobs/1")).is_err());
     }
 
     #[test]
