@@ -78,6 +78,8 @@ struct Queue {
     /// The name's work is done (a waiter found its completion record): every waiter
     /// attempts at once to get the record too.
     done: bool,
+    /// Whether a quorum of nodes confirmed the subscription: releases will be heard.
+    listening: bool,
 }
 
 /// A request to a node's subscription manager.
@@ -145,7 +147,14 @@ impl Waiters {
         // A node that does not confirm in time is simply not waited for: its
         // notifications may be missing, and the backstop covers that.
         if !confirmations.is_empty() {
-            let _ = tokio::time::timeout(timeout, join_all(confirmations)).await;
+            let confirmed = tokio::time::timeout(timeout, join_all(confirmations))
+                .await
+                .map_or(0, |all| {
+                    all.iter().filter(|c| matches!(c, Ok(Ok(())))).count()
+                });
+            if let Some(queue) = self.registry().queues.get_mut(key) {
+                queue.listening = confirmed >= self.quorum;
+            }
         }
         ticket
     }
@@ -266,6 +275,16 @@ impl Ticket {
             .get(&self.key)
             .and_then(|q| q.order.front())
             .is_some_and(|(head, _)| *head == self.id)
+    }
+
+    /// Whether a quorum of nodes will tell this queue about releases (otherwise waiting
+    /// polls).
+    pub(crate) fn listening(&self) -> bool {
+        self.waiters
+            .registry()
+            .queues
+            .get(&self.key)
+            .is_some_and(|q| q.listening)
     }
 
     /// Whether a waiter found the name's completion record.

@@ -512,17 +512,21 @@ async fn lock_honours_the_retry_deadline() {
 #[tokio::test]
 async fn max_attempts_bounds_the_retries() {
     let cluster = Cluster::start(1);
-    let redlock = builder(cluster.urls())
+    // A short TTL kept alive by a guard: each retry waits at most the holder's remaining
+    // TTL (waiting means waiting), and the holder never lets go.
+    let redlock = support::builder(cluster.urls())
+        .ttl(Duration::from_millis(500))
+        .node_timeout(Duration::from_millis(50))
         .max_attempts(4)
         .retry_delay(Duration::from_millis(1), Duration::from_millis(1))
         .build()
         .expect("build");
-    let holder = redlock.lock("bounded").await.expect("lock");
+    let holder = redlock.acquire("bounded").await.expect("lock");
     match redlock.lock("bounded").await {
         Err(LockError::Busy { attempts: 4, .. }) => {}
         other => panic!("expected Busy after 4 attempts, got {other:?}"),
     }
-    redlock.unlock(&holder).await;
+    holder.release().await;
 }
 
 #[tokio::test]
@@ -936,4 +940,47 @@ async fn the_readme_acl_rule_is_enough_and_info_is_only_for_the_quarantine() {
     }
     let plain = client(false);
     support::warm(&plain).await;
+}
+
+/// Waiting means waiting: `lock()` with the default policy (10 attempts, 50-150 ms apart)
+/// outlasts a holder that never releases (its key expires after 2 s) and a restart
+/// quarantine of about 2 s, instead of spending its attempts in a second.
+#[tokio::test]
+async fn lock_waits_across_the_holders_ttl_and_the_quarantine() {
+    let cluster = Cluster::start(3);
+    let holder = cluster
+        .client(|b| {
+            b.ttl(Duration::from_secs(2))
+                .node_timeout(Duration::from_millis(100))
+        })
+        .await;
+    let abandoned = holder.lock("abandoned").await.expect("lock");
+    let waiter = cluster.client(|b| b).await;
+    let t = Instant::now();
+    let lock = waiter
+        .lock("abandoned")
+        .await
+        .expect("the key expires, then it is ours");
+    assert!(
+        t.elapsed()
+            >= abandoned
+                .remaining()
+                .saturating_sub(Duration::from_millis(50))
+    );
+    assert!(lock.attempts() <= 4, "{} attempts", lock.attempts());
+    waiter.unlock(&lock).await;
+
+    // Fresh nodes and the quarantine on: kept out for about 2 s (the TTL minus uptime).
+    let young = Cluster::start(3);
+    let quarantined = tower_redlock::Redlock::builder(young.urls())
+        .ttl(Duration::from_secs(2))
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .expect("build");
+    let lock = quarantined
+        .lock("after-quarantine")
+        .await
+        .expect("waits out the quarantine");
+    assert!(lock.attempts() <= 4, "{} attempts", lock.attempts());
+    quarantined.unlock(&lock).await;
 }

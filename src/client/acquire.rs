@@ -296,7 +296,16 @@ impl Redlock {
                 return Err((failure, attempt));
             }
             match (&failure, &ticket) {
-                (Failure::Busy { .. }, Some(t)) => t.wait(self.retry_pause(), deadline).await,
+                // Waiting means waiting: a head that will hear the release sleeps until
+                // then, or until the holder's key expires, instead of short polls that
+                // spend its attempts; one that will not hear it polls.
+                (Failure::Busy { retry_after, .. }, Some(t)) => {
+                    let mut backstop = self.retry_pause();
+                    if t.listening() {
+                        backstop = backstop.max(retry_after.unwrap_or_default());
+                    }
+                    t.wait(backstop, deadline).await;
+                }
                 (Failure::Busy { .. }, None) => {
                     let t = self.queue_up(resource).await;
                     if !t.is_head() {
@@ -307,7 +316,9 @@ impl Redlock {
                     ticket = Some(t);
                 }
                 _ => {
-                    let mut wake = later(Instant::now(), self.retry_pause());
+                    // Nodes kept out by the restart quarantine come back at a known time.
+                    let pause = self.retry_pause().max(failure.quarantine_left());
+                    let mut wake = later(Instant::now(), pause);
                     if let Some(deadline) = deadline {
                         wake = wake.min(deadline);
                     }

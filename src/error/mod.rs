@@ -157,6 +157,22 @@ impl Failure {
         )
     }
 
+    /// How long until the nodes the restart quarantine kept out of this attempt are back:
+    /// the shortest remaining quarantine, or zero if no node was quarantined.
+    pub(crate) fn quarantine_left(&self) -> Duration {
+        match self {
+            Self::NoQuorum { failures, .. } => failures
+                .iter()
+                .filter_map(|f| match f.error {
+                    NodeError::Quarantined { remaining } => Some(remaining),
+                    _ => None,
+                })
+                .min()
+                .unwrap_or_default(),
+            _ => Duration::ZERO,
+        }
+    }
+
     /// Whether the attempt failed only because its node calls ran into the deadline.
     pub(crate) fn cut_by_deadline(&self) -> bool {
         matches!(self, Self::NoQuorum { failures, .. }
@@ -236,11 +252,8 @@ impl fmt::Display for LockError {
                      (after {attempts} attempt(s))"
                 )?;
                 match retry_after {
-                    Some(d) => write!(
-                        f,
-                        "; it expires in about {d:?}: retry then, or wait with lock()"
-                    ),
-                    None => f.write_str("; retry later, or wait with lock()"),
+                    Some(d) => write!(f, "; the holder's key expires in about {d:?}"),
+                    None => f.write_str("; the holder's key has no expiry"),
                 }
             }
             Self::NoQuorum {
