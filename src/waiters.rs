@@ -5,7 +5,9 @@
 //! one pub/sub connection per node, opened the first time something waits, and a local
 //! registry of waiters per lock key, in arrival order. Only the head of a queue makes
 //! attempts: it retries when a quorum of nodes said the key was released, or when its
-//! jittered backstop delay runs out (a lost message costs at most one retry delay). The
+//! backstop runs out: the holder's remaining TTL (the key expires then, release or not),
+//! or one jittered retry delay while fewer than a quorum of nodes confirmed the
+//! subscription. A dropped pub/sub connection wakes every head once it is back. The
 //! others wait for their turn without touching the nodes, so a hot name does not stampede
 //! every node at each release, and a task that just released queues behind the waiters
 //! instead of taking the lock again at once.
