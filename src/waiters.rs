@@ -106,6 +106,11 @@ impl Waiters {
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Runs `f` on `key`'s queue, if there is one.
+    fn with_queue<T>(&self, key: &[u8], f: impl FnOnce(&mut Queue) -> T) -> Option<T> {
+        self.registry().queues.get_mut(key).map(f)
+    }
+
     /// Whether some task of this client waits for `key`.
     pub(crate) fn has_queue(&self, key: &[u8]) -> bool {
         self.registry().queues.contains_key(key)
@@ -154,9 +159,7 @@ impl Waiters {
                 .map_or(0, |all| {
                     all.iter().filter(|c| matches!(c, Ok(Ok(())))).count()
                 });
-            if let Some(queue) = self.registry().queues.get_mut(key) {
-                queue.listening = confirmed >= self.quorum;
-            }
+            self.with_queue(key, |queue| queue.listening = confirmed >= self.quorum);
         }
         ticket
     }
@@ -210,19 +213,17 @@ impl Waiters {
 
     /// This client released `key` on a quorum of nodes: wake the head of its queue at once.
     pub(crate) fn wake(&self, key: &[u8]) {
-        if let Some(queue) = self.registry().queues.get_mut(key) {
+        self.with_queue(key, |queue| {
             queue.notes = 0;
             if let Some((_, head)) = queue.order.front() {
                 head.notify_one();
             }
-        }
+        });
     }
 
     /// A waiter found `key`'s completion record: the others need not wait for a release.
     pub(crate) fn done(&self, key: &[u8]) {
-        if let Some(queue) = self.registry().queues.get_mut(key) {
-            queue.done = true;
-        }
+        self.with_queue(key, |queue| queue.done = true);
     }
 
     /// Wakes every head (after a reconnect, messages may have been lost).
@@ -271,31 +272,20 @@ pub(crate) struct Ticket {
 impl Ticket {
     /// Whether this waiter is the first in its queue (the one that makes attempts).
     pub(crate) fn is_head(&self) -> bool {
-        self.waiters
-            .registry()
-            .queues
-            .get(&self.key)
-            .and_then(|q| q.order.front())
-            .is_some_and(|(head, _)| *head == self.id)
+        self.queue(|q| q.order.front().is_some_and(|(head, _)| *head == self.id))
     }
 
     /// Whether a quorum of nodes will tell this queue about releases (otherwise waiting
     /// polls).
     pub(crate) fn listening(&self) -> bool {
-        self.waiters
-            .registry()
-            .queues
-            .get(&self.key)
-            .is_some_and(|q| q.listening)
+        self.queue(|q| q.listening)
     }
 
-    /// Whether a waiter found the name's completion record.
-    fn name_done(&self) -> bool {
+    /// Reads this ticket's queue (false if it is gone).
+    fn queue(&self, f: impl FnOnce(&Queue) -> bool) -> bool {
         self.waiters
-            .registry()
-            .queues
-            .get(&self.key)
-            .is_some_and(|q| q.done)
+            .with_queue(&self.key, |q| f(q))
+            .unwrap_or(false)
     }
 
     /// Tells the waiters behind that the name's work is done (its record was found).
@@ -307,9 +297,7 @@ impl Ticket {
     /// their effect anyway. Messages that come during the attempt count towards the next
     /// wake-up, so a release that the attempt just missed still wakes the head.
     pub(crate) fn attempting(&self) {
-        if let Some(queue) = self.waiters.registry().queues.get_mut(&self.key) {
-            queue.notes = 0;
-        }
+        self.waiters.with_queue(&self.key, |queue| queue.notes = 0);
     }
 
     /// Waits until it is this waiter's turn to attempt: as the head, until a quorum of
@@ -322,8 +310,15 @@ impl Ticket {
             if Instant::now() >= end {
                 return;
             }
-            let head = self.is_head();
-            if head && self.name_done() {
+            // The head goes at once when a waiter found the name's record.
+            let (head, done) = self
+                .waiters
+                .with_queue(&self.key, |q| {
+                    let head = q.order.front().is_some_and(|(head, _)| *head == self.id);
+                    (head, q.done)
+                })
+                .unwrap_or((false, false));
+            if head && done {
                 return;
             }
             let until = if head {
@@ -331,14 +326,11 @@ impl Ticket {
             } else {
                 end
             };
-            let woken = tokio::select! {
-                () = self.notify.notified() => true,
-                () = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => false,
-            };
-            if head {
-                return;
+            tokio::select! {
+                () = self.notify.notified() => {}
+                () = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => {}
             }
-            if !woken && Instant::now() >= end {
+            if head {
                 return;
             }
         }

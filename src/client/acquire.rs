@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Redlock;
-use crate::error::Failure;
+use crate::error::{Failure, RecordBytes};
 use crate::fanout::{self, Round};
 use crate::fencing::{self, PhaseOne};
 use crate::quorum::later;
@@ -83,7 +83,10 @@ impl Redlock {
         let nodes = round.tally.nodes();
         let mut outcome = if let Some(record) = record {
             // The name's work is done: hand back its record (our SETs are released below).
-            Err(Failure::Replay { record, nodes })
+            Err(Failure::Replay {
+                record: RecordBytes(record),
+                nodes,
+            })
         } else if round.reached() {
             Ok(None)
         } else {

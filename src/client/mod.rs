@@ -245,7 +245,7 @@ impl Redlock {
         self.retry(&resource, ttl, deadline, max_attempts, true)
             .await
             .map_err(|(failure, attempts)| match failure {
-                Failure::Replay { record, .. } => Refusal::Replay(record),
+                Failure::Replay { record, .. } => Refusal::Replay(record.0),
                 other => Refusal::Error(other.into_error(attempts)),
             })
     }

@@ -141,11 +141,21 @@ pub(crate) enum Failure {
     },
     /// The name's work is done: a node holds its completion record (the layer's replay).
     Replay {
-        record: Vec<u8>,
+        record: RecordBytes,
         nodes: usize,
     },
     /// Not about the nodes (a bad name or setting, the random generator).
     Other(LockError),
+}
+
+/// A stored response (the layer's completion record), kept out of `Debug` output and so
+/// out of logs: it holds a response body.
+pub(crate) struct RecordBytes(pub(crate) Vec<u8>);
+
+impl fmt::Debug for RecordBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<record of {} bytes>", self.0.len())
+    }
 }
 
 impl Failure {

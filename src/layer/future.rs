@@ -283,15 +283,11 @@ where
     let StateOwned::Calling { guard, ctx, .. } = state.as_mut().project_replace(State::Done) else {
         return Step::Next;
     };
-    let keep = |res: &Response<B>| {
-        ctx.config
-            .replay
-            .as_ref()
-            .is_some_and(|policy| policy.keeps(res.status()))
-    };
+    let config = Arc::clone(&ctx.config);
+    let keep = |res: &Response<B>| config.replay.as_ref().filter(|p| p.keeps(res.status()));
     match output {
-        Ok(res) if keep(&res) => {
-            record(state, res, guard, ctx);
+        Ok(res) if let Some(policy) = keep(&res) => {
+            state.set(record(res, guard, ctx, policy));
             Step::Next
         }
         Ok(res) if ctx.config.release == ReleaseOn::BodyEnd => {
@@ -348,14 +344,11 @@ fn rejected<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
 /// A response to keep for replay: collect its body if it is small enough, otherwise keep
 /// status and headers only.
 fn record<F, B: Body, E>(
-    mut state: StatePin<'_, F, B, E>,
     res: Response<B>,
     guard: LockGuard,
     ctx: Ctx,
-) {
-    let Some(policy) = ctx.config.replay.clone() else {
-        return;
-    };
+    policy: &ReplayPolicy,
+) -> State<F, B, E> {
     let (parts, body) = res.into_parts();
     let small = body
         .size_hint()
@@ -363,17 +356,17 @@ fn record<F, B: Body, E>(
         .and_then(|n| usize::try_from(n).ok())
         .is_some_and(|n| n <= policy.body_limit());
     if small {
-        state.set(State::Recording {
+        State::Recording {
             body,
             parts,
             buf: Vec::new(),
             guard,
             ctx,
-        });
+        }
     } else {
         let record = policy.encode(&ctx.fingerprint, &parts, None);
         let response = Response::from_parts(parts, ResponseBody::inner(body, None));
-        state.set(completing(guard, &ctx, record, &policy, response));
+        completing(guard, &ctx, record, policy, response)
     }
 }
 
@@ -410,18 +403,12 @@ fn recorded<F, B: Body, E>(mut state: StatePin<'_, F, B, E>, complete: bool) -> 
     else {
         return Step::Next;
     };
-    let record = ctx
-        .config
-        .replay
-        .as_ref()
-        .filter(|_| complete)
-        .map(|policy| {
-            let record = policy.encode(&ctx.fingerprint, &parts, Some(&buf));
-            (record, policy.clone())
-        });
+    let config = Arc::clone(&ctx.config);
+    let policy = config.replay.as_ref().filter(|_| complete);
+    let record = policy.map(|p| p.encode(&ctx.fingerprint, &parts, Some(&buf)));
     let response = Response::from_parts(parts, ResponseBody::rejection(Bytes::from(buf)));
-    match record {
-        Some((record, policy)) => state.set(completing(guard, &ctx, record, &policy, response)),
+    match policy.zip(record) {
+        Some((policy, record)) => state.set(completing(guard, &ctx, record, policy, response)),
         None => {
             tracing::warn!("redlock layer: the response body failed; no completion record");
             state.set(releasing(guard, Output::Ready(response)));
