@@ -6,9 +6,11 @@
 //! without it is answered 400) by `RedlockLayer` under `route_layer`. The handler checks
 //! whether the delivery was already processed, does slow work (`WORK_MS`, default 200 ms)
 //! and records it; the lock makes that check-then-act atomic, so a duplicate that arrives
-//! meanwhile gets 409 (with `Retry-After`) and one that arrives later gets 200 "already
-//! processed". `GET /stats` lists how often each delivery was processed, one `id count`
-//! line per delivery: every count must be 1.
+//! meanwhile gets 409 (with `Retry-After`). The layer's replay is on: a redelivery that
+//! arrives after the first finished gets the first response back (marked
+//! `idempotent-replayed: true`) without running the handler, for an hour. `GET /stats`
+//! lists how often each delivery was processed, one `id count` line per delivery: every
+//! count must be 1.
 //!
 //! Rejections are logged through the `on_rejection` hook: when a quorum of nodes is down
 //! the 503's message names every failed node and its cause.
@@ -144,6 +146,8 @@ async fn main() -> Result<(), Error> {
         .ttl(Duration::from_secs(30))
         // Delivery ids are unique: there is no later holder to fence, so no counter per id.
         .fencing(false)
+        // A redelivery after the first finished gets the stored response back.
+        .replay(Duration::from_secs(3600))
         .on_rejection(log_rejection);
     let router = Router::new()
         .route("/webhook", post(webhook))

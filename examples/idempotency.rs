@@ -9,9 +9,13 @@
 //! for 24 h) before it releases the lock, and answers every later request with that key
 //! from the record, marked `idempotent-replayed: true`, without running the handler.
 //!
+//! `BodyFingerprintLayer` in front of the lock fingerprints each request with its body: the
+//! same key sent with a different body gets 422 instead of another request's payment.
+//!
 //! The example starts the server, fires 5 concurrent requests with one key and 5 with
-//! distinct keys, prints when each completed, and exits. The shared key's requests
-//! complete one after another, the distinct keys' in parallel.
+//! distinct keys, prints when each completed, then reuses a key with another amount, and
+//! exits. The shared key's requests complete one after another, the distinct keys' in
+//! parallel.
 //!
 //! ```text
 //! cargo run --features axum --example idempotency
@@ -37,7 +41,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_redlock::layer::{Header, ReplayPolicy};
+use tower::ServiceBuilder;
+use tower_redlock::layer::{BodyFingerprintLayer, Header, ReplayPolicy};
 use tower_redlock::{LockToken, Redlock, RedlockLayer};
 
 /// How long creating a payment takes (calling the card processor, say).
@@ -101,7 +106,12 @@ async fn main() -> Result<(), Error> {
         );
     let router = Router::new()
         .route("/payments", post(create_payment))
-        .route_layer(layer)
+        .route_layer(
+            ServiceBuilder::new()
+                // Outside the lock: the same key with another body is refused with 422.
+                .layer(BodyFingerprintLayer::new(64 * 1024))
+                .layer(layer),
+        )
         .with_state(App {
             epoch: started,
             next_payment: Arc::default(),
@@ -167,6 +177,17 @@ async fn main() -> Result<(), Error> {
     println!(
         "\n{executed} payments created for 6 distinct keys; order-1001's first request ran \
          the handler, the 4 others waited and got its stored response"
+    );
+
+    let reused = hyper::Request::post(uri)
+        .header("idempotency-key", "order-1001")
+        .body(Full::from("{\"amount_cents\":99999}"))?;
+    let res = client.request(reused).await?;
+    let status = res.status();
+    let body = res.into_body().collect().await?.to_bytes();
+    println!(
+        "order-1001 again with another amount: {status} {}",
+        String::from_utf8_lossy(&body).trim()
     );
 
     drop(local); // stops the local redis-server nodes, if any

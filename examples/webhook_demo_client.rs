@@ -5,14 +5,18 @@
 //! ```text
 //! cargo run --features axum --example axum_webhook &      # listens on 127.0.0.1:3000
 //! cargo run --example webhook_demo_client -- \
-//!     --url http://127.0.0.1:3000 --ids 20 --dups 10 --prefix phase1 [--expect once|none]
+//!     --url http://127.0.0.1:3000 --ids 20 --dups 10 --prefix phase1 \
+//!     [--expect once|none|replayed]
 //! ```
 //!
 //! All `ids x dups` requests are sent at once, duplicates interleaved. `--expect once`
 //! (the default) exits with status 1 unless every id was processed exactly once;
-//! `--expect none` unless no id was processed (no quorum of nodes is up). In the table,
-//! "200 new" counts requests that did the work and "200 dup" those answered "already
-//! processed" (a duplicate that arrived after the first had finished).
+//! `--expect none` unless no id was processed (no quorum of nodes is up);
+//! `--expect replayed` (redeliveries of ids processed earlier) unless every request got
+//! the stored response back (`idempotent-replayed: true`) and every id is still processed
+//! exactly once. In the table, "200 new" counts requests that did the work, "200 replay"
+//! those answered with the stored response of a delivery that had finished, and "200 dup"
+//! those the handler answered "already processed".
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -27,12 +31,23 @@ use hyper_util::rt::TokioExecutor;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// What a run expects of the server.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// Every id processed exactly once.
+    Once,
+    /// No id processed (no quorum).
+    None,
+    /// Every request answered by replay; every id still processed exactly once.
+    Replayed,
+}
+
 struct Args {
     url: String,
     ids: usize,
     dups: usize,
     prefix: String,
-    expect_once: bool,
+    expect: Expect,
 }
 
 fn parse_args() -> Result<Args, Box<dyn Error>> {
@@ -41,7 +56,7 @@ fn parse_args() -> Result<Args, Box<dyn Error>> {
         ids: 20,
         dups: 10,
         prefix: "delivery".into(),
-        expect_once: true,
+        expect: Expect::Once,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -52,16 +67,19 @@ fn parse_args() -> Result<Args, Box<dyn Error>> {
             "--dups" => args.dups = value()?.parse()?,
             "--prefix" => args.prefix = value()?,
             "--expect" => {
-                args.expect_once = match value()?.as_str() {
-                    "once" => true,
-                    "none" => false,
-                    other => return Err(format!("--expect once|none, not {other:?}").into()),
+                args.expect = match value()?.as_str() {
+                    "once" => Expect::Once,
+                    "none" => Expect::None,
+                    "replayed" => Expect::Replayed,
+                    other => {
+                        return Err(format!("--expect once|none|replayed, not {other:?}").into());
+                    }
                 }
             }
             "-h" | "--help" => {
                 println!(
                     "usage: webhook_demo_client [--url URL] [--ids N] [--dups N] \
-                     [--prefix P] [--expect once|none]"
+                     [--prefix P] [--expect once|none|replayed]"
                 );
                 std::process::exit(0);
             }
@@ -76,18 +94,18 @@ fn parse_args() -> Result<Args, Box<dyn Error>> {
 #[derive(Default)]
 struct Tally {
     ok_processed: usize,
+    ok_replayed: usize,
     ok_already: usize,
     conflict: usize,
     unavailable: usize,
     other: usize,
 }
 
-/// Sends one delivery: its status and body, or the transport error.
-async fn deliver(
-    client: HttpClient,
-    uri: Uri,
-    id: String,
-) -> (String, Result<(StatusCode, Bytes), String>) {
+/// A delivery's answer: status, body, and whether it was a replayed stored response.
+type Answer = (StatusCode, Bytes, bool);
+
+/// Sends one delivery: its answer, or the transport error.
+async fn deliver(client: HttpClient, uri: Uri, id: String) -> (String, Result<Answer, String>) {
     let outcome = async {
         let req = Request::builder()
             .method(Method::POST)
@@ -100,8 +118,9 @@ async fn deliver(
             )))?;
         let res = client.request(req).await?;
         let status = res.status();
+        let replayed = res.headers().contains_key("idempotent-replayed");
         let body = res.into_body().collect().await?.to_bytes();
-        Ok::<_, Box<dyn Error + Send + Sync>>((status, body))
+        Ok::<_, Box<dyn Error + Send + Sync>>((status, body, replayed))
     }
     .await;
     (id, outcome.map_err(|e| e.to_string()))
@@ -160,7 +179,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     for task in tasks {
         let (id, outcome) = task.await?;
         let t = tally.entry(id).or_default();
-        let (status, body) = match outcome {
+        let (status, body, replayed) = match outcome {
             Ok(answer) => answer,
             Err(e) => {
                 t.other += 1;
@@ -169,6 +188,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
             }
         };
         match status {
+            StatusCode::OK if replayed => t.ok_replayed += 1,
             StatusCode::OK if body.starts_with(b"already") => t.ok_already += 1,
             StatusCode::OK => t.ok_processed += 1,
             StatusCode::CONFLICT => t.conflict += 1,
@@ -193,39 +213,51 @@ async fn main() -> Result<(), Box<dyn Error>> {
         elapsed.as_millis()
     );
     println!(
-        "  {:<14} {:>9} {:>7} {:>7} {:>5} {:>5} {:>5}",
-        "delivery id", "processed", "200 new", "200 dup", "409", "503", "other"
+        "  {:<14} {:>9} {:>7} {:>10} {:>7} {:>5} {:>5} {:>5}",
+        "delivery id", "processed", "200 new", "200 replay", "200 dup", "409", "503", "other"
     );
     let mut once = true;
     let mut none = true;
+    let mut all_replayed = true;
     for (id, t) in &tally {
         let n = counts.get(id).copied().unwrap_or(0);
         once &= n == 1;
         none &= n == 0;
+        all_replayed &= t.ok_replayed == args.dups;
         println!(
-            "  {:<14} {:>9} {:>7} {:>7} {:>5} {:>5} {:>5}",
-            id, n, t.ok_processed, t.ok_already, t.conflict, t.unavailable, t.other
+            "  {:<14} {:>9} {:>7} {:>10} {:>7} {:>5} {:>5} {:>5}",
+            id, n, t.ok_processed, t.ok_replayed, t.ok_already, t.conflict, t.unavailable, t.other
         );
     }
     for (what, said) in &samples {
         println!("  {what}: {said}");
     }
     let verdict = if once { "yes" } else { "no" };
-    if args.expect_once {
-        println!("processed exactly once per id: {verdict}");
-        if !once {
-            println!("NOT AS EXPECTED: every id should have been processed exactly once");
-            std::process::exit(1);
+    match args.expect {
+        Expect::Once | Expect::Replayed => {
+            println!("processed exactly once per id: {verdict}");
+            if !once {
+                println!("NOT AS EXPECTED: every id should have been processed exactly once");
+                std::process::exit(1);
+            }
+            if args.expect == Expect::Replayed {
+                let said = if all_replayed { "yes" } else { "no" };
+                println!("every redelivery got the stored response back: {said}");
+                if !all_replayed {
+                    println!("NOT AS EXPECTED: every redelivery should have been replayed");
+                    std::process::exit(1);
+                }
+            }
         }
-    } else if none {
-        println!(
+        Expect::None if none => println!(
             "processed exactly once per id: {verdict} (as expected without a quorum: \
              no id was processed)"
-        );
-    } else {
-        println!("processed exactly once per id: {verdict}");
-        println!("NOT AS EXPECTED: no id should have been processed");
-        std::process::exit(1);
+        ),
+        Expect::None => {
+            println!("processed exactly once per id: {verdict}");
+            println!("NOT AS EXPECTED: no id should have been processed");
+            std::process::exit(1);
+        }
     }
     Ok(())
 }

@@ -927,3 +927,58 @@ async fn with_replay_a_panicking_handler_leaves_no_record() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// With [`BodyFingerprintLayer`] outside the lock, the same key with another body is 422;
+/// the handler still reads the whole body (also beyond the fingerprint's limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_and_body_fingerprints_another_body_is_422() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        move |body: String| {
+            let runs = runs.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                (
+                    http::StatusCode::CREATED,
+                    format!("got {} bytes", body.len()),
+                )
+            }
+        }
+    };
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new("Idempotency-Key"))
+        .fencing(false)
+        .replay(Duration::from_secs(60));
+    let app = Router::new().route("/pay", post(handler)).route_layer(
+        tower::ServiceBuilder::new()
+            .layer(tower_redlock::layer::BodyFingerprintLayer::new(16))
+            .layer(layer),
+    );
+    let addr = serve(app).await;
+    let client = http1();
+    let with_body = |body: &str| {
+        http::Request::post(format!("http://{addr}/pay"))
+            .header("idempotency-key", "pay-b")
+            .body(Body::from(body.to_owned()))
+            .expect("request")
+    };
+    let long = "amount=10;".repeat(100);
+    let first = send(&client, with_body(&long)).await;
+    assert_eq!(
+        (first.status.as_u16(), first.body.as_str()),
+        (201, "got 1000 bytes")
+    );
+    let other = send(&client, with_body("amount=99")).await;
+    assert_eq!(other.status, 422, "{}", other.body);
+    let same = send(&client, with_body(&long)).await;
+    assert_eq!(
+        (same.status.as_u16(), same.body.as_str()),
+        (201, "got 1000 bytes")
+    );
+    assert_eq!(same.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+    // Beyond the 16 bytes fingerprinted, bodies count as the same request.
+    let same_start = send(&client, with_body(&"amount=10;".repeat(3))).await;
+    assert_eq!(same_start.status, 201, "{}", same_start.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

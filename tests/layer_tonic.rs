@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use http::uri::PathAndQuery;
-use support::Cluster;
+use support::{Cluster, wait_for};
 use tokio::sync::Semaphore;
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::transport::{Channel, Endpoint, Server};
@@ -188,4 +188,185 @@ fn lock_errors_convert_into_statuses() {
         reason: "the name is empty",
     };
     assert_eq!(Status::from(bad).code(), Code::InvalidArgument);
+}
+
+/// A service with a unary method that answers `run N` (or fails with the code in the
+/// `x-code` metadata) and a server-streaming one that sends two messages.
+#[derive(Clone, Default)]
+struct Replying {
+    runs: Arc<AtomicUsize>,
+}
+
+impl NamedService for Replying {
+    const NAME: &'static str = "test.Replying";
+}
+
+struct Unary(Arc<AtomicUsize>);
+
+impl UnaryService<()> for Unary {
+    type Response = String;
+    type Future = BoxFuture<'static, Result<Response<String>, Status>>;
+
+    fn call(&mut self, request: Request<()>) -> Self::Future {
+        let run = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        let code = request
+            .metadata()
+            .get("x-code")
+            .and_then(|v| v.to_str().ok()?.parse::<i32>().ok());
+        Box::pin(async move {
+            match code {
+                Some(code) => Err(Status::new(Code::from(code), format!("failed run {run}"))),
+                None => Ok(Response::new(format!("run {run}"))),
+            }
+        })
+    }
+}
+
+struct Streaming(Arc<AtomicUsize>);
+
+impl tonic::server::ServerStreamingService<()> for Streaming {
+    type Response = String;
+    type ResponseStream = futures_util::stream::BoxStream<'static, Result<String, Status>>;
+    type Future = BoxFuture<'static, Result<Response<Self::ResponseStream>, Status>>;
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        let run = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        let items = vec![Ok(format!("run {run} a")), Ok(format!("run {run} b"))];
+        Box::pin(async move {
+            let stream: Self::ResponseStream = futures_util::stream::iter(items).boxed();
+            Ok(Response::new(stream))
+        })
+    }
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Replying {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let runs = Arc::clone(&self.runs);
+        Box::pin(async move {
+            let mut grpc = Grpc::new(ProstCodec::<String, ()>::default());
+            Ok(if req.uri().path().ends_with("/Stream") {
+                grpc.server_streaming(Streaming(runs), req).await
+            } else {
+                grpc.unary(Unary(runs), req).await
+            })
+        })
+    }
+}
+
+async fn replaying_server(cluster: &Cluster) -> (Channel, Arc<AtomicUsize>) {
+    let redlock = cluster.client(|b| b.ttl(Duration::from_secs(30))).await;
+    let svc = Replying::default();
+    let runs = Arc::clone(&svc.runs);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let layer = RedlockLayer::new(redlock, Header::new("idempotency-key"))
+        .fencing(false)
+        .replay(Duration::from_secs(60));
+    let server = Server::builder().layer(layer).add_service(svc);
+    tokio::spawn(async move { server.serve_with_incoming(incoming).await.expect("serve") });
+    (channel(addr).await, runs)
+}
+
+fn keyed(key: &str, code: Option<Code>) -> Request<()> {
+    let mut request = Request::new(());
+    request
+        .metadata_mut()
+        .insert("idempotency-key", key.parse().expect("metadata"));
+    if let Some(code) = code {
+        let code = (code as i32).to_string();
+        request
+            .metadata_mut()
+            .insert("x-code", code.parse().expect("metadata"));
+    }
+    request
+}
+
+/// The reply and whether it was replayed.
+async fn unary(channel: &Channel, request: Request<()>) -> Result<(String, bool), Status> {
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unknown(e.to_string()))?;
+    let path = PathAndQuery::from_static("/test.Replying/Call");
+    let reply = grpc
+        .unary(request, path, ProstCodec::<(), String>::default())
+        .await?;
+    let replayed = reply.metadata().get("idempotent-replayed").is_some();
+    Ok((reply.into_inner(), replayed))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_unary_reply_is_replayed_with_its_status() {
+    let cluster = Cluster::start(3);
+    let (channel, runs) = replaying_server(&cluster).await;
+    let first = unary(&channel, keyed("g-1", None)).await.expect("first");
+    assert_eq!(first, ("run 1".to_owned(), false));
+    for _ in 0..10 {
+        let again = unary(&channel, keyed("g-1", None)).await.expect("replay");
+        assert_eq!(again, ("run 1".to_owned(), true));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // A status a retry would only repeat is kept, with its message.
+    let failed = unary(&channel, keyed("g-2", Some(Code::NotFound))).await;
+    let again = unary(&channel, keyed("g-2", None)).await;
+    let (failed, again) = (failed.expect_err("fails"), again.expect_err("replayed"));
+    assert_eq!(
+        (again.code(), again.message()),
+        (Code::NotFound, "failed run 2")
+    );
+    assert_eq!(failed.message(), again.message());
+    assert!(again.metadata().get("idempotent-replayed").is_some());
+
+    // UNAVAILABLE is worth a retry: not kept.
+    let unavailable = unary(&channel, keyed("g-3", Some(Code::Unavailable))).await;
+    assert_eq!(unavailable.expect_err("fails").code(), Code::Unavailable);
+    let retried = unary(&channel, keyed("g-3", None))
+        .await
+        .expect("runs again");
+    assert_eq!(retried, ("run 4".to_owned(), false));
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_streaming_replies_are_not_replayed() {
+    let cluster = Cluster::start(3);
+    let (channel, runs) = replaying_server(&cluster).await;
+    for run in 1..=2 {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        grpc.ready().await.expect("ready");
+        let path = PathAndQuery::from_static("/test.Replying/Stream");
+        let reply = grpc
+            .server_streaming(
+                keyed("s-1", None),
+                path,
+                ProstCodec::<(), String>::default(),
+            )
+            .await
+            .expect("stream");
+        assert!(reply.metadata().get("idempotent-replayed").is_none());
+        let items: Vec<String> = reply
+            .into_inner()
+            .map(|item| item.expect("item"))
+            .collect()
+            .await;
+        assert_eq!(items, [format!("run {run} a"), format!("run {run} b")]);
+        // The lock is released once the stream ended.
+        wait_for("the release", Duration::from_secs(5), || async {
+            cluster.nodes_holding("redlock:{s-1}").await == 0
+        })
+        .await;
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }

@@ -1,17 +1,21 @@
 //! The response body of [`RedlockService`](super::RedlockService): the inner service's body,
-//! or a rejection's.
+//! a rejection's, or a replayed response's.
 //!
 //! In body-end release mode ([`RedlockLayer::release_on_body_end`](super::RedlockLayer::release_on_body_end))
 //! the body holds the lock until the stream ends (its last frame, an error, trailers) or
-//! the body is dropped, and then releases it in the background.
+//! the body is dropped, and then releases it in the background. With replay on, a gRPC
+//! reply streams through a recorder that holds the lock to the end and, when the reply is
+//! kept, holds the trailers back until its record is stored.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::completion::{Finishing, GrpcRecorder};
 use crate::guard::LockGuard;
 
 pin_project! {
@@ -32,8 +36,22 @@ pin_project! {
         },
         Rejection {
             data: Option<Bytes>,
+            trailers: Option<Box<HeaderMap>>,
+        },
+        Recording {
+            #[pin]
+            body: B,
+            rec: Box<Recording>,
         },
     }
+}
+
+/// A gRPC reply being recorded (boxed: most responses never need it).
+struct Recording {
+    recorder: Option<GrpcRecorder>,
+    finishing: Option<Finishing>,
+    trailers: Option<HeaderMap>,
+    finished: bool,
 }
 
 impl<B> ResponseBody<B> {
@@ -44,16 +62,42 @@ impl<B> ResponseBody<B> {
     }
 
     pub(crate) fn rejection(data: Bytes) -> Self {
+        Self::replayed(data, None)
+    }
+
+    /// A stored response's body and trailers.
+    pub(crate) fn replayed(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self {
             kind: Kind::Rejection {
                 data: (!data.is_empty()).then_some(data),
+                trailers: trailers.map(Box::new),
             },
         }
     }
 
-    /// Whether this body still holds a lock (body-end release mode, stream not ended).
+    /// A gRPC reply that streams through `recorder`.
+    pub(crate) fn recording(body: B, recorder: GrpcRecorder) -> Self {
+        Self {
+            kind: Kind::Recording {
+                body,
+                rec: Box::new(Recording {
+                    recorder: Some(recorder),
+                    finishing: None,
+                    trailers: None,
+                    finished: false,
+                }),
+            },
+        }
+    }
+
+    /// Whether this body still holds a lock (body-end release mode or a gRPC reply being
+    /// recorded, stream not ended).
     pub fn holds_lock(&self) -> bool {
-        matches!(&self.kind, Kind::Inner { held: Some(_), .. })
+        match &self.kind {
+            Kind::Inner { held, .. } => held.is_some(),
+            Kind::Rejection { .. } => false,
+            Kind::Recording { rec, .. } => !rec.finished,
+        }
     }
 }
 
@@ -64,10 +108,15 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
                 .debug_struct("ResponseBody::Inner")
                 .field("holds_lock", &held.is_some())
                 .finish_non_exhaustive(),
-            Kind::Rejection { data } => f
+            Kind::Rejection { data, trailers } => f
                 .debug_struct("ResponseBody::Rejection")
                 .field("len", &data.as_ref().map_or(0, Bytes::len))
+                .field("trailers", &trailers.is_some())
                 .finish(),
+            Kind::Recording { rec, .. } => f
+                .debug_struct("ResponseBody::Recording")
+                .field("holds_lock", &!rec.finished)
+                .finish_non_exhaustive(),
         }
     }
 }
@@ -97,8 +146,65 @@ where
                 }
                 Poll::Ready(frame)
             }
-            KindProj::Rejection { data } => {
-                Poll::Ready(data.take().map(|d| Ok(Frame::data(B::Data::from(d)))))
+            KindProj::Rejection { data, trailers } => Poll::Ready(match data.take() {
+                Some(d) => Some(Ok(Frame::data(B::Data::from(d)))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
+            }),
+            KindProj::Recording { body, rec } => {
+                let Recording {
+                    recorder,
+                    finishing,
+                    trailers,
+                    finished,
+                } = &mut **rec;
+                if *finished {
+                    return Poll::Ready(None);
+                }
+                if let Some(f) = finishing.as_mut() {
+                    // The reply is kept: its trailers wait for the record to be stored.
+                    ready!(f.work.as_mut().poll(cx));
+                    if let Some(mut f) = finishing.take() {
+                        f.guard.disarm();
+                    }
+                    *finished = true;
+                    return Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))));
+                }
+                let end = match ready!(body.poll_frame(cx)) {
+                    Some(Ok(frame)) => match frame.into_trailers() {
+                        Ok(t) => Some(t),
+                        Err(frame) => {
+                            if let (Some(r), Some(data)) = (recorder.as_mut(), frame.data_ref()) {
+                                let chunk = data.chunk();
+                                r.data(chunk, chunk.len() == data.remaining());
+                            }
+                            return Poll::Ready(Some(Ok(frame)));
+                        }
+                    },
+                    None => None,
+                    Some(Err(e)) => {
+                        // No record; dropping the recorder releases in the background.
+                        recorder.take();
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                };
+                match recorder.take().and_then(|r| r.finish(end.as_ref())) {
+                    Some(mut f) => {
+                        // Poll the work now, so it is registered with the waker.
+                        let done = f.work.as_mut().poll(cx).is_ready();
+                        if done {
+                            f.guard.disarm();
+                            *finished = true;
+                            return Poll::Ready(end.map(|t| Ok(Frame::trailers(t))));
+                        }
+                        *finishing = Some(f);
+                        *trailers = end;
+                        Poll::Pending
+                    }
+                    None => {
+                        *finished = true;
+                        Poll::Ready(end.map(|t| Ok(Frame::trailers(t))))
+                    }
+                }
             }
         }
     }
@@ -107,14 +213,15 @@ where
         match &self.kind {
             // While the lock is held, ask to be polled once more so the end is seen.
             Kind::Inner { body, held } => held.is_none() && body.is_end_stream(),
-            Kind::Rejection { data } => data.is_none(),
+            Kind::Rejection { data, trailers } => data.is_none() && trailers.is_none(),
+            Kind::Recording { rec, .. } => rec.finished,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body, .. } => body.size_hint(),
-            Kind::Rejection { data } => {
+            Kind::Inner { body, .. } | Kind::Recording { body, .. } => body.size_hint(),
+            Kind::Rejection { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
         }

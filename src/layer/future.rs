@@ -25,8 +25,10 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 
 use super::body::ResponseBody;
+use super::completion::{GrpcRecorder, store_then_release};
 use super::config::{Config, ReleaseOn};
-use super::record::{self, Fingerprint, ReplayPolicy};
+use super::fingerprint::Fingerprint;
+use super::record::{self, ReplayPolicy};
 use super::reject::{Protocol, Rejection};
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
@@ -98,6 +100,7 @@ pin_project! {
         },
         Rejected {
             response: Response<Bytes>,
+            trailers: Option<http::HeaderMap>,
         },
         Recording {
             #[pin]
@@ -135,6 +138,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         Self {
             state: State::Rejected {
                 response: config.respond(rejection),
+                trailers: None,
             },
         }
     }
@@ -245,14 +249,17 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                 let rejection = Rejection::from_lock_error(error, ctx.protocol).with_name(name);
                 State::Rejected {
                     response: ctx.config.respond(rejection),
+                    trailers: None,
                 }
             }
             Err(Denied::Replay(record)) => match record::decode(&record) {
-                Some(record) if record.fingerprint == ctx.fingerprint => State::Rejected {
-                    response: record.into_response(),
-                },
+                Some(record) if record.fingerprint == ctx.fingerprint => {
+                    let (response, trailers) = record.into_response();
+                    State::Rejected { response, trailers }
+                }
                 Some(_) => State::Rejected {
                     response: ctx.config.respond(Rejection::key_reused(ctx.protocol)),
+                    trailers: None,
                 },
                 None => {
                     tracing::warn!("redlock layer found a completion record it cannot read");
@@ -266,6 +273,7 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                         response: ctx
                             .config
                             .respond(Rejection::from_lock_error(error, ctx.protocol)),
+                        trailers: None,
                     }
                 }
             },
@@ -284,8 +292,31 @@ where
         return Step::Next;
     };
     let config = Arc::clone(&ctx.config);
+    let grpc = ctx.protocol == Protocol::Grpc;
     let keep = |res: &Response<B>| config.replay.as_ref().filter(|p| p.keeps(res.status()));
     match output {
+        Ok(res) if grpc && let Some(policy) = keep(&res) => {
+            match record::grpc_status(res.headers()) {
+                // A trailers-only reply (an error status): kept or not by its code.
+                Some(code) if policy.keeps_grpc(code) => {
+                    state.set(record(res, guard, ctx, policy));
+                }
+                Some(_) => state.set(releasing(guard, Output::Inner(Ok(res)))),
+                None => {
+                    let (parts, body) = res.into_parts();
+                    let recorder = GrpcRecorder::new(
+                        &parts,
+                        ctx.fingerprint,
+                        policy.clone(),
+                        ctx.redlock.clone(),
+                        guard,
+                    );
+                    let body = ResponseBody::recording(body, recorder);
+                    return Step::Ready(Ok(Response::from_parts(parts, body)));
+                }
+            }
+            Step::Next
+        }
         Ok(res) if let Some(policy) = keep(&res) => {
             state.set(record(res, guard, ctx, policy));
             Step::Next
@@ -336,7 +367,9 @@ fn released<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
 
 fn rejected<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
     match state.as_mut().project_replace(State::Done) {
-        StateOwned::Rejected { response } => Step::Ready(Ok(response.map(ResponseBody::rejection))),
+        StateOwned::Rejected { response, trailers } => Step::Ready(Ok(
+            response.map(|data| ResponseBody::replayed(data, trailers))
+        )),
         _ => Step::Next,
     }
 }
@@ -364,7 +397,7 @@ fn record<F, B: Body, E>(
             ctx,
         }
     } else {
-        let record = policy.encode(&ctx.fingerprint, &parts, None);
+        let record = policy.encode(&ctx.fingerprint, parts.status, &parts.headers, None, None);
         let response = Response::from_parts(parts, ResponseBody::inner(body, None));
         completing(guard, &ctx, record, policy, response)
     }
@@ -377,7 +410,7 @@ fn collect<B: Body>(mut body: Pin<&mut B>, buf: &mut Vec<u8>, cx: &mut Context<'
             None => return Poll::Ready(true),
             Some(Err(_)) => return Poll::Ready(false),
             Some(Ok(frame)) => {
-                // Trailers are not kept (gRPC responses are not replayed).
+                // HTTP trailers are not kept (gRPC replies are recorded by the body).
                 if let Ok(mut data) = frame.into_data() {
                     while data.has_remaining() {
                         let chunk = data.chunk();
@@ -405,7 +438,15 @@ fn recorded<F, B: Body, E>(mut state: StatePin<'_, F, B, E>, complete: bool) -> 
     };
     let config = Arc::clone(&ctx.config);
     let policy = config.replay.as_ref().filter(|_| complete);
-    let record = policy.map(|p| p.encode(&ctx.fingerprint, &parts, Some(&buf)));
+    let record = policy.map(|p| {
+        p.encode(
+            &ctx.fingerprint,
+            parts.status,
+            &parts.headers,
+            Some(&buf),
+            None,
+        )
+    });
     let response = Response::from_parts(parts, ResponseBody::rejection(Bytes::from(buf)));
     match policy.zip(record) {
         Some((policy, record)) => state.set(completing(guard, &ctx, record, policy, response)),
@@ -434,21 +475,7 @@ fn completing<F, B, E>(
     policy: &ReplayPolicy,
     response: Response<ResponseBody<B>>,
 ) -> State<F, B, E> {
-    let redlock = ctx.redlock.clone();
-    let lock = guard.shared().lock.clone();
-    let retention = policy.retention();
-    let release = guard.release_future();
-    let work: BoxFuture<'static, ()> = Box::pin(async move {
-        let stored = redlock.complete(&lock, &record, retention).await;
-        if stored < redlock.quorum() {
-            tracing::warn!(
-                stored,
-                needed = redlock.quorum(),
-                "redlock layer stored the completion record on too few nodes: a retry may run the handler again"
-            );
-        }
-        release.await;
-    });
+    let work = store_then_release(&mut guard, &ctx.redlock, record, policy.retention());
     State::Completing {
         work,
         guard,

@@ -36,8 +36,11 @@
 //! ```
 
 mod body;
+mod body_fingerprint;
+mod completion;
 mod config;
 pub mod extract;
+mod fingerprint;
 mod future;
 mod record;
 mod redlock_layer;
@@ -45,10 +48,12 @@ pub mod reject;
 mod service;
 
 pub use body::ResponseBody;
+pub use body_fingerprint::{BodyFingerprint, BodyFingerprintLayer, PrefixedBody};
 pub use extract::{
     ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, PerRoute,
     RequestHead, extract_fn,
 };
+pub use fingerprint::RequestFingerprint;
 pub use future::ResponseFuture;
 pub use record::{REPLAYED_HEADER, ReplayPolicy};
 pub use reject::{Protocol, Rejection, RejectionKind};

@@ -3,8 +3,12 @@
 //!
 //! A record holds the status, the headers of [`ReplayPolicy::headers`] and the body, when
 //! the response says its body is at most [`ReplayPolicy::max_body`] bytes (a body of
-//! unknown or larger size keeps status and headers only). It is stored with a marker that no
-//! lock value has, so the acquire script can tell a record from a holder.
+//! unknown or larger size keeps status and headers only). A gRPC record also holds the
+//! reply message and the trailers (`grpc-status`, `grpc-message`,
+//! `grpc-status-details-bin` and the selected headers); a gRPC reply is kept only when it
+//! is one message within the size limit, so streaming responses are not replayed. A record
+//! is stored with a marker that no lock value has, so the acquire script can tell a record
+//! from a holder.
 //!
 //! ```
 //! use std::time::Duration;
@@ -20,12 +24,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName};
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
+use super::fingerprint::Fingerprint;
 use crate::scripts::RECORD_MARKER;
 
 /// The header that marks a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The gRPC status headers (trailers, or headers of a trailers-only reply): always kept.
+const GRPC_STATUS_HEADERS: [&str; 3] = ["grpc-status", "grpc-message", "grpc-status-details-bin"];
 
 /// Which responses the layer keeps for replay, and how much of them.
 #[derive(Debug, Clone)]
@@ -80,32 +88,34 @@ impl ReplayPolicy {
                 && status != StatusCode::TOO_MANY_REQUESTS)
     }
 
+    /// Whether a gRPC reply with status `code` is kept: `OK`, and the statuses a retry
+    /// would only repeat (`INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`,
+    /// `PERMISSION_DENIED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`,
+    /// `UNAUTHENTICATED`). The others (`ABORTED`, the layer's own busy answer, and
+    /// `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `INTERNAL`, ...) are worth a retry.
+    pub fn keeps_grpc(&self, code: u16) -> bool {
+        matches!(code, 0 | 3 | 5 | 6 | 7 | 9 | 11 | 12 | 16)
+    }
+
     /// The largest body kept.
     pub(crate) fn body_limit(&self) -> usize {
         self.max_body
     }
 
-    /// The record of a response with `parts` and, if kept, `body`, for a request with
-    /// `fingerprint`.
+    /// The record of a response with `status`, `headers` and, if kept, `body` and
+    /// `trailers`, for a request with `fingerprint`.
     pub(crate) fn encode(
         &self,
         fingerprint: &Fingerprint,
-        parts: &http::response::Parts,
+        status: StatusCode,
+        headers: &HeaderMap,
         body: Option<&[u8]>,
+        trailers: Option<&HeaderMap>,
     ) -> Vec<u8> {
         let mut out = RECORD_MARKER.to_vec();
         out.extend_from_slice(fingerprint);
-        out.extend_from_slice(&parts.status.as_u16().to_be_bytes());
-        let kept: Vec<_> = self
-            .headers
-            .iter()
-            .flat_map(|name| parts.headers.get_all(name).iter().map(move |v| (name, v)))
-            .collect();
-        put_len(&mut out, kept.len());
-        for (name, value) in kept {
-            put_bytes(&mut out, name.as_str().as_bytes());
-            put_bytes(&mut out, value.as_bytes());
-        }
+        out.extend_from_slice(&status.as_u16().to_be_bytes());
+        self.put_headers(&mut out, headers);
         match body {
             Some(body) => {
                 out.push(1);
@@ -113,8 +123,45 @@ impl ReplayPolicy {
             }
             None => out.push(0),
         }
+        if let Some(trailers) = trailers {
+            self.put_headers(&mut out, trailers);
+        }
         out
     }
+
+    /// Writes the kept headers of `headers`: the policy's, and gRPC's status headers.
+    fn put_headers(&self, out: &mut Vec<u8>, headers: &HeaderMap) {
+        let kept: Vec<_> = headers
+            .iter()
+            .filter(|(name, _)| {
+                self.headers.contains(name) || GRPC_STATUS_HEADERS.contains(&name.as_str())
+            })
+            .collect();
+        put_len(out, kept.len());
+        for (name, value) in kept {
+            put_bytes(out, name.as_str().as_bytes());
+            put_bytes(out, value.as_bytes());
+        }
+    }
+}
+
+/// The gRPC status code in `headers` (a reply's trailers, or the headers of a
+/// trailers-only reply).
+pub(crate) fn grpc_status(headers: &HeaderMap) -> Option<u16> {
+    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
+
+/// Whether `body` is at most one whole gRPC message (a unary reply; a stream that sent
+/// more is not kept).
+pub(crate) fn is_unary_grpc_body(body: &[u8]) -> bool {
+    // A message: a compressed flag byte, a big-endian u32 length, the message.
+    let Some((_flag, rest)) = body.split_first() else {
+        return true;
+    };
+    let Some((len, message)) = rest.split_first_chunk::<4>() else {
+        return false;
+    };
+    usize::try_from(u32::from_be_bytes(*len)).is_ok_and(|len| len == message.len())
 }
 
 fn put_len(out: &mut Vec<u8>, len: usize) {
@@ -126,34 +173,15 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// What identifies a request beyond its lock name: the SHA-256 of its method, path and
-/// query. The same idempotency key sent with a different request is refused with 422.
-pub(crate) type Fingerprint = [u8; 32];
-
-/// The fingerprint of `request`.
-pub(crate) fn fingerprint<B>(request: &http::Request<B>) -> Fingerprint {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    h.update(request.method().as_str().as_bytes());
-    h.update(b" ");
-    h.update(
-        request
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .as_bytes(),
-    );
-    h.finalize().into()
-}
-
 /// A stored response, decoded.
 #[derive(Debug)]
 pub(crate) struct Record {
     /// The fingerprint of the request that produced it.
     pub(crate) fingerprint: Fingerprint,
     status: StatusCode,
-    headers: Vec<(HeaderName, HeaderValue)>,
+    headers: HeaderMap,
     body: Bytes,
+    trailers: Option<HeaderMap>,
 }
 
 /// Reads a record; `None` if it is not one this version wrote.
@@ -161,22 +189,22 @@ pub(crate) fn decode(record: &[u8]) -> Option<Record> {
     let mut r = Reader(record.strip_prefix(RECORD_MARKER)?);
     let fingerprint = r.take(32)?.try_into().ok()?;
     let status = StatusCode::from_u16(u16::from_be_bytes(r.take(2)?.try_into().ok()?)).ok()?;
-    let count = r.len()?;
-    let mut headers = Vec::with_capacity(count.min(64));
-    for _ in 0..count {
-        let name = HeaderName::from_bytes(r.bytes()?).ok()?;
-        let value = HeaderValue::from_bytes(r.bytes()?).ok()?;
-        headers.push((name, value));
-    }
+    let headers = r.headers()?;
     let body = match r.take(1)? {
         [1] => Bytes::copy_from_slice(r.bytes()?),
         _ => Bytes::new(),
+    };
+    let trailers = if r.0.is_empty() {
+        None
+    } else {
+        Some(r.headers()?)
     };
     Some(Record {
         fingerprint,
         status,
         headers,
         body,
+        trailers,
     })
 }
 
@@ -197,19 +225,28 @@ impl<'a> Reader<'a> {
         let n = self.len()?;
         self.take(n)
     }
+
+    fn headers(&mut self) -> Option<HeaderMap> {
+        let count = self.len()?;
+        let mut headers = HeaderMap::with_capacity(count.min(64));
+        for _ in 0..count {
+            let name = HeaderName::from_bytes(self.bytes()?).ok()?;
+            let value = HeaderValue::from_bytes(self.bytes()?).ok()?;
+            headers.append(name, value);
+        }
+        Some(headers)
+    }
 }
 
 impl Record {
-    /// The replayed response, marked with [`REPLAYED_HEADER`].
-    pub(crate) fn into_response(self) -> Response<Bytes> {
+    /// The replayed response, marked with [`REPLAYED_HEADER`], and its trailers (gRPC).
+    pub(crate) fn into_response(self) -> (Response<Bytes>, Option<HeaderMap>) {
         let mut res = Response::new(self.body);
         *res.status_mut() = self.status;
-        for (name, value) in self.headers {
-            res.headers_mut().append(name, value);
-        }
+        *res.headers_mut() = self.headers;
         res.headers_mut()
             .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-        res
+        (res, self.trailers)
     }
 }
 
@@ -228,10 +265,12 @@ mod tests {
         parts
             .headers
             .insert("x-secret", HeaderValue::from_static("not kept"));
-        let encoded = policy.encode(&[7; 32], &parts, Some(b"hello"));
+        let encoded = policy.encode(&[7; 32], parts.status, &parts.headers, Some(b"hello"), None);
         assert_eq!(decode(&encoded).map(|r| r.fingerprint), Some([7; 32]));
-        let res = decode(&encoded).map(Record::into_response);
-        let res = res.unwrap_or_default();
+        let (res, trailers) = decode(&encoded)
+            .map(Record::into_response)
+            .unwrap_or_default();
+        assert!(trailers.is_none());
         assert_eq!(res.status(), StatusCode::CREATED);
         assert_eq!(res.headers()[header::CONTENT_TYPE], "text/plain");
         assert!(res.headers().get("x-secret").is_none());
@@ -239,10 +278,41 @@ mod tests {
         assert_eq!(res.body(), &Bytes::from_static(b"hello"));
         assert!(decode(b"#record\n\x00").is_none());
         assert!(decode(b"0123abcd").is_none());
-        let headers_only = policy.encode(&[7; 32], &parts, None);
-        let res = decode(&headers_only)
+        let headers_only = policy.encode(&[7; 32], parts.status, &parts.headers, None, None);
+        let (res, _) = decode(&headers_only)
             .map(Record::into_response)
             .unwrap_or_default();
         assert!(res.body().is_empty());
+    }
+
+    #[test]
+    fn grpc_records_keep_trailers_and_one_message_only() {
+        let policy = ReplayPolicy::new(Duration::from_secs(60));
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        trailers.insert("x-internal", HeaderValue::from_static("not kept"));
+        let message = b"\x00\x00\x00\x00\x02hi";
+        let encoded = policy.encode(
+            &[1; 32],
+            StatusCode::OK,
+            &HeaderMap::new(),
+            Some(message),
+            Some(&trailers),
+        );
+        let (res, kept) = decode(&encoded)
+            .map(Record::into_response)
+            .unwrap_or_default();
+        assert_eq!(res.body().as_ref(), message);
+        let kept = kept.unwrap_or_default();
+        assert_eq!(grpc_status(&kept), Some(0));
+        assert!(kept.get("x-internal").is_none());
+        assert!(is_unary_grpc_body(message));
+        assert!(is_unary_grpc_body(b""));
+        assert!(!is_unary_grpc_body(
+            b"\x00\x00\x00\x00\x02hi\x00\x00\x00\x00\x00"
+        ));
+        assert!(!is_unary_grpc_body(b"\x00\x00\x00"));
+        assert!(policy.keeps_grpc(0) && policy.keeps_grpc(5));
+        assert!(!policy.keeps_grpc(10) && !policy.keeps_grpc(14));
     }
 }

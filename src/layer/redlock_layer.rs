@@ -148,7 +148,17 @@ impl<E> RedlockLayer<E> {
     /// written on a quorum is seen by every later acquirer (any quorum it can take shares
     /// a node with the record's). If the record reaches fewer nodes, a retry may run the
     /// handler again (at least once, logged at `warn`). A handler that panics, or a client
-    /// that disconnects, leaves no record. gRPC streaming responses are not replayed.
+    /// that disconnects, leaves no record.
+    ///
+    /// gRPC: a unary reply (one message within the size limit, its status kept by
+    /// [`ReplayPolicy::keeps_grpc`](super::ReplayPolicy::keeps_grpc)) is replayed with its
+    /// message and trailers. The lock is then held until the reply's body ends, and the
+    /// trailers wait until the record is stored. Streaming responses (more than one
+    /// message) are not replayed.
+    ///
+    /// A later request with the same name but a different fingerprint (method, path and
+    /// query; add the body with [`BodyFingerprintLayer`](super::BodyFingerprintLayer)) is
+    /// refused with 422 / `INVALID_ARGUMENT`.
     pub fn replay(self, retention: Duration) -> Self {
         self.replay_policy(super::ReplayPolicy::new(retention))
     }

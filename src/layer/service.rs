@@ -28,8 +28,8 @@ use tower_service::Service;
 
 use super::config::{BusyPolicy, Config};
 use super::extract::ExtractLockName;
+use super::fingerprint;
 use super::future::{Ctx, Denied, ResponseFuture};
-use super::record;
 use super::reject::{Protocol, Rejection};
 use crate::client::{Redlock, Refusal};
 use crate::error::LockError;
@@ -128,7 +128,7 @@ where
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let protocol = Protocol::of(&req);
         let fingerprint = if self.config.replay.is_some() {
-            record::fingerprint(&req)
+            fingerprint::fingerprint(&req)
         } else {
             [0; 32]
         };

@@ -1,0 +1,72 @@
+//! Request fingerprints for idempotent replay: what identifies a request beyond its lock
+//! name, so that the same idempotency key sent with a different request is refused with
+//! 422 (gRPC `INVALID_ARGUMENT`) instead of being answered with another request's
+//! response.
+//!
+//! By default a request's fingerprint is the SHA-256 of its method, path and query. A
+//! [`RequestFingerprint`] in the request extensions replaces it: put one there yourself
+//! (for example a hash of the parsed JSON), or let
+//! [`BodyFingerprintLayer`](super::BodyFingerprintLayer) add the body.
+//!
+//! ```
+//! use tower_redlock::layer::RequestFingerprint;
+//!
+//! let req = http::Request::post("/orders?x=1").body(()).unwrap();
+//! let plain = RequestFingerprint::of(&req, b"");
+//! assert_eq!(plain, RequestFingerprint::of(&req, b""));
+//! assert_ne!(plain, RequestFingerprint::of(&req, b"{\"amount\":10}"));
+//! ```
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+/// The fingerprint bytes stored in a completion record.
+pub(crate) type Fingerprint = [u8; 32];
+
+/// A request's fingerprint, read from the request extensions when replay is on.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestFingerprint(Fingerprint);
+
+impl RequestFingerprint {
+    /// A fingerprint from a digest you computed (32 bytes, e.g. a SHA-256).
+    pub fn from_digest(digest: [u8; 32]) -> Self {
+        Self(digest)
+    }
+
+    /// The SHA-256 of `request`'s method, path and query, and `body` (the whole body, or
+    /// the part of it you want to count).
+    pub fn of<B>(request: &http::Request<B>, body: &[u8]) -> Self {
+        let mut h = Sha256::new();
+        h.update(request.method().as_str().as_bytes());
+        h.update(b" ");
+        let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
+        h.update(target.as_bytes());
+        if !body.is_empty() {
+            h.update(b"\n");
+            h.update(body);
+        }
+        Self(h.finalize().into())
+    }
+
+    /// The digest.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RequestFingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hex: String = self.0[..8].iter().map(|b| format!("{b:02x}")).collect();
+        write!(f, "RequestFingerprint({hex}..)")
+    }
+}
+
+/// The fingerprint of `request`: its [`RequestFingerprint`] extension, or the hash of its
+/// method, path and query.
+pub(crate) fn fingerprint<B>(request: &http::Request<B>) -> Fingerprint {
+    match request.extensions().get::<RequestFingerprint>() {
+        Some(given) => given.0,
+        None => RequestFingerprint::of(request, b"").0,
+    }
+}
