@@ -12,13 +12,14 @@
 //!                      node 2 busy, node 4 timeout, node 1 busy  ->  Impossible
 //! ```
 
-use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use redis::Value;
+use tokio::sync::Notify;
 
 use crate::error::{Failure, NodeError, NodeFailure};
 use crate::node::Node;
@@ -31,6 +32,8 @@ pub(crate) struct Round {
     pub(crate) tally: Tally,
     /// The nodes that failed (and were awaited), with their causes.
     pub(crate) failures: Vec<NodeFailure>,
+    /// The calls still in flight when the outcome was certain.
+    pub(crate) stragglers: Option<Stragglers>,
 }
 
 impl Round {
@@ -50,23 +53,128 @@ impl Round {
     }
 }
 
+/// A round's calls still in flight when its outcome was certain (each bounded by the
+/// round's deadline), and the nodes they went to. Dropping them abandons them: a call not
+/// yet written to its connection is then never sent.
+pub(crate) struct Stragglers {
+    calls: Calls,
+    pending: NodeMask,
+}
+
+type Calls = FuturesUnordered<BoxFuture<'static, (usize, Result<Value, NodeError>)>>;
+
+impl std::fmt::Debug for Stragglers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stragglers")
+            .field("nodes", &self.pending.len())
+            .finish()
+    }
+}
+
+impl Stragglers {
+    /// Lets the calls finish in the background, so what the round wrote lands on every
+    /// node that answers in time. The [`Landing`] tells when each node's call is done.
+    pub(crate) fn land(self) -> Landing {
+        let landing = Landing(Arc::new(LandingState {
+            pending: Mutex::new(self.pending),
+            changed: Notify::new(),
+        }));
+        let state = Arc::clone(&landing.0);
+        let mut calls = self.calls;
+        let drain = async move {
+            while let Some((i, _)) = calls.next().await {
+                state.done(i);
+            }
+            state.done_all();
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(drain);
+            }
+            Err(_) => landing.0.done_all(),
+        }
+        landing
+    }
+}
+
+/// Tells when a round's [`Stragglers`] are done, node by node: a release to a node waits
+/// for that node's call, so that it cannot overtake a late `SET` of the same lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Landing(Arc<LandingState>);
+
+#[derive(Debug)]
+struct LandingState {
+    /// The nodes whose call is still out.
+    pending: Mutex<NodeMask>,
+    changed: Notify,
+}
+
+impl LandingState {
+    fn pending(&self) -> std::sync::MutexGuard<'_, NodeMask> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn done(&self, i: usize) {
+        self.pending().remove(i);
+        self.changed.notify_waiters();
+    }
+
+    fn done_all(&self) {
+        *self.pending() = NodeMask::default();
+        self.changed.notify_waiters();
+    }
+}
+
+impl Landing {
+    /// Waits until node `i`'s call is done, or until `deadline`.
+    pub(crate) async fn wait(&self, i: usize, deadline: Instant) {
+        let deadline = tokio::time::Instant::from_std(deadline);
+        loop {
+            let changed = self.0.changed.notified();
+            if !self.0.pending().contains(i) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Whether every call is done.
+    pub(crate) fn is_done(&self) -> bool {
+        self.0.pending().len() == 0
+    }
+}
+
 /// Sends `request` to the nodes whose index `to` accepts, all at once; the answers arrive as
 /// they come, with the node's index. With `acquiring` (acquire, fence, extend), quarantined
-/// nodes fail at once; releases go to them too.
-fn send<'a>(
-    nodes: &'a [Arc<Node>],
-    request: &'a Request<'a>,
-    cmd: &'a redis::Cmd,
+/// nodes fail at once; releases go to them too. A node's call waits for its call in
+/// `after` first (within the deadline). The calls own what they need, so they can outlive
+/// the round.
+fn send(
+    nodes: &[Arc<Node>],
+    request: &Request<'_>,
     deadline: Instant,
     to: impl Fn(usize) -> bool,
     acquiring: bool,
-) -> FuturesUnordered<impl Future<Output = (usize, &'a Arc<Node>, Result<Value, NodeError>)> + 'a> {
+    after: Option<&Landing>,
+) -> Calls {
+    let call = Arc::new(request.call());
+    let after = after.filter(|l| !l.is_done());
     nodes
         .iter()
         .enumerate()
         .filter(|(i, _)| to(*i))
-        .map(move |(i, node)| async move {
-            (i, node, node.call(request, cmd, deadline, acquiring).await)
+        .map(|(i, node)| {
+            let (node, call) = (Arc::clone(node), Arc::clone(&call));
+            let after = after.cloned();
+            let fut: BoxFuture<'static, _> = Box::pin(async move {
+                if let Some(after) = after {
+                    after.wait(i, deadline).await;
+                }
+                (i, node.call(&call, deadline, acquiring).await)
+            });
+            fut
         })
         .collect()
 }
@@ -103,45 +211,66 @@ where
     let mut round = Round {
         tally: Tally::new(nodes.len()),
         failures: Vec::new(),
+        stragglers: None,
     };
     for _ in (0..nodes.len()).filter(|i| !to(*i)) {
         round.tally.record_outcome(Outcome::Failed);
     }
-    let cmd = request.cmd();
-    let mut calls = send(nodes, request, &cmd, deadline, to, true);
+    let mut sent = NodeMask::default();
+    for i in (0..nodes.len()).filter(|i| to(*i)) {
+        sent.insert(i);
+    }
+    let mut calls = send(nodes, request, deadline, to, true, None);
     while round.tally.decision() == Decision::Pending || round.tally.busy_undecided() || wait_all()
     {
-        let Some((i, node, reply)) = calls.next().await else {
+        let Some((i, reply)) = calls.next().await else {
             break;
         };
+        sent.remove(i);
         let outcome = on_reply(i, reply).unwrap_or_else(|error| {
-            round.failures.push(NodeFailure::new(node.label(), error));
+            round
+                .failures
+                .push(NodeFailure::new(nodes[i].label(), error));
             Outcome::Failed
         });
         round.tally.record_outcome(outcome);
+    }
+    if !calls.is_empty() {
+        round.stragglers = Some(Stragglers {
+            calls,
+            pending: sent,
+        });
     }
     round
 }
 
 /// `request` (a release) on every node not in `skip`, quarantined ones included, awaiting
-/// every answer (each bounded by `deadline`); `on_reply` takes each answer. Returns the
-/// nodes that failed.
+/// every answer (each bounded by `deadline`); `on_reply` takes each answer. On a node where
+/// the acquisition's call is still `landing`, the request waits for it. Returns the nodes
+/// that failed.
 pub(crate) async fn everywhere<F>(
     nodes: &[Arc<Node>],
     request: &Request<'_>,
     deadline: Instant,
     skip: NodeMask,
+    landing: Option<&Landing>,
     mut on_reply: F,
 ) -> Vec<NodeFailure>
 where
     F: FnMut(Value) -> Result<(), NodeError>,
 {
-    let cmd = request.cmd();
-    let mut calls = send(nodes, request, &cmd, deadline, |i| !skip.contains(i), false);
+    let mut calls = send(
+        nodes,
+        request,
+        deadline,
+        |i| !skip.contains(i),
+        false,
+        landing,
+    );
     let mut failures = Vec::new();
-    while let Some((_, node, reply)) = calls.next().await {
+    while let Some((i, reply)) = calls.next().await {
         if let Err(error) = reply.and_then(&mut on_reply) {
-            failures.push(NodeFailure::new(node.label(), error));
+            failures.push(NodeFailure::new(nodes[i].label(), error));
         }
     }
     failures

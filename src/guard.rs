@@ -188,6 +188,7 @@ impl Drop for LockGuard {
                 Arc::clone(&lock.value),
                 lock.ttl,
                 lock.foreign,
+                lock.landing.clone(),
             );
         }
     }

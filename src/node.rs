@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use tokio::time::timeout_at;
 
 use crate::error::NodeError;
-use crate::scripts::{self, Request};
+use crate::scripts::{self, Call};
 
 /// Shortest wait before reconnecting after a failed connect.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -367,8 +367,7 @@ impl Node {
     /// `acquiring` (acquire and extend), a quarantined node fails at once.
     pub(crate) async fn call(
         self: &Arc<Self>,
-        request: &Request<'_>,
-        cmd: &redis::Cmd,
+        call: &Call,
         deadline: Instant,
         acquiring: bool,
     ) -> Result<Value, NodeError> {
@@ -377,7 +376,7 @@ impl Node {
             Ok(c) => c?,
             Err(_) => return Err(NodeError::Timeout),
         };
-        let run = request.run(&mut conn, cmd);
+        let run = call.run(&mut conn);
         match timeout_at(deadline, run).await {
             Ok(Ok(v)) => {
                 if self.consecutive_timeouts.load(Ordering::Relaxed) != 0 {

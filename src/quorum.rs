@@ -52,6 +52,13 @@ impl NodeMask {
             .unwrap_or(0);
     }
 
+    pub(crate) fn remove(&mut self, i: usize) {
+        self.0 &= !u32::try_from(i)
+            .ok()
+            .and_then(|i| 1u64.checked_shl(i))
+            .unwrap_or(0);
+    }
+
     /// How many nodes are in the set.
     pub(crate) fn len(self) -> usize {
         self.0.count_ones() as usize

@@ -217,35 +217,50 @@ pub(crate) enum Request<'a> {
 }
 
 impl Request<'_> {
-    /// The command sent first: built once per round and shared by every node's call.
-    pub(crate) fn cmd(&self) -> Cmd {
+    /// The call sent to every node of a round: built once per round and shared by every
+    /// node's call, owned so that calls still in flight can finish after the round.
+    pub(crate) fn call(&self) -> Call {
         match self {
-            Self::Script(inv) => inv.cmd(true),
+            Self::Script(inv) => Call {
+                cmd: inv.cmd(true),
+                script: Some(inv.script),
+            },
             Self::SetNx { key, value, ttl_ms } => {
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(*key).arg(*value).arg("NX").arg("PX").arg(*ttl_ms);
-                cmd
+                Call { cmd, script: None }
             }
         }
     }
+}
 
-    /// Runs the request on one connection; `cmd` is [`cmd`](Self::cmd). A script the node
-    /// no longer has (`NOSCRIPT`) is sent again with `EVAL`.
-    pub(crate) async fn run(
-        &self,
-        conn: &mut MultiplexedConnection,
-        cmd: &Cmd,
-    ) -> redis::RedisResult<Value> {
-        match self {
-            Self::Script(inv) => inv.run(conn, cmd).await,
-            Self::SetNx { key, .. } => match cmd.query_async::<Value>(conn).await? {
+/// One round's command, owned: a script's `EVALSHA` (with the script, for the `EVAL`
+/// fallback) or `SET key value NX PX ttl`.
+pub(crate) struct Call {
+    cmd: Cmd,
+    /// The script behind `EVALSHA`; `None` for `SET NX PX`.
+    script: Option<&'static Script>,
+}
+
+impl Call {
+    /// Runs the call on one connection. A script the node no longer has (`NOSCRIPT`) is
+    /// sent again with `EVAL`; a `SET NX PX` that finds the key taken asks for the
+    /// holder's TTL ([`HOLDER_TTL`]).
+    pub(crate) async fn run(&self, conn: &mut MultiplexedConnection) -> redis::RedisResult<Value> {
+        match self.script {
+            Some(script) => run_script(&self.cmd, script, conn).await,
+            None => match self.cmd.query_async::<Value>(conn).await? {
                 Value::Nil => {
+                    let key = match self.cmd.args_iter().nth(1) {
+                        Some(redis::Arg::Simple(key)) => key,
+                        _ => &[],
+                    };
                     let holder = Invocation {
                         script: &HOLDER_TTL_SCRIPT,
                         keys: &[key],
                         args: &[],
                     };
-                    holder.run(conn, &holder.cmd(true)).await
+                    run_script(&holder.cmd(true), &HOLDER_TTL_SCRIPT, conn).await
                 }
                 set => Ok(set),
             },
@@ -253,22 +268,30 @@ impl Request<'_> {
     }
 }
 
-impl Invocation<'_> {
-    /// Runs the script by `by_sha` (its `EVALSHA` command), falling back to `EVAL` when the
-    /// node answers `NOSCRIPT`.
-    async fn run(
-        &self,
-        conn: &mut MultiplexedConnection,
-        by_sha: &Cmd,
-    ) -> redis::RedisResult<Value> {
-        match by_sha.query_async::<Value>(conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                self.cmd(false).query_async::<Value>(conn).await
+/// Runs `by_sha` (the `EVALSHA` of `script`), falling back to `EVAL` with the same keys
+/// and arguments when the node answers `NOSCRIPT`.
+async fn run_script(
+    by_sha: &Cmd,
+    script: &Script,
+    conn: &mut MultiplexedConnection,
+) -> redis::RedisResult<Value> {
+    match by_sha.query_async::<Value>(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            // The keys and arguments are those after `EVALSHA sha`.
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(script.code);
+            for arg in by_sha.args_iter().skip(2) {
+                if let redis::Arg::Simple(bytes) = arg {
+                    eval.arg(bytes);
+                }
             }
-            other => other,
+            eval.query_async::<Value>(conn).await
         }
+        other => other,
     }
+}
 
+impl Invocation<'_> {
     /// The command: `EVALSHA sha numkeys keys... args...`, or `EVAL code ...` when `by_sha`
     /// is false.
     pub(crate) fn cmd(&self, by_sha: bool) -> Cmd {

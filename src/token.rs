@@ -30,6 +30,7 @@ use tokio::sync::watch;
 
 use crate::defaults::{MAX_NAME_LEN, VALUE_LEN};
 use crate::error::LockError;
+use crate::fanout::Landing;
 use crate::quorum::NodeMask;
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -148,6 +149,9 @@ pub struct Lock {
     /// Nodes that held another client's value when this lock was acquired: our value never
     /// reached them, so releasing skips them.
     pub(crate) foreign: NodeMask,
+    /// The acquisition's calls still landing on the nodes that had not answered when the
+    /// quorum was reached: a release waits for them.
+    pub(crate) landing: Option<Landing>,
 }
 
 impl Lock {

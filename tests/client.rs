@@ -984,3 +984,60 @@ async fn lock_waits_across_the_holders_ttl_and_the_quarantine() {
     assert!(lock.attempts() <= 4, "{} attempts", lock.attempts());
     quarantined.unlock(&lock).await;
 }
+
+/// Once the quorum has answered, the calls still out complete in the background: 512
+/// concurrent locks from a fresh client (some nodes still connecting) land on all 5
+/// nodes, and a release right after the acquisition leaves no key behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_land_on_every_healthy_node_not_only_a_quorum() {
+    let cluster = Cluster::start(5);
+    let redlock = support::builder(cluster.urls())
+        .fencing(false)
+        .ttl(Duration::from_secs(60))
+        .build()
+        .expect("build");
+    let locks: Vec<Lock> = futures_util::stream::iter(0..512)
+        .map(|i| {
+            let redlock = redlock.clone();
+            async move { redlock.lock(format!("land-{i}")).await.expect("lock") }
+        })
+        .buffer_unordered(512)
+        .collect()
+        .await;
+    let dbsizes = || async {
+        let mut sizes = Vec::new();
+        for i in 0..5 {
+            let n: u64 = redis::cmd("DBSIZE")
+                .query_async(&mut cluster.raw(i).await)
+                .await
+                .expect("DBSIZE");
+            sizes.push(n);
+        }
+        sizes
+    };
+    wait_for(
+        "every lock on all 5 nodes",
+        Duration::from_secs(10),
+        || async { dbsizes().await == [512; 5] },
+    )
+    .await;
+    // Locks released at once after a fresh acquisition leave nothing behind either.
+    let fresh = support::builder(cluster.urls())
+        .fencing(false)
+        .key_prefix("released:")
+        .build()
+        .expect("build");
+    for i in 0..64 {
+        let lock = fresh.try_lock(format!("gone-{i}")).await.expect("lock");
+        let released = fresh.unlock(&lock).await;
+        assert!(released.released() >= 3, "{released:?}");
+    }
+    assert_eq!(
+        dbsizes().await,
+        [512; 5],
+        "released locks leave no key behind"
+    );
+    for lock in &locks {
+        redlock.unlock(lock).await;
+    }
+}

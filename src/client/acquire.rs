@@ -72,7 +72,7 @@ impl Redlock {
         // 1-3. SET NX PX everywhere at once, decided as early as the outcome is certain.
         let start = Instant::now();
         let SetRound {
-            round,
+            mut round,
             foreign,
             retry_after,
             record,
@@ -81,6 +81,7 @@ impl Redlock {
             .set_round(resource, &value, ttl, start, outer, replay)
             .await;
         let nodes = round.tally.nodes();
+        let stragglers = round.stragglers.take();
         let mut outcome = if let Some(record) = record {
             // The name's work is done: hand back its record (our SETs are released below).
             Err(Failure::Replay {
@@ -112,6 +113,8 @@ impl Redlock {
                     "redlock acquired"
                 );
                 pending.value = None;
+                // The SETs still out land in the background, on every node that answers.
+                let landing = stragglers.map(fanout::Stragglers::land);
                 return Ok(Lock {
                     resource: Arc::clone(resource),
                     value,
@@ -121,6 +124,7 @@ impl Redlock {
                     attempts: attempt,
                     fence,
                     foreign,
+                    landing,
                 });
             }
             (Ok(_), _) => Failure::ValidityExhausted { elapsed, ttl },
@@ -128,7 +132,7 @@ impl Redlock {
         };
         // 5. Failed: release on every node, including those that failed or did not answer
         // in time (their SET may have run while the reply was lost).
-        self.release_key(&resource.key, value.as_bytes(), ttl, foreign)
+        self.release_key(&resource.key, value.as_bytes(), ttl, foreign, None)
             .await;
         pending.value = None;
         tracing::debug!(nodes = self.inner.nodes.len(), failure = ?outcome, "redlock attempt failed");
@@ -147,7 +151,7 @@ impl Redlock {
         let token = phase_one.token();
         let keys = [&*resource.key, &*resource.counter_key];
         let retention_ms = super::ttl_ms(self.inner.fencing_retention);
-        let round = fencing::phase_two(
+        let mut round = fencing::phase_two(
             &self.inner.nodes,
             &keys,
             value.as_bytes(),
@@ -158,6 +162,9 @@ impl Redlock {
         )
         .await;
         if round.reached() {
+            if let Some(stragglers) = round.stragglers.take() {
+                stragglers.land();
+            }
             Ok(Some(token))
         } else {
             Err(round.no_quorum())
@@ -381,6 +388,7 @@ impl Drop for PendingRelease<'_> {
                 value,
                 self.ttl,
                 NodeMask::default(),
+                None,
             );
         }
     }

@@ -49,7 +49,7 @@ impl Redlock {
         // The extension must take effect within the current validity.
         let deadline = self.call_deadline(start, ttl, Some(lock.valid_until));
         let mut not_held = 0;
-        let round = fanout::decide(
+        let mut round = fanout::decide(
             &self.inner.nodes,
             &request,
             deadline,
@@ -67,6 +67,10 @@ impl Redlock {
         let elapsed = start.elapsed();
         let drift = quorum::drift(ttl, self.inner.drift_factor);
         if round.reached() {
+            if let Some(stragglers) = round.stragglers.take() {
+                // The extension lands on the nodes that had not answered yet, too.
+                stragglers.land();
+            }
             return match quorum::validity(ttl, elapsed, drift) {
                 Some(validity) if validity > self.inner.min_validity => {
                     lock.started = start;

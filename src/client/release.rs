@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::Redlock;
 use crate::error::NodeFailure;
-use crate::fanout;
+use crate::fanout::{self, Landing};
 use crate::quorum::NodeMask;
 use crate::quorum::later;
 use crate::scripts::{Arg, COMPLETE_SCRIPT, Invocation, RELEASE_SCRIPT, Request, parse_flag};
@@ -55,7 +55,13 @@ impl Redlock {
     /// Releases `lock` on every node (see [`Redlock::unlock`]).
     pub(super) async fn release(&self, lock: &Lock) -> Released {
         let out = self
-            .release_key(lock.key(), lock.value().as_bytes(), lock.ttl, lock.foreign)
+            .release_key(
+                lock.key(),
+                lock.value().as_bytes(),
+                lock.ttl,
+                lock.foreign,
+                lock.landing.as_ref(),
+            )
             .await;
         tracing::debug!(
             released = out.released,
@@ -69,13 +75,15 @@ impl Redlock {
     /// Compare-and-delete of `value` at `key` on every node but those in `foreign` (which
     /// answered the acquisition with another client's value, so ours never reached them
     /// and they count as not held), waiting for all answers (each bounded by the per-node
-    /// timeout, or the TTL if shorter).
+    /// timeout, or the TTL if shorter). On a node where the acquisition is still
+    /// `landing`, the delete waits for it, so it cannot overtake the `SET`.
     pub(super) async fn release_key(
         &self,
         key: &[u8],
         value: &[u8],
         ttl: Duration,
         foreign: NodeMask,
+        landing: Option<&Landing>,
     ) -> Released {
         let request = Request::Script(Invocation {
             script: &RELEASE_SCRIPT,
@@ -86,7 +94,7 @@ impl Redlock {
         let (mut released, mut not_held) = (0, foreign.len());
         let nodes = &self.inner.nodes;
         let quorum = self.quorum();
-        let failures = fanout::everywhere(nodes, &request, deadline, foreign, |reply| {
+        let failures = fanout::everywhere(nodes, &request, deadline, foreign, landing, |reply| {
             match parse_flag(reply)? {
                 true => {
                     released += 1;
@@ -110,6 +118,7 @@ impl Redlock {
     /// Replaces `lock`'s value with `record` for `retention` on every node where the lock
     /// is still ours (the layer's completion record); returns on how many nodes.
     pub(crate) async fn complete(&self, lock: &Lock, record: &[u8], retention: Duration) -> usize {
+        // On the nodes where the acquisition landed late, too.
         let args = [
             Arg::Bytes(lock.value().as_bytes()),
             Arg::Bytes(record),
@@ -123,13 +132,16 @@ impl Redlock {
         let deadline = later(Instant::now(), self.inner.node_timeout);
         let mut stored = 0;
         let nodes = &self.inner.nodes;
-        let failures = fanout::everywhere(nodes, &request, deadline, lock.foreign, |reply| {
-            if parse_flag(reply)? {
-                stored += 1;
-            }
-            Ok(())
-        })
-        .await;
+        // On the nodes where the acquisition lands late, too.
+        let landing = lock.landing.as_ref();
+        let failures =
+            fanout::everywhere(nodes, &request, deadline, lock.foreign, landing, |reply| {
+                if parse_flag(reply)? {
+                    stored += 1;
+                }
+                Ok(())
+            })
+            .await;
         for failure in &failures {
             tracing::debug!(%failure, "redlock completion record not stored on a node");
         }
@@ -144,13 +156,20 @@ impl Redlock {
         value: Arc<str>,
         ttl: Duration,
         foreign: NodeMask,
+        landing: Option<Landing>,
     ) {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();
                 handle.spawn(async move {
                     redlock
-                        .release_key(&resource.key, value.as_bytes(), ttl, foreign)
+                        .release_key(
+                            &resource.key,
+                            value.as_bytes(),
+                            ttl,
+                            foreign,
+                            landing.as_ref(),
+                        )
                         .await;
                 });
             }
