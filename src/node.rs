@@ -17,10 +17,13 @@
 //! contact, a node up for less than that TTL is quarantined for the difference. The
 //! quarantine is timed on the client's monotonic clock.
 
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::sync::Notify;
@@ -43,6 +46,15 @@ pub(crate) struct NodeSettings {
     pub(crate) quarantine: bool,
     /// The longest TTL the client has used, in ms: the length of a quarantine.
     pub(crate) max_ttl_ms: Arc<AtomicU64>,
+    /// The servers the client's nodes reached: `run_id` -> the node that counts for it.
+    pub(crate) servers: Arc<Mutex<HashMap<String, Owner>>>,
+}
+
+/// The node that counts for a server: its index and label.
+#[derive(Debug, Clone)]
+pub(crate) struct Owner {
+    index: usize,
+    label: String,
 }
 
 /// Why a node is kept out of acquisitions.
@@ -127,10 +139,14 @@ struct State {
     known_run_id: Option<String>,
     /// Kept out of acquire and extend until then.
     quarantined_until: Option<Instant>,
+    /// The node whose server this node's address also reaches, if any (logged once).
+    same_server_as: Option<String>,
 }
 
 /// One Redis master.
 pub(crate) struct Node {
+    /// The node's position in the client's list.
+    index: usize,
     label: String,
     client: Client,
     settings: NodeSettings,
@@ -146,8 +162,9 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    pub(crate) fn new(label: String, client: Client, settings: NodeSettings) -> Self {
+    pub(crate) fn new(index: usize, label: String, client: Client, settings: NodeSettings) -> Self {
         Self {
+            index,
             label,
             client,
             settings,
@@ -157,6 +174,7 @@ impl Node {
                 backoff: BACKOFF_MIN,
                 known_run_id: None,
                 quarantined_until: None,
+                same_server_as: None,
             }),
             changed: Notify::new(),
             consecutive_timeouts: AtomicU32::new(0),
@@ -208,14 +226,34 @@ impl Node {
     fn start_connect(self: &Arc<Self>, st: &mut State) {
         st.slot = Slot::Connecting;
         let node = Arc::clone(self);
-        tokio::spawn(async move { node.connect().await });
+        tokio::spawn(async move {
+            // Dropped unfinished (the runtime shut down): the node can connect again.
+            let mut unfinished = Unfinished(Some(&node));
+            let outcome = AssertUnwindSafe(node.open())
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    Err(NodeError::Connection(
+                        format!(
+                            "the connect task panicked: {}",
+                            panic_message(&*panic).trim()
+                        )
+                        .into(),
+                    ))
+                });
+            node.connected(outcome);
+            unfinished.0 = None;
+        });
     }
 
-    async fn connect(self: Arc<Self>) {
+    /// Opens a connection: connects, reads `INFO server` and loads the scripts in one
+    /// round trip, within the connect timeout.
+    async fn open(&self) -> Result<(MultiplexedConnection, ServerInfo), NodeError> {
         let deadline = tokio::time::Instant::from_std(crate::quorum::later(
             Instant::now(),
             self.settings.connect_timeout,
         ));
+        let quarantine = self.settings.quarantine;
         let attempt = async {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.settings.connect_timeout))
@@ -224,27 +262,36 @@ impl Node {
                 .client
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
-            // `INFO server` only feeds the restart quarantine: without it, a user that may
-            // not run INFO can still lock.
-            let quarantine = self.settings.quarantine;
+            // `INFO server` feeds the restart quarantine and the same-server check; a user
+            // that may not run it can still lock with the quarantine off.
             let mut pipe = redis::pipe();
-            if quarantine {
-                pipe.cmd("INFO").arg("server");
-            }
+            pipe.ignore_errors().cmd("INFO").arg("server");
             for s in scripts::all() {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
             }
-            let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
-            let info = match replies.first() {
-                Some(v) if quarantine => redis::from_redis_value_ref::<String>(v)?,
-                _ => String::new(),
+            let mut replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut conn).await?;
+            let info = if replies.is_empty() {
+                Ok(Value::Nil)
+            } else {
+                replies.remove(0)
+            };
+            if let Some(failed) = replies.into_iter().find_map(Result::err) {
+                return Err(failed); // a script could not be loaded
+            }
+            let info = match info {
+                Ok(v) => redis::from_redis_value_ref::<String>(&v)?,
+                Err(e) if quarantine => return Err(e),
+                Err(e) => {
+                    tracing::debug!(node = %self.label, error = %e, "redlock node: INFO not allowed; no same-server check");
+                    String::new()
+                }
             };
             Ok::<_, redis::RedisError>((conn, ServerInfo::parse(&info)))
         };
-        let outcome = match timeout_at(deadline, attempt).await {
+        match timeout_at(deadline, attempt).await {
             Ok(Ok(ok)) => Ok(ok),
             Ok(Err(e))
-                if self.settings.quarantine
+                if quarantine
                     && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
                     && e.to_string().to_ascii_lowercase().contains("info") =>
             {
@@ -256,15 +303,49 @@ impl Node {
                     .into(),
                 ))
             }
-            Ok(Err(e)) => Err(NodeError::from(e)),
-            Err(_) => Err(NodeError::Connection(
+            Ok(Err(e)) if !e.is_timeout() => Err(NodeError::from(e)),
+            Ok(Err(_)) | Err(_) => Err(NodeError::Connection(
                 format!(
                     "no answer within the connect timeout of {:?}",
                     self.settings.connect_timeout
                 )
                 .into(),
             )),
-        };
+        }
+    }
+
+    /// Whether the server behind `info` already counts for another node of the client;
+    /// if not, it counts for this one from now on.
+    fn same_server(&self, info: &ServerInfo) -> Option<String> {
+        if info.run_id.is_empty() {
+            return None;
+        }
+        let mut servers = self
+            .settings
+            .servers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        servers.retain(|_, owner| owner.index != self.index);
+        match servers.get(&info.run_id) {
+            Some(owner) => Some(owner.label.clone()),
+            None => {
+                let owner = Owner {
+                    index: self.index,
+                    label: self.label.clone(),
+                };
+                servers.insert(info.run_id.clone(), owner);
+                None
+            }
+        }
+    }
+
+    /// A connect finished with `outcome`: the node is ready, or down until its backoff
+    /// runs out.
+    fn connected(&self, outcome: Result<(MultiplexedConnection, ServerInfo), NodeError>) {
+        let outcome = outcome.and_then(|(conn, info)| match self.same_server(&info) {
+            Some(other) => Err(NodeError::SameServer { node: other }),
+            None => Ok((conn, info)),
+        });
         {
             let mut st = self.state();
             match outcome {
@@ -276,43 +357,79 @@ impl Node {
                         "redlock node connected"
                     );
                     if self.settings.quarantine {
-                        let max_ttl =
-                            Duration::from_millis(self.settings.max_ttl_ms.load(Ordering::Relaxed));
-                        if let Some((length, cause)) =
-                            quarantine_for(st.known_run_id.as_deref(), &info, max_ttl)
-                        {
-                            let until = crate::quorum::later(Instant::now(), length);
-                            st.quarantined_until =
-                                Some(st.quarantined_until.map_or(until, |u| u.max(until)));
-                            match cause {
-                                QuarantineCause::Restarted => tracing::warn!(
-                                    node = %self.label,
-                                    quarantine = ?length,
-                                    "redlock node restarted (new run id) and may have lost lock keys: kept out of acquisitions for the longest TTL"
-                                ),
-                                QuarantineCause::Young { uptime } => tracing::warn!(
-                                    node = %self.label,
-                                    ?uptime,
-                                    quarantine = ?length,
-                                    "redlock node started less than the longest TTL ago and may have lost lock keys: kept out of acquisitions until then"
-                                ),
-                            }
-                        }
+                        self.quarantine_after_connect(&mut st, &info);
                     }
                     st.known_run_id = Some(info.run_id);
+                    st.same_server_as = None;
                     st.generation += 1;
                     st.slot = Slot::Ready(conn);
                     st.backoff = BACKOFF_MIN;
                     self.consecutive_timeouts.store(0, Ordering::Relaxed);
                 }
+                Err(NodeError::SameServer { node }) => {
+                    if st.same_server_as.as_deref() != Some(node.as_str()) {
+                        tracing::error!(
+                            node = %self.label,
+                            same_as = %node,
+                            "redlock node is the same Redis server as another node of this client (equal run_id): it is left out, so the server counts once toward the quorum; list each server once"
+                        );
+                    }
+                    st.same_server_as = Some(node.clone());
+                    st.slot = Slot::Down {
+                        error: NodeError::SameServer { node },
+                        retry_at: crate::quorum::later(Instant::now(), BACKOFF_MAX),
+                    };
+                    st.backoff = BACKOFF_MAX;
+                }
                 Err(error) => {
                     tracing::warn!(node = %self.label, %error, retry_in = ?st.backoff, "redlock node connect failed");
                     st.slot = Slot::Down {
                         error,
-                        retry_at: Instant::now() + st.backoff,
+                        retry_at: crate::quorum::later(Instant::now(), st.backoff),
                     };
                     st.backoff = (st.backoff * 2).min(BACKOFF_MAX);
                 }
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Starts a quarantine if the node restarted or is young (see the module docs).
+    fn quarantine_after_connect(&self, st: &mut State, info: &ServerInfo) {
+        let max_ttl = Duration::from_millis(self.settings.max_ttl_ms.load(Ordering::Relaxed));
+        let Some((length, cause)) = quarantine_for(st.known_run_id.as_deref(), info, max_ttl)
+        else {
+            return;
+        };
+        let until = crate::quorum::later(Instant::now(), length);
+        st.quarantined_until = Some(st.quarantined_until.map_or(until, |u| u.max(until)));
+        match cause {
+            QuarantineCause::Restarted => tracing::warn!(
+                node = %self.label,
+                quarantine = ?length,
+                "redlock node restarted (new run id) and may have lost lock keys: kept out of acquisitions for the longest TTL"
+            ),
+            QuarantineCause::Young { uptime } => tracing::warn!(
+                node = %self.label,
+                ?uptime,
+                quarantine = ?length,
+                "redlock node started less than the longest TTL ago and may have lost lock keys: kept out of acquisitions until then"
+            ),
+        }
+    }
+
+    /// A connect task dropped before it finished: the node is down, ready to reconnect.
+    fn connect_abandoned(&self) {
+        {
+            let mut st = self.state();
+            if matches!(st.slot, Slot::Connecting) {
+                st.slot = Slot::Down {
+                    error: NodeError::Connection(
+                        "the connect task was dropped before it finished (its tokio runtime shut down?)"
+                            .into(),
+                    ),
+                    retry_at: Instant::now(),
+                };
             }
         }
         self.changed.notify_waiters();
@@ -404,6 +521,26 @@ impl Node {
             }
         }
     }
+}
+
+/// Resets the node when a connect task is dropped before it finished.
+struct Unfinished<'a>(Option<&'a Arc<Node>>);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(node) = self.0 {
+            node.connect_abandoned();
+        }
+    }
+}
+
+/// The message of a panic payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 #[cfg(test)]

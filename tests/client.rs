@@ -991,9 +991,11 @@ async fn lock_waits_across_the_holders_ttl_and_the_quarantine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_land_on_every_healthy_node_not_only_a_quorum() {
     let cluster = Cluster::start(5);
+    // Healthy nodes answer within the per-node timeout, even on a loaded machine.
     let redlock = support::builder(cluster.urls())
         .fencing(false)
         .ttl(Duration::from_secs(60))
+        .node_timeout(Duration::from_secs(2))
         .build()
         .expect("build");
     let locks: Vec<Lock> = futures_util::stream::iter(0..512)
@@ -1024,11 +1026,13 @@ async fn locks_land_on_every_healthy_node_not_only_a_quorum() {
     // Locks released at once after a fresh acquisition leave nothing behind either.
     let fresh = support::builder(cluster.urls())
         .fencing(false)
+        .ttl(Duration::from_secs(60))
+        .node_timeout(Duration::from_secs(2))
         .key_prefix("released:")
         .build()
         .expect("build");
     for i in 0..64 {
-        let lock = fresh.try_lock(format!("gone-{i}")).await.expect("lock");
+        let lock = fresh.lock(format!("gone-{i}")).await.expect("lock");
         let released = fresh.unlock(&lock).await;
         assert!(released.released() >= 3, "{released:?}");
     }
@@ -1040,4 +1044,69 @@ async fn locks_land_on_every_healthy_node_not_only_a_quorum() {
     for lock in &locks {
         redlock.unlock(lock).await;
     }
+}
+
+/// Addresses of one server (another host name and database, a proxy) count once: the
+/// later one is left out with an error that says why, instead of the server counting
+/// twice toward the quorum.
+#[tokio::test]
+async fn one_server_given_twice_counts_once() {
+    let cluster = Cluster::start(2);
+    let port = cluster.nodes[0].port();
+    // A proxy in front of the server is one more address of it.
+    let proxy = FaultProxy::start(cluster.nodes[0].addr()).await;
+    let aliases = [
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://localhost:{port}/1"),
+        proxy.url(),
+    ];
+    let one_server = builder(aliases.to_vec()).build().expect("build");
+    let err = one_server
+        .try_lock("twice")
+        .await
+        .expect_err("one server cannot make a quorum of 2");
+    let LockError::NoQuorum { failures, .. } = &err else {
+        panic!("expected NoQuorum, got {err:?}");
+    };
+    let same: Vec<_> = failures
+        .iter()
+        .filter(|f| matches!(f.error, NodeError::SameServer { .. }))
+        .collect();
+    assert_eq!(same.len(), 2, "{err}");
+    assert!(err.to_string().contains("same Redis server"), "{err}");
+    // With another server beside it, the lock is held by the two real servers.
+    let mut urls = aliases[..2].to_vec();
+    urls.push(cluster.nodes[1].url());
+    let two_servers = builder(urls).build().expect("build");
+    let lock = two_servers.lock("twice").await.expect("2 of 3");
+    assert_eq!(cluster.nodes_holding(lock.key()).await, 2);
+}
+
+/// A connect task dropped unfinished (its runtime shut down while the server hung) does
+/// not leave the node "connecting" forever: a later runtime connects again.
+#[test]
+fn a_connect_cut_short_by_a_runtime_shutdown_does_not_wedge_the_node() {
+    let mut node = support::RedisNode::start();
+    let redlock = builder(vec![node.url()])
+        .node_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_secs(60))
+        .build()
+        .expect("build");
+    node.pause();
+    let first = tokio::runtime::Runtime::new().expect("runtime");
+    let err = first
+        .block_on(redlock.try_lock("cut-short"))
+        .expect_err("the server hangs");
+    assert!(matches!(err, LockError::NoQuorum { .. }), "{err:?}");
+    drop(first); // drops the connect task, still waiting for the paused server
+    node.resume();
+    let second = tokio::runtime::Runtime::new().expect("runtime");
+    second.block_on(async {
+        wait_for(
+            "the node to connect again",
+            Duration::from_secs(10),
+            || async { redlock.try_lock("cut-short").await.is_ok() },
+        )
+        .await;
+    });
 }

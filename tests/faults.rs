@@ -295,3 +295,27 @@ async fn a_restart_is_detected_by_its_new_run_id() {
     )
     .await;
 }
+
+/// With the TLS feature, a TLS handshake with a server that speaks plain text fails, and
+/// the error says why (a TLS or crypto-provider failure, even one that panics in the
+/// background connect task), never only "timed out".
+#[cfg(feature = "tls-rustls")]
+#[tokio::test]
+async fn a_failed_tls_connect_reports_its_cause() {
+    let node = support::RedisNode::start();
+    let redlock = support::builder([format!("rediss://127.0.0.1:{}", node.port())])
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .expect("build");
+    let err = redlock.try_lock("tls").await.expect_err("plain server");
+    let text = err.to_string();
+    println!("{text}");
+    assert!(!text.ends_with("timed out"), "{text}");
+    let LockError::NoQuorum { failures, .. } = &err else {
+        panic!("expected NoQuorum, got {err:?}");
+    };
+    assert!(
+        matches!(failures[0].error, NodeError::Connection(_)),
+        "{err:?}"
+    );
+}

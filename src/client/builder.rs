@@ -284,6 +284,7 @@ impl RedlockBuilder {
             reconnect_after_timeouts: self.reconnect_after_timeouts,
             quarantine: self.restart_quarantine,
             max_ttl_ms: Arc::clone(&max_ttl_ms),
+            servers: Arc::default(),
         };
         let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(n);
         for url in &self.urls {
@@ -295,7 +296,8 @@ impl RedlockBuilder {
             if nodes.iter().any(|other| other.label() == label) {
                 return Err(ConfigError::DuplicateNode { node: label });
             }
-            nodes.push(Arc::new(Node::new(label, client, settings.clone())));
+            let index = nodes.len();
+            nodes.push(Arc::new(Node::new(index, label, client, settings.clone())));
         }
         if tokio::runtime::Handle::try_current().is_ok() {
             for node in &nodes {

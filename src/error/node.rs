@@ -41,6 +41,13 @@ pub enum NodeError {
         /// How much longer the quarantine lasts.
         remaining: Duration,
     },
+    /// The node's address reaches the same Redis server (equal `run_id`) as another node
+    /// of the client, such as `127.0.0.1:6379` and `localhost:6379`: it is left out, so the
+    /// server counts once toward the quorum. List each server once.
+    SameServer {
+        /// The node (`host:port`) that counts for the server.
+        node: String,
+    },
 }
 
 impl NodeError {
@@ -65,6 +72,11 @@ impl fmt::Display for NodeError {
                 f,
                 "restarted or started recently and may have lost lock keys: kept out of \
                  acquisitions for another {remaining:?} (releases still go to it)"
+            ),
+            Self::SameServer { node } => write!(
+                f,
+                "the same Redis server as node {node} (equal run_id): left out so that the \
+                 server counts once toward the quorum; list each server once"
             ),
             Self::LockLost => f.write_str(
                 "the lock key vanished before its fencing number was recorded (expired or data lost)",
