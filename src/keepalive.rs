@@ -5,7 +5,10 @@
 //! ([`stop`]). The driver keeps the locks in a queue ordered by due time and sleeps until
 //! the earliest; extensions that are due run concurrently inside the driver task. It holds
 //! the client weakly and ends once the client and every guard are gone. If the runtime
-//! that ran it shut down, the next guard starts a new one on its own runtime.
+//! that ran it shut down, the next guard starts a new one on its own runtime. A driver
+//! that stops while it still has locks (its runtime shut down, or a panic) never leaves
+//! them silently unextended: their tokens are marked lost
+//! ([`LostReason::KeepAliveStopped`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -51,7 +54,11 @@ pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -
     // No driver, or its runtime is gone: start one here.
     let (tx, rx) = mpsc::unbounded_channel();
     tx.send(command).ok()?;
-    handle.spawn(drive(redlock.downgrade(), rx));
+    let handed = Handed {
+        rx,
+        locks: HashMap::new(),
+    };
+    handle.spawn(drive(redlock.downgrade(), handed));
     *driver = Some(tx);
     Some(id)
 }
@@ -153,7 +160,31 @@ impl Queue {
     }
 }
 
-async fn drive(redlock: WeakRedlock, mut rx: UnboundedReceiver<KeepAliveCommand>) {
+/// The locks a driver has been handed and not yet told to stop, and the commands not yet
+/// read: marked lost if the driver goes away (dropped with its runtime, or unwound by a
+/// panic) while they are there.
+struct Handed {
+    rx: UnboundedReceiver<KeepAliveCommand>,
+    locks: HashMap<u64, Arc<Shared>>,
+}
+
+impl Drop for Handed {
+    fn drop(&mut self) {
+        self.rx.close();
+        while let Ok(command) = self.rx.try_recv() {
+            if let KeepAliveCommand::Start { shared, .. } = command {
+                shared.mark_lost(LostReason::KeepAliveStopped);
+            }
+        }
+        for shared in self.locks.values() {
+            shared.mark_lost(LostReason::KeepAliveStopped);
+        }
+    }
+}
+
+/// The driver's loop. `handed` is built by the caller, so that a driver dropped before its
+/// first poll still marks the locks in its channel lost.
+async fn drive(redlock: WeakRedlock, mut handed: Handed) {
     let mut queue = Queue::default();
     let mut work: FuturesUnordered<Work> = FuturesUnordered::new();
     let mut open = true;
@@ -166,13 +197,17 @@ async fn drive(redlock: WeakRedlock, mut rx: UnboundedReceiver<KeepAliveCommand>
             next_due.unwrap_or_else(|| later(Instant::now(), Duration::from_secs(3600))),
         ));
         tokio::select! {
-            command = rx.recv(), if open => match command {
+            command = handed.rx.recv(), if open => match command {
                 Some(KeepAliveCommand::Start { id, shared, policy }) => {
+                    handed.locks.insert(id, Arc::clone(&shared));
                     let entry = Entry::new(shared, policy);
                     let at = entry.due(later(entry.lock.started(), entry.interval));
                     queue.schedule(id, entry, at);
                 }
-                Some(KeepAliveCommand::Stop { id }) => queue.stop(id),
+                Some(KeepAliveCommand::Stop { id }) => {
+                    handed.locks.remove(&id);
+                    queue.stop(id);
+                }
                 None => open = false,
             },
             () = sleep, if next_due.is_some() => {

@@ -325,6 +325,9 @@ pub enum LostReason {
     MaxExtensionsReached,
     /// The guard was released or dropped while a token was still in use.
     Released,
+    /// The background task that extends guarded locks stopped (its tokio runtime shut
+    /// down, or it panicked): the lock runs out at the end of its validity.
+    KeepAliveStopped,
 }
 
 impl fmt::Display for LostReason {
@@ -336,6 +339,9 @@ impl fmt::Display for LostReason {
                 f.write_str("the maximum number of extensions was reached")
             }
             Self::Released => f.write_str("the lock was released"),
+            Self::KeepAliveStopped => f.write_str(
+                "the task that extends the lock stopped (its runtime shut down, or it panicked)",
+            ),
         }
     }
 }

@@ -244,3 +244,31 @@ fn guards_keep_extending_in_numbers_and_across_runtimes() {
         }
     });
 }
+
+/// A guard whose keep-alive driver went away with its runtime is told so at once: its
+/// token reports the loss, instead of the lock silently running out.
+#[test]
+fn a_guard_whose_keep_alive_driver_stopped_is_marked_lost() {
+    let cluster = Cluster::start(1);
+    let first = tokio::runtime::Runtime::new().expect("runtime");
+    let (redlock, guard) = first.block_on(async {
+        let redlock = builder(&cluster).build().expect("build");
+        let guard = redlock.acquire("driver-gone").await.expect("acquire");
+        (redlock, guard)
+    });
+    let token = guard.token();
+    assert_eq!(token.lost_reason(), None);
+    drop(first); // drops the driver task, which held the guard's lock
+    assert_eq!(token.lost_reason(), Some(LostReason::KeepAliveStopped));
+    assert!(!token.is_held());
+    // From another runtime (where the old connection is found dead and replaced), the
+    // name can be locked again and new guards are extended by a new driver.
+    let second = tokio::runtime::Runtime::new().expect("runtime");
+    second.block_on(async {
+        guard.release().await;
+        let again = redlock.acquire("driver-gone").await.expect("acquire");
+        tokio::time::sleep(Duration::from_millis(900)).await; // past the 600 ms TTL
+        assert!(again.is_held(), "{:?}", again.lost_reason());
+        again.release().await;
+    });
+}
