@@ -17,9 +17,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::Client;
+use redis::{Client, ConnectionAddr, ConnectionInfo};
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::node_config::NodeConfig;
 use crate::defaults::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_FENCING,
     DEFAULT_FENCING_RETENTION, DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT,
@@ -37,7 +38,7 @@ use crate::waiters::Waiters;
 /// [`build`](Self::build) checks them all.
 #[derive(Debug, Clone)]
 pub struct RedlockBuilder {
-    urls: Vec<String>,
+    nodes: Vec<NodeConfig>,
     ttl: Duration,
     node_timeout: Duration,
     drift_factor: f64,
@@ -55,17 +56,19 @@ pub struct RedlockBuilder {
     fencing: bool,
     fencing_retention: Option<Duration>,
     restart_quarantine: bool,
+    #[cfg(feature = "tls-rustls")]
+    pub(super) tls: super::tls::TlsSettings,
 }
 
 impl RedlockBuilder {
-    /// A builder over the given node URLs, with every default.
+    /// A builder over the given nodes, with every default.
     pub(super) fn new<I, S>(nodes: I) -> Self
     where
         I: IntoIterator<Item = S>,
-        S: Into<String>,
+        S: Into<NodeConfig>,
     {
         Self {
-            urls: nodes.into_iter().map(Into::into).collect(),
+            nodes: nodes.into_iter().map(Into::into).collect(),
             ttl: DEFAULT_TTL,
             node_timeout: DEFAULT_NODE_TIMEOUT,
             drift_factor: DEFAULT_DRIFT_FACTOR,
@@ -83,6 +86,8 @@ impl RedlockBuilder {
             fencing: DEFAULT_FENCING,
             fencing_retention: None,
             restart_quarantine: DEFAULT_RESTART_QUARANTINE,
+            #[cfg(feature = "tls-rustls")]
+            tls: super::tls::TlsSettings::default(),
         }
     }
 
@@ -230,9 +235,32 @@ impl RedlockBuilder {
         self
     }
 
+    /// The client of a node given by its connection settings: with the builder's TLS
+    /// settings for a `rediss://` node. A node that skips certificate checks (`#insecure`)
+    /// needs the `tls-insecure` feature.
+    fn client(&self, info: ConnectionInfo, label: &str) -> Result<Client, ConfigError> {
+        let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr()
+            && !cfg!(feature = "tls-insecure")
+        {
+            return Err(ConfigError::InsecureTls {
+                node: label.to_owned(),
+            });
+        }
+        #[cfg(feature = "tls-rustls")]
+        if tls {
+            return self.tls.client(info, label);
+        }
+        let _ = tls;
+        Client::open(info).map_err(|e| ConfigError::InvalidUrl {
+            url: label.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+
     /// Checks every setting and creates the nodes (without I/O): the settings of a client.
     pub(super) fn validate(self) -> Result<Settings, ConfigError> {
-        let n = self.urls.len();
+        let n = self.nodes.len();
         if n == 0 {
             return Err(ConfigError::NoNodes);
         }
@@ -287,18 +315,25 @@ impl RedlockBuilder {
             servers: Arc::default(),
         };
         let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(n);
-        for url in &self.urls {
-            let client = Client::open(url.as_str()).map_err(|e| ConfigError::InvalidUrl {
-                url: redact(url),
-                reason: e.to_string(),
-            })?;
-            let label = client.get_connection_info().addr().to_string();
+        let mut any_tls = false;
+        for config in &self.nodes {
+            let info = config.connection_info()?;
+            any_tls |= matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+            let label = info.addr().to_string();
             if nodes.iter().any(|other| other.label() == label) {
                 return Err(ConfigError::DuplicateNode { node: label });
             }
+            let client = match config.client() {
+                Some(client) => client.clone(),
+                None => self.client(info, &label)?,
+            };
             let index = nodes.len();
             nodes.push(Arc::new(Node::new(index, label, client, settings.clone())));
         }
+        #[cfg(feature = "tls-rustls")]
+        self.tls.check(any_tls)?;
+        #[cfg(not(feature = "tls-rustls"))]
+        let _ = any_tls;
         if tokio::runtime::Handle::try_current().is_ok() {
             for node in &nodes {
                 node.kick();
@@ -392,30 +427,6 @@ pub(crate) fn check_retention(retention: Duration, ttl: Duration) -> Result<(), 
 /// A TTL in whole milliseconds.
 pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// A URL with any `user:password@` part removed, for error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_credentials() {
-        assert_eq!(
-            redact("rediss://user:secret@host:6380/0"),
-            "rediss://***@host:6380/0"
-        );
-        assert_eq!(redact("redis://host:1"), "redis://host:1");
-    }
 }
 
 /// How a [`LockGuard`](crate::LockGuard) keeps its lock alive; set on the builder

@@ -40,9 +40,13 @@ use crate::token::{Lock, Resource, keys_for};
 mod acquire;
 pub(crate) mod builder;
 mod extend;
+mod node_config;
 mod release;
+#[cfg(feature = "tls-rustls")]
+mod tls;
 
 pub use builder::RedlockBuilder;
+pub use node_config::NodeConfig;
 pub use release::Released;
 
 use builder::{KeepAlive, KeepAliveCommand, Settings, check_retention, check_ttl, ttl_ms};
@@ -92,12 +96,13 @@ impl RedlockBuilder {
 }
 
 impl Redlock {
-    /// A builder over the given node URLs, such as `redis://127.0.0.1:7001` or
-    /// `rediss://user:password@host:6380/0` (TLS needs the `tls-rustls` feature).
+    /// A builder over the given nodes: URLs such as `redis://127.0.0.1:7001` or
+    /// `rediss://user:password@host:6380/0` (TLS needs the `tls-rustls` feature), or any
+    /// [`NodeConfig`]: a `redis::ConnectionInfo` or a `redis::Client`.
     pub fn builder<I, S>(nodes: I) -> RedlockBuilder
     where
         I: IntoIterator<Item = S>,
-        S: Into<String>,
+        S: Into<NodeConfig>,
     {
         RedlockBuilder::new(nodes)
     }

@@ -36,6 +36,21 @@ pub enum ConfigError {
         /// What the parser said.
         reason: String,
     },
+    /// The TLS settings could not be used for a node (unreadable certificates or key).
+    Tls {
+        /// The node (`host:port`).
+        node: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// TLS certificates were given, but no node uses TLS (`rediss://`).
+    TlsWithoutTlsNodes,
+    /// A node skips certificate verification (`rediss://...#insecure`) without the
+    /// `tls-insecure` feature.
+    InsecureTls {
+        /// The node (`host:port`).
+        node: String,
+    },
     /// The TTL is zero (below one millisecond).
     ZeroTtl,
     /// The TTL is above [`MAX_TTL`](crate::defaults::MAX_TTL).
@@ -114,6 +129,19 @@ impl fmt::Display for ConfigError {
                 f,
                 "invalid Redis URL {url:?}: {reason}; expected redis://[user:password@]host:port[/db] \
                  or rediss://... (with the `tls-rustls` feature)"
+            ),
+            Self::Tls { node, reason } => write!(
+                f,
+                "the TLS settings cannot be used for node {node}: {reason}; give PEM \
+                 certificates (and a PEM private key for the client certificate)"
+            ),
+            Self::TlsWithoutTlsNodes => f.write_str(
+                "TLS certificates were given but no node uses TLS: use rediss:// URLs",
+            ),
+            Self::InsecureTls { node } => write!(
+                f,
+                "node {node} skips TLS certificate verification (#insecure), which needs the \
+                 `tls-insecure` feature: trust its CA with tls_root_certificates instead"
             ),
             Self::ZeroTtl => f.write_str("the TTL is zero: give a TTL of at least a few seconds"),
             Self::TtlTooLong { ttl } => write!(

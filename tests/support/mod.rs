@@ -13,6 +13,7 @@ pub mod fenced;
 pub mod http;
 pub mod jepsen;
 pub mod proxy;
+pub mod tls;
 
 pub use proxy::{FaultProxy, Mode};
 
@@ -32,7 +33,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn builder<I, S>(nodes: I) -> tower_redlock::RedlockBuilder
 where
     I: IntoIterator<Item = S>,
-    S: Into<String>,
+    S: Into<tower_redlock::NodeConfig>,
 {
     tower_redlock::Redlock::builder(nodes).restart_quarantine(false)
 }
@@ -76,6 +77,8 @@ pub struct RedisNode {
     paused: bool,
     /// With a fake clock: the libfaketime timestamp file it reads on every clock call.
     clock_file: Option<PathBuf>,
+    /// More `redis-server` arguments (TLS, for example), kept for restarts.
+    extra: Vec<String>,
 }
 
 impl RedisNode {
@@ -100,18 +103,33 @@ impl RedisNode {
     }
 
     fn start_with(clock_file: Option<PathBuf>) -> Self {
+        Self::start_with_args(clock_file, Vec::new())
+    }
+
+    /// Starts a node with more `redis-server` arguments; `{port}` in them is replaced by
+    /// a second free port (for `--tls-port`). The plain port stays open for the harness.
+    pub fn start_with_args(clock_file: Option<PathBuf>, extra: Vec<String>) -> Self {
         for _ in 0..5 {
             let port = free_port();
-            if let Some(child) = spawn_on(port, clock_file.as_deref()) {
+            let second = free_port().to_string();
+            let extra: Vec<String> = extra.iter().map(|a| a.replace("{port}", &second)).collect();
+            if let Some(child) = spawn_on(port, clock_file.as_deref(), &extra) {
                 return Self {
                     port,
                     child: Some(child),
                     paused: false,
                     clock_file,
+                    extra,
                 };
             }
         }
         panic!("could not start redis-server on a free port after 5 tries");
+    }
+
+    /// The value of an extra argument, such as `--tls-port`.
+    pub fn arg(&self, name: &str) -> Option<&str> {
+        let i = self.extra.iter().position(|a| a == name)?;
+        self.extra.get(i + 1).map(String::as_str)
     }
 
     /// Moves the node's wall clock to `offset` seconds from the real time (at once: the
@@ -178,7 +196,7 @@ impl RedisNode {
         self.kill();
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Some(child) = spawn_on(self.port, self.clock_file.as_deref()) {
+            if let Some(child) = spawn_on(self.port, self.clock_file.as_deref(), &self.extra) {
                 self.child = Some(child);
                 return;
             }
@@ -257,7 +275,7 @@ fn faketime_preload() -> String {
 
 /// Starts redis-server on `port` and waits until it answers PING; `None` if it exited
 /// (port taken).
-fn spawn_on(port: u16, clock_file: Option<&std::path::Path>) -> Option<Child> {
+fn spawn_on(port: u16, clock_file: Option<&std::path::Path>, extra: &[String]) -> Option<Child> {
     let bin = redis_server_binary();
     let mut cmd = Command::new(&bin);
     if let Some(file) = clock_file {
@@ -284,6 +302,7 @@ fn spawn_on(port: u16, clock_file: Option<&std::path::Path>) -> Option<Child> {
         "--dir",
         &std::env::temp_dir().to_string_lossy(),
     ])
+    .args(extra)
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .stderr(Stdio::null());

@@ -1,0 +1,143 @@
+//! [`NodeConfig`]: one Redis master as the builder takes it: a URL, a
+//! `redis::ConnectionInfo` (username, password, database, TLS and TCP settings the way
+//! redis-rs sets them) or a ready `redis::Client`.
+//!
+//! ```
+//! use tower_redlock::{NodeConfig, Redlock};
+//!
+//! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let info: redis::ConnectionInfo = "redis://locker:secret@10.0.0.2:6379/2".parse()?;
+//! let redlock = Redlock::builder([
+//!     NodeConfig::from("redis://10.0.0.1:6379"),
+//!     NodeConfig::from(info),
+//!     NodeConfig::from(redis::Client::open("redis://10.0.0.3:6379")?),
+//! ])
+//! .build()?;
+//! // Debug output and error texts name nodes by address, never with credentials.
+//! assert!(!format!("{redlock:?}").contains("secret"));
+//! # Ok(()) }
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+
+use redis::{Client, ConnectionInfo};
+
+use crate::error::ConfigError;
+
+/// One Redis master for [`Redlock::builder`](crate::Redlock::builder): from a URL
+/// (`redis://[user:password@]host:port[/db]`, `rediss://...` with the `tls-rustls`
+/// feature), a `redis::ConnectionInfo`, or a `redis::Client`. `Debug` shows the address
+/// only.
+#[derive(Clone)]
+pub struct NodeConfig(Spec);
+
+#[derive(Clone)]
+enum Spec {
+    Url(String),
+    Info(Box<ConnectionInfo>),
+    Client(Box<Client>),
+}
+
+impl NodeConfig {
+    /// The connection settings: parsed from the URL, or as given.
+    pub(crate) fn connection_info(&self) -> Result<ConnectionInfo, ConfigError> {
+        match &self.0 {
+            Spec::Url(url) => {
+                url.as_str()
+                    .parse::<ConnectionInfo>()
+                    .map_err(|e| ConfigError::InvalidUrl {
+                        url: redact(url),
+                        reason: e.to_string(),
+                    })
+            }
+            Spec::Info(info) => Ok((**info).clone()),
+            Spec::Client(client) => Ok(client.get_connection_info().clone()),
+        }
+    }
+
+    /// The client given by the user, if one was.
+    pub(crate) fn client(&self) -> Option<&Client> {
+        match &self.0 {
+            Spec::Client(client) => Some(client),
+            _ => None,
+        }
+    }
+
+    /// The URL without credentials, or the address.
+    fn shown(&self) -> String {
+        match &self.0 {
+            Spec::Url(url) => redact(url),
+            Spec::Info(info) => info.addr().to_string(),
+            Spec::Client(client) => client.get_connection_info().addr().to_string(),
+        }
+    }
+}
+
+impl fmt::Debug for NodeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("NodeConfig").field(&self.shown()).finish()
+    }
+}
+
+impl From<&str> for NodeConfig {
+    fn from(url: &str) -> Self {
+        Self(Spec::Url(url.to_owned()))
+    }
+}
+
+impl From<String> for NodeConfig {
+    fn from(url: String) -> Self {
+        Self(Spec::Url(url))
+    }
+}
+
+impl From<&String> for NodeConfig {
+    fn from(url: &String) -> Self {
+        Self(Spec::Url(url.clone()))
+    }
+}
+
+impl From<Cow<'_, str>> for NodeConfig {
+    fn from(url: Cow<'_, str>) -> Self {
+        Self(Spec::Url(url.into_owned()))
+    }
+}
+
+impl From<ConnectionInfo> for NodeConfig {
+    fn from(info: ConnectionInfo) -> Self {
+        Self(Spec::Info(Box::new(info)))
+    }
+}
+
+impl From<Client> for NodeConfig {
+    fn from(client: Client) -> Self {
+        Self(Spec::Client(Box::new(client)))
+    }
+}
+
+/// `url` without the user and password.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_credentials() {
+        assert_eq!(
+            redact("rediss://user:secret@host:6380/0"),
+            "rediss://***@host:6380/0"
+        );
+        assert_eq!(redact("redis://host:1"), "redis://host:1");
+        let shown = format!("{:?}", NodeConfig::from("redis://u:pw@h:1"));
+        assert!(!shown.contains("pw"), "{shown}");
+    }
+}

@@ -1,0 +1,160 @@
+//! TLS for real: `redis-server` with `--tls-port`, certificates from a private CA made at
+//! test time, and the crate's `tls-rustls` feature alone (no crypto provider installed by
+//! the test).
+#![cfg(feature = "tls-rustls")]
+
+mod support;
+
+use std::time::Duration;
+
+use support::tls::{self, Certs};
+use tower_redlock::{ConfigError, LockError, NodeError, Redlock, RedlockBuilder};
+
+fn builder(urls: Vec<String>) -> RedlockBuilder {
+    support::builder(urls)
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_millis(500))
+}
+
+#[tokio::test]
+async fn locks_over_tls_with_a_private_ca() {
+    let certs = Certs::generate();
+    let nodes: Vec<_> = (0..3).map(|_| tls::node(&certs, false)).collect();
+    let redlock = builder(nodes.iter().map(tls::url).collect())
+        .tls_root_certificates(certs.read("ca.pem"))
+        .build()
+        .expect("build");
+    let mut lock = redlock.lock("tls-1").await.expect("lock over TLS");
+    redlock
+        .extend(&mut lock, Duration::from_secs(10))
+        .await
+        .expect("extend");
+    assert_eq!(redlock.unlock(&lock).await.released(), 3);
+}
+
+#[tokio::test]
+async fn mutual_tls_needs_the_client_certificate() {
+    let certs = Certs::generate();
+    let node = tls::node(&certs, true);
+    let with_cert = builder(vec![tls::url(&node)])
+        .tls_root_certificates(certs.read("ca.pem"))
+        .tls_client_certificate(certs.read("client.pem"), certs.read("client.key"))
+        .build()
+        .expect("build");
+    let lock = with_cert.lock("mtls").await.expect("lock with mTLS");
+    with_cert.unlock(&lock).await;
+
+    let without = builder(vec![tls::url(&node)])
+        .tls_root_certificates(certs.read("ca.pem"))
+        .build()
+        .expect("build");
+    let err = without
+        .try_lock("mtls-2")
+        .await
+        .expect_err("no client certificate");
+    let LockError::NoQuorum { failures, .. } = &err else {
+        panic!("expected NoQuorum, got {err:?}");
+    };
+    assert!(
+        matches!(failures[0].error, NodeError::Connection(_)),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_certificate_from_another_ca_is_a_clear_per_node_error() {
+    let certs = Certs::generate();
+    let node = tls::node(&certs, false);
+    let redlock = builder(vec![tls::url(&node)])
+        .tls_root_certificates(certs.read("other_ca.pem"))
+        .build()
+        .expect("build");
+    let err = redlock
+        .try_lock("wrong-ca")
+        .await
+        .expect_err("untrusted server");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!(
+            "127.0.0.1:{}",
+            node.arg("--tls-port").unwrap_or_default()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.to_ascii_lowercase().contains("certificate"),
+        "the cause is named: {text}"
+    );
+    // The system's roots do not know the private CA either.
+    let system_roots = builder(vec![tls::url(&node)]).build().expect("build");
+    let err = system_roots
+        .try_lock("wrong-ca")
+        .await
+        .expect_err("untrusted");
+    assert!(
+        err.to_string().to_ascii_lowercase().contains("certificate"),
+        "{err}"
+    );
+}
+
+#[test]
+fn settings_that_cannot_work_are_refused_by_build() {
+    let certs = Certs::generate();
+    let err = builder(vec!["rediss://127.0.0.1:6380".into()])
+        .tls_root_certificates(b"not a certificate".to_vec())
+        .build()
+        .expect_err("bad PEM");
+    assert!(matches!(err, ConfigError::Tls { .. }), "{err:?}");
+    let err = builder(vec!["rediss://127.0.0.1:6380".into()])
+        .tls_client_certificate(certs.read("client.pem"), b"no key here".to_vec())
+        .build()
+        .expect_err("bad key");
+    assert!(err.to_string().contains("client key"), "{err}");
+    let err = builder(vec!["redis://127.0.0.1:6379".into()])
+        .tls_root_certificates(certs.read("ca.pem"))
+        .build()
+        .expect_err("no TLS node");
+    assert!(matches!(err, ConfigError::TlsWithoutTlsNodes), "{err:?}");
+    let insecure = builder(vec!["rediss://127.0.0.1:6380/#insecure".into()]).build();
+    if cfg!(feature = "tls-insecure") {
+        assert!(insecure.is_ok(), "{insecure:?}");
+    } else {
+        let err = insecure.expect_err("insecure without the feature");
+        assert!(matches!(err, ConfigError::InsecureTls { .. }), "{err:?}");
+    }
+}
+
+/// Credentials given in a URL or a `redis::ConnectionInfo` appear in no error text and no
+/// `Debug` output.
+#[tokio::test]
+async fn credentials_never_show() {
+    let certs = Certs::generate();
+    let node = tls::node(&certs, false);
+    let port = node.arg("--tls-port").unwrap_or_default().to_owned();
+    let url = format!("rediss://locker:hunter2-secret@127.0.0.1:{port}");
+    let info: redis::ConnectionInfo = format!("rediss://other:s3cret-two@localhost:{port}")
+        .parse()
+        .expect("connection info");
+    let builder = Redlock::builder([
+        tower_redlock::NodeConfig::from(url),
+        tower_redlock::NodeConfig::from(info),
+        tower_redlock::NodeConfig::from(format!("rediss://:third-secret@[::1]:{port}")),
+    ])
+    .ttl(Duration::from_secs(10))
+    .node_timeout(Duration::from_millis(500))
+    .restart_quarantine(false)
+    .tls_root_certificates(certs.read("ca.pem"));
+    let shown = format!("{builder:?}");
+    let redlock = builder.build().expect("build");
+    let err = redlock.try_lock("auth").await.expect_err("no such user");
+    for text in [
+        shown,
+        format!("{redlock:?}"),
+        err.to_string(),
+        format!("{err:?}"),
+    ] {
+        for secret in ["hunter2", "s3cret", "third-secret"] {
+            assert!(!text.contains(secret), "a credential shows: {text}");
+        }
+    }
+}
