@@ -14,6 +14,11 @@ ensure_faketime() {
     ensure_package cc gcc "command -v cc"
 }
 
+# Makes sure the openssl command is there: the TLS tests make their certificates with it.
+ensure_openssl() {
+    ensure_package openssl openssl "command -v openssl"
+}
+
 # ensure_package WHAT PACKAGE CHECK: runs CHECK; if it fails, installs Debian's PACKAGE
 # when we are root with apt-get, otherwise stops with the command to run.
 ensure_package() {
