@@ -10,7 +10,8 @@
 //! arrives after the first finished gets the first response back (marked
 //! `idempotent-replayed: true`) without running the handler, for an hour. `GET /stats`
 //! lists how often each delivery was processed, one `id count` line per delivery: every
-//! count must be 1.
+//! count must be 1. `GET /ready` is a readiness probe: 200 while a quorum of nodes is
+//! usable, 503 otherwise, with each node's state.
 //!
 //! Rejections are logged through the `on_rejection` hook: when a quorum of nodes is down
 //! the 503's message names every failed node and its cause.
@@ -85,6 +86,31 @@ async fn webhook(State(app): State<App>, token: LockToken) -> (StatusCode, Strin
     (StatusCode::OK, format!("processed {id}\n"))
 }
 
+/// Readiness: 200 while a quorum of nodes is usable now, 503 otherwise; one line per node.
+async fn ready(State(redlock): State<Redlock>) -> (StatusCode, String) {
+    let health = redlock.health().await;
+    let mut text = format!(
+        "{} of {} nodes usable, {} needed\n",
+        health.usable(),
+        health.nodes().len(),
+        health.quorum()
+    );
+    for node in health.nodes() {
+        text.push_str(&format!(
+            "{} {:?} rtt={:?}\n",
+            node.node(),
+            node.status(),
+            node.round_trip()
+        ));
+    }
+    let status = if health.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, text)
+}
+
 /// One `id count` line per delivery.
 async fn stats(State(app): State<App>) -> String {
     let map = app.processed.lock().unwrap_or_else(|e| e.into_inner());
@@ -142,6 +168,9 @@ async fn main() -> Result<(), Error> {
         work: Duration::from_millis(work_ms),
     };
 
+    let probe = Router::new()
+        .route("/ready", get(ready))
+        .with_state(redlock.clone());
     let layer = RedlockLayer::new(redlock, Header::new("x-github-delivery").required())
         .ttl(Duration::from_secs(30))
         // Delivery ids are unique: there is no later holder to fence, so no counter per id.
@@ -153,14 +182,15 @@ async fn main() -> Result<(), Error> {
         .route("/webhook", post(webhook))
         .route_layer(layer)
         .route("/stats", get(stats))
-        .with_state(app);
+        .with_state(app)
+        .merge(probe);
 
     let addr = std::env::var("LISTEN_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let bound = listener.local_addr()?;
-    println!("listening on http://{bound} (POST /webhook, GET /stats)");
+    println!("listening on http://{bound} (POST /webhook, GET /stats, GET /ready)");
     tracing::info!(%bound, work_ms, "webhook receiver listening");
 
     axum::serve(listener, router)

@@ -131,7 +131,9 @@ mod tonic_status;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use axum_extractor::MissingLockToken;
-pub use client::{NodeConfig, Redlock, RedlockBuilder, Released};
+pub use client::{
+    Health, Inspection, NodeConfig, NodeHealth, NodeStatus, Redlock, RedlockBuilder, Released,
+};
 pub use error::{ConfigError, ErrorDetail, LockError, NodeError, NodeFailure};
 pub use guard::LockGuard;
 pub use layer::RedlockLayer;

@@ -141,6 +141,16 @@ struct State {
     quarantined_until: Option<Instant>,
     /// The node whose server this node's address also reaches, if any (logged once).
     same_server_as: Option<String>,
+    /// The server's version, from the last connect that could read it.
+    version: Option<String>,
+}
+
+/// The outcome of a health check of one node ([`Node::check`]).
+pub(crate) struct Check {
+    pub(crate) result: Result<(), NodeError>,
+    pub(crate) round_trip: Option<Duration>,
+    pub(crate) version: Option<String>,
+    pub(crate) role: Option<String>,
 }
 
 /// One Redis master.
@@ -175,6 +185,7 @@ impl Node {
                 known_run_id: None,
                 quarantined_until: None,
                 same_server_as: None,
+                version: None,
             }),
             changed: Notify::new(),
             consecutive_timeouts: AtomicU32::new(0),
@@ -359,6 +370,9 @@ impl Node {
                     if self.settings.quarantine {
                         self.quarantine_after_connect(&mut st, &info);
                     }
+                    if !info.version.is_empty() {
+                        st.version = Some(info.version.clone());
+                    }
                     st.known_run_id = Some(info.run_id);
                     st.same_server_as = None;
                     st.generation += 1;
@@ -477,6 +491,69 @@ impl Node {
                 error: why.clone(),
                 retry_at: Instant::now(),
             };
+        }
+    }
+
+    /// How much longer the node is quarantined, if it is.
+    pub(crate) fn quarantined_for(&self) -> Option<Duration> {
+        let mut st = self.state();
+        self.quarantine_left(&mut st)
+    }
+
+    /// A health check within `deadline`: `PING` and `INFO replication` (for the role) in
+    /// one round trip, timed.
+    pub(crate) async fn check(self: &Arc<Self>, deadline: Instant) -> Check {
+        let failed = |error| Check {
+            result: Err(error),
+            round_trip: None,
+            version: self.state().version.clone(),
+            role: None,
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let (mut conn, generation) = match timeout_at(deadline, self.connection(false)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return failed(e),
+            Err(_) => return failed(NodeError::Timeout),
+        };
+        let start = Instant::now();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors()
+            .cmd("PING")
+            .cmd("INFO")
+            .arg("replication");
+        let replies = timeout_at(
+            deadline,
+            pipe.query_async::<Vec<redis::RedisResult<Value>>>(&mut conn),
+        )
+        .await;
+        let round_trip = start.elapsed();
+        let mut replies = match replies {
+            Ok(Ok(replies)) => replies.into_iter(),
+            Ok(Err(e)) => {
+                let e = NodeError::from(e);
+                if e.breaks_connection() {
+                    self.invalidate(generation, &e);
+                }
+                return failed(e);
+            }
+            Err(_) => return failed(NodeError::Timeout),
+        };
+        if let Some(Err(e)) = replies.next() {
+            return failed(NodeError::from(e));
+        }
+        let role = replies
+            .next()
+            .and_then(Result::ok)
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .and_then(|info| {
+                info.lines()
+                    .find_map(|l| l.trim_end().strip_prefix("role:").map(str::to_owned))
+            });
+        Check {
+            result: Ok(()),
+            round_trip: Some(round_trip),
+            version: self.state().version.clone(),
+            role,
         }
     }
 

@@ -166,6 +166,21 @@ end
 return 0
 "#;
 
+/// Inspection of a name, never reading out the value. `KEYS[1]` = lock key, `KEYS[2]` =
+/// the name's fencing counter. Returns `{kind, pttl, counter}`: kind 0 (no key), 1 (a
+/// lock) or 2 (a completion record); the key's PTTL; the counter (`""` if none).
+const INSPECT: &str = r#"
+local v = redis.call('GET', KEYS[1])
+local kind = 0
+if v then
+  kind = 1
+  if string.sub(v, 1, 8) == '#record\n' then
+    kind = 2
+  end
+end
+return {kind, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or ''}
+"#;
+
 pub(crate) static HOLDER_TTL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER_TTL));
 pub(crate) static ACQUIRE_OR_REPLAY_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_OR_REPLAY));
@@ -175,9 +190,10 @@ pub(crate) static ACQUIRE_FENCED_SCRIPT: LazyLock<Script> =
 pub(crate) static FENCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND));
+pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
 
 /// Every script, for `SCRIPT LOAD` on connect.
-pub(crate) fn all() -> [&'static Script; 7] {
+pub(crate) fn all() -> [&'static Script; 8] {
     [
         &HOLDER_TTL_SCRIPT,
         &ACQUIRE_OR_REPLAY_SCRIPT,
@@ -186,7 +202,42 @@ pub(crate) fn all() -> [&'static Script; 7] {
         &FENCE_SCRIPT,
         &RELEASE_SCRIPT,
         &EXTEND_SCRIPT,
+        &INSPECT_SCRIPT,
     ]
+}
+
+/// What one node holds for a name ([`INSPECT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Inspected {
+    /// A lock or a record is stored under the key.
+    pub(crate) held: bool,
+    /// It is a completion record.
+    pub(crate) record: bool,
+    /// The key's remaining TTL, if it has one.
+    pub(crate) pttl: Option<Duration>,
+    /// The node's fencing counter for the name.
+    pub(crate) counter: Option<u64>,
+}
+
+/// Parses the reply to [`INSPECT`].
+pub(crate) fn parse_inspect(v: Value) -> Result<Inspected, NodeError> {
+    let bad = || NodeError::Protocol("unexpected reply to the inspect script".into());
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let [Value::Int(kind), Value::Int(pttl), counter] = items.as_slice() else {
+        return Err(bad());
+    };
+    let counter = match counter {
+        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()),
+        _ => None,
+    };
+    Ok(Inspected {
+        held: *kind != 0,
+        record: *kind == 2,
+        pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+        counter,
+    })
 }
 
 /// One argument of a script call.

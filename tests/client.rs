@@ -1074,9 +1074,13 @@ async fn one_server_given_twice_counts_once() {
         .collect();
     assert_eq!(same.len(), 2, "{err}");
     assert!(err.to_string().contains("same Redis server"), "{err}");
-    // With another server beside it, the lock is held by the two real servers.
-    let mut urls = aliases[..2].to_vec();
-    urls.push(cluster.nodes[1].url());
+    // With another server beside it, the lock is held by the two real servers (database 0
+    // on both addresses, so that the check below sees the key whichever address counts).
+    let urls = vec![
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://localhost:{port}"),
+        cluster.nodes[1].url(),
+    ];
     let two_servers = builder(urls).build().expect("build");
     let lock = two_servers.lock("twice").await.expect("2 of 3");
     assert_eq!(cluster.nodes_holding(lock.key()).await, 2);
@@ -1109,4 +1113,68 @@ fn a_connect_cut_short_by_a_runtime_shutdown_does_not_wedge_the_node() {
         )
         .await;
     });
+}
+
+/// Health: per node up / quarantined / down with the cause, round trip, version and role,
+/// and whether a quorum is usable now. Inspection: what the nodes hold for a name.
+#[tokio::test]
+async fn health_and_inspection_tell_what_the_nodes_hold() {
+    let mut cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    let health = redlock.health().await;
+    assert!(health.ready(), "{health:?}");
+    assert_eq!((health.usable(), health.quorum()), (3, 2));
+    for node in health.nodes() {
+        assert_eq!(node.status(), &tower_redlock::NodeStatus::Up, "{node:?}");
+        assert!(node.round_trip().is_some());
+        assert!(node.version().is_some_and(|v| !v.is_empty()), "{node:?}");
+        assert_eq!(node.role(), Some("master"));
+    }
+
+    let lock = redlock.lock("inspected").await.expect("lock");
+    let seen = redlock.inspect("inspected").await.expect("inspect");
+    assert_eq!((seen.held_on(), seen.nodes(), seen.record_on()), (3, 3, 0));
+    assert!(seen.is_held(redlock.quorum()));
+    assert!(
+        seen.remaining()
+            .is_some_and(|r| r <= Duration::from_secs(5)),
+        "{seen:?}"
+    );
+    assert_eq!(seen.fencing(), lock.fencing_token());
+    redlock.unlock(&lock).await;
+    let gone = redlock.inspect("inspected").await.expect("inspect");
+    assert_eq!((gone.held_on(), gone.remaining()), (0, None));
+    assert_eq!(
+        gone.fencing(),
+        lock.fencing_token(),
+        "counters outlive the lock"
+    );
+    assert!(matches!(
+        redlock.inspect("").await,
+        Err(LockError::InvalidName { .. })
+    ));
+
+    cluster.nodes[0].kill();
+    let health = redlock.health().await;
+    assert!(health.ready(), "2 of 3 still make a quorum");
+    assert!(matches!(
+        health.nodes()[0].status(),
+        tower_redlock::NodeStatus::Down(NodeError::Refused | NodeError::Connection(_))
+    ));
+    cluster.nodes[1].kill();
+    assert!(!redlock.health().await.ready());
+
+    // Young nodes under the restart quarantine are up but not usable.
+    let fresh = Cluster::start(3);
+    let quarantined = tower_redlock::Redlock::builder(fresh.urls())
+        .build()
+        .expect("build");
+    let health = quarantined.health().await;
+    assert!(!health.ready(), "{health:?}");
+    assert!(
+        health
+            .nodes()
+            .iter()
+            .all(|n| matches!(n.status(), tower_redlock::NodeStatus::Quarantined { .. }))
+    );
 }

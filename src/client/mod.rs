@@ -40,12 +40,14 @@ use crate::token::{Lock, Resource, keys_for};
 mod acquire;
 pub(crate) mod builder;
 mod extend;
+mod health;
 mod node_config;
 mod release;
 #[cfg(feature = "tls-rustls")]
 mod tls;
 
 pub use builder::RedlockBuilder;
+pub use health::{Health, Inspection, NodeHealth, NodeStatus};
 pub use node_config::NodeConfig;
 pub use release::Released;
 

@@ -1,0 +1,235 @@
+//! Health and inspection: how each node looks from this client right now
+//! ([`Redlock::health`], with a readiness verdict), and what the nodes hold for a name
+//! ([`Redlock::inspect`]; never the lock's value).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let health = redlock.health().await;
+//! for node in health.nodes() {
+//!     println!("{}: {:?}, round trip {:?}", node.node(), node.status(), node.round_trip());
+//! }
+//! if !health.ready() {
+//!     eprintln!("only {} usable nodes, {} needed", health.usable(), health.quorum());
+//! }
+//! let held = redlock.inspect("invoice:42").await?;
+//! println!("held on {} of {} nodes, fencing number {:?}", held.held_on(), held.nodes(), held.fencing());
+//! # Ok(()) }
+//! ```
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+
+use super::Redlock;
+use crate::error::{LockError, NodeError, NodeFailure};
+use crate::fanout;
+use crate::quorum::{NodeMask, later};
+use crate::scripts::{Arg, INSPECT_SCRIPT, Invocation, Request, parse_inspect};
+
+/// The state of one node, from [`Redlock::health`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeStatus {
+    /// Connected, answering, and taking part in acquisitions.
+    Up,
+    /// Answering, but kept out of acquisitions by the restart quarantine for `remaining`.
+    Quarantined {
+        /// How much longer the quarantine lasts.
+        remaining: Duration,
+    },
+    /// Not usable: why.
+    Down(NodeError),
+}
+
+/// One node's health.
+#[derive(Debug, Clone)]
+pub struct NodeHealth {
+    node: String,
+    status: NodeStatus,
+    round_trip: Option<Duration>,
+    version: Option<String>,
+    role: Option<String>,
+}
+
+impl NodeHealth {
+    /// The node's address (`host:port`, never credentials).
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Up, quarantined, or down and why.
+    pub fn status(&self) -> &NodeStatus {
+        &self.status
+    }
+
+    /// How long the health check's round trip took, if the node answered.
+    pub fn round_trip(&self) -> Option<Duration> {
+        self.round_trip
+    }
+
+    /// The server's version (`redis_version`), if known.
+    pub fn version(&self) -> Option<&str> {
+        self.version.as_deref()
+    }
+
+    /// The server's replication role (`master`, `slave`), if the user may run `INFO`.
+    /// A node that is not a master may lose lock keys in a failover.
+    pub fn role(&self) -> Option<&str> {
+        self.role.as_deref()
+    }
+}
+
+/// Every node's health, and whether a quorum is usable now.
+#[derive(Debug, Clone)]
+pub struct Health {
+    nodes: Vec<NodeHealth>,
+    quorum: usize,
+}
+
+impl Health {
+    /// Each node, in the order given to the builder.
+    pub fn nodes(&self) -> &[NodeHealth] {
+        &self.nodes
+    }
+
+    /// How many nodes are up and not quarantined.
+    pub fn usable(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.status == NodeStatus::Up)
+            .count()
+    }
+
+    /// The number of nodes a lock needs.
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    /// Whether a quorum of nodes is usable now: a readiness check. A node that is up but
+    /// quarantined does not count.
+    pub fn ready(&self) -> bool {
+        self.usable() >= self.quorum
+    }
+}
+
+/// What the nodes hold for a name, from [`Redlock::inspect`]. Never the lock's value.
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    held_on: usize,
+    nodes: usize,
+    remaining: Option<Duration>,
+    fencing: Option<u64>,
+    record_on: usize,
+    failures: Vec<NodeFailure>,
+}
+
+impl Inspection {
+    /// On how many nodes a lock key for the name exists.
+    pub fn held_on(&self) -> usize {
+        self.held_on
+    }
+
+    /// How many nodes the client has.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// Whether the name is held: its key exists on a quorum of nodes.
+    pub fn is_held(&self, quorum: usize) -> bool {
+        self.held_on >= quorum
+    }
+
+    /// The longest remaining TTL of the name's keys, if any node holds one.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.remaining
+    }
+
+    /// The highest fencing number recorded for the name on any node, if any.
+    pub fn fencing(&self) -> Option<u64> {
+        self.fencing
+    }
+
+    /// On how many nodes a completion record (layer replay) is stored under the name.
+    pub fn record_on(&self) -> usize {
+        self.record_on
+    }
+
+    /// The nodes that did not answer, with why.
+    pub fn failures(&self) -> &[NodeFailure] {
+        &self.failures
+    }
+}
+
+impl Redlock {
+    /// Checks every node now (one round trip each, bounded by the per-node timeout): up,
+    /// quarantined or down with the cause, its round-trip time, version and role; and
+    /// whether a quorum is usable ([`Health::ready`]), for a readiness probe.
+    pub async fn health(&self) -> Health {
+        let deadline = later(Instant::now(), self.inner.node_timeout);
+        let nodes = join_all(self.inner.nodes.iter().map(|node| async move {
+            let check = node.check(deadline).await;
+            NodeHealth {
+                node: node.label().to_owned(),
+                status: match check.result {
+                    Err(error) => NodeStatus::Down(error),
+                    Ok(()) => match node.quarantined_for() {
+                        Some(remaining) => NodeStatus::Quarantined { remaining },
+                        None => NodeStatus::Up,
+                    },
+                },
+                round_trip: check.round_trip,
+                version: check.version,
+                role: check.role,
+            }
+        }))
+        .await;
+        Health {
+            nodes,
+            quorum: self.quorum(),
+        }
+    }
+
+    /// What the nodes hold for `name` now: on how many nodes its key exists, the longest
+    /// remaining TTL, the highest fencing number, and whether a completion record is
+    /// stored. The lock's value is never read out. Fails only for an invalid name.
+    pub async fn inspect(&self, name: impl AsRef<[u8]>) -> Result<Inspection, LockError> {
+        let resource = self.resource(name.as_ref(), self.ttl())?;
+        let keys = [&*resource.key, &*resource.counter_key];
+        let args: [Arg<'_>; 0] = [];
+        let request = Request::Script(Invocation {
+            script: &INSPECT_SCRIPT,
+            keys: &keys,
+            args: &args,
+        });
+        let deadline = later(Instant::now(), self.inner.node_timeout);
+        let mut out = Inspection {
+            held_on: 0,
+            nodes: self.inner.nodes.len(),
+            remaining: None,
+            fencing: None,
+            record_on: 0,
+            failures: Vec::new(),
+        };
+        let nodes = &self.inner.nodes;
+        out.failures = fanout::everywhere(
+            nodes,
+            &request,
+            deadline,
+            NodeMask::default(),
+            None,
+            |reply| {
+                let seen = parse_inspect(reply)?;
+                if seen.held {
+                    out.held_on += 1;
+                    out.remaining = out.remaining.max(seen.pttl);
+                }
+                out.record_on += usize::from(seen.record);
+                out.fencing = out.fencing.max(seen.counter);
+                Ok(())
+            },
+        )
+        .await;
+        Ok(out)
+    }
+}
