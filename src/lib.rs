@@ -120,6 +120,7 @@ pub mod layer;
 mod node;
 pub mod quorum;
 mod scripts;
+mod sentinel;
 mod token;
 mod waiters;
 

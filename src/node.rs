@@ -31,6 +31,13 @@ use tokio::time::timeout_at;
 
 use crate::error::NodeError;
 use crate::scripts::{self, Call};
+use crate::sentinel::SentinelMaster;
+
+/// How a node finds its server: a fixed address, or the master the sentinels name.
+pub(crate) enum Connector {
+    Direct(Box<Client>),
+    Sentinel(Box<SentinelMaster>),
+}
 
 /// Shortest wait before reconnecting after a failed connect.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -158,7 +165,7 @@ pub(crate) struct Node {
     /// The node's position in the client's list.
     index: usize,
     label: String,
-    client: Client,
+    connector: Connector,
     settings: NodeSettings,
     state: Mutex<State>,
     changed: Notify,
@@ -172,11 +179,16 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    pub(crate) fn new(index: usize, label: String, client: Client, settings: NodeSettings) -> Self {
+    pub(crate) fn new(
+        index: usize,
+        label: String,
+        connector: Connector,
+        settings: NodeSettings,
+    ) -> Self {
         Self {
             index,
             label,
-            client,
+            connector,
             settings,
             state: Mutex::new(State {
                 slot: Slot::Idle,
@@ -197,9 +209,13 @@ impl Node {
         &self.label
     }
 
-    /// The node's client, for connections of other kinds (pub/sub).
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
+    /// The node's client, for connections of other kinds (pub/sub): for a Sentinel-managed
+    /// node, that of the master found last (`None` before the first lookup).
+    pub(crate) fn client(&self) -> Option<Client> {
+        match &self.connector {
+            Connector::Direct(client) => Some((**client).clone()),
+            Connector::Sentinel(master) => master.current(),
+        }
     }
 
     /// The time allowed to connect to the node.
@@ -265,12 +281,24 @@ impl Node {
             self.settings.connect_timeout,
         ));
         let quarantine = self.settings.quarantine;
+        let client = match &self.connector {
+            Connector::Direct(client) => (**client).clone(),
+            Connector::Sentinel(master) => {
+                match timeout_at(deadline, master.resolve(self.settings.connect_timeout)).await {
+                    Ok(found) => found?,
+                    Err(_) => {
+                        return Err(NodeError::Connection(
+                            "no sentinel answered within the connect timeout".into(),
+                        ));
+                    }
+                }
+            }
+        };
         let attempt = async {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.settings.connect_timeout))
                 .set_response_timeout(None);
-            let mut conn = self
-                .client
+            let mut conn = client
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
             // `INFO server` feeds the restart quarantine and the same-server check; a user
@@ -579,8 +607,12 @@ impl Node {
                 Ok(v)
             }
             Ok(Err(e)) => {
+                // A master demoted to replica (a failover) refuses writes: reconnect, which
+                // for a Sentinel-managed node finds the new master.
+                let demoted =
+                    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
                 let e = NodeError::from(e);
-                if e.breaks_connection() {
+                if demoted || e.breaks_connection() {
                     self.invalidate(generation, &e);
                 }
                 Err(e)

@@ -351,15 +351,16 @@ async fn manage(waiters: Weak<Waiters>, node: Arc<Node>, mut rx: UnboundedReceiv
     let mut backoff = BACKOFF_MIN;
     let refused_logged = AtomicBool::new(false);
     loop {
-        let connected =
-            tokio::time::timeout(node.connect_timeout(), node.client().get_async_pubsub()).await;
+        let connected = match node.client() {
+            Some(client) => tokio::time::timeout(node.connect_timeout(), client.get_async_pubsub())
+                .await
+                .map_err(|_| NodeError::Timeout)
+                .and_then(|c| c.map_err(NodeError::from)),
+            None => Err(NodeError::Connection("the master is not known yet".into())),
+        };
         let (mut sink, mut stream) = match connected {
-            Ok(Ok(pubsub)) => pubsub.split(),
-            failed => {
-                let error = match failed {
-                    Ok(Err(e)) => NodeError::from(e),
-                    _ => NodeError::Timeout,
-                };
+            Ok(pubsub) => pubsub.split(),
+            Err(error) => {
                 tracing::debug!(node = %node.label(), %error, "redlock pub/sub connect failed: waiters poll this node");
                 // While down, answer requests at once so no waiter waits on this node.
                 let pause = tokio::time::sleep(backoff);

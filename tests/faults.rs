@@ -321,3 +321,94 @@ async fn a_failed_tls_connect_reports_its_cause() {
         "{err:?}"
     );
 }
+
+/// Sentinel-managed nodes: a failover on one node is followed (the sentinels name the new
+/// master), the promoted replica is quarantined like a restarted node (it may lack lock
+/// keys), then used again; contending lockers never overlap across it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_is_followed_and_quarantined_without_overlaps() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use support::sentinel::SentinelNode;
+    use tower_redlock::{NodeConfig, NodeStatus};
+
+    let nodes: Vec<SentinelNode> = (0..3)
+        .map(|i| SentinelNode::start(&format!("locks-{i}")))
+        .collect();
+    let ttl = Duration::from_secs(2);
+    let redlock = Redlock::builder(
+        nodes
+            .iter()
+            .map(|n| NodeConfig::sentinel([n.sentinel_url()], n.name.clone())),
+    )
+    .ttl(ttl)
+    .node_timeout(Duration::from_millis(100))
+    .build()
+    .expect("build");
+    // The nodes are young: wait out their first quarantine.
+    wait_for("a usable quorum", Duration::from_secs(15), || async {
+        redlock.health().await.usable() == 3
+    })
+    .await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let (overlaps, held) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let lockers: Vec<_> = (0..4)
+        .map(|_| {
+            let (redlock, stop, inside) = (redlock.clone(), stop.clone(), inside.clone());
+            let (overlaps, held) = (overlaps.clone(), held.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(lock) = redlock
+                        .lock_until("failover", ttl, Instant::now() + Duration::from_millis(500))
+                        .await
+                    else {
+                        continue;
+                    };
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    if lock.is_valid() {
+                        held.fetch_add(1, Ordering::SeqCst);
+                    }
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    redlock.unlock(&lock).await;
+                }
+            })
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = held.load(Ordering::SeqCst);
+    let failing = &nodes[0];
+    tokio::task::block_in_place(|| failing.failover());
+    wait_for(
+        "the promoted replica's quarantine",
+        Duration::from_secs(15),
+        || async {
+            matches!(
+                redlock.health().await.nodes()[0].status(),
+                NodeStatus::Quarantined { .. }
+            )
+        },
+    )
+    .await;
+    wait_for(
+        "the node back in service",
+        Duration::from_secs(15),
+        || async { redlock.health().await.nodes()[0].status() == &NodeStatus::Up },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    for locker in lockers {
+        locker.await.expect("locker");
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "holds overlapped");
+    assert!(
+        held.load(Ordering::SeqCst) > before,
+        "locks were granted across the failover"
+    );
+}

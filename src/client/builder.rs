@@ -20,7 +20,7 @@ use std::time::Duration;
 use redis::{Client, ConnectionAddr, ConnectionInfo};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::node_config::NodeConfig;
+use super::node_config::{NodeConfig, Sentinel, redact};
 use crate::defaults::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_FENCING,
     DEFAULT_FENCING_RETENTION, DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT,
@@ -29,8 +29,9 @@ use crate::defaults::{
     MIN_TTL_TO_TIMEOUT_RATIO,
 };
 use crate::error::ConfigError;
-use crate::node::{Node, NodeSettings};
+use crate::node::{Connector, Node, NodeSettings};
 use crate::quorum;
+use crate::sentinel::SentinelMaster;
 use crate::token::{Shared, prefix_keeps_tags};
 use crate::waiters::Waiters;
 
@@ -317,18 +318,32 @@ impl RedlockBuilder {
         let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(n);
         let mut any_tls = false;
         for config in &self.nodes {
-            let info = config.connection_info()?;
-            any_tls |= matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-            let label = info.addr().to_string();
+            let (label, connector) = match config.as_sentinel() {
+                Some(sentinel) => (
+                    format!("sentinel:{}", sentinel.name),
+                    Connector::Sentinel(Box::new(sentinel_master(sentinel)?)),
+                ),
+                None => {
+                    let info = config.connection_info()?;
+                    any_tls |= matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+                    let label = info.addr().to_string();
+                    let client = match config.client() {
+                        Some(client) => client.clone(),
+                        None => self.client(info, &label)?,
+                    };
+                    (label, Connector::Direct(Box::new(client)))
+                }
+            };
             if nodes.iter().any(|other| other.label() == label) {
                 return Err(ConfigError::DuplicateNode { node: label });
             }
-            let client = match config.client() {
-                Some(client) => client.clone(),
-                None => self.client(info, &label)?,
-            };
             let index = nodes.len();
-            nodes.push(Arc::new(Node::new(index, label, client, settings.clone())));
+            nodes.push(Arc::new(Node::new(
+                index,
+                label,
+                connector,
+                settings.clone(),
+            )));
         }
         #[cfg(feature = "tls-rustls")]
         self.tls.check(any_tls)?;
@@ -452,4 +467,38 @@ pub(crate) enum KeepAliveCommand {
     },
     /// Stop keeping lock `id` alive: it is being released.
     Stop { id: u64 },
+}
+
+/// The connector of a Sentinel-managed node: clients for its sentinels, and the master's
+/// settings.
+fn sentinel_master(sentinel: &Sentinel) -> Result<SentinelMaster, ConfigError> {
+    if sentinel.sentinels.is_empty() {
+        return Err(ConfigError::NoSentinels {
+            master: sentinel.name.clone(),
+        });
+    }
+    let clients = sentinel
+        .sentinels
+        .iter()
+        .map(|url| {
+            Client::open(url.as_str()).map_err(|e| ConfigError::InvalidUrl {
+                url: redact(url),
+                reason: e.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let template = match &sentinel.master {
+        Some(info) => info.clone(),
+        None => "redis://127.0.0.1:6379"
+            .parse::<ConnectionInfo>()
+            .map_err(|e| ConfigError::InvalidUrl {
+                url: format!("sentinel:{}", sentinel.name),
+                reason: e.to_string(),
+            })?,
+    };
+    Ok(SentinelMaster::new(
+        clients,
+        sentinel.name.clone(),
+        template,
+    ))
 }

@@ -37,9 +37,55 @@ enum Spec {
     Url(String),
     Info(Box<ConnectionInfo>),
     Client(Box<Client>),
+    Sentinel(Box<Sentinel>),
+}
+
+/// A Sentinel-managed master, as given.
+#[derive(Clone)]
+pub(crate) struct Sentinel {
+    pub(crate) sentinels: Vec<String>,
+    pub(crate) name: String,
+    pub(crate) master: Option<ConnectionInfo>,
 }
 
 impl NodeConfig {
+    /// A Sentinel-managed master: the master that the sentinels at `sentinels` (URLs,
+    /// tried in turn) name `master_name`. Every (re)connect asks them, so the node
+    /// follows failovers; a promoted replica is quarantined like a restarted node (see
+    /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine)),
+    /// since it may lack lock keys. The master is reached with default settings; give its
+    /// user, password, database or TLS with [`master_settings`](Self::master_settings).
+    /// Bad URLs are refused by [`build`](crate::RedlockBuilder::build).
+    pub fn sentinel<I, S>(sentinels: I, master_name: impl Into<String>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self(Spec::Sentinel(Box::new(Sentinel {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            name: master_name.into(),
+            master: None,
+        })))
+    }
+
+    /// For a [`sentinel`](Self::sentinel) node: how to connect to the master (user,
+    /// password, database, TLS); its address is replaced by the one the sentinels give.
+    /// No effect on other nodes.
+    pub fn master_settings(mut self, info: ConnectionInfo) -> Self {
+        if let Spec::Sentinel(sentinel) = &mut self.0 {
+            sentinel.master = Some(info);
+        }
+        self
+    }
+
+    /// The Sentinel settings, for a Sentinel-managed node.
+    pub(crate) fn as_sentinel(&self) -> Option<&Sentinel> {
+        match &self.0 {
+            Spec::Sentinel(sentinel) => Some(sentinel),
+            _ => None,
+        }
+    }
+
     /// The connection settings: parsed from the URL, or as given.
     pub(crate) fn connection_info(&self) -> Result<ConnectionInfo, ConfigError> {
         match &self.0 {
@@ -53,6 +99,10 @@ impl NodeConfig {
             }
             Spec::Info(info) => Ok((**info).clone()),
             Spec::Client(client) => Ok(client.get_connection_info().clone()),
+            Spec::Sentinel(sentinel) => Err(ConfigError::InvalidUrl {
+                url: format!("sentinel:{}", sentinel.name),
+                reason: "a Sentinel-managed node has no fixed address".to_owned(),
+            }),
         }
     }
 
@@ -70,6 +120,15 @@ impl NodeConfig {
             Spec::Url(url) => redact(url),
             Spec::Info(info) => info.addr().to_string(),
             Spec::Client(client) => client.get_connection_info().addr().to_string(),
+            Spec::Sentinel(sentinel) => format!(
+                "sentinel:{} via {:?}",
+                sentinel.name,
+                sentinel
+                    .sentinels
+                    .iter()
+                    .map(|u| redact(u))
+                    .collect::<Vec<_>>()
+            ),
         }
     }
 }

@@ -45,6 +45,11 @@ pub enum ConfigError {
     },
     /// TLS certificates were given, but no node uses TLS (`rediss://`).
     TlsWithoutTlsNodes,
+    /// A Sentinel-managed node was given without any sentinel.
+    NoSentinels {
+        /// The master's name.
+        master: String,
+    },
     /// A node skips certificate verification (`rediss://...#insecure`) without the
     /// `tls-insecure` feature.
     InsecureTls {
@@ -134,6 +139,10 @@ impl fmt::Display for ConfigError {
                 f,
                 "the TLS settings cannot be used for node {node}: {reason}; give PEM \
                  certificates (and a PEM private key for the client certificate)"
+            ),
+            Self::NoSentinels { master } => write!(
+                f,
+                "the Sentinel-managed node {master:?} has no sentinel: give their URLs"
             ),
             Self::TlsWithoutTlsNodes => f.write_str(
                 "TLS certificates were given but no node uses TLS: use rediss:// URLs",

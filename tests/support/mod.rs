@@ -13,6 +13,7 @@ pub mod fenced;
 pub mod http;
 pub mod jepsen;
 pub mod proxy;
+pub mod sentinel;
 pub mod tls;
 
 pub use proxy::{FaultProxy, Mode};
@@ -226,6 +227,8 @@ impl Drop for RedisNode {
         if let Some(file) = &self.clock_file {
             let _ = std::fs::remove_file(file);
         }
+        let dump = format!("redlock-test-{}-{}.rdb", std::process::id(), self.port);
+        let _ = std::fs::remove_file(std::env::temp_dir().join(dump));
     }
 }
 
@@ -284,7 +287,13 @@ fn spawn_on(port: u16, clock_file: Option<&std::path::Path>, extra: &[String]) -
             .env("FAKETIME_NO_CACHE", "1")
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
     }
+    // Each node has its own dump file, removed first: a replica's full sync writes one,
+    // and a node must never start with another's data.
+    let dump = format!("redlock-test-{}-{port}.rdb", std::process::id());
+    let _ = std::fs::remove_file(std::env::temp_dir().join(&dump));
     cmd.args([
+        "--dbfilename",
+        &dump,
         "--port",
         &port.to_string(),
         "--bind",

@@ -1,0 +1,143 @@
+//! Sentinel-managed nodes for the tests: per node one master, one replica and one
+//! `redis-server --sentinel` watching them, all on free loopback ports.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{RedisNode, free_port, redis_server_binary};
+
+/// One master, its replica, and a sentinel that monitors them as `name`.
+pub struct SentinelNode {
+    pub name: String,
+    pub master: RedisNode,
+    pub replica: RedisNode,
+    sentinel: Option<Child>,
+    sentinel_port: u16,
+    conf: PathBuf,
+}
+
+/// Polls `cond` until it holds, or panics after `timeout` naming `what`.
+fn wait(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Option<T> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    cmd.query(&mut con).ok()
+}
+
+impl SentinelNode {
+    pub fn start(name: &str) -> Self {
+        let master = RedisNode::start();
+        let replica = RedisNode::start_with_args(
+            None,
+            vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                master.port().to_string(),
+            ],
+        );
+        wait("the replica to sync", Duration::from_secs(20), || {
+            query::<String>(replica.port(), redis::cmd("INFO").arg("replication"))
+                .is_some_and(|i| i.contains("master_link_status:up"))
+        });
+        let sentinel_port = free_port();
+        let conf = std::env::temp_dir().join(format!(
+            "redlock-sentinel-{}-{sentinel_port}.conf",
+            std::process::id()
+        ));
+        std::fs::write(
+            &conf,
+            format!(
+                "port {sentinel_port}\nbind 127.0.0.1\ndaemonize no\n\
+                 sentinel monitor {name} 127.0.0.1 {} 1\n\
+                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 5000\n",
+                master.port()
+            ),
+        )
+        .expect("write the sentinel config");
+        let sentinel = Command::new(redis_server_binary())
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server --sentinel");
+        let node = Self {
+            name: name.to_owned(),
+            master,
+            replica,
+            sentinel: Some(sentinel),
+            sentinel_port,
+            conf,
+        };
+        wait(
+            "the sentinel to know the replica",
+            Duration::from_secs(30),
+            || node.replicas() >= 1,
+        );
+        node
+    }
+
+    /// The sentinel's URL.
+    pub fn sentinel_url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.sentinel_port)
+    }
+
+    /// The port of the master, as the sentinel says.
+    pub fn master_port(&self) -> Option<u16> {
+        let addr: Option<(String, u16)> = query(
+            self.sentinel_port,
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&self.name),
+        )?;
+        addr.map(|(_, port)| port)
+    }
+
+    /// How many replicas the sentinel knows.
+    fn replicas(&self) -> usize {
+        query::<Vec<redis::Value>>(
+            self.sentinel_port,
+            redis::cmd("SENTINEL").arg("replicas").arg(&self.name),
+        )
+        .map_or(0, |r| r.len())
+    }
+
+    /// Forces a failover and waits until the sentinel names the former replica as master.
+    pub fn failover(&self) {
+        let before = self.master_port();
+        let _: Option<String> = query(
+            self.sentinel_port,
+            redis::cmd("SENTINEL").arg("failover").arg(&self.name),
+        );
+        wait("the failover", Duration::from_secs(30), || {
+            let now = self.master_port();
+            now.is_some() && now != before
+        });
+    }
+}
+
+impl Drop for SentinelNode {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.sentinel.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.conf);
+    }
+}
