@@ -33,10 +33,53 @@ use crate::error::NodeError;
 use crate::scripts::{self, Call};
 use crate::sentinel::SentinelMaster;
 
-/// How a node finds its server: a fixed address, or the master the sentinels name.
+/// How a node finds its server: a fixed address, the master the sentinels name, or a
+/// Redis Cluster (each key on the shard that owns its slot).
 pub(crate) enum Connector {
     Direct(Box<Client>),
     Sentinel(Box<SentinelMaster>),
+    #[cfg(feature = "cluster")]
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+/// A node's connection: one multiplexed connection, or a cluster connection that routes
+/// each command to the shard of its first key.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 /// Shortest wait before reconnecting after a failed connect.
@@ -132,7 +175,7 @@ enum Slot {
     /// A connect task is running.
     Connecting,
     /// Connected.
-    Ready(MultiplexedConnection),
+    Ready(Conn),
     /// The last connect failed; the next one may start at `retry_at`.
     Down { error: NodeError, retry_at: Instant },
 }
@@ -215,6 +258,9 @@ impl Node {
         match &self.connector {
             Connector::Direct(client) => Some((**client).clone()),
             Connector::Sentinel(master) => master.current(),
+            // Waiters on a cluster node poll it (pub/sub there is not per shard).
+            #[cfg(feature = "cluster")]
+            Connector::Cluster(_) => None,
         }
     }
 
@@ -275,13 +321,29 @@ impl Node {
 
     /// Opens a connection: connects, reads `INFO server` and loads the scripts in one
     /// round trip, within the connect timeout.
-    async fn open(&self) -> Result<(MultiplexedConnection, ServerInfo), NodeError> {
+    async fn open(&self) -> Result<(Conn, ServerInfo), NodeError> {
         let deadline = tokio::time::Instant::from_std(crate::quorum::later(
             Instant::now(),
             self.settings.connect_timeout,
         ));
         let quarantine = self.settings.quarantine;
         let client = match &self.connector {
+            #[cfg(feature = "cluster")]
+            Connector::Cluster(cluster) => {
+                // No INFO (there is one server per shard) and no SCRIPT LOAD (a shard that
+                // lacks a script gets it by EVAL on first use).
+                return match timeout_at(deadline, cluster.get_async_connection()).await {
+                    Ok(Ok(conn)) => Ok((Conn::Cluster(conn), ServerInfo::default())),
+                    Ok(Err(e)) => Err(NodeError::from(e)),
+                    Err(_) => Err(NodeError::Connection(
+                        format!(
+                            "no answer within the connect timeout of {:?}",
+                            self.settings.connect_timeout
+                        )
+                        .into(),
+                    )),
+                };
+            }
             Connector::Direct(client) => (**client).clone(),
             Connector::Sentinel(master) => {
                 match timeout_at(deadline, master.resolve(self.settings.connect_timeout)).await {
@@ -325,7 +387,7 @@ impl Node {
                     String::new()
                 }
             };
-            Ok::<_, redis::RedisError>((conn, ServerInfo::parse(&info)))
+            Ok::<_, redis::RedisError>((Conn::Single(conn), ServerInfo::parse(&info)))
         };
         match timeout_at(deadline, attempt).await {
             Ok(Ok(ok)) => Ok(ok),
@@ -380,7 +442,7 @@ impl Node {
 
     /// A connect finished with `outcome`: the node is ready, or down until its backoff
     /// runs out.
-    fn connected(&self, outcome: Result<(MultiplexedConnection, ServerInfo), NodeError>) {
+    fn connected(&self, outcome: Result<(Conn, ServerInfo), NodeError>) {
         let outcome = outcome.and_then(|(conn, info)| match self.same_server(&info) {
             Some(other) => Err(NodeError::SameServer { node: other }),
             None => Ok((conn, info)),
@@ -395,7 +457,9 @@ impl Node {
                         uptime_s = info.uptime.as_secs(),
                         "redlock node connected"
                     );
-                    if self.settings.quarantine {
+                    // A node without a run id (a cluster, or INFO not allowed) is never
+                    // quarantined: nothing tells its restarts.
+                    if self.settings.quarantine && !info.run_id.is_empty() {
                         self.quarantine_after_connect(&mut st, &info);
                     }
                     if !info.version.is_empty() {
@@ -480,10 +544,7 @@ impl Node {
     /// The current connection, waiting for a connect in progress. Fails at once while the
     /// node is down and its backoff has not run out, and, when `acquiring`, while it is
     /// quarantined.
-    async fn connection(
-        self: &Arc<Self>,
-        acquiring: bool,
-    ) -> Result<(MultiplexedConnection, u64), NodeError> {
+    async fn connection(self: &Arc<Self>, acquiring: bool) -> Result<(Conn, u64), NodeError> {
         loop {
             let notified = self.changed.notified();
             {

@@ -12,7 +12,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
 
 use crate::error::NodeError;
@@ -297,7 +297,7 @@ impl Call {
     /// Runs the call on one connection. A script the node no longer has (`NOSCRIPT`) is
     /// sent again with `EVAL`; a `SET NX PX` that finds the key taken asks for the
     /// holder's TTL ([`HOLDER_TTL`]).
-    pub(crate) async fn run(&self, conn: &mut MultiplexedConnection) -> redis::RedisResult<Value> {
+    pub(crate) async fn run<C: ConnectionLike>(&self, conn: &mut C) -> redis::RedisResult<Value> {
         match self.script {
             Some(script) => run_script(&self.cmd, script, conn).await,
             None => match self.cmd.query_async::<Value>(conn).await? {
@@ -321,10 +321,10 @@ impl Call {
 
 /// Runs `by_sha` (the `EVALSHA` of `script`), falling back to `EVAL` with the same keys
 /// and arguments when the node answers `NOSCRIPT`.
-async fn run_script(
+async fn run_script<C: ConnectionLike>(
     by_sha: &Cmd,
     script: &Script,
-    conn: &mut MultiplexedConnection,
+    conn: &mut C,
 ) -> redis::RedisResult<Value> {
     match by_sha.query_async::<Value>(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {

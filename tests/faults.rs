@@ -412,3 +412,61 @@ async fn a_sentinel_failover_is_followed_and_quarantined_without_overlaps() {
         "locks were granted across the failover"
     );
 }
+
+/// A Redis Cluster as one node: lock, extend, fencing and release run on the shard that
+/// owns the name (every key of a lock shares its slot); with that shard's master dead,
+/// only the names on it fail, with a per-node error, and the others still lock.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_locks_on_the_owning_shard_and_a_dead_shard_fails_only_its_names() {
+    use support::cluster::RedisCluster;
+    use tower_redlock::NodeConfig;
+
+    let mut cluster = RedisCluster::start();
+    let redlock = Redlock::builder([NodeConfig::cluster(cluster.urls())])
+        .ttl(Duration::from_secs(5))
+        .node_timeout(Duration::from_millis(300))
+        .build()
+        .expect("build");
+    let mut lock = redlock.lock("shard-a").await.expect("lock on the cluster");
+    let first = lock.fencing_token().expect("fenced");
+    let owner = cluster.owner(lock.key());
+    assert!(cluster.holds(owner, lock.key()));
+    redlock
+        .extend(&mut lock, Duration::from_secs(5))
+        .await
+        .expect("extend");
+    assert!(matches!(
+        redlock.try_lock("shard-a").await,
+        Err(LockError::Busy { .. })
+    ));
+    assert_eq!(redlock.unlock(&lock).await.released(), 1);
+    let again = redlock.lock("shard-a").await.expect("lock again");
+    assert!(again.fencing_token() > Some(first));
+    redlock.unlock(&again).await;
+
+    // A name on the shard about to die, and one on another shard.
+    let key = |name: &str| format!("redlock:{{{name}}}").into_bytes();
+    let on_owner = |i: usize| {
+        (0..1000)
+            .map(|n| format!("name-{n}"))
+            .find(|name| (cluster.owner(&key(name)) == owner) == (i == owner))
+            .expect("a name")
+    };
+    let doomed = on_owner(owner);
+    let other = on_owner((owner + 1) % 3);
+    cluster.masters[owner].kill();
+    let err = redlock
+        .try_lock(&doomed)
+        .await
+        .expect_err("its shard is dead");
+    let LockError::NoQuorum { failures, .. } = &err else {
+        panic!("expected NoQuorum, got {err:?}");
+    };
+    assert!(failures[0].node.starts_with("cluster:"), "{err}");
+    let lock = redlock
+        .lock(&other)
+        .await
+        .expect("another shard still locks");
+    redlock.unlock(&lock).await;
+}

@@ -183,12 +183,15 @@ impl Redlock {
         replay: bool,
     ) -> SetRound {
         let ttl_ms = super::ttl_ms(ttl);
-        // The third key is the counters hash of earlier versions, at the key prefix.
-        let keys = [
-            &*resource.key,
-            &*resource.counter_key,
-            self.inner.key_prefix.as_slice(),
-        ];
+        // The third key is the counters hash of earlier versions, at the key prefix; with a
+        // cluster node the counter key again (same slot; the script reads it as a hash
+        // only when it does not exist, so it finds nothing there).
+        let legacy = if self.inner.legacy_counters {
+            self.inner.key_prefix.as_slice()
+        } else {
+            &*resource.counter_key
+        };
+        let keys = [&*resource.key, &*resource.counter_key, legacy];
         let args = [
             Arg::Bytes(value.as_bytes()),
             Arg::Int(ttl_ms),

@@ -317,7 +317,25 @@ impl RedlockBuilder {
         };
         let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(n);
         let mut any_tls = false;
+        // The counters hash of earlier versions is read as a fencing floor, except with a
+        // cluster node: it lives in another hash slot than the lock.
+        let mut legacy_counters = true;
         for config in &self.nodes {
+            if let Some(seeds) = config.as_cluster() {
+                legacy_counters = false;
+                let (label, connector) = cluster_node(seeds, self.connect_timeout)?;
+                if nodes.iter().any(|other| other.label() == label) {
+                    return Err(ConfigError::DuplicateNode { node: label });
+                }
+                let index = nodes.len();
+                nodes.push(Arc::new(Node::new(
+                    index,
+                    label,
+                    connector,
+                    settings.clone(),
+                )));
+                continue;
+            }
             let (label, connector) = match config.as_sentinel() {
                 Some(sentinel) => (
                     format!("sentinel:{}", sentinel.name),
@@ -364,6 +382,7 @@ impl RedlockBuilder {
             retry_jitter: self.retry_jitter,
             retry_deadline: self.retry_deadline,
             key_prefix: self.key_prefix,
+            legacy_counters,
             min_validity: self.min_validity,
             max_ttl_ms,
             keep_alive: KeepAlive {
@@ -392,6 +411,9 @@ pub(crate) struct Settings {
     pub(crate) retry_jitter: Duration,
     pub(crate) retry_deadline: Option<Duration>,
     pub(crate) key_prefix: Vec<u8>,
+    /// Whether the fenced acquisition reads the counters hash of earlier versions (not
+    /// with a cluster node: another hash slot).
+    pub(crate) legacy_counters: bool,
     pub(crate) min_validity: Duration,
     /// The longest TTL used so far, in ms (shared with the nodes, for quarantines).
     pub(crate) max_ttl_ms: Arc<AtomicU64>,
@@ -467,6 +489,49 @@ pub(crate) enum KeepAliveCommand {
     },
     /// Stop keeping lock `id` alive: it is being released.
     Stop { id: u64 },
+}
+
+/// The label and connector of a Redis Cluster node.
+#[cfg(feature = "cluster")]
+fn cluster_node(
+    seeds: &[String],
+    connect_timeout: Duration,
+) -> Result<(String, Connector), ConfigError> {
+    let shown = seeds.first().map(|s| redact(s)).unwrap_or_default();
+    let invalid = |reason: String| ConfigError::InvalidUrl {
+        url: format!("cluster:{shown}"),
+        reason,
+    };
+    let Some(first) = seeds.first() else {
+        return Err(invalid("no seed nodes given".to_owned()));
+    };
+    let client = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
+        .connection_timeout(connect_timeout)
+        .build()
+        .map_err(|e| invalid(e.to_string()))?;
+    let first = first
+        .as_str()
+        .parse::<ConnectionInfo>()
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok((
+        format!("cluster:{}", first.addr()),
+        Connector::Cluster(Box::new(client)),
+    ))
+}
+
+/// Without the `cluster` feature, no `NodeConfig` is a cluster.
+#[cfg(not(feature = "cluster"))]
+fn cluster_node(
+    seeds: &[String],
+    _connect_timeout: Duration,
+) -> Result<(String, Connector), ConfigError> {
+    Err(ConfigError::InvalidUrl {
+        url: format!(
+            "cluster:{}",
+            seeds.first().map(|s| redact(s)).unwrap_or_default()
+        ),
+        reason: "a cluster node needs the `cluster` feature".to_owned(),
+    })
 }
 
 /// The connector of a Sentinel-managed node: clients for its sentinels, and the master's

@@ -38,6 +38,9 @@ enum Spec {
     Info(Box<ConnectionInfo>),
     Client(Box<Client>),
     Sentinel(Box<Sentinel>),
+    /// Built only with the `cluster` feature.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    Cluster(Vec<String>),
 }
 
 /// A Sentinel-managed master, as given.
@@ -66,6 +69,27 @@ impl NodeConfig {
             name: master_name.into(),
             master: None,
         })))
+    }
+
+    /// A Redis Cluster as one node (feature `cluster`): `seeds` are URLs of some of its
+    /// nodes. Every key of one lock (lock key, fencing counter, completion record) shares
+    /// one hash slot, so each operation runs on the shard that owns the name. See the
+    /// README's "Deployments" section for what such a node guarantees.
+    #[cfg(feature = "cluster")]
+    pub fn cluster<I, S>(seeds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self(Spec::Cluster(seeds.into_iter().map(Into::into).collect()))
+    }
+
+    /// The seed URLs, for a Redis Cluster node.
+    pub(crate) fn as_cluster(&self) -> Option<&[String]> {
+        match &self.0 {
+            Spec::Cluster(seeds) => Some(seeds),
+            _ => None,
+        }
     }
 
     /// For a [`sentinel`](Self::sentinel) node: how to connect to the master (user,
@@ -103,6 +127,10 @@ impl NodeConfig {
                 url: format!("sentinel:{}", sentinel.name),
                 reason: "a Sentinel-managed node has no fixed address".to_owned(),
             }),
+            Spec::Cluster(seeds) => Err(ConfigError::InvalidUrl {
+                url: format!("cluster:{}", seeds.first().map_or("", |s| s.as_str())),
+                reason: "a cluster node has no single address".to_owned(),
+            }),
         }
     }
 
@@ -128,6 +156,10 @@ impl NodeConfig {
                     .iter()
                     .map(|u| redact(u))
                     .collect::<Vec<_>>()
+            ),
+            Spec::Cluster(seeds) => format!(
+                "cluster via {:?}",
+                seeds.iter().map(|u| redact(u)).collect::<Vec<_>>()
             ),
         }
     }

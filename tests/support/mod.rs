@@ -7,6 +7,7 @@
 //! the test process (`PR_SET_PDEATHSIG`).
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+pub mod cluster;
 #[path = "../../examples/common/fenced.rs"]
 pub mod fenced;
 #[cfg(feature = "axum")]

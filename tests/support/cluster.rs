@@ -1,0 +1,113 @@
+//! A local Redis Cluster for the tests: 3 masters (no replicas) started with
+//! `--cluster-enabled yes` and joined with `redis-cli --cluster create`.
+#![allow(dead_code, unreachable_pub)]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::RedisNode;
+
+/// Three masters that share the 16,384 slots.
+pub struct RedisCluster {
+    pub masters: Vec<RedisNode>,
+}
+
+fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Option<T> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    cmd.query(&mut con).ok()
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let masters: Vec<RedisNode> = (0..3)
+            .map(|_| {
+                RedisNode::start_with_args(
+                    None,
+                    vec![
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-config-file".into(),
+                        std::env::temp_dir()
+                            .join(format!(
+                                "redlock-cluster-{}-{{port}}.conf",
+                                std::process::id()
+                            ))
+                            .to_string_lossy()
+                            .into_owned(),
+                        "--cluster-node-timeout".into(),
+                        "1000".into(),
+                        "--cluster-require-full-coverage".into(),
+                        "no".into(),
+                    ],
+                )
+            })
+            .collect();
+        let addrs: Vec<String> = masters.iter().map(RedisNode::addr).collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli (Debian's redis-tools, installed with redis-server)");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = Self { masters };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cluster.masters.iter().all(|m| {
+            query::<String>(m.port(), redis::cmd("CLUSTER").arg("INFO"))
+                .is_some_and(|i| i.contains("cluster_state:ok"))
+        }) {
+            assert!(Instant::now() < deadline, "the cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// Seed URLs for a cluster client.
+    pub fn urls(&self) -> Vec<String> {
+        self.masters.iter().map(RedisNode::url).collect()
+    }
+
+    /// The index of the master that owns `key`'s slot.
+    pub fn owner(&self, key: &[u8]) -> usize {
+        let slot: i64 = query(
+            self.masters[0].port(),
+            redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+        )
+        .expect("CLUSTER KEYSLOT");
+        self.masters
+            .iter()
+            .position(|m| {
+                query::<String>(m.port(), redis::cmd("CLUSTER").arg("NODES"))
+                    .is_some_and(|nodes| owns(&nodes, slot))
+            })
+            .expect("a master owns the slot")
+    }
+
+    /// Whether `key` exists on master `i`.
+    pub fn holds(&self, i: usize, key: &[u8]) -> bool {
+        query::<bool>(self.masters[i].port(), redis::cmd("EXISTS").arg(key)).unwrap_or(false)
+    }
+}
+
+/// Whether the `myself` line of `CLUSTER NODES` lists `slot`.
+fn owns(nodes: &str, slot: i64) -> bool {
+    let Some(line) = nodes.lines().find(|l| l.contains("myself")) else {
+        return false;
+    };
+    line.split_whitespace().skip(8).any(|range| {
+        let mut bounds = range.splitn(2, '-').filter_map(|b| b.parse::<i64>().ok());
+        match (bounds.next(), bounds.next()) {
+            (Some(a), Some(b)) => (a..=b).contains(&slot),
+            (Some(a), None) => a == slot,
+            _ => false,
+        }
+    })
+}
