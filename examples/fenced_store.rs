@@ -34,7 +34,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_redlock::layer::{RequestHead, extract_fn};
+use tower_redlock::layer::{RequestHead, WaitPolicy, extract_fn};
 use tower_redlock::{LockToken, Redlock, RedlockLayer};
 
 /// The lock of account `id`.
@@ -99,7 +99,7 @@ async fn main() -> Result<(), Error> {
             Ok((!id.is_empty()).then(|| lock_name(id).into_bytes()))
         }),
     )
-    .wait(Duration::from_secs(2), 16);
+    .wait(WaitPolicy::up_to(Duration::from_secs(2)).max_waiters(16));
     let router = Router::new()
         .route("/accounts/{id}/credit", post(credit))
         .route_layer(layer)

@@ -3,7 +3,7 @@
 //! stored response instead of charging again.
 //!
 //! The layer locks the `Idempotency-Key` header's value and, with
-//! `.wait(Duration::from_secs(5), 32)`, lets a request whose key is busy wait up to 5 s
+//! `.wait(WaitPolicy::up_to(Duration::from_secs(5)).max_waiters(32))`, lets a request whose key is busy wait up to 5 s
 //! for it (at most 32 such requests wait at once; beyond that they get 409). With
 //! `.replay(..)`, the layer keeps the first response under the key (on the Redis nodes,
 //! for 24 h) before it releases the lock, and answers every later request with that key
@@ -42,7 +42,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
-use tower_redlock::layer::{BodyFingerprintLayer, Header, ReplayPolicy};
+use tower_redlock::layer::{BodyFingerprintLayer, Header, ReplayPolicy, WaitPolicy};
 use tower_redlock::{LockToken, Redlock, RedlockLayer};
 
 /// How long creating a payment takes (calling the card processor, say).
@@ -98,7 +98,7 @@ async fn main() -> Result<(), Error> {
         .ttl(Duration::from_secs(10))
         // Idempotency keys are unique per request: no fencing counter per key.
         .fencing(false)
-        .wait(Duration::from_secs(5), 32)
+        .wait(WaitPolicy::up_to(Duration::from_secs(5)).max_waiters(32))
         // Keep each key's first response for a day and replay it to every retry.
         .replay_policy(
             ReplayPolicy::new(Duration::from_secs(24 * 60 * 60))

@@ -2,10 +2,11 @@
 //! `idempotency-key` metadata entry, so concurrent duplicate calls cannot charge twice.
 //!
 //! gRPC metadata travels as HTTP/2 headers, so the stock `Header` extractor reads it; the
-//! layer goes on the whole server with `Server::builder().layer(..)`. Busy calls fail
-//! with `ABORTED`, calls without the key with `INVALID_ARGUMENT` (the extractor is
-//! `required`), and calls without a quorum of nodes with `UNAVAILABLE`. The handler finds
-//! the `LockToken` in `request.extensions()`.
+//! layer goes on the whole server with `Server::builder().layer(..)`, and `GrpcMethods`
+//! limits it to `Charge`, so health checks, reflection and other methods on the server
+//! pass through without a key. Busy calls fail with `ABORTED`, calls without the key with
+//! `INVALID_ARGUMENT` (the extractor is `required`), and calls without a quorum of nodes
+//! with `UNAVAILABLE`. The handler gets the `LockToken` with `request.lock_token()`.
 //!
 //! The example starts the server and a client, sends four concurrent calls with one key,
 //! one with another key and one without a key, prints how each ended, retries the first
@@ -41,8 +42,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tonic::{Code, Request, Response, Status};
-use tower_redlock::layer::Header;
-use tower_redlock::{LockToken, Redlock, RedlockLayer};
+use tower_redlock::layer::{GrpcMethods, Header, LockTokenExt};
+use tower_redlock::{Redlock, RedlockLayer};
 
 /// The messages, as prost would generate them.
 mod pb {
@@ -198,11 +199,7 @@ impl server::Payments for Payments {
         request: Request<pb::ChargeRequest>,
     ) -> Result<Response<pb::ChargeReply>, Status> {
         // Put there by the layer, which holds the lock while this runs.
-        let token = request
-            .extensions()
-            .get::<LockToken>()
-            .cloned()
-            .ok_or_else(|| Status::internal("no lock token: is RedlockLayer installed?"))?;
+        let token = request.lock_token()?;
         let key = String::from_utf8_lossy(token.name()).into_owned();
         let stored = {
             let charges = self.charges.lock().unwrap_or_else(|e| e.into_inner());
@@ -243,8 +240,10 @@ async fn main() -> Result<(), Error> {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let layer = RedlockLayer::new(redlock, Header::new("idempotency-key").required())
-        .ttl(Duration::from_secs(10));
+    // Only Charge is locked; every other method of the server passes through.
+    let charge =
+        GrpcMethods::new(Header::new("idempotency-key").required()).method("/demo.Payments/Charge");
+    let layer = RedlockLayer::new(redlock, charge).ttl(Duration::from_secs(10));
     let server = tonic::transport::Server::builder()
         .layer(layer)
         .add_service(server::PaymentsServer::new(Payments::default()))

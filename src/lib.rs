@@ -78,7 +78,7 @@
 //! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! tonic::transport::Server::builder()
 //!     .layer(RedlockLayer::new(redlock, Header::new("idempotency-key")))
-//!     .add_service(svc) // handlers read request.extensions().get::<LockToken>()
+//!     .add_service(svc) // handlers call request.lock_token() (layer::LockTokenExt)
 //!     .serve("127.0.0.1:50051".parse()?)
 //!     .await?;
 //! # Ok(()) }
@@ -95,8 +95,17 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `axum` | [`LockToken`] as an axum extractor (`async fn h(token: LockToken)`), `MissingLockToken`, and `MatchedPath` in [`layer::PerRoute`] |
-//! | `tonic` | `tonic::Status::from(LockError)`, with the layer's gRPC mapping |
-//! | `tls-rustls` | `rediss://` URLs (install a rustls crypto provider) |
+//! | `tonic` | `tonic::Status::from(LockError)`, with the layer's gRPC mapping, and `request.lock_token()` (`layer::LockTokenExt`) |
+//! | `tls-rustls` | `rediss://` nodes, with the *ring* crypto provider chosen by the crate; `RedlockBuilder::tls_root_certificates` and `tls_client_certificate` |
+//! | `tls-insecure` | `rediss://...#insecure` nodes, which skip certificate checks (tests only) |
+//! | `cluster` | a Redis Cluster as one node: `NodeConfig::cluster` |
+//!
+//! **Freshly started nodes.** A node up for less than the longest TTL, or one whose
+//! `run_id` changed, may have lost lock keys, so by default it is kept out of
+//! acquisitions until the locks it may have lost have expired (the restart quarantine).
+//! Keep it on for nodes without `appendfsync always`; turn it off only for nodes started
+//! empty by the same program, such as tests
+//! ([`RedlockBuilder::restart_quarantine`]).
 //!
 //! The design rules and the map of the source files are in `CONTRIBUTING.md` of the
 //! repository.
@@ -128,6 +137,8 @@ mod waiters;
 mod axum_extractor;
 #[cfg(feature = "tonic")]
 mod tonic_status;
+#[cfg(feature = "tonic")]
+mod tonic_token;
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]

@@ -227,7 +227,8 @@ impl fmt::Debug for Lock {
 /// What a holder learns about its lock: handed out by [`LockGuard::token`](crate::LockGuard::token)
 /// and, behind [`RedlockLayer`](crate::RedlockLayer), found in the request
 /// extensions: `Extension<LockToken>` (or plain `LockToken` with the `axum` feature) in
-/// axum, `request.extensions().get::<LockToken>()` in tonic and hyper.
+/// axum, `request.lock_token()` in tonic ([`LockTokenExt`](crate::layer)), and
+/// `request.extensions().get::<LockToken>()` in hyper.
 ///
 /// Cheap to clone; every clone sees the same state. Use [`value`](Self::value) for
 /// compare-and-set on a downstream store (`write if current_lock == value`), check

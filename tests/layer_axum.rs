@@ -19,7 +19,7 @@ use support::http::{HttpClient, http1, http2, post as post_req, send, serve};
 use support::{Cluster, wait_for};
 use tokio::sync::Semaphore;
 use tower_redlock::RedlockLayer;
-use tower_redlock::layer::{Header, RedlockService, ResponseFuture};
+use tower_redlock::layer::{Header, RedlockService, ResponseFuture, WaitPolicy};
 use tower_redlock::{LockToken, Redlock};
 
 const KEY_HEADER: &str = "x-delivery";
@@ -144,7 +144,8 @@ async fn duplicates_run_once(client: HttpClient) {
             .expect("ascii")
             .parse()
             .expect("seconds");
-        assert!((1..=30).contains(&secs), "Retry-After {secs}");
+        // The holder's 30 s TTL, capped by the layer's default of 1 s.
+        assert_eq!(secs, 1, "Retry-After {secs}");
     }
     state.gate.add_permits(1);
     let last = calls.next().await.expect("reply");
@@ -175,7 +176,7 @@ async fn with_the_wait_policy_duplicates_run_one_after_another() {
     let state = App::new();
     state.gate.add_permits(1000);
     let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
-        .wait(Duration::from_secs(60), 128);
+        .wait(WaitPolicy::up_to(Duration::from_secs(60)).max_waiters(128));
     let addr = serve(app(layer, state.clone())).await;
     let client = http2();
     let replies: Vec<_> = (0..100)
@@ -254,6 +255,10 @@ async fn no_quorum_is_503_with_the_node_causes_for_the_logs_not_the_client() {
     cluster.nodes[1].kill();
     let reply = send(&http1(), post_req(addr, "/hook", Some((KEY_HEADER, "q")))).await;
     assert_eq!(reply.status, 503);
+    assert_eq!(
+        reply.headers["retry-after"], "1",
+        "a 503 advises when to retry"
+    );
     assert!(
         !reply.body.contains("127.0.0.1"),
         "internal addresses leak: {}",
@@ -421,7 +426,7 @@ async fn the_waiter_bound_rejects_the_excess_at_once() {
     let cluster = Cluster::start(3);
     let state = App::new();
     let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
-        .wait(Duration::from_secs(30), 4);
+        .wait(WaitPolicy::up_to(Duration::from_secs(30)).max_waiters(4));
     let addr = serve(app(layer, state.clone())).await;
     let client = http2();
     let holder = spawn_delivery(client.clone(), addr, "hot");
@@ -643,7 +648,7 @@ async fn with_the_wait_policy_50_waiters_run_in_arrival_order() {
     };
     let layer = RedlockLayer::new(redlock, Header::new(KEY_HEADER))
         .fencing(false)
-        .wait(Duration::from_secs(120), 64);
+        .wait(WaitPolicy::up_to(Duration::from_secs(120)).max_waiters(64));
     let app = Router::new()
         .route("/hook", post(handler))
         .route_layer(layer);

@@ -19,9 +19,9 @@ use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
 use tonic_prost::ProstCodec;
+use tower_redlock::LockError;
 use tower_redlock::RedlockLayer;
-use tower_redlock::layer::Header;
-use tower_redlock::{LockError, LockToken};
+use tower_redlock::layer::{GrpcMethods, Header, LockTokenExt};
 
 const METHOD: &str = "/test.Locked/Call";
 
@@ -46,11 +46,7 @@ impl UnaryService<()> for Call {
     fn call(&mut self, request: Request<()>) -> Self::Future {
         let svc = self.0.clone();
         Box::pin(async move {
-            let token = request
-                .extensions()
-                .get::<LockToken>()
-                .cloned()
-                .ok_or_else(|| Status::internal("no LockToken"))?;
+            let token = request.lock_token()?;
             assert!(token.is_valid());
             svc.runs.fetch_add(1, Ordering::SeqCst);
             svc.started.add_permits(1);
@@ -369,4 +365,41 @@ async fn with_replay_streaming_replies_are_not_replayed() {
         .await;
     }
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A per-method filter: the listed method is locked (and needs its key); the other
+/// service's calls pass through without a lock and without the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_listed_methods_are_locked() {
+    let cluster = Cluster::start(3);
+    let redlock = cluster.client(|b| b.ttl(Duration::from_secs(30))).await;
+    let locked = Locked {
+        runs: Arc::default(),
+        gate: Arc::new(Semaphore::new(100)),
+        started: Arc::new(Semaphore::new(0)),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let extractor = GrpcMethods::new(Header::new("idempotency-key").required()).method(METHOD);
+    let server = Server::builder()
+        .layer(RedlockLayer::new(redlock, extractor))
+        .add_service(locked.clone())
+        .add_service(Replying::default());
+    tokio::spawn(async move { server.serve_with_incoming(incoming).await.expect("serve") });
+    let channel = channel(addr).await;
+    // The listed method: its key is required, and the handler gets the token.
+    let status = call(channel.clone(), None).await.expect_err("no key");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    call(channel.clone(), Some("listed"))
+        .await
+        .expect("locked call");
+    assert_eq!(locked.runs.load(Ordering::SeqCst), 1);
+    // Another service: passes through, without a key.
+    let reply = unary(&channel, Request::new(()))
+        .await
+        .expect("passed through");
+    assert_eq!(reply, ("run 1".to_owned(), false));
 }

@@ -76,6 +76,7 @@ impl NodeConfig {
     /// one hash slot, so each operation runs on the shard that owns the name. See the
     /// README's "Deployments" section for what such a node guarantees.
     #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn cluster<I, S>(seeds: I) -> Self
     where
         I: IntoIterator<Item = S>,

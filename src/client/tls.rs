@@ -113,6 +113,7 @@ fn install_provider() {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "tls-rustls")))]
 impl RedlockBuilder {
     /// Trusts the CA certificates in `pem` (one or more PEM certificates) for `rediss://`
     /// nodes, instead of the system's roots: for servers with certificates from a private

@@ -273,6 +273,29 @@ impl fmt::Display for LockError {
                 failures,
                 attempts,
             } => {
+                let quarantined = failures
+                    .iter()
+                    .filter_map(|fail| match fail.error {
+                        NodeError::Quarantined { remaining } => Some(remaining),
+                        _ => None,
+                    })
+                    .max();
+                if let Some(longest) = quarantined
+                    && failures
+                        .iter()
+                        .all(|fail| matches!(fail.error, NodeError::Quarantined { .. }))
+                {
+                    // The cause first: young or restarted nodes, not unreachable ones.
+                    return write!(
+                        f,
+                        "no quorum yet: {} node(s) are in the restart quarantine for up to \
+                         {longest:?} more (they started or restarted less than the longest TTL \
+                         ago and may have lost lock keys); {reached} granted, {needed} needed \
+                         (after {attempts} attempt(s)). Nodes started empty on purpose (tests, \
+                         demos) can skip it with RedlockBuilder::restart_quarantine(false)",
+                        failures.len()
+                    );
+                }
                 write!(
                     f,
                     "no quorum: {reached} node(s) granted the lock, {needed} needed"

@@ -4,13 +4,13 @@
 //! ```
 //! use std::time::Duration;
 //! use tower_redlock::{Redlock, RedlockLayer};
-//! use tower_redlock::layer::Header;
+//! use tower_redlock::layer::{Header, WaitPolicy};
 //!
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let layer = RedlockLayer::new(redlock, Header::new("idempotency-key").required())
 //!     .ttl(Duration::from_secs(30))
-//!     .wait(Duration::from_secs(2), 64)
+//!     .wait(WaitPolicy::up_to(Duration::from_secs(2)).max_waiters(64))
 //!     .release_on_body_end();
 //! # let _ = layer;
 //! # Ok(()) }
@@ -28,6 +28,50 @@ use super::record::ReplayPolicy;
 use super::reject::Rejection;
 
 pub(crate) type RejectionHook = Arc<dyn Fn(Rejection) -> Response<Bytes> + Send + Sync>;
+
+/// How a request whose lock is busy waits, for [`RedlockLayer::wait`](crate::RedlockLayer::wait):
+/// up to a timeout, with at most so many requests of the layer waiting at once (beyond
+/// that, busy requests are rejected at once).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redlock::layer::WaitPolicy;
+///
+/// let policy = WaitPolicy::up_to(Duration::from_secs(5)).max_waiters(32);
+/// assert_eq!(policy.timeout(), Duration::from_secs(5));
+/// assert_eq!(policy.waiters(), 32);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitPolicy {
+    timeout: Duration,
+    max_waiters: usize,
+}
+
+impl WaitPolicy {
+    /// Waits up to `timeout` (`Duration::MAX`: no limit); at most 64 requests wait at once.
+    pub fn up_to(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            max_waiters: 64,
+        }
+    }
+
+    /// At most `max_waiters` requests of the layer wait at once (0: none waits).
+    pub fn max_waiters(mut self, max_waiters: usize) -> Self {
+        self.max_waiters = max_waiters;
+        self
+    }
+
+    /// How long a request waits at most.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// How many requests may wait at once.
+    pub fn waiters(&self) -> usize {
+        self.max_waiters
+    }
+}
 
 /// What to do when the lock is held by another request.
 #[derive(Clone)]
@@ -56,10 +100,13 @@ pub(crate) struct Config {
     pub(crate) on_rejection: Option<RejectionHook>,
     /// Idempotent replay of finished responses, when on.
     pub(crate) replay: Option<ReplayPolicy>,
+    /// The longest `Retry-After` advised.
+    pub(crate) retry_after_cap: Duration,
 }
 
 impl Config {
     pub(crate) fn respond(&self, rejection: Rejection) -> Response<Bytes> {
+        let rejection = rejection.with_retry_cap(self.retry_after_cap);
         match &self.on_rejection {
             Some(hook) => hook(rejection),
             None => rejection.into_response(),
@@ -84,6 +131,7 @@ impl fmt::Debug for Config {
             .field("abort_on_loss", &self.abort_on_loss)
             .field("on_rejection", &self.on_rejection.is_some())
             .field("replay", &self.replay)
+            .field("retry_after_cap", &self.retry_after_cap)
             .finish()
     }
 }

@@ -13,7 +13,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use axum::{Extension, Router, routing::post};
-//! use tower_redlock::layer::Header;
+//! use tower_redlock::layer::{Header, WaitPolicy};
 //! use tower_redlock::RedlockLayer;
 //! use tower_redlock::{LockToken, Redlock};
 //!
@@ -30,7 +30,7 @@
 //!         RedlockLayer::new(redlock, Header::new("x-github-delivery").required())
 //!             .fencing(false) // unique delivery ids: nothing to fence
 //!             .ttl(Duration::from_secs(30))
-//!             .wait(Duration::from_secs(2), 64),
+//!             .wait(WaitPolicy::up_to(Duration::from_secs(2)).max_waiters(64)),
 //!     );
 //! # Ok(()) }
 //! ```
@@ -42,19 +42,25 @@ mod config;
 pub mod extract;
 mod fingerprint;
 mod future;
+mod grpc_methods;
 mod record;
 mod redlock_layer;
 pub mod reject;
 mod service;
 
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub use crate::tonic_token::LockTokenExt;
 pub use body::ResponseBody;
 pub use body_fingerprint::{BodyFingerprint, BodyFingerprintLayer, PrefixedBody};
+pub use config::WaitPolicy;
 pub use extract::{
     ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, PerRoute,
     RequestHead, extract_fn,
 };
 pub use fingerprint::RequestFingerprint;
 pub use future::ResponseFuture;
+pub use grpc_methods::GrpcMethods;
 pub use record::{REPLAYED_HEADER, ReplayPolicy};
 pub use reject::{Protocol, Rejection, RejectionKind};
 pub use service::RedlockService;

@@ -20,7 +20,7 @@ use http::Response;
 use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
-use super::config::{BusyPolicy, Config, ReleaseOn};
+use super::config::{BusyPolicy, Config, ReleaseOn, WaitPolicy};
 use super::reject::Rejection;
 use super::service::RedlockService;
 use crate::client::Redlock;
@@ -69,6 +69,7 @@ impl<E> RedlockLayer<E> {
                 abort_on_loss: false,
                 on_rejection: None,
                 replay: None,
+                retry_after_cap: super::reject::DEFAULT_RETRY_AFTER_CAP,
             }),
         }
     }
@@ -89,13 +90,27 @@ impl<E> RedlockLayer<E> {
         self
     }
 
-    /// Lets a request whose lock is busy wait up to `timeout` for it, retrying with the
-    /// client's jittered delay. At most `max_waiters` requests of this layer wait at once;
-    /// beyond that they are rejected at once as busy.
-    pub fn wait(mut self, timeout: Duration, max_waiters: usize) -> Self {
+    /// Lets a request whose lock is busy wait for it, per `policy`: up to its timeout, in
+    /// arrival order, woken when the holder releases. At most the policy's number of
+    /// requests of this layer wait at once; beyond that they are rejected at once as busy.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::{Header, WaitPolicy};
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
+    ///     .wait(WaitPolicy::up_to(Duration::from_secs(5)).max_waiters(32));
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait(mut self, policy: WaitPolicy) -> Self {
+        let permits = policy.waiters().min(Semaphore::MAX_PERMITS);
         self.config().busy = BusyPolicy::Wait {
-            timeout,
-            waiters: Arc::new(Semaphore::new(max_waiters)),
+            timeout: policy.timeout(),
+            waiters: Arc::new(Semaphore::new(permits)),
         };
         self
     }
@@ -166,6 +181,15 @@ impl<E> RedlockLayer<E> {
     /// Like [`replay`](Self::replay), with the policy given.
     pub fn replay_policy(mut self, policy: super::ReplayPolicy) -> Self {
         self.config().replay = Some(policy);
+        self
+    }
+
+    /// The longest `Retry-After` the layer advises (default 1 s): a busy answer advises the
+    /// holder's remaining TTL up to this, since a holder usually releases long before its
+    /// TTL (which auto-extension keeps renewing) runs out; a 503 advises the time until
+    /// nodes in the restart quarantine return, up to this, or this.
+    pub fn retry_after_cap(mut self, cap: Duration) -> Self {
+        self.config().retry_after_cap = cap;
         self
     }
 

@@ -85,7 +85,12 @@ pub struct Rejection {
     protocol: Protocol,
     error: Option<LockError>,
     name: Option<Vec<u8>>,
+    /// The longest `Retry-After` the layer advises.
+    retry_cap: Duration,
 }
+
+/// The default cap on `Retry-After` (see [`RedlockLayer::retry_after_cap`](crate::RedlockLayer::retry_after_cap)).
+pub const DEFAULT_RETRY_AFTER_CAP: Duration = Duration::from_secs(1);
 
 /// gRPC status codes used here.
 mod code {
@@ -124,7 +129,14 @@ impl Rejection {
             protocol,
             error: Some(error),
             name: None,
+            retry_cap: DEFAULT_RETRY_AFTER_CAP,
         }
+    }
+
+    /// The same rejection, advising a `Retry-After` of at most `cap`.
+    pub(crate) fn with_retry_cap(mut self, cap: Duration) -> Self {
+        self.retry_cap = cap;
+        self
     }
 
     /// The same rejection, naming the lock it is about.
@@ -154,6 +166,7 @@ impl Rejection {
             protocol,
             error,
             name: None,
+            retry_cap: DEFAULT_RETRY_AFTER_CAP,
         }
     }
 
@@ -166,6 +179,7 @@ impl Rejection {
             protocol,
             error: None,
             name: None,
+            retry_cap: DEFAULT_RETRY_AFTER_CAP,
         }
     }
 
@@ -177,6 +191,7 @@ impl Rejection {
             protocol,
             error: None,
             name: None,
+            retry_cap: DEFAULT_RETRY_AFTER_CAP,
         }
     }
 
@@ -223,18 +238,24 @@ impl Rejection {
         }
     }
 
-    /// `Retry-After` in whole seconds, rounded up, at least 1: for busy rejections.
+    /// `Retry-After` in whole seconds, rounded up, at least 1, for busy and unavailable
+    /// rejections: the holder's remaining TTL (busy), or the time until the nodes kept
+    /// out by the restart quarantine return (no quorum because of it), capped by the
+    /// layer's [`retry_after_cap`](crate::RedlockLayer::retry_after_cap) (1 s by default:
+    /// a holder usually releases long before its TTL runs out). Another unavailable
+    /// rejection advises the cap.
     pub fn retry_after_secs(&self) -> Option<u64> {
-        match self.kind {
-            RejectionKind::Busy { retry_after } => Some(
-                retry_after
-                    .map(|d| d.as_millis().div_ceil(1000))
-                    .and_then(|s| u64::try_from(s).ok())
-                    .unwrap_or(1)
-                    .max(1),
-            ),
-            _ => None,
-        }
+        let hint = match self.kind {
+            RejectionKind::Busy { retry_after } => retry_after,
+            RejectionKind::Unavailable => self.error.as_ref().and_then(quarantine_ends),
+            _ => return None,
+        };
+        let after = hint.map_or(self.retry_cap, |d| d.min(self.retry_cap));
+        Some(
+            u64::try_from(after.as_millis().div_ceil(1000))
+                .unwrap_or(u64::MAX)
+                .max(1),
+        )
     }
 
     /// The default response: see the [module docs](self).
@@ -277,6 +298,21 @@ impl fmt::Display for Rejection {
     }
 }
 
+/// When the nodes of a no-quorum error that are in the restart quarantine return, if
+/// that is why there was no quorum.
+fn quarantine_ends(error: &LockError) -> Option<Duration> {
+    let LockError::NoQuorum { failures, .. } = error else {
+        return None;
+    };
+    failures
+        .iter()
+        .filter_map(|f| match f.error {
+            crate::error::NodeError::Quarantined { remaining } => Some(remaining),
+            _ => None,
+        })
+        .min()
+}
+
 /// Percent-encodes a `grpc-message` (bytes outside printable ASCII, and `%`).
 fn percent_encode(s: &str) -> String {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
@@ -305,13 +341,42 @@ mod tests {
             retry_after: Some(Duration::from_millis(2_100)),
             attempts: 1,
         };
+        // The holder's 2.1 s, capped at 1 s by default; rounded up under a larger cap.
         let http = Rejection::from_lock_error(err.clone(), Protocol::Http).into_response();
         assert_eq!(http.status(), StatusCode::CONFLICT);
-        assert_eq!(http.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(http.headers()[header::RETRY_AFTER], "1");
+        let capped = Rejection::from_lock_error(err.clone(), Protocol::Http)
+            .with_retry_cap(Duration::from_secs(30))
+            .into_response();
+        assert_eq!(capped.headers()[header::RETRY_AFTER], "3");
         let grpc = Rejection::from_lock_error(err, Protocol::Grpc).into_response();
         assert_eq!(grpc.status(), StatusCode::OK);
         assert_eq!(grpc.headers()["grpc-status"], "10");
         assert!(grpc.body().is_empty());
+    }
+
+    #[test]
+    fn unavailable_advises_the_end_of_the_quarantine_up_to_the_cap() {
+        let quarantined = |secs| crate::error::NodeFailure {
+            node: "n:1".into(),
+            error: crate::error::NodeError::Quarantined {
+                remaining: Duration::from_secs(secs),
+            },
+        };
+        let err = LockError::NoQuorum {
+            needed: 2,
+            reached: 1,
+            held_elsewhere: 0,
+            failures: vec![quarantined(7), quarantined(4)],
+            attempts: 1,
+        };
+        let res = Rejection::from_lock_error(err.clone(), Protocol::Http)
+            .with_retry_cap(Duration::from_secs(60))
+            .into_response();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(res.headers()[header::RETRY_AFTER], "4");
+        let default = Rejection::from_lock_error(err, Protocol::Http).into_response();
+        assert_eq!(default.headers()[header::RETRY_AFTER], "1");
     }
 
     #[test]
