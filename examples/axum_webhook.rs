@@ -151,6 +151,8 @@ async fn main() -> Result<(), Error> {
     let redlock = Redlock::builder(urls.iter().map(String::as_str))
         .restart_quarantine(common::restart_quarantine(&local))
         .key_prefix("webhook:")
+        // Delivery ids are not secret: show them in the crate's spans and logs.
+        .log_lock_names(true)
         .build()?;
     tracing::info!(
         nodes = redlock.node_count(),

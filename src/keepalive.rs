@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::mpsc::{self, UnboundedReceiver, error::SendError};
+use tracing::Instrument;
 
 use crate::client::builder::{KeepAlive, KeepAliveCommand};
 use crate::client::{Redlock, WeakRedlock};
@@ -42,7 +43,13 @@ use crate::token::{Lock, LostReason, Shared};
 pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -> Option<u64> {
     let handle = tokio::runtime::Handle::try_current().ok()?;
     let id = redlock.next_guard_id();
-    let command = KeepAliveCommand::Start { id, shared, policy };
+    let span = tracing::Span::current();
+    let command = KeepAliveCommand::Start {
+        id,
+        shared,
+        policy,
+        span,
+    };
     let mut driver = redlock.keep_alive_driver();
     let command = match driver.as_ref() {
         Some(tx) => match tx.send(command) {
@@ -74,6 +81,8 @@ pub(crate) fn stop(redlock: &Redlock, id: u64) {
 /// One guarded lock, between extensions.
 struct Entry {
     shared: Arc<Shared>,
+    /// The span of the code that took the guard.
+    span: tracing::Span,
     /// The lock as of its last extension.
     lock: Lock,
     policy: KeepAlive,
@@ -85,10 +94,11 @@ struct Entry {
 }
 
 impl Entry {
-    fn new(shared: Arc<Shared>, policy: KeepAlive) -> Self {
+    fn new(shared: Arc<Shared>, policy: KeepAlive, span: tracing::Span) -> Self {
         let lock = shared.lock.clone();
         let interval = lock.ttl().mul_f64(policy.fraction);
         Self {
+            span,
             hold_end: policy.max_hold.map(|h| later(lock.started(), h)),
             shared,
             lock,
@@ -198,9 +208,9 @@ async fn drive(redlock: WeakRedlock, mut handed: Handed) {
         ));
         tokio::select! {
             command = handed.rx.recv(), if open => match command {
-                Some(KeepAliveCommand::Start { id, shared, policy }) => {
+                Some(KeepAliveCommand::Start { id, shared, policy, span }) => {
                     handed.locks.insert(id, Arc::clone(&shared));
-                    let entry = Entry::new(shared, policy);
+                    let entry = Entry::new(shared, policy, span);
                     let at = entry.due(later(entry.lock.started(), entry.interval));
                     queue.schedule(id, entry, at);
                 }
@@ -258,11 +268,15 @@ fn act(redlock: &Redlock, id: u64, mut entry: Entry, queue: &mut Queue) -> Optio
     entry.attempts = entry.attempts.saturating_add(1);
     queue.in_flight.insert(id);
     let redlock = redlock.clone();
-    Some(Box::pin(async move {
-        let ttl = entry.lock.ttl();
-        let result = redlock.extend_once(&mut entry.lock, ttl).await;
-        Some((id, entry, result))
-    }))
+    let span = entry.span.clone();
+    Some(Box::pin(
+        async move {
+            let ttl = entry.lock.ttl();
+            let result = redlock.extend_once(&mut entry.lock, ttl).await;
+            Some((id, entry, result))
+        }
+        .instrument(span),
+    ))
 }
 
 /// An extension came back: schedule the next one, retry a transient failure while the
@@ -297,7 +311,10 @@ fn extended(
                 return None;
             }
             let error = failure.into_error(entry.attempts);
-            tracing::warn!(%error, "redlock guard lost its lock");
+            let lock = redlock.shown_name(entry.lock.name());
+            entry.span.in_scope(|| {
+                tracing::warn!(%lock, %error, "redlock guard lost its lock");
+            });
             Some(finish(redlock, entry, LostReason::ExtendFailed(error)))
         }
     }

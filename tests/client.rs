@@ -1178,3 +1178,75 @@ async fn health_and_inspection_tell_what_the_nodes_hold() {
             .all(|n| matches!(n.status(), tower_redlock::NodeStatus::Quarantined { .. }))
     );
 }
+
+/// The spans of acquire, extend and release carry node count, quorum, attempts, elapsed
+/// time and outcome; a hash of the name unless names are opted in; never the value.
+#[tokio::test]
+async fn spans_show_counts_and_outcomes_and_never_the_value() {
+    use std::io::Write;
+    use std::sync::Mutex;
+    use tracing_subscriber::fmt::format::FmtSpan;
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("buffer").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .with_span_events(FmtSpan::CLOSE)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let text = || String::from_utf8_lossy(&buf.0.lock().expect("buffer")).into_owned();
+
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    let mut lock = redlock.lock("order-secret-42").await.expect("lock");
+    redlock
+        .extend(&mut lock, Duration::from_secs(5))
+        .await
+        .expect("extend");
+    redlock.unlock(&lock).await;
+    let logged = text();
+    for needle in [
+        "redlock.acquire{",
+        "redlock.extend{",
+        "redlock.release{",
+        "nodes=3",
+        "quorum=2",
+        "attempts=1",
+        "outcome=\"acquired\"",
+        "outcome=\"extended\"",
+        "released=3",
+        "elapsed_us=",
+        "lock=#",
+    ] {
+        assert!(
+            logged.contains(needle),
+            "{needle:?} missing from:\n{logged}"
+        );
+    }
+    assert!(
+        !logged.contains("order-secret-42"),
+        "the name shows:\n{logged}"
+    );
+    assert!(!logged.contains(lock.value()), "the value shows:\n{logged}");
+
+    let named = builder(cluster.urls())
+        .log_lock_names(true)
+        .build()
+        .expect("build");
+    let lock = named.lock("order-public-7").await.expect("lock");
+    named.unlock(&lock).await;
+    assert!(text().contains("lock=order-public-7"), "{}", text());
+}

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use super::Redlock;
+use super::spans::{Operation, elapsed_us};
 use crate::error::{Failure, RecordBytes};
 use crate::fanout::{self, Round};
 use crate::fencing::{self, PhaseOne};
@@ -265,11 +268,39 @@ impl Redlock {
         }
     }
 
+    /// [`retry_inner`](Self::retry_inner) in a `redlock.acquire` span that records the
+    /// attempts, the elapsed time and the outcome.
+    pub(super) async fn retry(
+        &self,
+        resource: &Arc<Resource>,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        max_attempts: u32,
+        replay: bool,
+    ) -> Result<Lock, (Failure, u32)> {
+        let span = self.span(Operation::Acquire, &resource.name);
+        let start = Instant::now();
+        let result = self
+            .retry_inner(resource, ttl, deadline, max_attempts, replay)
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            let (attempts, outcome) = match &result {
+                Ok(lock) => (lock.attempts, "acquired"),
+                Err((failure, attempts)) => (*attempts, failure.outcome()),
+            };
+            span.record("attempts", attempts);
+            span.record("elapsed_us", elapsed_us(start));
+            span.record("outcome", outcome);
+        }
+        result
+    }
+
     /// Tries `attempt` until it succeeds, fails for good, `max_attempts` are made or
     /// `deadline` passes. While the name is busy it waits in the client's queue for the
     /// name (see `crate::waiters`): woken by the release, or after a jittered pause; other
     /// failures sleep a jittered pause.
-    pub(super) async fn retry(
+    async fn retry_inner(
         &self,
         resource: &Arc<Resource>,
         ttl: Duration,

@@ -57,6 +57,7 @@ pub struct RedlockBuilder {
     fencing: bool,
     fencing_retention: Option<Duration>,
     restart_quarantine: bool,
+    log_names: bool,
     #[cfg(feature = "tls-rustls")]
     pub(super) tls: super::tls::TlsSettings,
 }
@@ -87,6 +88,7 @@ impl RedlockBuilder {
             fencing: DEFAULT_FENCING,
             fencing_retention: None,
             restart_quarantine: DEFAULT_RESTART_QUARANTINE,
+            log_names: false,
             #[cfg(feature = "tls-rustls")]
             tls: super::tls::TlsSettings::default(),
         }
@@ -233,6 +235,14 @@ impl RedlockBuilder {
     /// lock the same names with longer TTLs, give this client that TTL as its default.
     pub fn restart_quarantine(mut self, on: bool) -> Self {
         self.restart_quarantine = on;
+        self
+    }
+
+    /// Whether spans and log lines show lock names (off by default: a short hash of the
+    /// name instead, since names can carry customer or payment ids). Lock values are never
+    /// logged. See the `redlock.acquire`, `redlock.extend` and `redlock.release` spans.
+    pub fn log_lock_names(mut self, on: bool) -> Self {
+        self.log_names = on;
         self
     }
 
@@ -383,6 +393,7 @@ impl RedlockBuilder {
             retry_deadline: self.retry_deadline,
             key_prefix: self.key_prefix,
             legacy_counters,
+            log_names: self.log_names,
             min_validity: self.min_validity,
             max_ttl_ms,
             keep_alive: KeepAlive {
@@ -414,6 +425,8 @@ pub(crate) struct Settings {
     /// Whether the fenced acquisition reads the counters hash of earlier versions (not
     /// with a cluster node: another hash slot).
     pub(crate) legacy_counters: bool,
+    /// Whether spans and logs show lock names (otherwise a hash).
+    pub(crate) log_names: bool,
     pub(crate) min_validity: Duration,
     /// The longest TTL used so far, in ms (shared with the nodes, for quarantines).
     pub(crate) max_ttl_ms: Arc<AtomicU64>,
@@ -486,6 +499,8 @@ pub(crate) enum KeepAliveCommand {
         id: u64,
         shared: Arc<Shared>,
         policy: KeepAlive,
+        /// The span of the code that took the guard: its extensions run in it.
+        span: tracing::Span,
     },
     /// Stop keeping lock `id` alive: it is being released.
     Stop { id: u64 },

@@ -15,6 +15,9 @@
 
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
+use super::spans::{Operation, elapsed_us};
 use super::{Redlock, check_ttl, ttl_ms};
 use crate::error::Failure;
 use crate::fanout;
@@ -24,8 +27,24 @@ use crate::scripts::{Arg, EXTEND_SCRIPT, Invocation, Request, parse_flag};
 use crate::token::Lock;
 
 impl Redlock {
-    /// One extension attempt (see [`Redlock::extend`]).
+    /// One extension attempt (see [`Redlock::extend`]), in a `redlock.extend` span.
     pub(crate) async fn extend_once(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Failure> {
+        let span = self.span(Operation::Extend, lock.name());
+        let start = Instant::now();
+        let result = self.extend_inner(lock, ttl).instrument(span.clone()).await;
+        if !span.is_disabled() {
+            span.record("elapsed_us", elapsed_us(start));
+            span.record(
+                "outcome",
+                result
+                    .as_ref()
+                    .map_or_else(Failure::outcome, |()| "extended"),
+            );
+        }
+        result
+    }
+
+    async fn extend_inner(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Failure> {
         check_ttl(ttl, self.inner.node_timeout).map_err(crate::LockError::from)?;
         self.note_ttl(ttl);
         let ttl = Duration::from_millis(ttl_ms(ttl));

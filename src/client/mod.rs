@@ -43,6 +43,7 @@ mod extend;
 mod health;
 mod node_config;
 mod release;
+pub(crate) mod spans;
 #[cfg(feature = "tls-rustls")]
 mod tls;
 

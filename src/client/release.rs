@@ -15,7 +15,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use super::Redlock;
+use super::spans::{Operation, elapsed_us};
 use crate::error::NodeFailure;
 use crate::fanout::{self, Landing};
 use crate::quorum::NodeMask;
@@ -54,6 +57,17 @@ impl Released {
 impl Redlock {
     /// Releases `lock` on every node (see [`Redlock::unlock`]).
     pub(super) async fn release(&self, lock: &Lock) -> Released {
+        let span = self.span(Operation::Release, lock.name());
+        let start = Instant::now();
+        let out = self.release_lock(lock).instrument(span.clone()).await;
+        if !span.is_disabled() {
+            span.record("released", out.released);
+            span.record("elapsed_us", elapsed_us(start));
+        }
+        out
+    }
+
+    async fn release_lock(&self, lock: &Lock) -> Released {
         let out = self
             .release_key(
                 lock.key(),
@@ -161,7 +175,9 @@ impl Redlock {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();
-                handle.spawn(async move {
+                // The release carries the span of the code that dropped the lock.
+                let span = redlock.span(Operation::Release, &resource.name);
+                let release = async move {
                     redlock
                         .release_key(
                             &resource.key,
@@ -171,7 +187,8 @@ impl Redlock {
                             landing.as_ref(),
                         )
                         .await;
-                });
+                };
+                handle.spawn(release.instrument(span));
             }
             Err(_) => tracing::debug!("no tokio runtime: the lock will expire at its TTL"),
         }

@@ -159,6 +159,18 @@ impl fmt::Debug for RecordBytes {
 }
 
 impl Failure {
+    /// The outcome field of a span that ended with this failure.
+    pub(crate) fn outcome(&self) -> &'static str {
+        match self {
+            Self::Busy { .. } => "busy",
+            Self::NoQuorum { .. } => "no_quorum",
+            Self::ValidityExhausted { .. } => "validity_exhausted",
+            Self::NotHeld { .. } => "not_held",
+            Self::Replay { .. } => "replayed",
+            Self::Other(_) => "error",
+        }
+    }
+
     /// Whether another attempt can help.
     pub(crate) fn is_retryable(&self) -> bool {
         matches!(

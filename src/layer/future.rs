@@ -245,7 +245,7 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                 }
             }
             Err(Denied::Error(error, name)) => {
-                log_rejected(&error, &name);
+                log_rejected(&ctx.redlock, &error, &name);
                 let rejection = Rejection::from_lock_error(error, ctx.protocol).with_name(name);
                 State::Rejected {
                     response: ctx.config.respond(rejection),
@@ -498,9 +498,11 @@ fn completed<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
 }
 
 /// Logs why a request did not get its lock: service failures (with each node's cause) at
-/// `warn`, contention at `debug`. Lock names are logged, lock values never.
-fn log_rejected(error: &LockError, name: &[u8]) {
-    let name = String::from_utf8_lossy(name);
+/// `warn`, contention at `debug`. Lock names are logged as the client shows them (a hash
+/// unless [`log_lock_names`](crate::RedlockBuilder::log_lock_names) is on), lock values
+/// never.
+fn log_rejected(redlock: &Redlock, error: &LockError, name: &[u8]) {
+    let name = redlock.shown_name(name);
     match error {
         LockError::Busy { .. } | LockError::InvalidName { .. } => {
             tracing::debug!(lock = %name, %error, "redlock layer rejected a request");

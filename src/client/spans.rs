@@ -1,0 +1,97 @@
+//! Tracing spans of the client's operations: `redlock.acquire`, `redlock.extend` and
+//! `redlock.release`, with the node count, quorum, attempts, elapsed time and outcome.
+//! They never carry the lock's value; the name only when
+//! [`RedlockBuilder::log_lock_names`](crate::RedlockBuilder::log_lock_names) is on,
+//! otherwise a short hash of it (enough to follow one name through the logs).
+//!
+//! ```text
+//! redlock.acquire{nodes=5 quorum=3 lock=#5f1c93e0a8d2b417 attempts=1 elapsed_us=412 outcome="acquired"}: close
+//! ```
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"])
+//!     .log_lock_names(true) // names are not secret here: show them in spans and logs
+//!     .build()?;
+//! let lock = redlock.lock("report:2026-11").await?; // inside a `redlock.acquire` span
+//! redlock.unlock(&lock).await;
+//! # Ok(()) }
+//! ```
+
+use std::hash::{Hash, Hasher};
+
+use super::Redlock;
+
+impl Redlock {
+    /// How lock `name` appears in spans and logs: the name, or `#` and a hash of it.
+    pub(crate) fn shown_name(&self, name: &[u8]) -> String {
+        if self.inner.log_names {
+            let mut shown = String::from_utf8_lossy(name).into_owned();
+            if shown.len() > 64 {
+                let mut cut = 64;
+                while !shown.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                shown.truncate(cut);
+                shown.push('…');
+            }
+            shown
+        } else {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            name.hash(&mut h);
+            format!("#{:016x}", h.finish())
+        }
+    }
+
+    /// A span for `operation` on lock `name`, with the fields the operation records later
+    /// (`attempts`, `elapsed_us`, `outcome`). The name is only worked out when the span is
+    /// enabled.
+    pub(crate) fn span(&self, operation: Operation, name: &[u8]) -> tracing::Span {
+        let nodes = self.inner.nodes.len();
+        let quorum = self.quorum();
+        let span = match operation {
+            Operation::Acquire => tracing::debug_span!(
+                "redlock.acquire",
+                lock = tracing::field::Empty,
+                nodes,
+                quorum,
+                attempts = tracing::field::Empty,
+                elapsed_us = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+            ),
+            Operation::Extend => tracing::debug_span!(
+                "redlock.extend",
+                lock = tracing::field::Empty,
+                nodes,
+                quorum,
+                elapsed_us = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+            ),
+            Operation::Release => tracing::debug_span!(
+                "redlock.release",
+                lock = tracing::field::Empty,
+                nodes,
+                quorum,
+                released = tracing::field::Empty,
+                elapsed_us = tracing::field::Empty,
+            ),
+        };
+        if !span.is_disabled() {
+            span.record("lock", tracing::field::display(self.shown_name(name)));
+        }
+        span
+    }
+}
+
+/// The operations that have spans.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Operation {
+    Acquire,
+    Extend,
+    Release,
+}
+
+/// Microseconds since `start`, for `elapsed_us`.
+pub(crate) fn elapsed_us(start: std::time::Instant) -> u64 {
+    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
