@@ -1183,31 +1183,8 @@ async fn health_and_inspection_tell_what_the_nodes_hold() {
 /// time and outcome; a hash of the name unless names are opted in; never the value.
 #[tokio::test]
 async fn spans_show_counts_and_outcomes_and_never_the_value() {
-    use std::io::Write;
-    use std::sync::Mutex;
-    use tracing_subscriber::fmt::format::FmtSpan;
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("buffer").extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::DEBUG)
-        .with_span_events(FmtSpan::CLOSE)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-    let text = || String::from_utf8_lossy(&buf.0.lock().expect("buffer")).into_owned();
+    let logs = support::CapturedLogs::start_with(tracing_subscriber::fmt::format::FmtSpan::CLOSE);
+    let text = || logs.text();
 
     let cluster = Cluster::start(3);
     let redlock = builder(cluster.urls()).build().expect("build");

@@ -81,16 +81,21 @@ async fn start(cluster: &Cluster, extractor: Header) -> (SocketAddr, Locked) {
         gate: Arc::new(Semaphore::new(0)),
         started: Arc::new(Semaphore::new(0)),
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let (addr, incoming) = bind().await;
     let server = Server::builder()
         .layer(RedlockLayer::new(redlock, extractor))
         .add_service(svc.clone());
     tokio::spawn(async move { server.serve_with_incoming(incoming).await.expect("serve") });
     (addr, svc)
+}
+
+/// A listener on a free loopback port, for a tonic server.
+async fn bind() -> (SocketAddr, tonic::transport::server::TcpIncoming) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    (addr, tonic::transport::server::TcpIncoming::from(listener))
 }
 
 async fn channel(addr: SocketAddr) -> Channel {
@@ -261,11 +266,7 @@ async fn replaying_server(cluster: &Cluster) -> (Channel, Arc<AtomicUsize>) {
     let redlock = cluster.client(|b| b.ttl(Duration::from_secs(30))).await;
     let svc = Replying::default();
     let runs = Arc::clone(&svc.runs);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let (addr, incoming) = bind().await;
     let layer = RedlockLayer::new(redlock, Header::new("idempotency-key"))
         .fencing(false)
         .replay(Duration::from_secs(60));
@@ -378,11 +379,7 @@ async fn only_the_listed_methods_are_locked() {
         gate: Arc::new(Semaphore::new(100)),
         started: Arc::new(Semaphore::new(0)),
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let (addr, incoming) = bind().await;
     let extractor = GrpcMethods::new(Header::new("idempotency-key").required()).method(METHOD);
     let server = Server::builder()
         .layer(RedlockLayer::new(redlock, extractor))

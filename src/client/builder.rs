@@ -331,47 +331,30 @@ impl RedlockBuilder {
         // cluster node: it lives in another hash slot than the lock.
         let mut legacy_counters = true;
         for config in &self.nodes {
-            if let Some(seeds) = config.as_cluster() {
+            let (label, connector) = if let Some(seeds) = config.as_cluster() {
                 legacy_counters = false;
-                let (label, connector) = cluster_node(seeds, self.connect_timeout)?;
-                if nodes.iter().any(|other| other.label() == label) {
-                    return Err(ConfigError::DuplicateNode { node: label });
-                }
-                let index = nodes.len();
-                nodes.push(Arc::new(Node::new(
-                    index,
-                    label,
-                    connector,
-                    settings.clone(),
-                )));
-                continue;
-            }
-            let (label, connector) = match config.as_sentinel() {
-                Some(sentinel) => (
+                cluster_node(seeds, self.connect_timeout)?
+            } else if let Some(sentinel) = config.as_sentinel() {
+                (
                     format!("sentinel:{}", sentinel.name),
                     Connector::Sentinel(Box::new(sentinel_master(sentinel)?)),
-                ),
-                None => {
-                    let info = config.connection_info()?;
-                    any_tls |= matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-                    let label = info.addr().to_string();
-                    let client = match config.client() {
-                        Some(client) => client.clone(),
-                        None => self.client(info, &label)?,
-                    };
-                    (label, Connector::Direct(Box::new(client)))
-                }
+                )
+            } else {
+                let info = config.connection_info()?;
+                any_tls |= matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+                let label = info.addr().to_string();
+                let client = match config.client() {
+                    Some(client) => client.clone(),
+                    None => self.client(info, &label)?,
+                };
+                (label, Connector::Direct(Box::new(client)))
             };
             if nodes.iter().any(|other| other.label() == label) {
                 return Err(ConfigError::DuplicateNode { node: label });
             }
             let index = nodes.len();
-            nodes.push(Arc::new(Node::new(
-                index,
-                label,
-                connector,
-                settings.clone(),
-            )));
+            let node = Node::new(index, label, connector, settings.clone());
+            nodes.push(Arc::new(node));
         }
         #[cfg(feature = "tls-rustls")]
         self.tls.check(any_tls)?;

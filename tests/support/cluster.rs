@@ -5,19 +5,11 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::RedisNode;
+use super::{RedisNode, query_port};
 
 /// Three masters that share the 16,384 slots.
 pub struct RedisCluster {
     pub masters: Vec<RedisNode>,
-}
-
-fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Option<T> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
-    let mut con = client
-        .get_connection_with_timeout(Duration::from_millis(500))
-        .ok()?;
-    cmd.query(&mut con).ok()
 }
 
 impl RedisCluster {
@@ -61,7 +53,7 @@ impl RedisCluster {
         let cluster = Self { masters };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !cluster.masters.iter().all(|m| {
-            query::<String>(m.port(), redis::cmd("CLUSTER").arg("INFO"))
+            query_port::<String>(m.port(), redis::cmd("CLUSTER").arg("INFO"))
                 .is_some_and(|i| i.contains("cluster_state:ok"))
         }) {
             assert!(Instant::now() < deadline, "the cluster did not become ok");
@@ -77,7 +69,7 @@ impl RedisCluster {
 
     /// The index of the master that owns `key`'s slot.
     pub fn owner(&self, key: &[u8]) -> usize {
-        let slot: i64 = query(
+        let slot: i64 = query_port(
             self.masters[0].port(),
             redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
         )
@@ -85,7 +77,7 @@ impl RedisCluster {
         self.masters
             .iter()
             .position(|m| {
-                query::<String>(m.port(), redis::cmd("CLUSTER").arg("NODES"))
+                query_port::<String>(m.port(), redis::cmd("CLUSTER").arg("NODES"))
                     .is_some_and(|nodes| owns(&nodes, slot))
             })
             .expect("a master owns the slot")
@@ -93,7 +85,7 @@ impl RedisCluster {
 
     /// Whether `key` exists on master `i`.
     pub fn holds(&self, i: usize, key: &[u8]) -> bool {
-        query::<bool>(self.masters[i].port(), redis::cmd("EXISTS").arg(key)).unwrap_or(false)
+        query_port::<bool>(self.masters[i].port(), redis::cmd("EXISTS").arg(key)).unwrap_or(false)
     }
 }
 

@@ -66,6 +66,16 @@ fn redis_server_binary() -> PathBuf {
     );
 }
 
+/// Runs `cmd` on the server at `port` over a fresh blocking connection; `None` on any
+/// failure (for polling a server's state).
+pub fn query_port<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Option<T> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    cmd.query(&mut con).ok()
+}
+
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
@@ -494,6 +504,11 @@ pub struct CapturedLogs {
 
 impl CapturedLogs {
     pub fn start() -> Self {
+        Self::start_with(tracing_subscriber::fmt::format::FmtSpan::NONE)
+    }
+
+    /// Also logs span events (such as `FmtSpan::CLOSE`, with every recorded field).
+    pub fn start_with(span_events: tracing_subscriber::fmt::format::FmtSpan) -> Self {
         let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let writer = {
             let buf = std::sync::Arc::clone(&buf);
@@ -503,6 +518,7 @@ impl CapturedLogs {
             .with_writer(writer)
             .with_ansi(false)
             .with_max_level(tracing::Level::DEBUG)
+            .with_span_events(span_events)
             .finish();
         Self {
             buf,
@@ -511,8 +527,13 @@ impl CapturedLogs {
     }
 
     pub fn contains(&self, needle: &str) -> bool {
+        self.text().contains(needle)
+    }
+
+    /// Everything captured so far.
+    pub fn text(&self) -> String {
         let buf = self.buf.lock().expect("log buffer");
-        String::from_utf8_lossy(&buf).contains(needle)
+        String::from_utf8_lossy(&buf).into_owned()
     }
 }
 

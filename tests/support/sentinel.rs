@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{RedisNode, free_port, redis_server_binary};
+use super::{RedisNode, free_port, query_port, redis_server_binary};
 
 /// One master, its replica, and a sentinel that monitors them as `name`.
 pub struct SentinelNode {
@@ -30,14 +30,6 @@ fn wait(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Option<T> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
-    let mut con = client
-        .get_connection_with_timeout(Duration::from_millis(500))
-        .ok()?;
-    cmd.query(&mut con).ok()
-}
-
 impl SentinelNode {
     pub fn start(name: &str) -> Self {
         let master = RedisNode::start();
@@ -50,7 +42,7 @@ impl SentinelNode {
             ],
         );
         wait("the replica to sync", Duration::from_secs(20), || {
-            query::<String>(replica.port(), redis::cmd("INFO").arg("replication"))
+            query_port::<String>(replica.port(), redis::cmd("INFO").arg("replication"))
                 .is_some_and(|i| i.contains("master_link_status:up"))
         });
         let sentinel_port = free_port();
@@ -100,7 +92,7 @@ impl SentinelNode {
 
     /// The port of the master, as the sentinel says.
     pub fn master_port(&self) -> Option<u16> {
-        let addr: Option<(String, u16)> = query(
+        let addr: Option<(String, u16)> = query_port(
             self.sentinel_port,
             redis::cmd("SENTINEL")
                 .arg("get-master-addr-by-name")
@@ -111,7 +103,7 @@ impl SentinelNode {
 
     /// How many replicas the sentinel knows.
     fn replicas(&self) -> usize {
-        query::<Vec<redis::Value>>(
+        query_port::<Vec<redis::Value>>(
             self.sentinel_port,
             redis::cmd("SENTINEL").arg("replicas").arg(&self.name),
         )
@@ -121,7 +113,7 @@ impl SentinelNode {
     /// Forces a failover and waits until the sentinel names the former replica as master.
     pub fn failover(&self) {
         let before = self.master_port();
-        let _: Option<String> = query(
+        let _: Option<String> = query_port(
             self.sentinel_port,
             redis::cmd("SENTINEL").arg("failover").arg(&self.name),
         );
