@@ -334,14 +334,8 @@ impl Node {
                 // lacks a script gets it by EVAL on first use).
                 return match timeout_at(deadline, cluster.get_async_connection()).await {
                     Ok(Ok(conn)) => Ok((Conn::Cluster(conn), ServerInfo::default())),
-                    Ok(Err(e)) => Err(NodeError::from(e)),
-                    Err(_) => Err(NodeError::Connection(
-                        format!(
-                            "no answer within the connect timeout of {:?}",
-                            self.settings.connect_timeout
-                        )
-                        .into(),
-                    )),
+                    Ok(Err(e)) if !e.is_timeout() => Err(NodeError::from(e)),
+                    Ok(Err(_)) | Err(_) => Err(self.connect_timed_out()),
                 };
             }
             Connector::Direct(client) => (**client).clone(),
@@ -405,14 +399,19 @@ impl Node {
                 ))
             }
             Ok(Err(e)) if !e.is_timeout() => Err(NodeError::from(e)),
-            Ok(Err(_)) | Err(_) => Err(NodeError::Connection(
-                format!(
-                    "no answer within the connect timeout of {:?}",
-                    self.settings.connect_timeout
-                )
-                .into(),
-            )),
+            Ok(Err(_)) | Err(_) => Err(self.connect_timed_out()),
         }
+    }
+
+    /// The error of a connect that got no answer in time.
+    fn connect_timed_out(&self) -> NodeError {
+        NodeError::Connection(
+            format!(
+                "no answer within the connect timeout of {:?}",
+                self.settings.connect_timeout
+            )
+            .into(),
+        )
     }
 
     /// Whether the server behind `info` already counts for another node of the client;
