@@ -12,6 +12,7 @@
 //!                      node 2 busy, node 4 timeout, node 1 busy  ->  Impossible
 //! ```
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -54,46 +55,52 @@ impl Round {
 }
 
 /// A round's calls still in flight when its outcome was certain (each bounded by the
-/// round's deadline), and the nodes they went to. Dropping them abandons them: a call not
-/// yet written to its connection is then never sent.
+/// round's deadline). Dropping them abandons them: a call not yet written to its
+/// connection is then never sent.
 pub(crate) struct Stragglers {
-    calls: Calls,
-    pending: NodeMask,
+    /// Drives the calls, marking each node done in `state` as its call ends.
+    drain: BoxFuture<'static, ()>,
+    state: Arc<LandingState>,
 }
-
-type Calls = FuturesUnordered<BoxFuture<'static, (usize, Result<Value, NodeError>)>>;
 
 impl std::fmt::Debug for Stragglers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stragglers")
-            .field("nodes", &self.pending.len())
+            .field("nodes", &self.state.pending().len())
             .finish()
     }
 }
 
 impl Stragglers {
+    /// The calls in `calls`, to the nodes in `pending`.
+    fn new<F>(mut calls: FuturesUnordered<F>, pending: NodeMask) -> Self
+    where
+        F: Future<Output = (usize, Result<Value, NodeError>)> + Send + 'static,
+    {
+        let state = Arc::new(LandingState {
+            pending: Mutex::new(pending),
+            changed: Notify::new(),
+        });
+        let marks = Arc::clone(&state);
+        let drain = Box::pin(async move {
+            while let Some((i, _)) = calls.next().await {
+                marks.done(i);
+            }
+            marks.done_all();
+        });
+        Self { drain, state }
+    }
+
     /// Lets the calls finish in the background, so what the round wrote lands on every
     /// node that answers in time. The [`Landing`] tells when each node's call is done.
     pub(crate) fn land(self) -> Landing {
-        let landing = Landing(Arc::new(LandingState {
-            pending: Mutex::new(self.pending),
-            changed: Notify::new(),
-        }));
-        let state = Arc::clone(&landing.0);
-        let mut calls = self.calls;
-        let drain = async move {
-            while let Some((i, _)) = calls.next().await {
-                state.done(i);
-            }
-            state.done_all();
-        };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(drain);
+                runtime.spawn(self.drain);
             }
-            Err(_) => landing.0.done_all(),
+            Err(_) => self.state.done_all(),
         }
-        landing
+        Landing(self.state)
     }
 }
 
@@ -158,7 +165,7 @@ fn send(
     to: impl Fn(usize) -> bool,
     acquiring: bool,
     after: Option<&Landing>,
-) -> Calls {
+) -> FuturesUnordered<impl Future<Output = (usize, Result<Value, NodeError>)> + Send + 'static> {
     let call = Arc::new(request.call());
     let after = after.filter(|l| !l.is_done());
     nodes
@@ -168,13 +175,12 @@ fn send(
         .map(|(i, node)| {
             let (node, call) = (Arc::clone(node), Arc::clone(&call));
             let after = after.cloned();
-            let fut: BoxFuture<'static, _> = Box::pin(async move {
+            async move {
                 if let Some(after) = after {
                     after.wait(i, deadline).await;
                 }
                 (i, node.call(&call, deadline, acquiring).await)
-            });
-            fut
+            }
         })
         .collect()
 }
@@ -236,10 +242,7 @@ where
         round.tally.record_outcome(outcome);
     }
     if !calls.is_empty() {
-        round.stragglers = Some(Stragglers {
-            calls,
-            pending: sent,
-        });
+        round.stragglers = Some(Stragglers::new(calls, sent));
     }
     round
 }
