@@ -99,6 +99,7 @@
 //! | `tls-rustls` | `rediss://` nodes, with the *ring* crypto provider chosen by the crate; `RedlockBuilder::tls_root_certificates` and `tls_client_certificate` |
 //! | `tls-insecure` | `rediss://...#insecure` nodes, which skip certificate checks (tests only) |
 //! | `cluster` | a Redis Cluster as one node: `NodeConfig::cluster` |
+//! | `metrics` | counters, histograms and gauges through the `metrics` facade: see [`metrics`] |
 //!
 //! **Freshly started nodes.** A node up for less than the longest TTL, or one whose
 //! `run_id` changed, may have lost lock keys, so by default it is kept out of
@@ -126,6 +127,7 @@ pub mod fencing;
 mod guard;
 mod keepalive;
 pub mod layer;
+pub mod metrics;
 mod node;
 pub mod quorum;
 mod scripts;

@@ -281,6 +281,7 @@ impl Node {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             st.quarantined_until = None;
+            crate::metrics::gauge(crate::metrics::Gauge::QuarantinedNodes, false);
             tracing::info!(node = %self.label, "redlock node quarantine over: it takes part in acquisitions again");
             return None;
         }
@@ -507,6 +508,9 @@ impl Node {
             return;
         };
         let until = crate::quorum::later(Instant::now(), length);
+        if st.quarantined_until.is_none() {
+            crate::metrics::gauge(crate::metrics::Gauge::QuarantinedNodes, true);
+        }
         st.quarantined_until = Some(st.quarantined_until.map_or(until, |u| u.max(until)));
         match cause {
             QuarantineCause::Restarted => tracing::warn!(

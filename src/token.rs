@@ -142,6 +142,8 @@ pub struct Lock {
     pub(crate) resource: Arc<Resource>,
     pub(crate) value: Arc<str>,
     pub(crate) started: Instant,
+    /// When the acquisition started (`started` moves with each extension).
+    pub(crate) acquired_at: Instant,
     pub(crate) valid_until: Instant,
     pub(crate) ttl: Duration,
     pub(crate) attempts: u32,
@@ -331,6 +333,19 @@ pub enum LostReason {
     KeepAliveStopped,
 }
 
+impl LostReason {
+    /// The `reason` label of `redlock_lost_total`; `None` for a release (not a loss).
+    fn metric_label(&self) -> Option<&'static str> {
+        match self {
+            Self::ExtendFailed(_) => Some("extend_failed"),
+            Self::MaxHoldReached => Some("max_hold"),
+            Self::MaxExtensionsReached => Some("max_extensions"),
+            Self::KeepAliveStopped => Some("keep_alive_stopped"),
+            Self::Released => None,
+        }
+    }
+}
+
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -380,8 +395,10 @@ impl Shared {
     }
 
     /// Marks the lock lost (the first reason wins).
-    pub(crate) fn mark_lost(&self, reason: LostReason) {
-        self.lost.send_if_modified(|cur| {
+    /// Records why the lock was lost (the first reason wins); whether this was the first.
+    pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
+        let label = reason.metric_label();
+        let first = self.lost.send_if_modified(|cur| {
             if cur.is_none() {
                 *cur = Some(reason);
                 true
@@ -389,6 +406,10 @@ impl Shared {
                 false
             }
         });
+        if first && let Some(label) = label {
+            crate::metrics::lost(label);
+        }
+        first
     }
 
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {

@@ -145,6 +145,7 @@ impl Waiters {
             }
             id
         };
+        crate::metrics::gauge(crate::metrics::Gauge::Waiting, true);
         let ticket = Ticket {
             waiters: Arc::clone(self),
             key: key.into(),
@@ -339,6 +340,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        crate::metrics::gauge(crate::metrics::Gauge::Waiting, false);
         self.waiters.leave(&self.key, self.id);
     }
 }

@@ -5,6 +5,7 @@
 //!       -> held                       otherwise -> release on every node -> Busy / NoQuorum / ...
 //! ```
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -122,6 +123,7 @@ impl Redlock {
                     resource: Arc::clone(resource),
                     value,
                     started: start,
+                    acquired_at: start,
                     valid_until: later(start, v),
                     ttl,
                     attempts: attempt,
@@ -268,8 +270,7 @@ impl Redlock {
         }
     }
 
-    /// [`retry_inner`](Self::retry_inner) in a `redlock.acquire` span that records the
-    /// attempts, the elapsed time and the outcome.
+    /// [`retry_inner`](Self::retry_inner), observed (see [`observed`](Self::observed)).
     pub(super) async fn retry(
         &self,
         resource: &Arc<Resource>,
@@ -278,17 +279,26 @@ impl Redlock {
         max_attempts: u32,
         replay: bool,
     ) -> Result<Lock, (Failure, u32)> {
+        let acquisition = self.retry_inner(resource, ttl, deadline, max_attempts, replay);
+        self.observed(resource, acquisition).await
+    }
+
+    /// Runs `acquisition` of `resource` in a `redlock.acquire` span that records the
+    /// attempts, the elapsed time and the outcome, and counts it in the metrics.
+    pub(super) async fn observed(
+        &self,
+        resource: &Resource,
+        acquisition: impl Future<Output = Result<Lock, (Failure, u32)>>,
+    ) -> Result<Lock, (Failure, u32)> {
         let span = self.span(Operation::Acquire, &resource.name);
         let start = Instant::now();
-        let result = self
-            .retry_inner(resource, ttl, deadline, max_attempts, replay)
-            .instrument(span.clone())
-            .await;
+        let result = acquisition.instrument(span.clone()).await;
+        let (attempts, outcome) = match &result {
+            Ok(lock) => (lock.attempts, "acquired"),
+            Err((failure, attempts)) => (*attempts, failure.outcome()),
+        };
+        crate::metrics::acquired(outcome, start.elapsed().as_secs_f64());
         if !span.is_disabled() {
-            let (attempts, outcome) = match &result {
-                Ok(lock) => (lock.attempts, "acquired"),
-                Err((failure, attempts)) => (*attempts, failure.outcome()),
-            };
             span.record("attempts", attempts);
             span.record("elapsed_us", elapsed_us(start));
             span.record("outcome", outcome);

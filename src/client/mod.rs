@@ -207,9 +207,13 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<Lock, LockError> {
         let resource = self.resource(name.as_ref(), ttl)?;
-        self.attempt(&resource, ttl, None, 1, false)
+        let attempt = async {
+            let result = self.attempt(&resource, ttl, None, 1, false).await;
+            result.map_err(|f| (f, 1))
+        };
+        self.observed(&resource, attempt)
             .await
-            .map_err(|f| f.into_error(1))
+            .map_err(|(f, attempts)| f.into_error(attempts))
     }
 
     /// Releases `lock` on every node: deletes the key only where it still holds the lock's

@@ -60,6 +60,7 @@ impl Redlock {
         let span = self.span(Operation::Release, lock.name());
         let start = Instant::now();
         let out = self.release_lock(lock).instrument(span.clone()).await;
+        crate::metrics::released(lock.acquired_at.elapsed().as_secs_f64());
         if !span.is_disabled() {
             span.record("released", out.released);
             span.record("elapsed_us", elapsed_us(start));

@@ -254,6 +254,7 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
             }
             Err(Denied::Replay(record)) => match record::decode(&record) {
                 Some(record) if record.fingerprint == ctx.fingerprint => {
+                    crate::metrics::replayed();
                     let (response, trailers) = record.into_response();
                     State::Rejected { response, trailers }
                 }

@@ -1,0 +1,89 @@
+//! Metrics, through the [`metrics`](https://docs.rs/metrics) facade, with the `metrics`
+//! feature: install any recorder (Prometheus exporter, StatsD, ...) and the client and
+//! the layer report these. Without the feature nothing is recorded and nothing is
+//! compiled in.
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `redlock_acquire_total` | counter | `outcome`: `acquired`, `busy`, `no_quorum`, `validity_exhausted`, `replayed`, `error` | acquisitions (`lock`, `try_lock`, the layer), by outcome |
+//! | `redlock_acquire_seconds` | histogram | | time to acquire (or give up), retries and waiting included |
+//! | `redlock_released_total` | counter | | locks released with `unlock` (guards and the layer included) |
+//! | `redlock_hold_seconds` | histogram | | from acquisition to release |
+//! | `redlock_lost_total` | counter | `reason`: `extend_failed`, `max_hold`, `max_extensions`, `keep_alive_stopped` | guarded locks lost before their release |
+//! | `redlock_replayed_total` | counter | | requests the layer answered from a completion record |
+//! | `redlock_held_locks` | gauge | | guarded locks held now (guards, and the layer's locks) |
+//! | `redlock_waiting` | gauge | | lock calls waiting in a queue for a busy name |
+//! | `redlock_quarantined_nodes` | gauge | | nodes in the restart quarantine (as last seen by a call) |
+//!
+//! Lock names and values are never labels.
+//!
+//! ```no_run
+//! # #[cfg(feature = "metrics")]
+//! # fn demo() {
+//! // With any `metrics` recorder installed, for example a Prometheus exporter:
+//! metrics::describe_counter!("redlock_acquire_total", "Redlock acquisitions by outcome");
+//! # }
+//! ```
+
+/// Counts an acquisition with `outcome`, and how long it took.
+pub(crate) fn acquired(outcome: &'static str, seconds: f64) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!("redlock_acquire_total", "outcome" => outcome).increment(1);
+        metrics::histogram!("redlock_acquire_seconds").record(seconds);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (outcome, seconds);
+}
+
+/// Counts a release of a lock held for `seconds`.
+pub(crate) fn released(seconds: f64) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!("redlock_released_total").increment(1);
+        metrics::histogram!("redlock_hold_seconds").record(seconds);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = seconds;
+}
+
+/// Counts a guarded lock lost for `reason`.
+pub(crate) fn lost(reason: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("redlock_lost_total", "reason" => reason).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = reason;
+}
+
+/// Counts a request answered from a completion record.
+pub(crate) fn replayed() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("redlock_replayed_total").increment(1);
+}
+
+/// A gauge moved by one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Gauge {
+    HeldLocks,
+    Waiting,
+    QuarantinedNodes,
+}
+
+/// Moves `gauge` up (`true`) or down by one.
+pub(crate) fn gauge(gauge: Gauge, up: bool) {
+    #[cfg(feature = "metrics")]
+    {
+        let name = match gauge {
+            Gauge::HeldLocks => "redlock_held_locks",
+            Gauge::Waiting => "redlock_waiting",
+            Gauge::QuarantinedNodes => "redlock_quarantined_nodes",
+        };
+        if up {
+            metrics::gauge!(name).increment(1.0);
+        } else {
+            metrics::gauge!(name).decrement(1.0);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (gauge, up);
+}

@@ -1,0 +1,160 @@
+//! The `metrics` feature: a debugging recorder sees the counters, histograms and gauges of
+//! the client, the guard and the layer, with the names and labels the docs list.
+#![cfg(feature = "metrics")]
+
+mod support;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use support::{Cluster, wait_for};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower_redlock::layer::Header;
+use tower_redlock::{LockError, LostReason, RedlockLayer};
+
+/// What the recorder saw, summed over its snapshots (each snapshot resets counters,
+/// gauges and histograms, so a gauge's snapshots are deltas that add up to its value).
+struct Totals {
+    snapshotter: Snapshotter,
+    seen: Mutex<HashMap<String, (f64, usize)>>,
+}
+
+impl Totals {
+    /// Takes a snapshot and adds it in; keyed by name, or `name{label=value}` too.
+    fn refresh(&self) {
+        let mut seen = self.seen.lock().expect("totals");
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            let (amount, samples) = match value {
+                DebugValue::Counter(n) => (n as f64, 0),
+                DebugValue::Gauge(g) => (g.into_inner(), 0),
+                DebugValue::Histogram(h) => (0.0, h.len()),
+            };
+            let mut names = vec![key.name().to_owned()];
+            names.extend(
+                key.labels()
+                    .map(|l| format!("{}{{{}={}}}", key.name(), l.key(), l.value())),
+            );
+            for name in names {
+                let entry = seen.entry(name).or_default();
+                entry.0 += amount;
+                entry.1 += samples;
+            }
+        }
+    }
+
+    /// A counter's or gauge's value (`name` or `name{label=value}`).
+    fn value(&self, name: &str) -> f64 {
+        self.refresh();
+        self.seen
+            .lock()
+            .expect("totals")
+            .get(name)
+            .map_or(0.0, |v| v.0)
+    }
+
+    /// How many samples a histogram got.
+    fn samples(&self, name: &str) -> usize {
+        self.refresh();
+        self.seen
+            .lock()
+            .expect("totals")
+            .get(name)
+            .map_or(0, |v| v.1)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_metrics_are_recorded() {
+    let recorder = DebuggingRecorder::new();
+    let s = Totals {
+        snapshotter: recorder.snapshotter(),
+        seen: Mutex::default(),
+    };
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+    let cluster = Cluster::start(3);
+    let redlock = cluster
+        .client(|b| {
+            b.ttl(Duration::from_millis(600))
+                .node_timeout(Duration::from_millis(50))
+                .max_hold(Some(Duration::from_millis(300)))
+        })
+        .await;
+    let acquired_before = s.value("redlock_acquire_total{outcome=acquired}");
+
+    // An acquisition, a busy attempt, a release.
+    let lock = redlock.try_lock("m-1").await.expect("lock");
+    assert!(matches!(
+        redlock.try_lock("m-1").await,
+        Err(LockError::Busy { .. })
+    ));
+    redlock.unlock(&lock).await;
+    assert_eq!(
+        s.value("redlock_acquire_total{outcome=acquired}"),
+        acquired_before + 1.0
+    );
+    assert_eq!(s.value("redlock_acquire_total{outcome=busy}"), 1.0);
+    assert!(s.value("redlock_released_total") >= 1.0);
+    assert!(s.samples("redlock_acquire_seconds") >= 2);
+    assert!(s.samples("redlock_hold_seconds") >= 1);
+
+    // A guard held past its maximum hold is lost, and the held-locks gauge follows it.
+    let guard = redlock.acquire("m-2").await.expect("guard");
+    assert_eq!(s.value("redlock_held_locks"), 1.0);
+    assert_eq!(guard.lost().await, LostReason::MaxHoldReached);
+    assert_eq!(s.value("redlock_lost_total{reason=max_hold}"), 1.0);
+    drop(guard);
+    assert_eq!(s.value("redlock_held_locks"), 0.0);
+
+    // A lock call waiting for a busy name shows in the waiting gauge.
+    let held = redlock.try_lock("m-3").await.expect("lock");
+    let waiter = tokio::spawn({
+        let redlock = redlock.clone();
+        async move { redlock.lock("m-3").await }
+    });
+    wait_for("a waiter", Duration::from_secs(5), || async {
+        s.value("redlock_waiting") == 1.0
+    })
+    .await;
+    redlock.unlock(&held).await;
+    let got = waiter
+        .await
+        .expect("waiter")
+        .expect("lock after the release");
+    redlock.unlock(&got).await;
+    assert_eq!(s.value("redlock_waiting"), 0.0);
+
+    // The layer's replays.
+    let svc = ServiceBuilder::new()
+        .layer(
+            RedlockLayer::new(redlock.clone(), Header::new("idempotency-key"))
+                .replay(Duration::from_secs(60)),
+        )
+        .service(service_fn(|_req: http::Request<String>| async {
+            Ok::<_, Infallible>(http::Response::new(String::from("done")))
+        }));
+    for _ in 0..3 {
+        let req = http::Request::post("/m")
+            .header("idempotency-key", "m-4")
+            .body(String::new())
+            .expect("request");
+        let res = svc.clone().oneshot(req).await.expect("response");
+        assert_eq!(res.status(), 200);
+    }
+    assert_eq!(s.value("redlock_replayed_total"), 2.0);
+
+    // Young nodes in the restart quarantine are counted.
+    let young = Cluster::start(3);
+    let quarantined = tower_redlock::Redlock::builder(young.urls())
+        .ttl(Duration::from_millis(900))
+        .build()
+        .expect("build");
+    let _ = quarantined.try_lock("m-5").await;
+    assert_eq!(s.value("redlock_quarantined_nodes"), 3.0);
+}
