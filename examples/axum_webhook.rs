@@ -118,7 +118,7 @@ async fn stats(State(app): State<App>) -> String {
 }
 
 /// Logs every rejection with its message, then answers with the default response.
-fn log_rejection(rejection: Rejection) -> http::Response<bytes::Bytes> {
+fn log_rejection(rejection: Rejection, head: &http::request::Parts) -> Rejection {
     let status = rejection.http_status().as_u16();
     let delivery = String::from_utf8_lossy(rejection.lock_name().unwrap_or_default()).into_owned();
     // The client gets a short message; the log gets the details (each failed node's cause).
@@ -130,9 +130,12 @@ fn log_rejection(rejection: Rejection) -> http::Response<bytes::Bytes> {
         RejectionKind::Busy { .. } => {
             tracing::info!(status, %delivery, "duplicate delivery rejected: {detail}");
         }
-        _ => tracing::warn!(status, %delivery, "request rejected: {detail}"),
+        _ => {
+            tracing::warn!(status, %delivery, path = head.uri.path(), "request rejected: {detail}")
+        }
     }
-    rejection.into_response()
+    // The default answer: text, or problem+json for clients that accept it.
+    rejection
 }
 
 #[tokio::main]

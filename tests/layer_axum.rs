@@ -246,10 +246,11 @@ async fn no_quorum_is_503_with_the_node_causes_for_the_logs_not_the_client() {
     let r = redlock(&cluster).await;
     let seen: Arc<Mutex<Vec<tower_redlock::layer::Rejection>>> = Arc::default();
     let log = seen.clone();
-    let layer = RedlockLayer::new(r, Header::new(KEY_HEADER)).on_rejection(move |rejection| {
-        log.lock().expect("log").push(rejection.clone());
-        rejection.into_response()
-    });
+    let layer =
+        RedlockLayer::new(r, Header::new(KEY_HEADER)).on_rejection(move |rejection, _head| {
+            log.lock().expect("log").push(rejection.clone());
+            rejection
+        });
     let addr = serve(app(layer, App::new())).await;
     cluster.nodes[0].kill();
     cluster.nodes[1].kill();
@@ -453,19 +454,123 @@ async fn the_waiter_bound_rejects_the_excess_at_once() {
 }
 
 #[tokio::test]
-async fn a_rejection_hook_replaces_the_response() {
+async fn a_rejection_hook_sees_the_request_and_answers_with_any_axum_response() {
+    use axum::Json;
+    use axum::response::IntoResponse;
+    use tower_redlock::layer::RejectionKind;
+
     let cluster = Cluster::start(1);
-    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER).required())
-        .on_rejection(|r| {
-            let mut res =
-                http::Response::new(bytes::Bytes::from(format!("custom: {}", r.message())));
-            *res.status_mut() = http::StatusCode::UNPROCESSABLE_ENTITY;
-            res
-        });
+    let r = redlock(&cluster).await;
+    let holder = r.try_lock(b"taken").await.expect("lock");
+    let layer = RedlockLayer::new(r.clone(), Header::new(KEY_HEADER).required()).on_rejection(
+        |rejection, head| {
+            let request_id = head
+                .headers
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("none")
+                .to_owned();
+            match rejection.kind() {
+                RejectionKind::Busy { .. } => Ok((
+                    http::StatusCode::TOO_MANY_REQUESTS,
+                    [("x-request-id", request_id.clone())],
+                    Json(vec![request_id, head.uri.path().to_owned()]),
+                )
+                    .into_response()),
+                _ => Err(rejection),
+            }
+        },
+    );
     let addr = serve(app(layer, App::new())).await;
-    let reply = send(&http1(), post_req(addr, "/hook", None)).await;
-    assert_eq!(reply.status, 422);
-    assert!(reply.body.starts_with("custom: "));
+    let client = http1();
+
+    let mut busy = post_req(addr, "/hook", Some((KEY_HEADER, "taken")));
+    busy.headers_mut()
+        .insert("x-request-id", http::HeaderValue::from_static("req-7"));
+    let reply = send(&client, busy).await;
+    assert_eq!(reply.status, 429, "{}", reply.body);
+    assert_eq!(reply.headers["x-request-id"], "req-7");
+    assert_eq!(reply.headers["content-type"], "application/json");
+    assert_eq!(reply.body, r#"["req-7","/hook"]"#);
+
+    // Err(rejection): the default answer, still negotiated to the request's Accept.
+    let mut bad = post_req(addr, "/hook", None);
+    bad.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static("application/problem+json"),
+    );
+    let reply = send(&client, bad).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.headers["content-type"], "application/problem+json");
+    assert!(
+        reply.body.contains(r#""kind":"bad_request""#),
+        "{}",
+        reply.body
+    );
+    assert_eq!(r.unlock(&holder).await.released(), 1);
+}
+
+#[tokio::test]
+async fn default_rejections_speak_problem_json_to_clients_that_accept_it() {
+    let mut cluster = Cluster::start(3);
+    let r = redlock(&cluster).await;
+    let _holder = r.try_lock(b"held").await.expect("lock");
+    let layer = RedlockLayer::new(r.clone(), Header::new(KEY_HEADER));
+    let addr = serve(app(layer, App::new())).await;
+    let client = http1();
+    let request = |key: &'static str, accept: Option<&'static str>| {
+        let mut req = post_req(addr, "/hook", Some((KEY_HEADER, key)));
+        if let Some(accept) = accept {
+            req.headers_mut()
+                .insert(http::header::ACCEPT, http::HeaderValue::from_static(accept));
+        }
+        req
+    };
+
+    let reply = send(&client, request("held", Some("application/problem+json"))).await;
+    assert_eq!(reply.status, 409);
+    assert_eq!(reply.headers["content-type"], "application/problem+json");
+    assert_eq!(reply.headers["retry-after"], "1");
+    assert_eq!(
+        reply.body,
+        r#"{"type":"about:blank","title":"Conflict","status":409,"detail":"the resource is locked by another request; retry later","kind":"busy","retry_after":1}"#
+    );
+    let reply = send(
+        &client,
+        request("held", Some("application/json, */*;q=0.5")),
+    )
+    .await;
+    assert_eq!(reply.headers["content-type"], "application/json");
+    assert!(reply.body.starts_with('{'), "{}", reply.body);
+    for accept in [
+        None,
+        Some("*/*"),
+        Some("text/html"),
+        Some("application/json;q=0"),
+    ] {
+        let reply = send(&client, request("held", accept)).await;
+        assert_eq!(reply.status, 409);
+        assert_eq!(
+            reply.headers["content-type"], "text/plain; charset=utf-8",
+            "Accept: {accept:?}"
+        );
+        assert_eq!(
+            reply.body,
+            "the resource is locked by another request; retry later\n"
+        );
+    }
+
+    // No quorum: 503 with Retry-After, in problem+json too.
+    cluster.nodes[0].kill();
+    cluster.nodes[1].kill();
+    let reply = send(&client, request("free", Some("application/problem+json"))).await;
+    assert_eq!(reply.status, 503);
+    assert_eq!(reply.headers["retry-after"], "1");
+    assert!(
+        reply.body.contains(r#""status":503"#) && reply.body.contains(r#""kind":"unavailable""#),
+        "{}",
+        reply.body
+    );
 }
 
 #[tokio::test]

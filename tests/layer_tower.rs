@@ -173,3 +173,71 @@ async fn percent_encoded_paths_contend_with_their_decoded_form() {
     let first = first.await.expect("task").expect("response");
     assert_eq!(first.status(), 200);
 }
+
+/// Without the axum feature, a rejection hook answers with a plain `http::Response` and
+/// sees the request's head, also when the lock is lost while the service runs (abort on
+/// loss), after the service took the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_hook_sees_the_request_head_and_answers_with_an_http_response() {
+    use tower_redlock::layer::RejectionKind;
+
+    let cluster = Cluster::start(1);
+    let r = cluster.client(|b| b.ttl(Duration::from_millis(600))).await;
+    let started = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let inner = {
+        let started = started.clone();
+        service_fn(move |_req: Request<Full<Bytes>>| {
+            started.add_permits(1);
+            std::future::pending::<Result<Response<Full<Bytes>>, Infallible>>()
+        })
+    };
+    let svc = RedlockLayer::new(r.clone(), PathSegment::new(0))
+        .abort_on_loss(true)
+        .on_rejection(|rejection, head| {
+            let id = head
+                .headers
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("none");
+            let status = match rejection.kind() {
+                RejectionKind::Busy { .. } => http::StatusCode::ACCEPTED,
+                _ => rejection.http_status(),
+            };
+            let mut res = Response::new(format!(
+                "{id} {} {}",
+                head.uri.path(),
+                rejection.kind().as_str()
+            ));
+            *res.status_mut() = status;
+            res
+        })
+        .layer(inner);
+    let request = |path: &str, id: &'static str| {
+        Request::get(path)
+            .header("x-request-id", id)
+            .body(Full::default())
+            .expect("request")
+    };
+
+    let held = r.try_lock(b"busy-job").await.expect("lock");
+    let res = svc
+        .clone()
+        .oneshot(request("/busy-job", "r-1"))
+        .await
+        .expect("response");
+    assert_eq!(res.status(), 202);
+    assert_eq!(body_text(res).await, "r-1 /busy-job busy");
+    assert_eq!(r.unlock(&held).await.released(), 1);
+
+    let doomed = tokio::spawn(svc.clone().oneshot(request("/doomed-job", "r-2")));
+    started.acquire().await.expect("started").forget();
+    let mut conn = cluster.raw(0).await;
+    let _: () = conn.del("redlock:{doomed-job}").await.expect("DEL");
+    let res = tokio::time::timeout(Duration::from_secs(5), doomed)
+        .await
+        .expect("answered once the loss is seen")
+        .expect("task")
+        .expect("response");
+    assert_eq!(res.status(), 503);
+    assert_eq!(body_text(res).await, "r-2 /doomed-job unavailable");
+}

@@ -16,6 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::completion::{Finishing, GrpcRecorder};
+use super::rejection_hook::{Answer, BoxBody};
 use crate::guard::LockGuard;
 
 pin_project! {
@@ -43,6 +44,9 @@ pin_project! {
             body: B,
             rec: Box<Recording>,
         },
+        Hook {
+            body: Option<BoxBody>,
+        },
     }
 }
 
@@ -63,6 +67,16 @@ impl<B> ResponseBody<B> {
 
     pub(crate) fn rejection(data: Bytes) -> Self {
         Self::replayed(data, None)
+    }
+
+    /// A rejection's answer, with the trailers of a replayed gRPC reply.
+    pub(crate) fn answer(answer: Answer, trailers: Option<HeaderMap>) -> Self {
+        match answer {
+            Answer::Data(data) => Self::replayed(data, trailers),
+            Answer::Boxed(body) => Self {
+                kind: Kind::Hook { body: Some(body) },
+            },
+        }
     }
 
     /// A stored response's body and trailers.
@@ -95,7 +109,7 @@ impl<B> ResponseBody<B> {
     pub fn holds_lock(&self) -> bool {
         match &self.kind {
             Kind::Inner { held, .. } => held.is_some(),
-            Kind::Rejection { .. } => false,
+            Kind::Rejection { .. } | Kind::Hook { .. } => false,
             Kind::Recording { rec, .. } => !rec.finished,
         }
     }
@@ -117,6 +131,7 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
                 .debug_struct("ResponseBody::Recording")
                 .field("holds_lock", &!rec.finished)
                 .finish_non_exhaustive(),
+            Kind::Hook { .. } => f.debug_struct("ResponseBody::Hook").finish_non_exhaustive(),
         }
     }
 }
@@ -150,6 +165,23 @@ where
                 Some(d) => Some(Ok(Frame::data(B::Data::from(d)))),
                 None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
             }),
+            KindProj::Hook { body } => {
+                let Some(inner) = body.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                match ready!(inner.as_mut().poll_frame(cx)) {
+                    Some(Ok(frame)) => Poll::Ready(Some(Ok(frame.map_data(B::Data::from)))),
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "the rejection hook's response body failed; ending it");
+                        body.take();
+                        Poll::Ready(None)
+                    }
+                    None => {
+                        body.take();
+                        Poll::Ready(None)
+                    }
+                }
+            }
             KindProj::Recording { body, rec } => {
                 let Recording {
                     recorder,
@@ -215,6 +247,7 @@ where
             Kind::Inner { body, held } => held.is_none() && body.is_end_stream(),
             Kind::Rejection { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Recording { rec, .. } => rec.finished,
+            Kind::Hook { body } => body.as_ref().is_none_or(|b| b.is_end_stream()),
         }
     }
 
@@ -224,6 +257,9 @@ where
             Kind::Rejection { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
+            Kind::Hook { body } => body
+                .as_ref()
+                .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint()),
         }
     }
 }

@@ -22,12 +22,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
+use http::request::Parts;
 use tokio::sync::Semaphore;
 
 use super::record::ReplayPolicy;
 use super::reject::Rejection;
-
-pub(crate) type RejectionHook = Arc<dyn Fn(Rejection) -> Response<Bytes> + Send + Sync>;
+use super::rejection_hook::{Answer, RejectionHook};
 
 /// How a request whose lock is busy waits, for [`RedlockLayer::wait`](crate::RedlockLayer::wait):
 /// up to a timeout, with at most so many requests of the layer waiting at once (beyond
@@ -105,11 +105,17 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    pub(crate) fn respond(&self, rejection: Rejection) -> Response<Bytes> {
-        let rejection = rejection.with_retry_cap(self.retry_after_cap);
+    /// The answer to a rejected request with head `head`: the hook's, or the default in
+    /// the format the request accepts.
+    pub(crate) fn respond(&self, rejection: Rejection, head: &Parts) -> Response<Answer> {
+        let rejection = rejection
+            .with_retry_cap(self.retry_after_cap)
+            .negotiate(&head.headers);
         match &self.on_rejection {
-            Some(hook) => hook(rejection),
-            None => rejection.into_response(),
+            Some(hook) => hook(rejection, head),
+            None => rejection
+                .into_response()
+                .map(|body| Answer::Data(Bytes::from(body))),
         }
     }
 }

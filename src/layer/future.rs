@@ -30,13 +30,22 @@ use super::config::{Config, ReleaseOn};
 use super::fingerprint::Fingerprint;
 use super::record::{self, ReplayPolicy};
 use super::reject::{Protocol, Rejection};
+use super::rejection_hook::Answer;
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::token::{Lock, LockToken, LostReason};
 
+/// The request and the service that answers it, waiting for the lock.
+pub(crate) trait PendingCall<F>: Send {
+    /// Calls the service with `token` in the request's extensions.
+    fn call(self: Box<Self>, token: LockToken) -> F;
+    /// Gives the call up: the request's head, for the rejection hook.
+    fn head(self: Box<Self>) -> http::request::Parts;
+}
+
 /// Calls the inner service once the lock is held.
-pub(crate) type CallFn<F> = Box<dyn FnOnce(LockToken) -> F + Send>;
+pub(crate) type CallFn<F> = Box<dyn PendingCall<F>>;
 
 /// Acquires the lock.
 pub(crate) type AcquireFuture = BoxFuture<'static, Result<Lock, Denied>>;
@@ -64,12 +73,15 @@ pub(crate) struct Ctx {
     pub(crate) protocol: Protocol,
     /// The request's fingerprint, with replay on.
     pub(crate) fingerprint: Fingerprint,
+    /// A copy of the request's head, kept for the rejection when the lock may be lost
+    /// while the inner service has the request (abort on loss).
+    pub(crate) head: Option<Box<http::request::Parts>>,
 }
 
 /// What a releasing future returns once the lock is released.
 enum Output<B, E> {
     Inner(Result<Response<B>, E>),
-    Rejection(Response<Bytes>),
+    Rejection(Response<Answer>),
     Ready(Response<ResponseBody<B>>),
 }
 
@@ -99,7 +111,7 @@ pin_project! {
             output: Output<B, E>,
         },
         Rejected {
-            response: Response<Bytes>,
+            response: Response<Answer>,
             trailers: Option<http::HeaderMap>,
         },
         Recording {
@@ -134,10 +146,10 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn rejected(rejection: Rejection, config: &Config) -> Self {
+    pub(crate) fn rejected(response: Response<Answer>) -> Self {
         Self {
             state: State::Rejected {
-                response: config.respond(rejection),
+                response,
                 trailers: None,
             },
         }
@@ -236,7 +248,7 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                         Box::pin(async move { token.lost().await });
                     lost
                 });
-                let fut = call(guard.token());
+                let fut = call.call(guard.token());
                 State::Calling {
                     fut,
                     guard,
@@ -248,7 +260,7 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                 log_rejected(&ctx.redlock, &error, &name);
                 let rejection = Rejection::from_lock_error(error, ctx.protocol).with_name(name);
                 State::Rejected {
-                    response: ctx.config.respond(rejection),
+                    response: ctx.config.respond(rejection, &call.head()),
                     trailers: None,
                 }
             }
@@ -256,10 +268,15 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                 Some(record) if record.fingerprint == ctx.fingerprint => {
                     crate::metrics::replayed();
                     let (response, trailers) = record.into_response();
-                    State::Rejected { response, trailers }
+                    State::Rejected {
+                        response: response.map(Answer::Data),
+                        trailers,
+                    }
                 }
                 Some(_) => State::Rejected {
-                    response: ctx.config.respond(Rejection::key_reused(ctx.protocol)),
+                    response: ctx
+                        .config
+                        .respond(Rejection::key_reused(ctx.protocol), &call.head()),
                     trailers: None,
                 },
                 None => {
@@ -271,9 +288,10 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                         attempts: 1,
                     };
                     State::Rejected {
-                        response: ctx
-                            .config
-                            .respond(Rejection::from_lock_error(error, ctx.protocol)),
+                        response: ctx.config.respond(
+                            Rejection::from_lock_error(error, ctx.protocol),
+                            &call.head(),
+                        ),
                         trailers: None,
                     }
                 }
@@ -341,10 +359,13 @@ fn lost_while_calling<F, B, E>(
     {
         let rejection = Rejection::lost(reason, ctx.protocol).with_name(guard.name().to_vec());
         tracing::warn!(%reason, "redlock layer aborted a request: its lock was lost");
+        let head = ctx
+            .head
+            .map_or_else(|| http::Request::new(()).into_parts().0, |head| *head);
         state.set(State::Releasing {
             release: guard.release_future(),
             guard,
-            output: Output::Rejection(ctx.config.respond(rejection)),
+            output: Output::Rejection(ctx.config.respond(rejection, &head)),
         });
     }
     Step::Next
@@ -361,7 +382,7 @@ fn released<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
     guard.disarm();
     Step::Ready(match output {
         Output::Inner(output) => output.map(|res| wrap(res, None)),
-        Output::Rejection(response) => Ok(response.map(ResponseBody::rejection)),
+        Output::Rejection(response) => Ok(response.map(|a| ResponseBody::answer(a, None))),
         Output::Ready(response) => Ok(response),
     })
 }
@@ -369,7 +390,7 @@ fn released<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
 fn rejected<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
     match state.as_mut().project_replace(State::Done) {
         StateOwned::Rejected { response, trailers } => Step::Ready(Ok(
-            response.map(|data| ResponseBody::replayed(data, trailers))
+            response.map(|answer| ResponseBody::answer(answer, trailers))
         )),
         _ => Step::Next,
     }

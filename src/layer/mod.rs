@@ -43,9 +43,11 @@ pub mod extract;
 mod fingerprint;
 mod future;
 mod grpc_methods;
+mod problem;
 mod record;
 mod redlock_layer;
 pub mod reject;
+mod rejection_hook;
 mod service;
 
 #[cfg(feature = "tonic")]
@@ -63,6 +65,7 @@ pub use future::ResponseFuture;
 pub use grpc_methods::GrpcMethods;
 pub use record::{REPLAYED_HEADER, ReplayPolicy};
 pub use reject::{Protocol, Rejection, RejectionKind};
+pub use rejection_hook::IntoRejectionResponse;
 pub use service::RedlockService;
 
 /// The layer's public path is [`tower_redlock::RedlockLayer`](crate::RedlockLayer); this

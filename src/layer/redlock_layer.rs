@@ -15,13 +15,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::Response;
+use http::request::Parts;
 use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
 use super::config::{BusyPolicy, Config, ReleaseOn, WaitPolicy};
 use super::reject::Rejection;
+use super::rejection_hook::{self, IntoRejectionResponse};
 use super::service::RedlockService;
 use crate::client::Redlock;
 
@@ -193,12 +193,73 @@ impl<E> RedlockLayer<E> {
         self
     }
 
-    /// Replaces the default rejection responses (see [`reject`](super::reject)).
-    pub fn on_rejection<F>(mut self, hook: F) -> Self
+    /// Answers rejected requests with `hook` instead of the default responses (see
+    /// [`reject`](super::reject)). The hook gets the [`Rejection`] (its kind, message,
+    /// lock error and `Retry-After` advice, already negotiated to the request's `Accept`)
+    /// and the request's head, and returns any [`IntoRejectionResponse`]: with the `axum`
+    /// feature anything `IntoResponse`, otherwise an `http::Response` with a `Bytes` body
+    /// (`String`, tonic's body, ...) or the rejection itself for the default answer.
+    ///
+    /// The hook runs for every rejection, also gRPC ones ([`Rejection::protocol`]). It
+    /// should be quick: it runs inside the response future. A hook's body that fails
+    /// while it streams ends the response there (logged at `warn`).
+    ///
+    /// ```
+    /// use http::{Response, StatusCode};
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::{Header, RejectionKind};
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let layer = RedlockLayer::new(redlock, Header::new("idempotency-key")).on_rejection(
+    ///     |rejection, head| {
+    ///         let request_id = head.headers.get("x-request-id").cloned();
+    ///         if let Some(error) = rejection.lock_error() {
+    ///             eprintln!("{request_id:?}: {error}"); // details for the logs
+    ///         }
+    ///         match rejection.kind() {
+    ///             // Tell clients to poll instead of retrying the request.
+    ///             RejectionKind::Busy { .. } => Response::builder()
+    ///                 .status(StatusCode::ACCEPTED)
+    ///                 .header("location", format!("/status{}", head.uri.path()))
+    ///                 .body(String::new())
+    ///                 .unwrap_or_default(),
+    ///             _ => rejection.into_response(),
+    ///         }
+    ///     },
+    /// );
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// With axum, return anything `IntoResponse`; `Err(rejection)` gives the default:
+    ///
+    /// ```
+    /// # #[cfg(feature = "axum")]
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use axum::Json;
+    /// use http::StatusCode;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::{Header, RejectionKind};
+    ///
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let layer = RedlockLayer::new(redlock, Header::new("idempotency-key")).on_rejection(
+    ///     |rejection, _head| match rejection.kind() {
+    ///         RejectionKind::Busy { .. } => {
+    ///             Ok((StatusCode::CONFLICT, Json(vec!["in progress"])))
+    ///         }
+    ///         _ => Err(rejection),
+    ///     },
+    /// );
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn on_rejection<F, R>(mut self, hook: F) -> Self
     where
-        F: Fn(Rejection) -> Response<Bytes> + Send + Sync + 'static,
+        F: Fn(Rejection, &Parts) -> R + Send + Sync + 'static,
+        R: IntoRejectionResponse,
     {
-        self.config().on_rejection = Some(Arc::new(hook));
+        self.config().on_rejection = Some(rejection_hook::hook(hook));
         self
     }
 }

@@ -8,26 +8,30 @@
 //! | a misconfigured layer (bad TTL) | 500 | `INTERNAL` (13) |
 //! | with replay: the key was used for a different request | 422 | `INVALID_ARGUMENT` (3) |
 //!
-//! gRPC requests are recognised by `content-type: application/grpc*` and answered with
-//! HTTP 200 and `grpc-status` / `grpc-message` headers and no body. A hook set with
-//! [`RedlockLayer::on_rejection`](super::RedlockLayer::on_rejection) can replace the response.
+//! HTTP bodies are a line of text, or a problem document (RFC 9457) for clients that
+//! accept `application/problem+json` (or plain JSON for `application/json`); busy and
+//! unavailable answers carry `Retry-After`. gRPC requests are recognised by
+//! `content-type: application/grpc*` and answered with HTTP 200 and `grpc-status` /
+//! `grpc-message` headers and no body. A hook set with
+//! [`RedlockLayer::on_rejection`](super::RedlockLayer::on_rejection) sees the rejection and
+//! the request's head, and can answer as it likes.
 //!
 //! ```
-//! use tower_redlock::layer::{Rejection, RejectionKind};
-//!
-//! use tower_redlock::layer::Protocol;
+//! use tower_redlock::layer::{Protocol, Rejection, RejectionKind};
 //!
 //! let r = Rejection::bad_request("the idempotency-key header is empty", Protocol::Http);
 //! assert_eq!(r.kind(), &RejectionKind::BadRequest);
-//! assert_eq!(r.into_response().status(), 400);
+//! let res = r.into_response();
+//! assert_eq!(res.status(), 400);
+//! assert_eq!(res.body(), "the idempotency-key header is empty\n");
 //! ```
 
 use std::fmt;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
+use super::problem::{self, Format};
 use crate::error::LockError;
 use crate::token::LostReason;
 
@@ -72,6 +76,20 @@ pub enum RejectionKind {
     KeyReused,
 }
 
+impl RejectionKind {
+    /// The kind as the `kind` member of problem documents: `busy`, `unavailable`,
+    /// `bad_request`, `internal` or `key_reused`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RejectionKind::Busy { .. } => "busy",
+            RejectionKind::Unavailable => "unavailable",
+            RejectionKind::BadRequest => "bad_request",
+            RejectionKind::Internal => "internal",
+            RejectionKind::KeyReused => "key_reused",
+        }
+    }
+}
+
 /// A rejected request: what happened, and how to answer it.
 ///
 /// [`message`](Self::message) is meant for the remote client and names no internal
@@ -83,10 +101,13 @@ pub struct Rejection {
     kind: RejectionKind,
     message: String,
     protocol: Protocol,
-    error: Option<LockError>,
+    /// Boxed: a hook's `Result<_, Rejection>` stays small.
+    error: Option<Box<LockError>>,
     name: Option<Vec<u8>>,
     /// The longest `Retry-After` the layer advises.
     retry_cap: Duration,
+    /// The format of the default HTTP body.
+    format: Format,
 }
 
 /// The default cap on `Retry-After` (see [`RedlockLayer::retry_after_cap`](crate::RedlockLayer::retry_after_cap)).
@@ -127,15 +148,25 @@ impl Rejection {
             kind,
             message,
             protocol,
-            error: Some(error),
+            error: Some(Box::new(error)),
             name: None,
             retry_cap: DEFAULT_RETRY_AFTER_CAP,
+            format: Format::Text,
         }
     }
 
     /// The same rejection, advising a `Retry-After` of at most `cap`.
     pub(crate) fn with_retry_cap(mut self, cap: Duration) -> Self {
         self.retry_cap = cap;
+        self
+    }
+
+    /// The same rejection, answered in the format the request's `Accept` headers rate
+    /// best: a problem document (RFC 9457) for `application/problem+json`, the same
+    /// document as `application/json`, or text (the default, also for `*/*`). The layer
+    /// does this before it calls the rejection hook.
+    pub fn negotiate(mut self, request_headers: &HeaderMap) -> Self {
+        self.format = Format::negotiate(request_headers);
         self
     }
 
@@ -153,7 +184,7 @@ impl Rejection {
     /// A rejection for a request whose lock was lost while its handler ran (abort on loss).
     pub fn lost(reason: &LostReason, protocol: Protocol) -> Self {
         let error = match reason {
-            LostReason::ExtendFailed(e) => Some(e.clone()),
+            LostReason::ExtendFailed(e) => Some(Box::new(e.clone())),
             _ => None,
         };
         let message = match reason {
@@ -167,6 +198,7 @@ impl Rejection {
             error,
             name: None,
             retry_cap: DEFAULT_RETRY_AFTER_CAP,
+            format: Format::Text,
         }
     }
 
@@ -180,6 +212,7 @@ impl Rejection {
             error: None,
             name: None,
             retry_cap: DEFAULT_RETRY_AFTER_CAP,
+            format: Format::Text,
         }
     }
 
@@ -192,6 +225,7 @@ impl Rejection {
             error: None,
             name: None,
             retry_cap: DEFAULT_RETRY_AFTER_CAP,
+            format: Format::Text,
         }
     }
 
@@ -213,7 +247,7 @@ impl Rejection {
     /// The lock error behind the rejection, if there was one (with per-node causes for
     /// no quorum).
     pub fn lock_error(&self) -> Option<&LockError> {
-        self.error.as_ref()
+        self.error.as_deref()
     }
 
     /// The HTTP status of the default response.
@@ -247,7 +281,7 @@ impl Rejection {
     pub fn retry_after_secs(&self) -> Option<u64> {
         let hint = match self.kind {
             RejectionKind::Busy { retry_after } => retry_after,
-            RejectionKind::Unavailable => self.error.as_ref().and_then(quarantine_ends),
+            RejectionKind::Unavailable => self.error.as_deref().and_then(quarantine_ends),
             _ => return None,
         };
         let after = hint.map_or(self.retry_cap, |d| d.min(self.retry_cap));
@@ -258,10 +292,14 @@ impl Rejection {
         )
     }
 
-    /// The default response: see the [module docs](self).
-    pub fn into_response(self) -> Response<Bytes> {
+    /// The default response: the status of [`http_status`](Self::http_status) with a
+    /// text or JSON body (see [`negotiate`](Self::negotiate)), or for gRPC a
+    /// trailers-only answer with [`grpc_code`](Self::grpc_code) and the message; plus
+    /// `Retry-After` when [`retry_after_secs`](Self::retry_after_secs) advises one.
+    pub fn into_response(self) -> Response<String> {
+        let retry_after = self.retry_after_secs();
         let mut res = if self.protocol == Protocol::Grpc {
-            let mut res = Response::new(Bytes::new());
+            let mut res = Response::new(String::new());
             let h = res.headers_mut();
             h.insert(
                 header::CONTENT_TYPE,
@@ -276,15 +314,22 @@ impl Rejection {
             }
             res
         } else {
-            let mut res = Response::new(Bytes::from(format!("{}\n", self.message)));
-            *res.status_mut() = self.http_status();
+            let status = self.http_status();
+            let body = match self.format {
+                Format::Text => format!("{}\n", self.message),
+                Format::Problem | Format::Json => {
+                    problem::document(status, self.kind.as_str(), &self.message, retry_after)
+                }
+            };
+            let mut res = Response::new(body);
+            *res.status_mut() = status;
             res.headers_mut().insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; charset=utf-8"),
+                HeaderValue::from_static(self.format.content_type()),
             );
             res
         };
-        if let Some(secs) = self.retry_after_secs() {
+        if let Some(secs) = retry_after {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }

@@ -23,18 +23,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
 use super::config::{BusyPolicy, Config};
 use super::extract::ExtractLockName;
 use super::fingerprint;
-use super::future::{Ctx, Denied, ResponseFuture};
+use super::future::{Ctx, Denied, PendingCall, ResponseFuture};
 use super::reject::{Protocol, Rejection};
 use crate::client::{Redlock, Refusal};
 use crate::error::LockError;
 use crate::quorum::later;
-use crate::token::Lock;
+use crate::token::{Lock, LockToken};
 
 /// Holds a quorum lock, named by the extractor, while the inner service runs. Created by
 /// [`RedlockLayer`](crate::RedlockLayer).
@@ -125,7 +126,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let protocol = Protocol::of(&req);
         let fingerprint = if self.config.replay.is_some() {
             fingerprint::fingerprint(&req)
@@ -136,33 +137,63 @@ where
             Ok(Some(name)) => name,
             Ok(None) => return ResponseFuture::passthrough(self.inner.call(req)),
             Err(e) => {
-                return ResponseFuture::rejected(
-                    Rejection::bad_request(e.message(), protocol),
-                    &self.config,
-                );
+                let (head, _) = req.into_parts();
+                let rejection = Rejection::bad_request(e.message(), protocol);
+                return ResponseFuture::rejected(self.config.respond(rejection, &head));
             }
         };
+        let head = self.config.abort_on_loss.then(|| Box::new(head_of(&req)));
         // Keep the service that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let inner = std::mem::replace(&mut self.inner, clone);
         let acquire = Box::pin(acquire(
             self.redlock.clone(),
             name,
             Arc::clone(&self.config),
         ));
-        let call = Box::new(move |token| {
-            req.extensions_mut().insert(token);
-            inner.call(req)
-        });
         ResponseFuture::acquiring(
             acquire,
-            call,
+            Box::new(Pending { inner, req }),
             Ctx {
                 redlock: self.redlock.clone(),
                 config: Arc::clone(&self.config),
                 protocol,
                 fingerprint,
+                head,
             },
         )
     }
+}
+
+/// A request waiting for its lock, with the service to call.
+struct Pending<S, R> {
+    inner: S,
+    req: Request<R>,
+}
+
+impl<S, R> PendingCall<S::Future> for Pending<S, R>
+where
+    S: Service<Request<R>> + Send,
+    R: Send,
+{
+    fn call(self: Box<Self>, token: LockToken) -> S::Future {
+        let Pending { mut inner, mut req } = *self;
+        req.extensions_mut().insert(token);
+        inner.call(req)
+    }
+
+    fn head(self: Box<Self>) -> Parts {
+        self.req.into_parts().0
+    }
+}
+
+/// A copy of `req`'s head.
+fn head_of<B>(req: &Request<B>) -> Parts {
+    let (mut head, ()) = Request::new(()).into_parts();
+    head.method = req.method().clone();
+    head.uri = req.uri().clone();
+    head.version = req.version();
+    head.headers = req.headers().clone();
+    head.extensions = req.extensions().clone();
+    head
 }

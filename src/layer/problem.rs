@@ -1,0 +1,234 @@
+//! The bodies of the default rejections: which format the client accepts (`Accept`), and
+//! the problem document (RFC 9457) for JSON clients.
+//!
+//! A client that accepts `application/problem+json` gets one, `application/json` gets the
+//! same document as plain JSON, and anything else (no `Accept`, `*/*`, `text/*`) gets a
+//! line of text. Quality values count: `application/problem+json;q=0` refuses it.
+//!
+//! ```
+//! use http::{Request, StatusCode, header};
+//! use tower_redlock::layer::{Protocol, Rejection};
+//!
+//! let req = Request::post("/orders")
+//!     .header(header::ACCEPT, "application/problem+json, */*;q=0.1")
+//!     .body(())
+//!     .unwrap();
+//! let (parts, _) = req.into_parts();
+//! let res = Rejection::bad_request("the idempotency-key header is empty", Protocol::Http)
+//!     .negotiate(&parts.headers)
+//!     .into_response();
+//! assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+//! assert_eq!(res.headers()[header::CONTENT_TYPE], "application/problem+json");
+//! assert!(res.body().contains(r#""detail":"the idempotency-key header is empty""#));
+//! ```
+
+use http::{HeaderMap, StatusCode, header};
+
+/// The format of a default rejection body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// `text/plain`: the message and a newline.
+    Text,
+    /// `application/problem+json`.
+    Problem,
+    /// The problem document as `application/json`.
+    Json,
+}
+
+impl Format {
+    /// The formats in the order preferred when the client likes several equally.
+    const PREFERENCE: [Format; 3] = [Format::Text, Format::Problem, Format::Json];
+
+    /// The body's `content-type`.
+    pub(crate) fn content_type(self) -> &'static str {
+        match self {
+            Format::Text => "text/plain; charset=utf-8",
+            Format::Problem => "application/problem+json",
+            Format::Json => "application/json",
+        }
+    }
+
+    fn media_type(self) -> (&'static str, &'static str) {
+        match self {
+            Format::Text => ("text", "plain"),
+            Format::Problem => ("application", "problem+json"),
+            Format::Json => ("application", "json"),
+        }
+    }
+
+    /// The format the request's `Accept` headers rate best (text without `Accept`, or
+    /// when the client accepts none of them).
+    pub(crate) fn negotiate(headers: &HeaderMap) -> Format {
+        let mut accept = headers.get_all(header::ACCEPT).iter().peekable();
+        if accept.peek().is_none() {
+            return Format::Text;
+        }
+        let mut best: [(u16, u8); 3] = [(0, 0); 3];
+        for range in accept
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+        {
+            let Some((ty, sub, q)) = parse_range(range) else {
+                continue;
+            };
+            for (i, format) in Self::PREFERENCE.iter().enumerate() {
+                let (fty, fsub) = format.media_type();
+                let specificity = match (ty, sub) {
+                    ("*", "*") => 1,
+                    (t, "*") if t.eq_ignore_ascii_case(fty) => 2,
+                    (t, s) if t.eq_ignore_ascii_case(fty) && s.eq_ignore_ascii_case(fsub) => 3,
+                    _ => continue,
+                };
+                // The most specific range that matches decides the quality.
+                let slot = &mut best[i];
+                if specificity > slot.1 || (specificity == slot.1 && q > slot.0) {
+                    *slot = (q, specificity);
+                }
+            }
+        }
+        let mut chosen = (Format::Text, 0u16, 0u8);
+        for (format, (q, specificity)) in Self::PREFERENCE.iter().zip(best) {
+            if q > chosen.1 || (q == chosen.1 && q > 0 && specificity > chosen.2) {
+                chosen = (*format, q, specificity);
+            }
+        }
+        chosen.0
+    }
+}
+
+/// A media range's type, subtype and quality (in thousandths); `None` when malformed.
+fn parse_range(range: &str) -> Option<(&str, &str, u16)> {
+    let mut params = range.split(';');
+    let (ty, sub) = params.next()?.trim().split_once('/')?;
+    let (ty, sub) = (ty.trim(), sub.trim());
+    if ty.is_empty() || sub.is_empty() {
+        return None;
+    }
+    let mut q = 1000;
+    for param in params {
+        if let Some((k, v)) = param.split_once('=')
+            && k.trim().eq_ignore_ascii_case("q")
+        {
+            q = parse_quality(v.trim())?;
+        }
+    }
+    Some((ty, sub, q))
+}
+
+/// A `qvalue` (`0`, `0.5`, `1.000`) in thousandths.
+fn parse_quality(v: &str) -> Option<u16> {
+    let (whole, frac) = v.split_once('.').unwrap_or((v, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let thousandths = frac
+        .bytes()
+        .chain(std::iter::repeat(b'0'))
+        .take(3)
+        .fold(0u16, |n, b| n * 10 + u16::from(b - b'0'));
+    match whole {
+        "0" => Some(thousandths),
+        "1" if thousandths == 0 => Some(1000),
+        _ => None,
+    }
+}
+
+/// The problem document (RFC 9457) of a rejection: `type`, `title`, `status`, `detail`,
+/// and the members `kind` and, when advised, `retry_after` (seconds).
+pub(crate) fn document(
+    status: StatusCode,
+    kind: &str,
+    detail: &str,
+    retry_after: Option<u64>,
+) -> String {
+    let mut out = String::with_capacity(96 + detail.len());
+    out.push_str(r#"{"type":"about:blank","title":"#);
+    push_json_string(&mut out, status.canonical_reason().unwrap_or("Error"));
+    out.push_str(r#","status":"#);
+    out.push_str(&status.as_u16().to_string());
+    out.push_str(r#","detail":"#);
+    push_json_string(&mut out, detail);
+    out.push_str(r#","kind":"#);
+    push_json_string(&mut out, kind);
+    if let Some(secs) = retry_after {
+        out.push_str(r#","retry_after":"#);
+        out.push_str(&secs.to_string());
+    }
+    out.push('}');
+    out
+}
+
+/// Appends `s` as a JSON string literal.
+fn push_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 || c == '\u{2028}' || c == '\u{2029}' => {
+                out.push_str(&format!("\\u{:04x}", u32::from(c)));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(values: &[&str]) -> Format {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(header::ACCEPT, v.parse().expect("header value"));
+        }
+        Format::negotiate(&h)
+    }
+
+    #[test]
+    fn accept_picks_the_format_the_client_rates_best() {
+        assert_eq!(accept(&[]), Format::Text);
+        assert_eq!(accept(&["*/*"]), Format::Text);
+        assert_eq!(accept(&["application/problem+json"]), Format::Problem);
+        assert_eq!(accept(&["application/json"]), Format::Json);
+        assert_eq!(accept(&["application/*"]), Format::Problem);
+        assert_eq!(accept(&["application/json, */*;q=0.8"]), Format::Json);
+        assert_eq!(
+            accept(&["application/json;q=0.5", "application/problem+json;q=0.9"]),
+            Format::Problem
+        );
+        assert_eq!(accept(&["text/html, application/json;q=0.9"]), Format::Json);
+        assert_eq!(accept(&["*/*, text/plain;q=0"]), Format::Problem);
+        assert_eq!(accept(&["application/problem+json;q=0"]), Format::Text);
+        assert_eq!(accept(&["text/html"]), Format::Text);
+        assert_eq!(accept(&["garbage, application/json;q=2"]), Format::Text);
+        assert_eq!(
+            accept(&["APPLICATION/Problem+JSON ; Q=1.0"]),
+            Format::Problem
+        );
+    }
+
+    #[test]
+    fn qualities_parse_to_thousandths() {
+        assert_eq!(parse_quality("0"), Some(0));
+        assert_eq!(parse_quality("0.5"), Some(500));
+        assert_eq!(parse_quality("0.125"), Some(125));
+        assert_eq!(parse_quality("1.000"), Some(1000));
+        assert_eq!(parse_quality("1.5"), None);
+        assert_eq!(parse_quality("0.1234"), None);
+        assert_eq!(parse_quality("x"), None);
+    }
+
+    #[test]
+    fn documents_escape_the_detail() {
+        let doc = document(StatusCode::CONFLICT, "busy", "a \"b\"\n\u{1}", Some(2));
+        assert_eq!(
+            doc,
+            r#"{"type":"about:blank","title":"Conflict","status":409,"detail":"a \"b\"\n\u0001","kind":"busy","retry_after":2}"#
+        );
+    }
+}
