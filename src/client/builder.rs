@@ -96,6 +96,18 @@ impl RedlockBuilder {
 
     /// The default TTL of locks ([`DEFAULT_TTL`]). Must be at least 1 ms and at most
     /// [`MAX_TTL`]; Redis expiries have millisecond precision, so finer parts are dropped.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Short, so a crashed holder blocks others for 5 s at most; a guard extends it while held.
+    /// let redlock = Redlock::builder(nodes).ttl(Duration::from_secs(5)).build()?;
+    /// assert_eq!(redlock.ttl(), Duration::from_secs(5));
+    /// # Ok(()) }
+    /// ```
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -104,6 +116,21 @@ impl RedlockBuilder {
     /// How long to wait for each node's answer ([`DEFAULT_NODE_TIMEOUT`]). Must be at most
     /// TTL / [`MIN_TTL_TO_TIMEOUT_RATIO`]. Each call waits at most this long or the
     /// lock's remaining validity, whichever is shorter.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Nodes in other zones answer in tens of ms: allow 200 ms (at most a tenth of the TTL).
+    /// let redlock = Redlock::builder(nodes)
+    ///     .ttl(Duration::from_secs(10))
+    ///     .node_timeout(Duration::from_millis(200))
+    ///     .build()?;
+    /// assert_eq!(redlock.node_timeout(), Duration::from_millis(200));
+    /// # Ok(()) }
+    /// ```
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
@@ -111,6 +138,18 @@ impl RedlockBuilder {
 
     /// The clock drift factor ([`DEFAULT_DRIFT_FACTOR`]), in `[0, 0.5)`: the validity is
     /// shortened by `ttl * drift_factor + 2 ms` for clock rate differences between nodes.
+    ///
+    /// ```
+    /// use tower_redlock::{ConfigError, Redlock};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Hosts without NTP discipline: allow their clocks to run 2% apart (200 ms of a 10 s TTL).
+    /// let redlock = Redlock::builder(nodes).drift_factor(0.02).build()?;
+    /// let too_big = Redlock::builder(nodes).drift_factor(0.5).build();
+    /// assert!(matches!(too_big, Err(ConfigError::DriftFactorOutOfRange { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn drift_factor(mut self, factor: f64) -> Self {
         self.drift_factor = factor;
         self
@@ -118,6 +157,18 @@ impl RedlockBuilder {
 
     /// How many attempts [`Redlock::lock`](crate::Redlock::lock) makes before it gives up
     /// ([`DEFAULT_MAX_ATTEMPTS`]); at least 1.
+    ///
+    /// ```
+    /// use tower_redlock::{ConfigError, Redlock};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Wait up to about 3 s for a busy lock: 30 attempts, 50-150 ms apart by default.
+    /// let redlock = Redlock::builder(nodes).max_attempts(30).build()?;
+    /// let none = Redlock::builder(nodes).max_attempts(0).build();
+    /// assert!(matches!(none, Err(ConfigError::ZeroAttempts)));
+    /// # Ok(()) }
+    /// ```
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
         self
@@ -126,6 +177,20 @@ impl RedlockBuilder {
     /// The wait between attempts: `base` plus a random jitter in `[0, jitter)`
     /// ([`DEFAULT_RETRY_DELAY`], [`DEFAULT_RETRY_JITTER`]). The jitter keeps competing
     /// clients out of lock-step.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Locks held for minutes: poll every 1 to 1.5 s rather than every 50-150 ms.
+    /// let redlock = Redlock::builder(nodes)
+    ///     .retry_delay(Duration::from_secs(1), Duration::from_millis(500))
+    ///     .max_attempts(120)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn retry_delay(mut self, base: Duration, jitter: Duration) -> Self {
         self.retry_delay = base;
         self.retry_jitter = jitter;
@@ -134,6 +199,20 @@ impl RedlockBuilder {
 
     /// An overall deadline for [`Redlock::lock`](crate::Redlock::lock), counted from the call (none by default):
     /// no attempt starts and no node call runs past it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Inside a request with a time budget: bound the wait by time, not by attempts.
+    /// let redlock = Redlock::builder(nodes)
+    ///     .max_attempts(u32::MAX)
+    ///     .retry_deadline(Some(Duration::from_millis(500)))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn retry_deadline(mut self, deadline: Option<Duration>) -> Self {
         self.retry_deadline = deadline;
         self
@@ -141,6 +220,18 @@ impl RedlockBuilder {
 
     /// The prefix of every key ([`DEFAULT_KEY_PREFIX`]): the key of lock `name` is
     /// `{prefix}{name}`.
+    ///
+    /// ```
+    /// use tower_redlock::{ConfigError, Redlock};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Two applications share the nodes: keep their lock names apart.
+    /// let redlock = Redlock::builder(nodes).key_prefix("billing:lock:").build()?;
+    /// let open_tag = Redlock::builder(nodes).key_prefix("billing:{lock:").build();
+    /// assert!(matches!(open_tag, Err(ConfigError::KeyPrefixBrace { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn key_prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
         self.key_prefix = prefix.as_ref().to_vec();
         self
@@ -148,6 +239,20 @@ impl RedlockBuilder {
 
     /// Locks whose validity would be no longer than this are refused with
     /// [`LockError::ValidityExhausted`](crate::LockError::ValidityExhausted) (default zero: any positive validity is accepted).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // The work needs 3 s: refuse a lock that a slow acquisition left with less than that.
+    /// let redlock = Redlock::builder(nodes)
+    ///     .ttl(Duration::from_secs(10))
+    ///     .min_validity(Duration::from_secs(3))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn min_validity(mut self, min: Duration) -> Self {
         self.min_validity = min;
         self
@@ -156,6 +261,17 @@ impl RedlockBuilder {
     /// The time allowed to (re)connect to a node, load the scripts and read its
     /// `INFO` ([`DEFAULT_CONNECT_TIMEOUT`]). Connecting runs in the background: operations
     /// wait for it only up to their per-node timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Nodes across a WAN, with TLS handshakes: allow 3 s to (re)connect.
+    /// let redlock = Redlock::builder(nodes).connect_timeout(Duration::from_secs(3)).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -163,6 +279,16 @@ impl RedlockBuilder {
 
     /// After this many consecutive timeouts on a node its connection is rebuilt
     /// ([`DEFAULT_RECONNECT_AFTER_TIMEOUTS`]; 0 counts as 1).
+    ///
+    /// ```
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Behind a proxy that drops idle connections silently: rebuild after the first timeout.
+    /// let redlock = Redlock::builder(nodes).reconnect_after_timeouts(1).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn reconnect_after_timeouts(mut self, timeouts: u32) -> Self {
         self.reconnect_after_timeouts = timeouts.max(1);
         self
@@ -171,6 +297,22 @@ impl RedlockBuilder {
     /// How often a [`LockGuard`](crate::LockGuard) extends its lock, as a fraction of the TTL
     /// ([`DEFAULT_EXTEND_FRACTION`], a third), in `(0, 1)`. The rest of the validity is
     /// room to retry a failed extension before the lock is declared lost.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{ConfigError, Redlock};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // A lossy network: extend every quarter of the TTL (2 s), leaving 6 s for retries.
+    /// let redlock = Redlock::builder(nodes)
+    ///     .ttl(Duration::from_secs(8))
+    ///     .extend_fraction(0.25)
+    ///     .build()?;
+    /// let never = Redlock::builder(nodes).extend_fraction(1.0).build();
+    /// assert!(matches!(never, Err(ConfigError::ExtendFractionOutOfRange { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn extend_fraction(mut self, fraction: f64) -> Self {
         self.extend_fraction = fraction;
         self
@@ -178,6 +320,19 @@ impl RedlockBuilder {
 
     /// The longest a [`LockGuard`](crate::LockGuard) keeps extending its lock (none by default); then it
     /// releases it and reports [`LostReason::MaxHoldReached`](crate::LostReason::MaxHoldReached).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // A stuck worker keeps the others out for 10 minutes at most.
+    /// let redlock = Redlock::builder(nodes)
+    ///     .max_hold(Some(Duration::from_secs(600)))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn max_hold(mut self, max: Option<Duration>) -> Self {
         self.max_hold = max;
         self
@@ -185,6 +340,20 @@ impl RedlockBuilder {
 
     /// The most extensions a [`LockGuard`](crate::LockGuard) makes (none by default); then the lock runs out
     /// and the guard reports [`LostReason::MaxExtensionsReached`](crate::LostReason::MaxExtensionsReached).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // A 9 s TTL extended every 3 s: 30 extensions hold it for about 1.5 minutes at most.
+    /// let redlock = Redlock::builder(nodes)
+    ///     .ttl(Duration::from_secs(9))
+    ///     .max_extensions(Some(30))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn max_extensions(mut self, max: Option<u32>) -> Self {
         self.max_extensions = max;
         self
@@ -196,6 +365,18 @@ impl RedlockBuilder {
     /// acquisition and one hash field per distinct name on every node; see
     /// [`crate::fencing`]. [`Redlock::with_fencing`](crate::Redlock::with_fencing) and
     /// [`RedlockLayer::fencing`](crate::RedlockLayer::fencing) switch it per use.
+    ///
+    /// ```
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Names unique per job run: no later holder to fence, so skip the numbers.
+    /// let redlock = Redlock::builder(nodes).fencing(false).build()?;
+    /// assert!(!redlock.fencing());
+    /// assert!(redlock.with_fencing(true).fencing()); // on again for one handle
+    /// # Ok(()) }
+    /// ```
     pub fn fencing(mut self, on: bool) -> Self {
         self.fencing = on;
         self
@@ -211,6 +392,22 @@ impl RedlockBuilder {
     /// is above every earlier number as long as the nodes' clocks agree to within the
     /// retention; see [`crate::fencing`] for the exact condition. 24 hours leaves room for
     /// clocks that drift for hours without NTP, and for outages and maintenance windows.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{ConfigError, Redlock};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Millions of distinct names a day, nodes kept in sync by NTP: keep counters 2 hours.
+    /// let redlock = Redlock::builder(nodes)
+    ///     .fencing_retention(Duration::from_secs(2 * 3600))
+    ///     .build()?;
+    /// // Under 10 times the (default, 10 s) TTL:
+    /// let short = Redlock::builder(nodes).fencing_retention(Duration::from_secs(60)).build();
+    /// assert!(matches!(short, Err(ConfigError::FencingRetentionTooShort { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn fencing_retention(mut self, retention: Duration) -> Self {
         self.fencing_retention = Some(retention);
         self
@@ -233,6 +430,16 @@ impl RedlockBuilder {
     /// Switch it off only for nodes with `appendonly yes` and `appendfsync always`, or for
     /// throwaway nodes started empty by the same program (tests, demos). If other clients
     /// lock the same names with longer TTLs, give this client that TTL as its default.
+    ///
+    /// ```
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Every node runs with `appendonly yes` and `appendfsync always`: a restart loses no keys.
+    /// let redlock = Redlock::builder(nodes).restart_quarantine(false).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn restart_quarantine(mut self, on: bool) -> Self {
         self.restart_quarantine = on;
         self
@@ -241,6 +448,16 @@ impl RedlockBuilder {
     /// Whether spans and log lines show lock names (off by default: a short hash of the
     /// name instead, since names can carry customer or payment ids). Lock values are never
     /// logged. See the `redlock.acquire`, `redlock.extend` and `redlock.release` spans.
+    ///
+    /// ```
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Names are job names, not customer ids: show them in spans and logs.
+    /// let redlock = Redlock::builder(nodes).log_lock_names(true).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn log_lock_names(mut self, on: bool) -> Self {
         self.log_names = on;
         self

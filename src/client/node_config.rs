@@ -96,6 +96,21 @@ impl NodeConfig {
     /// For a [`sentinel`](Self::sentinel) node: how to connect to the master (user,
     /// password, database, TLS); its address is replaced by the one the sentinels give.
     /// No effect on other nodes.
+    ///
+    /// ```
+    /// use tower_redlock::{NodeConfig, Redlock};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let sentinels = ["redis://sentinel-1:26379", "redis://sentinel-2:26379"];
+    /// // The masters need a password; their address comes from the sentinels.
+    /// let master: redis::ConnectionInfo = "redis://locker:secret@master:6379/0".parse()?;
+    /// let redlock = Redlock::builder(["locks-a", "locks-b", "locks-c"].map(|name| {
+    ///     NodeConfig::sentinel(sentinels, name).master_settings(master.clone())
+    /// }))
+    /// .build()?;
+    /// assert_eq!(redlock.node_count(), 3);
+    /// # Ok(()) }
+    /// ```
     pub fn master_settings(mut self, info: ConnectionInfo) -> Self {
         if let Spec::Sentinel(sentinel) = &mut self.0 {
             sentinel.master = Some(info);

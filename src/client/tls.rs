@@ -120,6 +120,18 @@ impl RedlockBuilder {
     /// CA. Unreadable certificates are refused by [`build`](Self::build)
     /// ([`ConfigError::Tls`]), as are certificates for a client without `rediss://`
     /// nodes. Needs the `tls-rustls` feature.
+    ///
+    /// ```no_run
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["rediss://redis-1:6380", "rediss://redis-2:6380", "rediss://redis-3:6380"];
+    /// // The servers' certificates come from the company's CA, which the system does not trust.
+    /// let ca = std::fs::read("/etc/redis/tls/ca.pem")?;
+    /// let redlock = Redlock::builder(nodes).tls_root_certificates(ca).build()?;
+    /// # let _ = redlock;
+    /// # Ok(()) }
+    /// ```
     pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.root = Some(pem.into());
         self
@@ -128,6 +140,22 @@ impl RedlockBuilder {
     /// Presents the client certificate `cert_pem` with its private key `key_pem` (PEM) to
     /// `rediss://` nodes that ask for one (`tls-auth-clients yes`): mutual TLS. Needs the
     /// `tls-rustls` feature.
+    ///
+    /// ```no_run
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["rediss://redis-1:6380", "rediss://redis-2:6380", "rediss://redis-3:6380"];
+    /// // The servers run with `tls-auth-clients yes`: present this service's certificate.
+    /// let cert = std::fs::read("/etc/redis/tls/client.pem")?;
+    /// let key = std::fs::read("/etc/redis/tls/client.key")?;
+    /// let redlock = Redlock::builder(nodes)
+    ///     .tls_root_certificates(std::fs::read("/etc/redis/tls/ca.pem")?)
+    ///     .tls_client_certificate(cert, key)
+    ///     .build()?;
+    /// # let _ = redlock;
+    /// # Ok(()) }
+    /// ```
     pub fn tls_client_certificate(
         mut self,
         cert_pem: impl Into<Vec<u8>>,

@@ -72,6 +72,22 @@ impl BodyFingerprintLayer {
     /// Reads (and hashes) up to `limit` bytes of each body before the inner service runs;
     /// the rest streams on unread. Bodies that differ only beyond `limit` bytes have the
     /// same fingerprint.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::ServiceBuilder;
+    /// use tower_redlock::layer::{BodyFingerprintLayer, Header};
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let replay = RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
+    ///     .replay(Duration::from_secs(3600));
+    /// // JSON bodies of a few KiB: 16 KiB covers them whole, and bounds what is buffered.
+    /// let stack = ServiceBuilder::new().layer(BodyFingerprintLayer::new(16 * 1024)).layer(replay);
+    /// # let _ = stack;
+    /// # Ok(()) }
+    /// ```
     pub fn new(limit: usize) -> Self {
         Self { limit }
     }

@@ -40,6 +40,21 @@ pub struct ExtractError {
 
 impl ExtractError {
     /// An error with a message for the client.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractError, ExtractLockName, extract_fn};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Names the handler cannot use are the client's mistake: answered with 400 and this text.
+    /// let tenant = extract_fn(|head| match head.headers.get("x-tenant") {
+    ///     Some(v) if v.len() > 64 => Err(ExtractError::new("x-tenant is over 64 bytes")),
+    ///     v => Ok(v.map(|v| v.as_bytes().to_vec())),
+    /// });
+    /// let req = Request::get("/").header("x-tenant", "a".repeat(65)).body(())?;
+    /// assert_eq!(tenant.extract(&req), Err(ExtractError::new("x-tenant is over 64 bytes")));
+    /// # Ok(()) }
+    /// ```
     pub fn new(message: impl Into<Cow<'static, str>>) -> Self {
         Self {
             message: message.into(),
@@ -85,6 +100,22 @@ pub struct RequestHead<'a> {
 
 impl<'a> RequestHead<'a> {
     /// The head of `request`.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractError, RequestHead, extract_fn};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// fn tenant(head: &RequestHead<'_>) -> Result<Option<Vec<u8>>, ExtractError> {
+    ///     Ok(head.headers.get("x-tenant").map(|v| v.as_bytes().to_vec()))
+    /// }
+    /// // Test a name function for `extract_fn` on a plain request.
+    /// let req = Request::get("/").header("x-tenant", "acme").body(())?;
+    /// assert_eq!(tenant(&RequestHead::of(&req))?, Some(b"acme".to_vec()));
+    /// let extractor = extract_fn(tenant);
+    /// # let _ = extractor;
+    /// # Ok(()) }
+    /// ```
     pub fn of<B>(request: &'a Request<B>) -> Self {
         Self {
             method: request.method(),
@@ -112,6 +143,19 @@ impl Header {
     ///
     /// A `name` that is not a valid header name never panics: every request is then
     /// rejected as bad input, with a message that names the setting.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractLockName, Header};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Idempotency keys sent by clients; without the header a request runs unlocked.
+    /// let key = Header::new("Idempotency-Key");
+    /// let req = Request::post("/payments").header("idempotency-key", "k-1").body(())?;
+    /// assert_eq!(key.extract(&req)?, Some(b"k-1".to_vec()));
+    /// assert_eq!(key.extract(&Request::post("/payments").body(())?)?, None);
+    /// # Ok(()) }
+    /// ```
     pub fn new(name: &'static str) -> Self {
         Self {
             name: HeaderName::from_bytes(name.as_bytes()).map_err(|_| name),
@@ -120,6 +164,20 @@ impl Header {
     }
 
     /// Uses the header `name`.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use http::header::HeaderName;
+    /// use tower_redlock::layer::{ExtractLockName, Header};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A header name the service already has as a `HeaderName`.
+    /// let delivery = HeaderName::from_static("x-github-delivery");
+    /// let extractor = Header::from_name(delivery.clone());
+    /// let req = Request::post("/webhook").header(delivery, "72d3162e").body(())?;
+    /// assert_eq!(extractor.extract(&req)?, Some(b"72d3162e".to_vec()));
+    /// # Ok(()) }
+    /// ```
     pub fn from_name(name: HeaderName) -> Self {
         Self {
             name: Ok(name),
@@ -128,6 +186,18 @@ impl Header {
     }
 
     /// Rejects requests without the header instead of passing them through.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractLockName, Header};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Every real delivery carries the header: a request without it is refused with 400.
+    /// let delivery = Header::new("x-github-delivery").required();
+    /// let req = Request::post("/webhook").body(())?;
+    /// assert!(delivery.extract(&req).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn required(mut self) -> Self {
         self.required = true;
         self
@@ -189,6 +259,19 @@ pub struct PathSegment {
 
 impl PathSegment {
     /// Uses segment `index`.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractLockName, PathSegment};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Paths like /jobs/{id}/run: segment 1 is the job id.
+    /// let job = PathSegment::new(1);
+    /// let req = Request::post("/jobs/42/run").body(())?;
+    /// assert_eq!(job.extract(&req)?, Some(b"42".to_vec()));
+    /// assert_eq!(job.extract(&Request::get("/jobs").body(())?)?, None); // too short: no lock
+    /// # Ok(()) }
+    /// ```
     pub fn new(index: usize) -> Self {
         Self { index }
     }
@@ -217,6 +300,19 @@ impl PathParam {
     ///
     /// A `template` without a `{param}` segment never panics: every request is then
     /// rejected as bad input, with a message that names the setting.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractLockName, PathParam};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // One lock per delivery id, from any provider; other paths pass through.
+    /// let delivery = PathParam::new("/webhooks/{provider}/{id}", "id");
+    /// let req = Request::post("/webhooks/github/8f2c").body(())?;
+    /// assert_eq!(delivery.extract(&req)?, Some(b"8f2c".to_vec()));
+    /// assert_eq!(delivery.extract(&Request::get("/health").body(())?)?, None);
+    /// # Ok(()) }
+    /// ```
     pub fn new(template: &str, param: &str) -> Self {
         let template: Vec<String> = segments(template).map(str::to_owned).collect();
         let wanted = format!("{{{param}}}");
@@ -269,6 +365,22 @@ impl<F> fmt::Debug for ExtractFn<F> {
 }
 
 /// An extractor from a closure over the request head.
+///
+/// ```
+/// use http::Request;
+/// use tower_redlock::layer::{ExtractLockName, extract_fn};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // The name is in the query: `?account=42` locks account 42.
+/// let account = extract_fn(|head| {
+///     let query = head.uri.query().unwrap_or_default();
+///     let id = query.split('&').find_map(|pair| pair.strip_prefix("account="));
+///     Ok(id.map(|id| id.as_bytes().to_vec()))
+/// });
+/// let req = Request::post("/transfers?account=42&amount=5").body(())?;
+/// assert_eq!(account.extract(&req)?, Some(b"42".to_vec()));
+/// # Ok(()) }
+/// ```
 pub fn extract_fn<F>(f: F) -> ExtractFn<F>
 where
     F: Fn(&RequestHead<'_>) -> Result<Option<Vec<u8>>, ExtractError>,
@@ -295,6 +407,18 @@ pub struct PerRoute<E> {
 
 impl<E> PerRoute<E> {
     /// Scopes `inner`'s names to the route.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractLockName, Header, PerRoute};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Clients may reuse a key on different endpoints: scope each key to its route.
+    /// let key = PerRoute::new(Header::new("idempotency-key"));
+    /// let req = Request::post("/refunds").header("idempotency-key", "k-1").body(())?;
+    /// assert_eq!(key.extract(&req)?, Some(b"POST /refunds k-1".to_vec()));
+    /// # Ok(()) }
+    /// ```
     pub fn new(inner: E) -> Self {
         Self { inner }
     }

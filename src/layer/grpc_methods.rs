@@ -49,6 +49,19 @@ pub struct GrpcMethods<E> {
 impl<E> GrpcMethods<E> {
     /// Lists no method yet: add them with [`method`](Self::method) and
     /// [`service`](Self::service).
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractLockName, GrpcMethods, Header};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Only calls that carry idempotency keys are locked; health checks pass without one.
+    /// let extractor = GrpcMethods::new(Header::new("idempotency-key").required())
+    ///     .service("payments.Payments");
+    /// let health = Request::post("/grpc.health.v1.Health/Check").body(())?;
+    /// assert_eq!(extractor.extract(&health)?, None);
+    /// # Ok(()) }
+    /// ```
     pub fn new(inner: E) -> Self {
         Self {
             inner,
@@ -59,6 +72,20 @@ impl<E> GrpcMethods<E> {
 
     /// Locks the method at `path` (`/package.Service/Method`; the leading `/` may be left
     /// out).
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractLockName, GrpcMethods, Header};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Lock the one method with side effects; reads on the same service pass through.
+    /// let charge =
+    ///     GrpcMethods::new(Header::new("idempotency-key")).method("payments.Payments/Charge");
+    /// let call = |path| Request::post(path).header("idempotency-key", "k-1").body(());
+    /// assert_eq!(charge.extract(&call("/payments.Payments/Charge")?)?, Some(b"k-1".to_vec()));
+    /// assert_eq!(charge.extract(&call("/payments.Payments/Get")?)?, None);
+    /// # Ok(()) }
+    /// ```
     pub fn method(mut self, path: impl AsRef<str>) -> Self {
         let path = path.as_ref();
         self.methods
@@ -67,6 +94,18 @@ impl<E> GrpcMethods<E> {
     }
 
     /// Locks every method of the service `name` (`package.Service`).
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractLockName, GrpcMethods, Header};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Every method of the refunds service changes state: lock them all.
+    /// let refunds = GrpcMethods::new(Header::new("idempotency-key")).service("payments.Refunds");
+    /// let req = Request::post("/payments.Refunds/Create").header("idempotency-key", "k-2");
+    /// assert_eq!(refunds.extract(&req.body(())?)?, Some(b"k-2".to_vec()));
+    /// # Ok(()) }
+    /// ```
     pub fn service(mut self, name: impl AsRef<str>) -> Self {
         self.services
             .push(name.as_ref().trim_matches('/').to_owned());

@@ -46,6 +46,15 @@ pub struct ReplayPolicy {
 impl ReplayPolicy {
     /// Keeps records for `retention`, bodies up to 8 KiB, and the headers `content-type`,
     /// `content-encoding`, `content-language`, `location`, `etag` and `last-modified`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::layer::ReplayPolicy;
+    ///
+    /// // Clients retry with the same key for up to a day: keep the answers that long.
+    /// let policy = ReplayPolicy::new(Duration::from_secs(24 * 3600));
+    /// assert_eq!(policy.retention(), Duration::from_secs(86_400));
+    /// ```
     pub fn new(retention: Duration) -> Self {
         Self {
             retention,
@@ -63,24 +72,68 @@ impl ReplayPolicy {
 
     /// The largest body kept (default 8 KiB): a response whose body is larger, or of
     /// unknown size (streamed), is kept with status and headers only.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::layer::ReplayPolicy;
+    ///
+    /// // JSON answers up to 64 KiB replay whole; larger ones replay status and headers only.
+    /// let policy = ReplayPolicy::new(Duration::from_secs(3600)).max_body(64 * 1024);
+    /// # let _ = policy;
+    /// ```
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.max_body = bytes;
         self
     }
 
     /// The response headers kept (replacing the default set).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::header::{CONTENT_TYPE, HeaderName, LOCATION};
+    /// use tower_redlock::layer::ReplayPolicy;
+    ///
+    /// // Clients read a custom header back; the list replaces the default one.
+    /// let policy = ReplayPolicy::new(Duration::from_secs(3600)).headers([
+    ///     CONTENT_TYPE,
+    ///     LOCATION,
+    ///     HeaderName::from_static("x-payment-id"),
+    /// ]);
+    /// # let _ = policy;
+    /// ```
     pub fn headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         self.headers = headers.into_iter().collect();
         self
     }
 
     /// How long a record is kept.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::layer::ReplayPolicy;
+    ///
+    /// let policy = ReplayPolicy::new(Duration::from_secs(3600));
+    /// // Tell API clients how long a key stays bound to its first answer.
+    /// assert_eq!(policy.retention(), Duration::from_secs(3600));
+    /// ```
     pub fn retention(&self) -> Duration {
         self.retention
     }
 
     /// Whether a response with `status` is kept: 2xx, and 4xx except 409 and 429 (those
     /// and 5xx are worth a retry, so the next request runs the handler again).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::StatusCode;
+    /// use tower_redlock::layer::ReplayPolicy;
+    ///
+    /// let policy = ReplayPolicy::new(Duration::from_secs(3600));
+    /// assert!(policy.keeps(StatusCode::CREATED));
+    /// assert!(policy.keeps(StatusCode::UNPROCESSABLE_ENTITY)); // a retry would fail the same way
+    /// assert!(!policy.keeps(StatusCode::CONFLICT)); // busy: a retry may succeed
+    /// assert!(!policy.keeps(StatusCode::SERVICE_UNAVAILABLE));
+    /// ```
     pub fn keeps(&self, status: StatusCode) -> bool {
         status.is_success()
             || (status.is_client_error()
@@ -93,6 +146,16 @@ impl ReplayPolicy {
     /// `PERMISSION_DENIED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`,
     /// `UNAUTHENTICATED`). The others (`ABORTED`, the layer's own busy answer, and
     /// `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `INTERNAL`, ...) are worth a retry.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::layer::ReplayPolicy;
+    ///
+    /// let policy = ReplayPolicy::new(Duration::from_secs(3600));
+    /// assert!(policy.keeps_grpc(0)); // OK
+    /// assert!(policy.keeps_grpc(6)); // ALREADY_EXISTS: a retry would only repeat it
+    /// assert!(!policy.keeps_grpc(14)); // UNAVAILABLE: worth a retry
+    /// ```
     pub fn keeps_grpc(&self, code: u16) -> bool {
         matches!(code, 0 | 3 | 5 | 6 | 7 | 9 | 11 | 12 | 16)
     }

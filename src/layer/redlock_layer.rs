@@ -79,12 +79,41 @@ impl<E> RedlockLayer<E> {
     }
 
     /// The TTL of the locks this layer takes (default: the client's TTL).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::PathParam;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // A crashed instance blocks the job for 5 s at most; auto-extension covers longer runs.
+    /// let layer = RedlockLayer::new(redlock, PathParam::new("/jobs/{id}/run", "id"))
+    ///     .ttl(Duration::from_secs(5));
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.config().ttl = Some(ttl);
         self
     }
 
     /// Rejects a request whose lock is busy at once, with 409 / `ABORTED` (the default).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::{Header, WaitPolicy};
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let waiting = RedlockLayer::new(redlock, Header::new("idempotency-key"))
+    ///     .wait(WaitPolicy::up_to(Duration::from_secs(5)));
+    /// // A route whose clients retry on 409 themselves: answer at once instead.
+    /// let layer = waiting.clone().reject_when_busy();
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn reject_when_busy(mut self) -> Self {
         self.config().busy = BusyPolicy::Reject;
         self
@@ -117,6 +146,18 @@ impl<E> RedlockLayer<E> {
 
     /// Holds the lock until the response body ends (end of stream, error, trailers) or
     /// is dropped, instead of until the inner future completes: for streaming responses.
+    ///
+    /// ```
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::PathSegment;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // A streamed export: keep the lock until its last byte is sent, not just the headers.
+    /// let layer = RedlockLayer::new(redlock, PathSegment::new(1)).release_on_body_end();
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn release_on_body_end(mut self) -> Self {
         self.config().release = ReleaseOn::BodyEnd;
         self
@@ -126,6 +167,21 @@ impl<E> RedlockLayer<E> {
     /// in body-end mode, while the body streams), per the client's
     /// [`extend_fraction`](crate::RedlockBuilder::extend_fraction) and maximums. On by
     /// default.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::Header;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // Handlers that always finish within 30 s: no extension round trips while they run.
+    /// let layer = RedlockLayer::new(redlock, Header::new("idempotency-key"))
+    ///     .ttl(Duration::from_secs(30))
+    ///     .auto_extend(false);
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn auto_extend(mut self, on: bool) -> Self {
         self.config().auto_extend = on;
         self
@@ -134,6 +190,19 @@ impl<E> RedlockLayer<E> {
     /// Drops the inner future and answers 503 / `UNAVAILABLE` (or the rejection hook's
     /// response) as soon as the lock is lost while the inner service runs. Off by default:
     /// the handler then learns of the loss through its [`LockToken`](crate::LockToken).
+    ///
+    /// ```
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::PathParam;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // The handler writes without checking its token: stop it as soon as the lock is lost.
+    /// let layer = RedlockLayer::new(redlock, PathParam::new("/orders/{id}/ship", "id"))
+    ///     .abort_on_loss(true);
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn abort_on_loss(mut self, on: bool) -> Self {
         self.config().abort_on_loss = on;
         self
@@ -146,6 +215,18 @@ impl<E> RedlockLayer<E> {
     /// webhook delivery ids: there is no later holder to fence, and each name would cost a
     /// second round trip and leave a counter on every node for the
     /// [retention](crate::RedlockBuilder::fencing_retention) (see [`crate::fencing`]).
+    ///
+    /// ```
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::Header;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // Idempotency keys are unique per request: nothing to fence.
+    /// let layer = RedlockLayer::new(redlock, Header::new("idempotency-key")).fencing(false);
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn fencing(mut self, on: bool) -> Self {
         self.redlock = self.redlock.with_fencing(on);
         self
@@ -174,11 +255,42 @@ impl<E> RedlockLayer<E> {
     /// A later request with the same name but a different fingerprint (method, path and
     /// query; add the body with [`BodyFingerprintLayer`](super::BodyFingerprintLayer)) is
     /// refused with 422 / `INVALID_ARGUMENT`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::Header;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // Clients retry a payment with the same key for up to a day: answer them from the record.
+    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key").required())
+    ///     .replay(Duration::from_secs(24 * 3600));
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn replay(self, retention: Duration) -> Self {
         self.replay_policy(super::ReplayPolicy::new(retention))
     }
 
     /// Like [`replay`](Self::replay), with the policy given.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::{Header, ReplayPolicy};
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // Larger JSON answers, and only the headers clients read back.
+    /// let policy = ReplayPolicy::new(Duration::from_secs(24 * 3600))
+    ///     .max_body(64 * 1024)
+    ///     .headers([http::header::CONTENT_TYPE, http::header::LOCATION]);
+    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
+    ///     .replay_policy(policy);
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn replay_policy(mut self, policy: super::ReplayPolicy) -> Self {
         self.config().replay = Some(policy);
         self
@@ -188,6 +300,20 @@ impl<E> RedlockLayer<E> {
     /// holder's remaining TTL up to this, since a holder usually releases long before its
     /// TTL (which auto-extension keeps renewing) runs out; a 503 advises the time until
     /// nodes in the restart quarantine return, up to this, or this.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::PathSegment;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // Holders run for minutes: let busy answers advise waits of up to 30 s, not 1 s.
+    /// let layer = RedlockLayer::new(redlock, PathSegment::new(1))
+    ///     .retry_after_cap(Duration::from_secs(30));
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn retry_after_cap(mut self, cap: Duration) -> Self {
         self.config().retry_after_cap = cap;
         self
