@@ -14,6 +14,7 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Instant;
 
 use futures_util::StreamExt;
@@ -249,8 +250,10 @@ where
 
 /// `request` (a release) on every node not in `skip`, quarantined ones included, awaiting
 /// every answer (each bounded by `deadline`); `on_reply` takes each answer. On a node where
-/// the acquisition's call is still `landing`, the request waits for it. Returns the nodes
-/// that failed.
+/// the acquisition's call is still `landing`, the request waits for it. `on_sent` runs
+/// once every call has been polled, so each has handed its command to its node's
+/// connection unless it waits (for a connection, or for `landing`): a command this client
+/// sends to a node afterwards runs after it there. Returns the nodes that failed.
 pub(crate) async fn everywhere<F>(
     nodes: &[Arc<Node>],
     request: &Request<'_>,
@@ -258,6 +261,7 @@ pub(crate) async fn everywhere<F>(
     skip: NodeMask,
     landing: Option<&Landing>,
     mut on_reply: F,
+    on_sent: impl FnOnce(),
 ) -> Vec<NodeFailure>
 where
     F: FnMut(Value) -> Result<(), NodeError>,
@@ -271,10 +275,24 @@ where
         landing,
     );
     let mut failures = Vec::new();
-    while let Some((i, reply)) = calls.next().await {
+    let mut take = |(i, reply): (usize, Result<Value, NodeError>)| {
         if let Err(error) = reply.and_then(&mut on_reply) {
             failures.push(NodeFailure::new(nodes[i].label(), error));
         }
+    };
+    // Poll until every call has been polled once: `FuturesUnordered` polls each new call
+    // before it reports pending (it returns early with an answer, or when calls keep
+    // yielding; then `on_sent` merely comes early).
+    std::future::poll_fn(|cx| {
+        while let Poll::Ready(Some(answer)) = calls.poll_next_unpin(cx) {
+            take(answer);
+        }
+        Poll::Ready(())
+    })
+    .await;
+    on_sent();
+    while let Some(answer) = calls.next().await {
+        take(answer);
     }
     failures
 }

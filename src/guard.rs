@@ -158,6 +158,20 @@ impl Redlock {
     /// [`max_hold`](crate::RedlockBuilder::max_hold) and
     /// [`max_extensions`](crate::RedlockBuilder::max_extensions). Outside a tokio runtime the
     /// guard cannot extend; its lock then simply runs out.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // A lock taken with its own TTL, then kept alive like one from `acquire`.
+    /// let lock = redlock.lock_with_ttl("import:customers", Duration::from_secs(3)).await?;
+    /// let guard = redlock.guard(lock); // extended every second
+    /// // ... the import ...
+    /// guard.release().await;
+    /// # Ok(()) }
+    /// ```
     pub fn guard(&self, lock: Lock) -> LockGuard {
         LockGuard::new(self.clone(), lock, Some(self.keep_alive()))
     }
@@ -191,6 +205,7 @@ impl Drop for LockGuard {
                 lock.ttl,
                 lock.foreign,
                 lock.landing.clone(),
+                crate::client::Wake::OnSent,
             );
         }
     }

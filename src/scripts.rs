@@ -6,7 +6,7 @@
 //! cache was flushed), the call falls back to `EVAL`, which also caches the script again.
 //!
 //! ```text
-//! EVALSHA <sha of RELEASE> 1 redlock:invoice:42 <value>   ->  1 (deleted) or 0 (not ours)
+//! EVALSHA <sha of RELEASE> 1 redlock:invoice:42 <value> <client id>  ->  1 (deleted) or 0
 //! ```
 
 use std::sync::LazyLock;
@@ -146,13 +146,13 @@ return 0
 "#;
 
 /// Compare-and-delete: deletes the key only if it holds our value, and then tells the
-/// waiters on the key's channel (the channel is named like the key). Returns 1 or 0.
-/// The message is published after the delete, in the same script, so it can never arrive
-/// while the key is still there.
+/// waiters on the key's channel (the channel is named like the key), with the releasing
+/// client's id (`ARGV[2]`) as the message. Returns 1 or 0. The message is published after
+/// the delete, in the same script, so it can never arrive while the key is still there.
 const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[1], '')
+  redis.call('PUBLISH', KEYS[1], ARGV[2])
   return 1
 end
 return 0

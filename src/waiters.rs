@@ -61,6 +61,11 @@ pub(crate) struct Waiters {
     /// How many nodes' release messages wake a head: a quorum, since the next acquisition
     /// needs the key gone from that many nodes.
     quorum: usize,
+    /// What this client's releases publish: a random id, so that its own release messages
+    /// are told apart. They are ignored, since each release of this client wakes its
+    /// waiters itself (as soon as its deletes are on the way); counting them too would
+    /// wake the next head again, after the handoff, for an attempt that cannot succeed.
+    id: [u8; 16],
 }
 
 #[derive(Debug, Default)]
@@ -99,7 +104,13 @@ impl Waiters {
                 ..Registry::default()
             }),
             quorum,
+            id: client_id(),
         })
+    }
+
+    /// What this client's releases publish (see [`Waiters`]).
+    pub(crate) fn id(&self) -> &[u8] {
+        &self.id
     }
 
     fn registry(&self) -> MutexGuard<'_, Registry> {
@@ -423,7 +434,8 @@ async fn manage(waiters: Weak<Waiters>, node: Arc<Node>, mut rx: UnboundedReceiv
                 message = stream.next() => match message {
                     Some(message) => {
                         let Some(w) = waiters.upgrade() else { return };
-                        if let Ok(key) = message.get_channel::<Vec<u8>>() {
+                        let ours = message.get_payload_bytes() == w.id();
+                        if let (false, Ok(key)) = (ours, message.get_channel::<Vec<u8>>()) {
                             w.released(&key);
                         }
                     }
@@ -433,6 +445,18 @@ async fn manage(waiters: Weak<Waiters>, node: Arc<Node>, mut rx: UnboundedReceiv
             }
         }
     }
+}
+
+/// A random id of 16 hex digits (a fixed one if the OS generator fails: then this
+/// client's own messages wake its waiters once more, as those of any other client).
+fn client_id() -> [u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let r = getrandom::u64().unwrap_or(0);
+    let mut id = [0; 16];
+    for (i, digit) in id.iter_mut().enumerate() {
+        *digit = HEX[usize::try_from((r >> (4 * i)) & 0xf).unwrap_or(0)];
+    }
+    id
 }
 
 /// Logs, once per connection manager, that a node refused or failed a `SUBSCRIBE`.

@@ -179,3 +179,54 @@ async fn without_subscribe_permission_waiting_polls_and_says_so() {
         .expect("waiter task");
     assert!(!logs.contains("secret"), "a credential was logged");
 }
+
+/// A release by the waiter's own client wakes it directly, as soon as the deletes are on
+/// their way, without the nodes' messages: with SUBSCRIBE refused and a retry delay of
+/// seconds, the waiter still gets the lock at once.
+#[tokio::test]
+async fn a_release_by_the_same_client_wakes_its_waiter_without_pub_sub() {
+    let cluster = Cluster::start(3);
+    let mut urls = Vec::new();
+    for i in 0..3 {
+        let _: () = redis::cmd("ACL")
+            .arg(&[
+                "SETUSER",
+                "nosub",
+                "on",
+                ">secret",
+                "~*",
+                "&*",
+                "+@all",
+                "-subscribe",
+            ])
+            .query_async(&mut cluster.raw(i).await)
+            .await
+            .expect("ACL SETUSER");
+        urls.push(format!(
+            "redis://nosub:secret@127.0.0.1:{}",
+            cluster.nodes[i].port()
+        ));
+    }
+    let logs = support::CapturedLogs::start();
+    let redlock = support::builder(urls)
+        .retry_delay(SLOW_BACKSTOP, Duration::ZERO)
+        .max_attempts(5)
+        .build()
+        .expect("build");
+    support::warm(&redlock).await;
+    let lock = redlock.lock("local").await.expect("lock");
+    let task = spawn_waiter(&redlock, "local");
+    wait_for("the waiter to queue up", Duration::from_secs(5), || {
+        let seen = logs.contains("refused SUBSCRIBE");
+        async move { seen }
+    })
+    .await;
+    let released = Instant::now();
+    redlock.unlock(&lock).await;
+    let got = task.await.expect("waiter task");
+    let handoff = got.saturating_duration_since(released);
+    assert!(
+        handoff < SLOW_BACKSTOP / 2,
+        "the waiter took {handoff:?} (its retry delay is {SLOW_BACKSTOP:?})"
+    );
+}

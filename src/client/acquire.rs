@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use super::Redlock;
+use super::release::Wake;
 use super::spans::{Operation, elapsed_us};
 use crate::error::{Failure, RecordBytes};
 use crate::fanout::{self, Round};
@@ -137,8 +138,15 @@ impl Redlock {
         };
         // 5. Failed: release on every node, including those that failed or did not answer
         // in time (their SET may have run while the reply was lost).
-        self.release_key(&resource.key, value.as_bytes(), ttl, foreign, None)
-            .await;
+        self.release_key(
+            &resource.key,
+            value.as_bytes(),
+            ttl,
+            foreign,
+            None,
+            Wake::AtQuorum,
+        )
+        .await;
         pending.value = None;
         tracing::debug!(nodes = self.inner.nodes.len(), failure = ?outcome, "redlock attempt failed");
         Err(outcome)
@@ -433,6 +441,7 @@ impl Drop for PendingRelease<'_> {
                 self.ttl,
                 NodeMask::default(),
                 None,
+                Wake::AtQuorum,
             );
         }
     }

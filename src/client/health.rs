@@ -228,6 +228,7 @@ impl Redlock {
                 out.fencing = out.fencing.max(seen.counter);
                 Ok(())
             },
+            || {},
         )
         .await;
         Ok(out)

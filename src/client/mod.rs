@@ -51,6 +51,7 @@ pub use builder::RedlockBuilder;
 pub use health::{Health, Inspection, NodeHealth, NodeStatus};
 pub use node_config::NodeConfig;
 pub use release::Released;
+pub(crate) use release::Wake;
 
 use builder::{KeepAlive, KeepAliveCommand, Settings, check_retention, check_ttl, ttl_ms};
 use tokio::sync::mpsc::UnboundedSender;

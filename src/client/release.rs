@@ -54,6 +54,19 @@ impl Released {
     }
 }
 
+/// When a release wakes this client's first waiter for the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// The release of a held lock: as soon as the deletes are handed to the connections.
+    /// The waiter's `SET`s go out behind them on the same connections, so the handoff
+    /// takes about one round trip instead of two (the delete's, then the `SET`'s).
+    OnSent,
+    /// The clean-up of an attempt that did not get the lock: only once a quorum of nodes
+    /// deleted it (a failed attempt usually holds fewer; waking the waiter, which may be
+    /// the attempt's own task, would only send it back at once).
+    AtQuorum,
+}
+
 impl Redlock {
     /// Releases `lock` on every node (see [`Redlock::unlock`]).
     pub(super) async fn release(&self, lock: &Lock) -> Released {
@@ -76,6 +89,7 @@ impl Redlock {
                 lock.ttl,
                 lock.foreign,
                 lock.landing.as_ref(),
+                Wake::OnSent,
             )
             .await;
         tracing::debug!(
@@ -91,7 +105,8 @@ impl Redlock {
     /// answered the acquisition with another client's value, so ours never reached them
     /// and they count as not held), waiting for all answers (each bounded by the per-node
     /// timeout, or the TTL if shorter). On a node where the acquisition is still
-    /// `landing`, the delete waits for it, so it cannot overtake the `SET`.
+    /// `landing`, the delete waits for it, so it cannot overtake the `SET`. This client's
+    /// first waiter for the key is woken per `wake`.
     pub(super) async fn release_key(
         &self,
         key: &[u8],
@@ -99,29 +114,39 @@ impl Redlock {
         ttl: Duration,
         foreign: NodeMask,
         landing: Option<&Landing>,
+        wake: Wake,
     ) -> Released {
         let request = Request::Script(Invocation {
             script: &RELEASE_SCRIPT,
             keys: &[key],
-            args: &[Arg::Bytes(value)],
+            args: &[Arg::Bytes(value), Arg::Bytes(self.inner.waiters.id())],
         });
         let deadline = later(Instant::now(), self.inner.node_timeout.min(ttl));
         let (mut released, mut not_held) = (0, foreign.len());
         let nodes = &self.inner.nodes;
         let quorum = self.quorum();
-        let failures = fanout::everywhere(nodes, &request, deadline, foreign, landing, |reply| {
+        let waiters = &self.inner.waiters;
+        let on_reply = |reply| {
             match parse_flag(reply)? {
                 true => {
                     released += 1;
-                    if released == quorum {
+                    if released == quorum && wake == Wake::AtQuorum {
                         // This client's own waiters need not wait for the nodes' messages.
-                        self.inner.waiters.wake(key);
+                        waiters.wake(key);
                     }
                 }
                 false => not_held += 1,
             }
             Ok(())
-        })
+        };
+        let on_sent = || {
+            if wake == Wake::OnSent {
+                waiters.wake(key);
+            }
+        };
+        let failures = fanout::everywhere(
+            nodes, &request, deadline, foreign, landing, on_reply, on_sent,
+        )
         .await;
         Released {
             released,
@@ -149,14 +174,22 @@ impl Redlock {
         let nodes = &self.inner.nodes;
         // On the nodes where the acquisition lands late, too.
         let landing = lock.landing.as_ref();
-        let failures =
-            fanout::everywhere(nodes, &request, deadline, lock.foreign, landing, |reply| {
-                if parse_flag(reply)? {
-                    stored += 1;
-                }
-                Ok(())
-            })
-            .await;
+        let on_reply = |reply| {
+            if parse_flag(reply)? {
+                stored += 1;
+            }
+            Ok(())
+        };
+        let failures = fanout::everywhere(
+            nodes,
+            &request,
+            deadline,
+            lock.foreign,
+            landing,
+            on_reply,
+            || {},
+        )
+        .await;
         for failure in &failures {
             tracing::debug!(%failure, "redlock completion record not stored on a node");
         }
@@ -172,6 +205,7 @@ impl Redlock {
         ttl: Duration,
         foreign: NodeMask,
         landing: Option<Landing>,
+        wake: Wake,
     ) {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
@@ -186,6 +220,7 @@ impl Redlock {
                             ttl,
                             foreign,
                             landing.as_ref(),
+                            wake,
                         )
                         .await;
                 };
