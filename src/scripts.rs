@@ -34,16 +34,19 @@ impl Script {
 
 /// The busy path of an unfenced acquisition, which is a plain `SET key value NX PX ttl`:
 /// when that finds the key taken, this asks for the holder's remaining TTL (a hint for when
-/// to retry). `KEYS[1]` = lock key. Returns the PTTL in ms (-1 without expiry, -2 if the key
-/// is gone by now). The `GET` fails with `WRONGTYPE` on a key of another type, which
+/// to retry) and whether the holder is this client. `KEYS[1]` = lock key, `ARGV[1]` = our
+/// value. Returns `{0, pttl, ours}`: the PTTL in ms (-1 without expiry, -2 if the key is gone
+/// by now), and 1 when the value there starts with the client id ours starts with. The `GET` fails with `WRONGTYPE` on a key of another type, which
 /// surfaces as a clear per-node error, as with the fenced script.
 const HOLDER_TTL: &str = r#"
-redis.call('GET', KEYS[1])
-return redis.call('PTTL', KEYS[1])
+local held = redis.call('GET', KEYS[1])
+local ours = held and string.sub(held, 1, 16) == string.sub(ARGV[1], 1, 16) and 1 or 0
+return {0, redis.call('PTTL', KEYS[1]), ours}
 "#;
 
 /// The start of every acquire script: when the key exists, answer `{2, record}` for a
-/// completion record ([`RECORD_MARKER`]) and `{0, pttl}` for another holder.
+/// completion record ([`RECORD_MARKER`]) and `{0, pttl, ours}` for another holder (`ours`:
+/// 1 when its value starts with the client id of ours, `ARGV[1]`).
 macro_rules! held_or_record {
     () => {
         r#"
@@ -52,7 +55,8 @@ if held then
   if string.sub(held, 1, 8) == '#record\n' then
     return {2, held}
   end
-  return {0, redis.call('PTTL', KEYS[1])}
+  local ours = string.sub(held, 1, 16) == string.sub(ARGV[1], 1, 16) and 1 or 0
+  return {0, redis.call('PTTL', KEYS[1]), ours}
 end
 "#
     };
@@ -302,14 +306,14 @@ impl Call {
             Some(script) => run_script(&self.cmd, script, conn).await,
             None => match self.cmd.query_async::<Value>(conn).await? {
                 Value::Nil => {
-                    let key = match self.cmd.args_iter().nth(1) {
-                        Some(redis::Arg::Simple(key)) => key,
+                    let arg = |i| match self.cmd.args_iter().nth(i) {
+                        Some(redis::Arg::Simple(bytes)) => bytes,
                         _ => &[],
                     };
                     let holder = Invocation {
                         script: &HOLDER_TTL_SCRIPT,
-                        keys: &[key],
-                        args: &[],
+                        keys: &[arg(1)],
+                        args: &[Arg::Bytes(arg(2))],
                     };
                     run_script(&holder.cmd(true), &HOLDER_TTL_SCRIPT, conn).await
                 }
@@ -376,8 +380,9 @@ pub(crate) enum AcquireReply {
     /// The key was set. With fencing: the node's counter for the name (`None` if it has
     /// none) and its clock in microseconds; without, neither.
     Won { fence: Option<FenceRead> },
-    /// Another value is stored under the key; `pttl` is its remaining TTL, if it has one.
-    HeldElsewhere { pttl: Option<Duration> },
+    /// Another value is stored under the key; `pttl` is its remaining TTL, if it has one;
+    /// `ours` when the value is one of this client's (starts with its id).
+    HeldElsewhere { pttl: Option<Duration>, ours: bool },
     /// The key holds a completion record (the name's work is done): the record.
     Record(Vec<u8>),
 }
@@ -399,11 +404,6 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
     };
     let items = match v {
         Value::Okay => return Ok(AcquireReply::Won { fence: None }),
-        Value::Int(pttl) => {
-            return Ok(AcquireReply::HeldElsewhere {
-                pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-            });
-        }
         Value::Array(items) => items,
         other => return Err(bad(&other)),
     };
@@ -421,8 +421,9 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
                 fence: Some(FenceRead { counter, clock_us }),
             })
         }
-        [Value::Int(0), Value::Int(pttl)] => Ok(AcquireReply::HeldElsewhere {
+        [Value::Int(0), Value::Int(pttl), Value::Int(ours)] => Ok(AcquireReply::HeldElsewhere {
             pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            ours: *ours == 1,
         }),
         [Value::Int(1)] => Ok(AcquireReply::Won { fence: None }),
         [Value::Int(2), Value::BulkString(record)] if record.starts_with(RECORD_MARKER) => {
@@ -467,16 +468,26 @@ mod tests {
             parse_acquire(Value::Okay).ok(),
             Some(AcquireReply::Won { fence: None })
         );
+        let busy =
+            |pttl, ours| Value::Array(vec![Value::Int(0), Value::Int(pttl), Value::Int(ours)]);
         assert_eq!(
-            parse_acquire(Value::Int(250)).ok(),
+            parse_acquire(busy(250, 0)).ok(),
             Some(AcquireReply::HeldElsewhere {
-                pttl: Some(Duration::from_millis(250))
+                pttl: Some(Duration::from_millis(250)),
+                ours: false,
             })
         );
         assert_eq!(
-            parse_acquire(Value::Int(-2)).ok(),
-            Some(AcquireReply::HeldElsewhere { pttl: None })
+            parse_acquire(busy(-2, 1)).ok(),
+            Some(AcquireReply::HeldElsewhere {
+                pttl: None,
+                ours: true,
+            })
         );
+        assert!(matches!(
+            parse_acquire(Value::Int(250)),
+            Err(NodeError::Protocol(_))
+        ));
         assert!(matches!(
             parse_acquire(Value::Nil),
             Err(NodeError::Protocol(_))
@@ -498,13 +509,6 @@ mod tests {
                 fence: Some(FenceRead { counter: None, .. })
             })
         ));
-        let held = Value::Array(vec![Value::Int(0), Value::Int(1500)]);
-        assert_eq!(
-            parse_acquire(held).ok(),
-            Some(AcquireReply::HeldElsewhere {
-                pttl: Some(Duration::from_millis(1500))
-            })
-        );
         let garbage = Value::Array(vec![Value::Int(1), bulk("-3"), bulk("2"), bulk("5")]);
         assert!(matches!(
             parse_acquire(garbage),

@@ -4,9 +4,11 @@
 //! longer than [`MAX_NAME_LEN`] bytes is replaced by `#sha256:` and the hex SHA-256 of the
 //! name, so untrusted input (a header, a path segment) cannot make huge keys.
 //!
-//! Each acquisition gets a fresh value of [`VALUE_LEN`] bytes from the operating system's
-//! CSPRNG, stored hex-encoded. Only the holder knows it, so only the holder can extend or
-//! release the lock; a downstream store can also use it for compare-and-set.
+//! Each acquisition gets a fresh value: the client's id (16 hex digits, random per
+//! [`Redlock`](crate::Redlock), so that a client waiting for a name can tell its own locks
+//! from other clients') and [`VALUE_LEN`] bytes from the operating system's CSPRNG, all
+//! hex-encoded. Only the holder knows it, so only the holder can extend or release the
+//! lock; a downstream store can also use it for compare-and-set.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,7 +17,7 @@
 //! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("invoice:42").await?;
 //! assert_eq!(lock.name(), b"invoice:42");
-//! assert_eq!(lock.value().len(), 2 * tower_redlock::defaults::VALUE_LEN);
+//! assert_eq!(lock.value().len(), 16 + 2 * tower_redlock::defaults::VALUE_LEN);
 //! println!("valid for another {:?}", lock.remaining());
 //! redlock.unlock(&lock).await;
 //! # Ok(()) }
@@ -109,15 +111,20 @@ pub(crate) fn prefix_keeps_tags(prefix: &[u8]) -> bool {
     }
 }
 
-/// A fresh lock value: [`VALUE_LEN`] bytes from the OS CSPRNG, hex-encoded.
-pub(crate) fn new_value() -> Result<String, LockError> {
+/// A fresh lock value: the client's `id` (16 hex digits), then [`VALUE_LEN`] bytes from the
+/// OS CSPRNG, hex-encoded.
+pub(crate) fn new_value(id: &[u8; CLIENT_ID_LEN]) -> Result<String, LockError> {
     let mut raw = [0u8; VALUE_LEN];
     getrandom::fill(&mut raw).map_err(|e| LockError::Entropy(e.to_string()))?;
-    let mut out = Vec::with_capacity(2 * VALUE_LEN);
+    let mut out = Vec::with_capacity(CLIENT_ID_LEN + 2 * VALUE_LEN);
+    out.extend_from_slice(id);
     hex_into(&mut out, &raw);
     // Hex digits are ASCII, so this cannot fail; map rather than unwrap all the same.
     String::from_utf8(out).map_err(|e| LockError::Entropy(e.to_string()))
 }
+
+/// The length of a client's id at the start of its lock values (hex digits).
+pub(crate) const CLIENT_ID_LEN: usize = 16;
 
 /// A resource's name and its Redis keys.
 #[derive(Debug)]
@@ -511,11 +518,12 @@ mod tests {
     }
 
     #[test]
-    fn values_are_hex_of_20_random_bytes_and_unique() {
+    fn values_are_the_client_id_and_hex_of_20_random_bytes_and_unique() {
         let mut seen = HashSet::new();
         for _ in 0..100_000 {
-            let v = new_value().unwrap_or_default();
-            assert_eq!(v.len(), 2 * VALUE_LEN);
+            let v = new_value(b"0123456789abcdef").unwrap_or_default();
+            assert_eq!(v.len(), CLIENT_ID_LEN + 2 * VALUE_LEN);
+            assert!(v.starts_with("0123456789abcdef"));
             assert!(v.bytes().all(|b| b.is_ascii_hexdigit()));
             assert!(seen.insert(v));
         }

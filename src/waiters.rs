@@ -1,21 +1,30 @@
 //! Waking waiters on release: a release tells the waiters, and the next one goes at once.
 //!
-//! The release script publishes on the lock key's channel right after it deletes the key
-//! (in the same script, so the message cannot come before the delete). Each client keeps
-//! one pub/sub connection per node, opened the first time something waits, and a local
-//! registry of waiters per lock key, in arrival order. Only the head of a queue makes
-//! attempts: it retries when a quorum of nodes said the key was released, or when its
-//! backstop runs out: the holder's remaining TTL (the key expires then, release or not),
-//! or one jittered retry delay while fewer than a quorum of nodes confirmed the
-//! subscription. A dropped pub/sub connection wakes every head once it is back. The
-//! others wait for their turn without touching the nodes, so a hot name does not stampede
-//! every node at each release, and a task that just released queues behind the waiters
-//! instead of taking the lock again at once.
+//! Each client keeps a local registry of waiters per lock key, in arrival order. Only the
+//! head of a queue makes attempts; the others wait for their turn without touching the
+//! nodes, so a hot name does not stampede every node at each release, and a task that
+//! just released queues behind the waiters instead of taking the lock again at once.
+//!
+//! - **Held by this client** (lock values start with the client's id, so a busy answer
+//!   tells whose the key is): its release wakes the head directly, as soon as the deletes
+//!   are handed to the node connections; the head's `SET`s follow them on the same
+//!   connections, so the handoff takes about one round trip. If the head's attempt still
+//!   came first on some node, it is woken again once the release reached a quorum.
+//! - **Held by another client**: the queue subscribes to the key's channel on every node
+//!   (one pub/sub connection per node per client, opened the first time it is needed).
+//!   The release script publishes on that channel right after it deletes the key (in the
+//!   same script, so the message cannot come before the delete), with the releasing
+//!   client's id; a client ignores its own messages. The head retries once a quorum of
+//!   nodes said the key was released.
+//!
+//! Either way the head also has a backstop: the holder's remaining TTL (the key expires
+//! then, release or not), or one jittered retry delay while fewer than a quorum of nodes
+//! confirmed the subscription. A dropped pub/sub connection wakes every head once it is
+//! back, since messages may have been lost.
 //!
 //! A notification is only ever a hint to retry the normal acquisition, never a reason to
 //! believe the lock is free. If a node refuses `SUBSCRIBE` (ACL), is down or restarts,
-//! its notifications are missing and waiting falls back to polling; after a reconnect the
-//! subscriptions are renewed and every head retries, since messages may have been lost.
+//! its notifications are missing and waiting falls back to polling.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,9 +37,9 @@
 //! let held = redlock.lock("report").await?;
 //! let waiter = tokio::spawn({
 //!     let redlock = redlock.clone();
-//!     async move { redlock.lock("report").await } // waits, subscribed to the release
+//!     async move { redlock.lock("report").await } // waits for this client's release
 //! });
-//! redlock.unlock(&held).await; // the waiter gets the lock within a round trip or two
+//! redlock.unlock(&held).await; // the waiter gets the lock about one round trip later
 //! let lock = waiter.await??;
 //! redlock.unlock(&lock).await;
 //! # Ok(()) }
@@ -48,6 +57,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::error::NodeError;
 use crate::node::Node;
+use crate::token::CLIENT_ID_LEN;
 
 /// Shortest wait before reconnecting a pub/sub connection after a failure.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -65,7 +75,7 @@ pub(crate) struct Waiters {
     /// are told apart. They are ignored, since each release of this client wakes its
     /// waiters itself (as soon as its deletes are on the way); counting them too would
     /// wake the next head again, after the handoff, for an attempt that cannot succeed.
-    id: [u8; 16],
+    id: [u8; CLIENT_ID_LEN],
 }
 
 #[derive(Debug, Default)]
@@ -82,11 +92,31 @@ struct Queue {
     order: VecDeque<(u64, Arc<Notify>)>,
     /// Release messages since the head was last woken.
     notes: usize,
+    /// The head should attempt now: a release was heard (or a reconnect may have lost
+    /// one, or the head before gave up). Cleared when the head attempts.
+    go: bool,
     /// The name's work is done (a waiter found its completion record): every waiter
     /// attempts at once to get the record too.
     done: bool,
     /// Whether a quorum of nodes confirmed the subscription: releases will be heard.
     listening: bool,
+    /// Whether the queue subscribed to the key's channel: only once a waiter found the key
+    /// held by another client. This client's own releases wake its waiters directly.
+    subscribed: bool,
+    /// Until when the holder's key lasts at least, as last seen (its remaining TTL, or the
+    /// validity of this client's lock when a waiter took it): a head that will be told of
+    /// the release waits up to then before it tries without being told.
+    holder_until: Option<Instant>,
+}
+
+impl Queue {
+    /// Tells the head to attempt; returns its id.
+    fn go(&mut self) -> Option<u64> {
+        let (id, head) = self.order.front()?;
+        self.go = true;
+        head.notify_one();
+        Some(*id)
+    }
 }
 
 /// A request to a node's subscription manager.
@@ -109,7 +139,7 @@ impl Waiters {
     }
 
     /// What this client's releases publish (see [`Waiters`]).
-    pub(crate) fn id(&self) -> &[u8] {
+    pub(crate) fn id(&self) -> &[u8; CLIENT_ID_LEN] {
         &self.id
     }
 
@@ -127,33 +157,22 @@ impl Waiters {
         self.registry().queues.contains_key(key)
     }
 
-    /// Queues up for `key` and makes sure every reachable node will tell about its
-    /// release (waiting for each node's confirmation up to `timeout`).
+    /// Queues up for `key`; with `subscribe`, also makes sure every reachable node will
+    /// tell about its release (see [`Ticket::subscribe`]).
     pub(crate) async fn join(
         self: &Arc<Self>,
         key: &[u8],
         nodes: &[Arc<Node>],
         timeout: Duration,
+        subscribe: bool,
     ) -> Ticket {
         let notify = Arc::new(Notify::new());
-        let mut confirmations = Vec::new();
         let id = {
             let mut reg = self.registry();
             let id = reg.next_id;
             reg.next_id += 1;
             let queue = reg.queues.entry(key.into()).or_default();
-            let first = queue.order.is_empty();
             queue.order.push_back((id, Arc::clone(&notify)));
-            // The first waiter subscribes; the queue keeps the subscriptions until its
-            // last waiter leaves.
-            if first {
-                for (i, node) in nodes.iter().enumerate() {
-                    let (tx, rx) = oneshot::channel();
-                    if self.send(&mut reg, i, node, Subscription::Subscribe(key.into(), tx)) {
-                        confirmations.push(rx);
-                    }
-                }
-            }
             id
         };
         crate::metrics::gauge(crate::metrics::Gauge::Waiting, true);
@@ -162,18 +181,40 @@ impl Waiters {
             key: key.into(),
             id,
             notify,
+            acquired: None,
         };
-        // A node that does not confirm in time is simply not waited for: its
-        // notifications may be missing, and the backstop covers that.
-        if !confirmations.is_empty() {
-            let confirmed = tokio::time::timeout(timeout, join_all(confirmations))
-                .await
-                .map_or(0, |all| {
-                    all.iter().filter(|c| matches!(c, Ok(Ok(())))).count()
-                });
-            self.with_queue(key, |queue| queue.listening = confirmed >= self.quorum);
+        if subscribe {
+            ticket.subscribe(nodes, timeout).await;
         }
         ticket
+    }
+
+    /// Subscribes `key`'s queue to the key's channel on every node, unless it is already,
+    /// waiting for each node's confirmation up to `timeout`. The queue keeps the
+    /// subscriptions until its last waiter leaves.
+    async fn subscribe(self: &Arc<Self>, key: &[u8], nodes: &[Arc<Node>], timeout: Duration) {
+        let mut confirmations = Vec::new();
+        {
+            let mut reg = self.registry();
+            match reg.queues.get_mut(key) {
+                Some(queue) if !queue.subscribed => queue.subscribed = true,
+                _ => return,
+            }
+            for (i, node) in nodes.iter().enumerate() {
+                let (tx, rx) = oneshot::channel();
+                if self.send(&mut reg, i, node, Subscription::Subscribe(key.into(), tx)) {
+                    confirmations.push(rx);
+                }
+            }
+        }
+        // A node that does not confirm in time is simply not waited for: its
+        // notifications may be missing, and the backstop covers that.
+        let confirmed = tokio::time::timeout(timeout, join_all(confirmations))
+            .await
+            .map_or(0, |all| {
+                all.iter().filter(|c| matches!(c, Ok(Ok(())))).count()
+            });
+        self.with_queue(key, |queue| queue.listening = confirmed >= self.quorum);
     }
 
     /// Sends `request` to node `i`'s subscription manager, starting one if none runs
@@ -217,18 +258,28 @@ impl Waiters {
         queue.notes += 1;
         if queue.notes >= self.quorum {
             queue.notes = 0;
-            if let Some((_, head)) = queue.order.front() {
-                head.notify_one();
-            }
+            queue.go();
         }
     }
 
-    /// This client released `key` on a quorum of nodes: wake the head of its queue at once.
-    pub(crate) fn wake(&self, key: &[u8]) {
+    /// This client is releasing `key`: wake the head of its queue at once. Returns the
+    /// head woken, for [`wake_again`](Self::wake_again).
+    pub(crate) fn wake(&self, key: &[u8]) -> Option<u64> {
         self.with_queue(key, |queue| {
             queue.notes = 0;
-            if let Some((_, head)) = queue.order.front() {
-                head.notify_one();
+            queue.go()
+        })
+        .flatten()
+    }
+
+    /// This client's release of `key` reached a quorum: wake head `id` again if it is
+    /// still the head. Woken as the deletes were sent, its attempt may have reached a node
+    /// before the delete there (when the delete waited for something); it would then
+    /// wait for messages that this client's own release does not count for.
+    pub(crate) fn wake_again(&self, key: &[u8], id: u64) {
+        self.with_queue(key, |queue| {
+            if queue.order.front().is_some_and(|(head, _)| *head == id) {
+                queue.go();
             }
         });
     }
@@ -240,32 +291,40 @@ impl Waiters {
 
     /// Wakes every head (after a reconnect, messages may have been lost).
     fn wake_heads(&self) {
-        for queue in self.registry().queues.values() {
-            if let Some((_, head)) = queue.order.front() {
-                head.notify_one();
-            }
+        for queue in self.registry().queues.values_mut() {
+            queue.go();
         }
     }
 
-    /// Takes ticket `id` off `key`'s queue: promotes the next waiter if it was the head,
-    /// and drops the subscriptions with the last waiter.
-    fn leave(&self, key: &[u8], id: u64) {
+    /// Takes ticket `id` off `key`'s queue, and drops the subscriptions with the last
+    /// waiter. If it was the head, the next waiter becomes the head: it attempts at once
+    /// if the one before gave up (the lock may be free, and a release it was woken for
+    /// would be lost), and waits for the release if the one before got the lock.
+    fn leave(&self, key: &[u8], id: u64, acquired: Option<Instant>) {
         let mut reg = self.registry();
         let Some(queue) = reg.queues.get_mut(key) else {
             return;
         };
         let was_head = queue.order.front().is_some_and(|(head, _)| *head == id);
         queue.order.retain(|(other, _)| *other != id);
-        if let Some((_, next)) = queue.order.front() {
+        if !queue.order.is_empty() {
             if was_head {
                 // Messages so far were seen by the previous head's attempts.
                 queue.notes = 0;
-                next.notify_one();
+                queue.go = false;
+                queue.holder_until = acquired;
+                if acquired.is_none() {
+                    queue.go();
+                }
+                // The next waiter learns that it is the head now.
+                if let Some((_, next)) = queue.order.front() {
+                    next.notify_one();
+                }
             }
             return;
         }
-        reg.queues.remove(key);
-        for tx in reg.managers.iter().flatten() {
+        let subscribed = reg.queues.remove(key).is_some_and(|q| q.subscribed);
+        for tx in reg.managers.iter().flatten().filter(|_| subscribed) {
             // A manager that is gone has nothing to unsubscribe.
             let _ = tx.send(Subscription::Unsubscribe(key.into()));
         }
@@ -279,6 +338,8 @@ pub(crate) struct Ticket {
     key: Box<[u8]>,
     id: u64,
     notify: Arc<Notify>,
+    /// Until when the lock this waiter leaves with is valid, if it got it.
+    acquired: Option<Instant>,
 }
 
 impl Ticket {
@@ -287,10 +348,15 @@ impl Ticket {
         self.queue(|q| q.order.front().is_some_and(|(head, _)| *head == self.id))
     }
 
-    /// Whether a quorum of nodes will tell this queue about releases (otherwise waiting
-    /// polls).
-    pub(crate) fn listening(&self) -> bool {
-        self.queue(|q| q.listening)
+    /// Whether this ticket's queue subscribed to the key's channel.
+    pub(crate) fn subscribed(&self) -> bool {
+        self.queue(|q| q.subscribed)
+    }
+
+    /// Subscribes the queue to the key's channel on every node, if it is not yet: needed
+    /// once another client holds the key, whose release only the nodes can tell about.
+    pub(crate) async fn subscribe(&self, nodes: &[Arc<Node>], timeout: Duration) {
+        self.waiters.subscribe(&self.key, nodes, timeout).await;
     }
 
     /// Reads this ticket's queue (false if it is gone).
@@ -309,7 +375,22 @@ impl Ticket {
     /// their effect anyway. Messages that come during the attempt count towards the next
     /// wake-up, so a release that the attempt just missed still wakes the head.
     pub(crate) fn attempting(&self) {
-        self.waiters.with_queue(&self.key, |queue| queue.notes = 0);
+        self.waiters.with_queue(&self.key, |queue| {
+            queue.notes = 0;
+            queue.go = false;
+        });
+    }
+
+    /// Leaves the queue with the lock: the next waiter waits for its release.
+    pub(crate) fn acquired(mut self, valid_until: Instant) {
+        self.acquired = Some(valid_until);
+    }
+
+    /// This waiter found the key held, for at least `remaining` (if known).
+    pub(crate) fn busy(&self, remaining: Option<Duration>) {
+        let until = remaining.map(|r| crate::quorum::later(Instant::now(), r));
+        self.waiters
+            .with_queue(&self.key, |queue| queue.holder_until = until);
     }
 
     /// Waits until it is this waiter's turn to attempt: as the head, until a quorum of
@@ -318,32 +399,41 @@ impl Ticket {
     pub(crate) async fn wait(&self, backstop: Duration, deadline: Option<Instant>) {
         let far = || crate::quorum::later(Instant::now(), Duration::from_secs(3600));
         let end = deadline.unwrap_or_else(far);
+        // When the backstop runs out, counted from when this waiter is the head.
+        let mut backstop_at = None;
         loop {
-            if Instant::now() >= end {
+            let now = Instant::now();
+            if now >= end {
                 return;
             }
-            // The head goes at once when a waiter found the name's record.
-            let (head, done) = self
+            // The head goes when told to, or at once when a waiter found the name's record.
+            let (head, go, holder_until) = self
                 .waiters
                 .with_queue(&self.key, |q| {
                     let head = q.order.front().is_some_and(|(head, _)| *head == self.id);
-                    (head, q.done)
+                    // Told of the release: by this client (its own lock) or by the nodes.
+                    let told = !q.subscribed || q.listening;
+                    (head, q.go || q.done, q.holder_until.filter(|_| told))
                 })
-                .unwrap_or((false, false));
-            if head && done {
+                .unwrap_or((false, false, None));
+            if head && go {
                 return;
             }
             let until = if head {
-                crate::quorum::later(Instant::now(), backstop).min(end)
+                let at = *backstop_at.get_or_insert_with(|| {
+                    let backstop = crate::quorum::later(now, backstop);
+                    holder_until.map_or(backstop, |h| h.max(backstop))
+                });
+                if now >= at {
+                    return;
+                }
+                at.min(end)
             } else {
                 end
             };
             tokio::select! {
                 () = self.notify.notified() => {}
                 () = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => {}
-            }
-            if head {
-                return;
             }
         }
     }
@@ -352,7 +442,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         crate::metrics::gauge(crate::metrics::Gauge::Waiting, false);
-        self.waiters.leave(&self.key, self.id);
+        self.waiters.leave(&self.key, self.id, self.acquired);
     }
 }
 
@@ -447,12 +537,13 @@ async fn manage(waiters: Weak<Waiters>, node: Arc<Node>, mut rx: UnboundedReceiv
     }
 }
 
-/// A random id of 16 hex digits (a fixed one if the OS generator fails: then this
-/// client's own messages wake its waiters once more, as those of any other client).
-fn client_id() -> [u8; 16] {
+/// A random id of 16 hex digits, at the start of this client's lock values and in its
+/// release messages (a fixed one if the OS generator fails, but then no lock value can be
+/// made either).
+fn client_id() -> [u8; CLIENT_ID_LEN] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let r = getrandom::u64().unwrap_or(0);
-    let mut id = [0; 16];
+    let mut id = [0; CLIENT_ID_LEN];
     for (i, digit) in id.iter_mut().enumerate() {
         *digit = HEX[usize::try_from((r >> (4 * i)) & 0xf).unwrap_or(0)];
     }

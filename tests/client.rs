@@ -406,7 +406,7 @@ async fn validity_is_below_the_ttl_and_shrinks_with_latency() {
 }
 
 #[tokio::test]
-async fn values_are_20_random_bytes_unique_across_100_000_acquisitions() {
+async fn values_are_the_client_id_and_20_random_bytes_unique_across_100_000_acquisitions() {
     let cluster = Cluster::start(1);
     let redlock = builder(cluster.urls()).build().expect("build");
     support::warm(&redlock).await;
@@ -423,7 +423,11 @@ async fn values_are_20_random_bytes_unique_across_100_000_acquisitions() {
         .await;
     let mut seen = HashSet::with_capacity(values.len());
     for v in values {
-        assert_eq!(v.len(), 40, "20 bytes, hex-encoded");
+        assert_eq!(
+            v.len(),
+            56,
+            "the client's id (16 hex digits), 20 bytes hex-encoded"
+        );
         assert!(v.bytes().all(|b| b.is_ascii_hexdigit()));
         assert!(seen.insert(v), "duplicate value");
     }

@@ -87,7 +87,7 @@ async fn the_token_is_in_the_extensions_and_released_after_the_response() {
         .await
         .expect("response");
     let body = body_text(res).await;
-    assert_eq!(&body[..], b"40 true");
+    assert_eq!(&body[..], b"56 true");
     assert!(
         !exists(&cluster, "redlock:{k}").await,
         "released before the response"

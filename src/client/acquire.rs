@@ -36,18 +36,21 @@ struct SetRound {
     record: Option<Vec<u8>>,
     /// The longest remaining TTL of another holder's keys.
     retry_after: Option<Duration>,
+    /// Whether some node holds the key with another client's value (not this client's).
+    held_by_others: bool,
     fencing: PhaseOne,
 }
 
 /// Why a `SET NX PX` round did not reach its quorum: busy when a quorum answered and
 /// some said another client holds the lock, short of nodes otherwise.
-fn set_failure(round: Round, retry_after: Option<Duration>) -> Failure {
+fn set_failure(round: Round, retry_after: Option<Duration>, by_others: bool) -> Failure {
     let tally = &round.tally;
     if tally.is_busy() {
         Failure::Busy {
             held_elsewhere: tally.held_elsewhere(),
             nodes: tally.nodes(),
             retry_after,
+            by_others,
         }
     } else {
         round.no_quorum()
@@ -64,7 +67,7 @@ impl Redlock {
         attempt: u32,
         replay: bool,
     ) -> Result<Lock, Failure> {
-        let value: Arc<str> = new_value()?.into();
+        let value: Arc<str> = new_value(self.inner.waiters.id())?.into();
         // If this future is dropped while the SETs are out, release in the background.
         let mut pending = PendingRelease {
             redlock: self,
@@ -80,6 +83,7 @@ impl Redlock {
             mut round,
             foreign,
             retry_after,
+            held_by_others,
             record,
             fencing: phase_one,
         } = self
@@ -96,7 +100,7 @@ impl Redlock {
         } else if round.reached() {
             Ok(None)
         } else {
-            Err(set_failure(round, retry_after))
+            Err(set_failure(round, retry_after, held_by_others))
         };
         // Fencing phase 2: record the number on the nodes we hold, while we hold them.
         if self.fencing
@@ -231,6 +235,7 @@ impl Redlock {
         };
         let deadline = self.call_deadline(start, ttl, outer);
         let mut retry_after = None;
+        let mut held_by_others = false;
         let mut foreign = NodeMask::default();
         let mut record = None;
         let mut fencing = PhaseOne::default();
@@ -248,8 +253,9 @@ impl Redlock {
                     AcquireReply::Won { fence: Some(read) } => {
                         fencing.granted(read).map(|()| Outcome::Granted)
                     }
-                    AcquireReply::HeldElsewhere { pttl } => {
+                    AcquireReply::HeldElsewhere { pttl, ours } => {
                         retry_after = retry_after.max(pttl);
+                        held_by_others |= !ours;
                         foreign.insert(i);
                         Ok(Outcome::HeldElsewhere)
                     }
@@ -274,6 +280,7 @@ impl Redlock {
             foreign,
             record,
             retry_after,
+            held_by_others,
             fencing,
         }
     }
@@ -330,7 +337,8 @@ impl Redlock {
         // Arrival order: behind the tasks of this client that already wait for the name.
         let mut ticket = None;
         if self.inner.waiters.has_queue(&resource.key) {
-            let t = self.queue_up(resource).await;
+            // The queue subscribes when its head finds another client holding the name.
+            let t = self.queue_up(resource, false).await;
             t.wait(self.retry_pause(), deadline).await;
             ticket = Some(t);
         }
@@ -343,7 +351,13 @@ impl Redlock {
                 t.attempting();
             }
             let failure = match self.attempt(resource, ttl, outer, attempt, replay).await {
-                Ok(lock) => return Ok(lock),
+                Ok(lock) => {
+                    if let Some(t) = ticket {
+                        // The next waiter waits for this lock's release.
+                        t.acquired(lock.valid_until);
+                    }
+                    return Ok(lock);
+                }
                 Err(f) => f,
             };
             if past(deadline) && failure.cut_by_deadline() {
@@ -361,20 +375,41 @@ impl Redlock {
                 // Waiting means waiting: a head that will hear the release sleeps until
                 // then, or until the holder's key expires, instead of short polls that
                 // spend its attempts; one that will not hear it polls.
-                (Failure::Busy { retry_after, .. }, Some(t)) => {
-                    let mut backstop = self.retry_pause();
-                    if t.listening() {
-                        backstop = backstop.max(retry_after.unwrap_or_default());
+                (
+                    Failure::Busy {
+                        retry_after,
+                        by_others,
+                        ..
+                    },
+                    Some(t),
+                ) => {
+                    t.busy(*retry_after);
+                    if *by_others && !t.subscribed() {
+                        // Only the nodes can tell of another client's release: subscribe,
+                        // then try again at once (a release before that told nobody).
+                        t.subscribe(&self.inner.nodes, self.inner.node_timeout)
+                            .await;
+                    } else {
+                        // Told of the release (by this client's own holder, or by the
+                        // nodes), the head waits up to the holder's TTL; otherwise it polls.
+                        t.wait(self.retry_pause(), deadline).await;
                     }
-                    t.wait(backstop, deadline).await;
                 }
-                (Failure::Busy { .. }, None) => {
-                    let t = self.queue_up(resource).await;
+                (
+                    Failure::Busy {
+                        by_others,
+                        retry_after,
+                        ..
+                    },
+                    None,
+                ) => {
+                    let t = self.queue_up(resource, *by_others).await;
+                    t.busy(*retry_after);
                     if !t.is_head() {
                         t.wait(self.retry_pause(), deadline).await;
                     }
-                    // The first waiter tries again at once: a release that came before its
-                    // subscriptions were in place told nobody.
+                    // The first waiter tries again at once: a release that came before it
+                    // queued up (or before its subscriptions were in place) told nobody.
                     ticket = Some(t);
                 }
                 _ => {
@@ -395,11 +430,13 @@ impl Redlock {
         }
     }
 
-    /// A place in this client's queue for `resource`, subscribed to its release.
-    async fn queue_up(&self, resource: &Resource) -> Ticket {
+    /// A place in this client's queue for `resource`; with `subscribe`, subscribed to its
+    /// release.
+    async fn queue_up(&self, resource: &Resource, subscribe: bool) -> Ticket {
+        let (nodes, timeout) = (&self.inner.nodes, self.inner.node_timeout);
         self.inner
             .waiters
-            .join(&resource.key, &self.inner.nodes, self.inner.node_timeout)
+            .join(&resource.key, nodes, timeout, subscribe)
             .await
     }
 

@@ -126,13 +126,20 @@ impl Redlock {
         let nodes = &self.inner.nodes;
         let quorum = self.quorum();
         let waiters = &self.inner.waiters;
+        // The waiter woken as the deletes went out.
+        let woken = std::sync::OnceLock::new();
         let on_reply = |reply| {
             match parse_flag(reply)? {
                 true => {
                     released += 1;
-                    if released == quorum && wake == Wake::AtQuorum {
-                        // This client's own waiters need not wait for the nodes' messages.
-                        waiters.wake(key);
+                    if released == quorum {
+                        // This client's own waiters need not wait for the nodes' messages
+                        // (they ignore this client's).
+                        match (wake, woken.get()) {
+                            (Wake::AtQuorum, _) => drop(waiters.wake(key)),
+                            (Wake::OnSent, Some(Some(id))) => waiters.wake_again(key, *id),
+                            (Wake::OnSent, _) => {}
+                        }
                     }
                 }
                 false => not_held += 1,
@@ -141,7 +148,7 @@ impl Redlock {
         };
         let on_sent = || {
             if wake == Wake::OnSent {
-                waiters.wake(key);
+                let _ = woken.set(waiters.wake(key));
             }
         };
         let failures = fanout::everywhere(

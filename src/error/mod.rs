@@ -123,6 +123,9 @@ pub(crate) enum Failure {
         held_elsewhere: usize,
         nodes: usize,
         retry_after: Option<Duration>,
+        /// Whether another client holds the key somewhere (otherwise only this client
+        /// does, whose release wakes its own waiters).
+        by_others: bool,
     },
     NoQuorum {
         needed: usize,
@@ -208,6 +211,7 @@ impl Failure {
                 held_elsewhere,
                 nodes,
                 retry_after,
+                ..
             } => LockError::Busy {
                 held_elsewhere,
                 nodes,

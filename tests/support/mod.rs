@@ -520,10 +520,11 @@ impl CapturedLogs {
             .with_max_level(tracing::Level::DEBUG)
             .with_span_events(span_events)
             .finish();
-        Self {
-            buf,
-            _guard: tracing::subscriber::set_default(subscriber),
-        }
+        let guard = tracing::subscriber::set_default(subscriber);
+        // Tests on other threads may have registered a callsite (as "never") while this
+        // subscriber was being set up; recompute every callsite's interest with it.
+        tracing::callsite::rebuild_interest_cache();
+        Self { buf, _guard: guard }
     }
 
     pub fn contains(&self, needle: &str) -> bool {
