@@ -434,21 +434,6 @@ async fn values_are_the_client_id_and_20_random_bytes_unique_across_100_000_acqu
     assert_eq!(seen.len(), 100_000);
 }
 
-/// `calls` of EVALSHA on a node, from INFO commandstats.
-async fn evalsha_calls(cluster: &Cluster, i: usize) -> u64 {
-    let mut conn = cluster.raw(i).await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO");
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn a_waiter_gets_the_lock_after_the_holder_unlocks() {
     let cluster = Cluster::start(3);
@@ -459,7 +444,7 @@ async fn a_waiter_gets_the_lock_after_the_holder_unlocks() {
         .expect("build");
     support::warm(&redlock).await;
     let holder = redlock.lock("handover").await.expect("lock");
-    let before = evalsha_calls(&cluster, 0).await;
+    let before = cluster.command_calls(0, "evalsha").await;
     let waiter = {
         let redlock = redlock.clone();
         tokio::spawn(async move {
@@ -471,7 +456,7 @@ async fn a_waiter_gets_the_lock_after_the_holder_unlocks() {
     wait_for(
         "the waiter to fail an attempt",
         Duration::from_secs(5),
-        || async { evalsha_calls(&cluster, 0).await >= before + 2 },
+        || async { cluster.command_calls(0, "evalsha").await >= before + 2 },
     )
     .await;
     // ... then the holder lets go.

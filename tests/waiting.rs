@@ -195,18 +195,12 @@ async fn a_release_by_the_same_client_wakes_its_waiter_without_pub_sub() {
         .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
         .await;
     let lock = redlock.lock("local").await.expect("lock");
-    for i in 0..3 {
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut cluster.raw(i).await)
-            .await
-            .expect("CONFIG RESETSTAT");
-    }
+    cluster.reset_stats().await;
     let task = spawn_waiter(&redlock, "local");
     // Its first attempt finds the key taken (the busy path asks for the holder's TTL by
     // script), and so does the one right after it queued up: then it waits.
     wait_for("the waiter to queue up", Duration::from_secs(5), || async {
-        command_calls(&cluster, 0, "evalsha").await >= 2
+        cluster.command_calls(0, "evalsha").await >= 2
     })
     .await;
     let released = Instant::now();
@@ -219,24 +213,9 @@ async fn a_release_by_the_same_client_wakes_its_waiter_without_pub_sub() {
     );
     for i in 0..3 {
         assert_eq!(
-            command_calls(&cluster, i, "subscribe").await,
+            cluster.command_calls(i, "subscribe").await,
             0,
             "node {i}: a waiter for this client's own lock subscribed"
         );
     }
-}
-
-/// How many times node `i` ran `command` since its statistics were reset.
-async fn command_calls(cluster: &Cluster, i: usize, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut cluster.raw(i).await)
-        .await
-        .expect("INFO commandstats");
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
