@@ -73,8 +73,14 @@ impl std::fmt::Debug for Stragglers {
 }
 
 impl Stragglers {
-    /// The calls in `calls`, to the nodes in `pending`.
-    fn new<F>(mut calls: FuturesUnordered<F>, pending: NodeMask) -> Self
+    /// The calls in `calls`, to the nodes in `pending` of `nodes`, bounded by `deadline`
+    /// (one timer for all of them).
+    fn new<F>(
+        mut calls: FuturesUnordered<F>,
+        nodes: &[Arc<Node>],
+        pending: NodeMask,
+        deadline: Instant,
+    ) -> Self
     where
         F: Future<Output = (usize, Result<Value, NodeError>)> + Send + 'static,
     {
@@ -83,9 +89,28 @@ impl Stragglers {
             changed: Notify::new(),
         });
         let marks = Arc::clone(&state);
+        let waited: Vec<(usize, Arc<Node>)> = (0..nodes.len())
+            .filter(|i| pending.contains(*i))
+            .map(|i| (i, Arc::clone(&nodes[i])))
+            .collect();
         let drain = Box::pin(async move {
-            while let Some((i, _)) = calls.next().await {
-                marks.done(i);
+            let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
+            tokio::pin!(timer);
+            loop {
+                tokio::select! {
+                    biased;
+                    call = calls.next() => match call {
+                        Some((i, _)) => marks.done(i),
+                        None => break,
+                    },
+                    () = &mut timer => {
+                        let late = *marks.pending();
+                        for (_, node) in waited.iter().filter(|(i, _)| late.contains(*i)) {
+                            node.timed_out();
+                        }
+                        break;
+                    }
+                }
             }
             marks.done_all();
         });
@@ -157,8 +182,9 @@ impl Landing {
 /// Sends `request` to the nodes whose index `to` accepts, all at once; the answers arrive as
 /// they come, with the node's index. With `acquiring` (acquire, fence, extend), quarantined
 /// nodes fail at once; releases go to them too. A node's call waits for its call in
-/// `after` first (within the deadline). The calls own what they need, so they can outlive
-/// the round.
+/// `after` first (within the deadline). The calls have no time limit of their own: the
+/// caller bounds them all by `deadline` with one timer. They own what they need, so they
+/// can outlive the round.
 fn send(
     nodes: &[Arc<Node>],
     request: &Request<'_>,
@@ -180,7 +206,7 @@ fn send(
                 if let Some(after) = after {
                     after.wait(i, deadline).await;
                 }
-                (i, node.call(&call, deadline, acquiring).await)
+                (i, node.call(&call, acquiring).await)
             }
         })
         .collect()
@@ -228,10 +254,30 @@ where
         sent.insert(i);
     }
     let mut calls = send(nodes, request, deadline, to, true, None);
+    let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
+    tokio::pin!(timer);
     while round.tally.decision() == Decision::Pending || round.tally.busy_undecided() || wait_all()
     {
-        let Some((i, reply)) = calls.next().await else {
-            break;
+        let (i, reply) = tokio::select! {
+            biased;
+            answer = calls.next() => match answer {
+                Some(answer) => answer,
+                None => break,
+            },
+            () = &mut timer => {
+                // Every call still out failed: it got no answer in time.
+                for i in (0..nodes.len()).filter(|i| sent.contains(*i)) {
+                    nodes[i].timed_out();
+                    let outcome = on_reply(i, Err(NodeError::Timeout)).unwrap_or_else(|error| {
+                        round
+                            .failures
+                            .push(NodeFailure::new(nodes[i].label(), error));
+                        Outcome::Failed
+                    });
+                    round.tally.record_outcome(outcome);
+                }
+                return round;
+            }
         };
         sent.remove(i);
         let outcome = on_reply(i, reply).unwrap_or_else(|error| {
@@ -243,7 +289,7 @@ where
         round.tally.record_outcome(outcome);
     }
     if !calls.is_empty() {
-        round.stragglers = Some(Stragglers::new(calls, sent));
+        round.stragglers = Some(Stragglers::new(calls, nodes, sent, deadline));
     }
     round
 }
@@ -275,7 +321,12 @@ where
         landing,
     );
     let mut failures = Vec::new();
-    let mut take = |(i, reply): (usize, Result<Value, NodeError>)| {
+    // The nodes whose answer is still out.
+    let mut out = NodeMask::default();
+    for i in (0..nodes.len()).filter(|i| !skip.contains(*i)) {
+        out.insert(i);
+    }
+    let mut take = |i: usize, reply: Result<Value, NodeError>| {
         if let Err(error) = reply.and_then(&mut on_reply) {
             failures.push(NodeFailure::new(nodes[i].label(), error));
         }
@@ -284,15 +335,35 @@ where
     // before it reports pending (it returns early with an answer, or when calls keep
     // yielding; then `on_sent` merely comes early).
     std::future::poll_fn(|cx| {
-        while let Poll::Ready(Some(answer)) = calls.poll_next_unpin(cx) {
-            take(answer);
+        while let Poll::Ready(Some((i, reply))) = calls.poll_next_unpin(cx) {
+            out.remove(i);
+            take(i, reply);
         }
         Poll::Ready(())
     })
     .await;
     on_sent();
-    while let Some(answer) = calls.next().await {
-        take(answer);
+    let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
+    tokio::pin!(timer);
+    loop {
+        tokio::select! {
+            biased;
+            answer = calls.next() => match answer {
+                Some((i, reply)) => {
+                    out.remove(i);
+                    take(i, reply);
+                }
+                None => break,
+            },
+            () = &mut timer => {
+                // Every call still out failed: it got no answer in time.
+                for i in (0..nodes.len()).filter(|i| out.contains(*i)) {
+                    nodes[i].timed_out();
+                    take(i, Err(NodeError::Timeout));
+                }
+                break;
+            }
+        }
     }
     failures
 }

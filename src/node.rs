@@ -649,28 +649,24 @@ impl Node {
         }
     }
 
-    /// Runs one request, bounded by `deadline` (connection wait included). With
+    /// Runs one request (waiting for the connection first if need be). It has no time
+    /// limit of its own: the round that sends it bounds all its nodes' calls with one
+    /// timer, and reports a call it gave up on with [`timed_out`](Self::timed_out). With
     /// `acquiring` (acquire and extend), a quarantined node fails at once.
     pub(crate) async fn call(
         self: &Arc<Self>,
         call: &Call,
-        deadline: Instant,
         acquiring: bool,
     ) -> Result<Value, NodeError> {
-        let deadline = tokio::time::Instant::from_std(deadline);
-        let (mut conn, generation) = match timeout_at(deadline, self.connection(acquiring)).await {
-            Ok(c) => c?,
-            Err(_) => return Err(NodeError::Timeout),
-        };
-        let run = call.run(&mut conn);
-        match timeout_at(deadline, run).await {
-            Ok(Ok(v)) => {
+        let (mut conn, generation) = self.connection(acquiring).await?;
+        match call.run(&mut conn).await {
+            Ok(v) => {
                 if self.consecutive_timeouts.load(Ordering::Relaxed) != 0 {
                     self.consecutive_timeouts.store(0, Ordering::Relaxed);
                 }
                 Ok(v)
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 // A master demoted to replica (a failover) refuses writes: reconnect, which
                 // for a Sentinel-managed node finds the new master.
                 let demoted =
@@ -681,17 +677,21 @@ impl Node {
                 }
                 Err(e)
             }
-            Err(_) => {
-                let n = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
-                if n >= self.settings.reconnect_after_timeouts {
-                    self.consecutive_timeouts.store(0, Ordering::Relaxed);
-                    self.invalidate(
-                        generation,
-                        &NodeError::Connection(format!("{n} consecutive timeouts").into()),
-                    );
-                }
-                Err(NodeError::Timeout)
-            }
+        }
+    }
+
+    /// A call to this node got no answer before its round's deadline: after
+    /// `reconnect_after_timeouts` of them in a row, the connection is dropped, so that the
+    /// next call reconnects.
+    pub(crate) fn timed_out(&self) {
+        let n = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= self.settings.reconnect_after_timeouts {
+            self.consecutive_timeouts.store(0, Ordering::Relaxed);
+            let generation = self.state().generation;
+            self.invalidate(
+                generation,
+                &NodeError::Connection(format!("{n} consecutive timeouts").into()),
+            );
         }
     }
 }
