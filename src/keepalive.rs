@@ -2,8 +2,11 @@
 //! due, instead of one task per lock.
 //!
 //! A guard hands its lock to the driver ([`start`]) and takes it back when released
-//! ([`stop`]). The driver keeps the locks in a queue ordered by due time and sleeps until
-//! the earliest; extensions that are due run concurrently inside the driver task. It holds
+//! ([`stop`]), through the driver's inbox (`crate::keepalive_inbox`): neither wakes the
+//! driver task unless the lock is due before the driver would wake anyway, so a lock held
+//! for less than its first extension interval costs the driver nothing. The driver keeps
+//! the locks in a queue ordered by due time and sleeps until the earliest; extensions that
+//! are due run concurrently inside the driver task. It holds
 //! the client weakly and ends once the client and every guard are gone. If the runtime
 //! that ran it shut down, the next guard starts a new one on its own runtime. A driver
 //! that stops while it still has locks (its runtime shut down, or a panic) never leaves
@@ -29,52 +32,55 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::mpsc::{self, UnboundedReceiver, error::SendError};
 use tracing::Instrument;
 
-use crate::client::builder::{KeepAlive, KeepAliveCommand};
+use crate::client::builder::KeepAlive;
 use crate::client::{Redlock, WeakRedlock};
 use crate::error::Failure;
+use crate::keepalive_inbox::{Inbox, Start};
 use crate::quorum::later;
 use crate::token::{Lock, LostReason, Shared};
 
 /// Hands the lock of `shared` to `redlock`'s driver, starting one if none runs. Returns
 /// the lock's id for [`stop`], or `None` outside a tokio runtime (the lock then runs out).
+/// The driver is only woken if the lock is due before it would wake anyway.
 pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -> Option<u64> {
     let handle = tokio::runtime::Handle::try_current().ok()?;
     let id = redlock.next_guard_id();
-    let span = tracing::Span::current();
-    let command = KeepAliveCommand::Start {
+    let interval = shared.lock.ttl().mul_f64(policy.fraction);
+    let hold_end = policy.max_hold.map(|h| later(shared.lock.started(), h));
+    let next = later(shared.lock.started(), interval);
+    let start = Start {
         id,
+        due: hold_end.map_or(next, |end| end.min(next)),
         shared,
         policy,
-        span,
+        span: tracing::Span::current(),
     };
     let mut driver = redlock.keep_alive_driver();
-    let command = match driver.as_ref() {
-        Some(tx) => match tx.send(command) {
+    let start = match driver.as_ref() {
+        Some(inbox) => match inbox.start(start) {
             Ok(()) => return Some(id),
-            Err(SendError(command)) => command,
+            Err(start) => start,
         },
-        None => command,
+        None => start,
     };
     // No driver, or its runtime is gone: start one here.
-    let (tx, rx) = mpsc::unbounded_channel();
-    tx.send(command).ok()?;
+    let inbox = Arc::new(Inbox::default());
+    inbox.start(start).ok()?;
     let handed = Handed {
-        rx,
+        inbox: Arc::clone(&inbox),
         locks: HashMap::new(),
     };
     handle.spawn(drive(redlock.downgrade(), handed));
-    *driver = Some(tx);
+    *driver = Some(inbox);
     Some(id)
 }
 
-/// Stops extending lock `id` (its guard is releasing it).
+/// Stops extending lock `id` (its guard is releasing it). Never wakes the driver.
 pub(crate) fn stop(redlock: &Redlock, id: u64) {
-    if let Some(tx) = redlock.keep_alive_driver().as_ref() {
-        // A driver that is gone has nothing left to stop.
-        let _ = tx.send(KeepAliveCommand::Stop { id });
+    if let Some(inbox) = redlock.keep_alive_driver().as_ref() {
+        inbox.stop(id);
     }
 }
 
@@ -94,7 +100,13 @@ struct Entry {
 }
 
 impl Entry {
-    fn new(shared: Arc<Shared>, policy: KeepAlive, span: tracing::Span) -> Self {
+    fn new(start: Start) -> Self {
+        let Start {
+            shared,
+            policy,
+            span,
+            ..
+        } = start;
         let lock = shared.lock.clone();
         let interval = lock.ttl().mul_f64(policy.fraction);
         Self {
@@ -170,22 +182,17 @@ impl Queue {
     }
 }
 
-/// The locks a driver has been handed and not yet told to stop, and the commands not yet
-/// read: marked lost if the driver goes away (dropped with its runtime, or unwound by a
-/// panic) while they are there.
+/// The locks a driver has taken from its inbox and not yet been told to stop: marked lost,
+/// with those still in the inbox, if the driver goes away (dropped with its runtime, or
+/// unwound by a panic) while they are there.
 struct Handed {
-    rx: UnboundedReceiver<KeepAliveCommand>,
+    inbox: Arc<Inbox>,
     locks: HashMap<u64, Arc<Shared>>,
 }
 
 impl Drop for Handed {
     fn drop(&mut self) {
-        self.rx.close();
-        while let Ok(command) = self.rx.try_recv() {
-            if let KeepAliveCommand::Start { shared, .. } = command {
-                shared.mark_lost(LostReason::KeepAliveStopped);
-            }
-        }
+        self.inbox.close();
         for shared in self.locks.values() {
             shared.mark_lost(LostReason::KeepAliveStopped);
         }
@@ -193,41 +200,49 @@ impl Drop for Handed {
 }
 
 /// The driver's loop. `handed` is built by the caller, so that a driver dropped before its
-/// first poll still marks the locks in its channel lost.
+/// first poll still marks the locks in its inbox lost.
 async fn drive(redlock: WeakRedlock, mut handed: Handed) {
     let mut queue = Queue::default();
     let mut work: FuturesUnordered<Work> = FuturesUnordered::new();
-    let mut open = true;
+    let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+    tokio::pin!(timer);
     loop {
-        if !open && queue.entries.is_empty() && work.is_empty() {
+        let taken = handed.inbox.take();
+        for id in taken.stops {
+            handed.locks.remove(&id);
+            queue.stop(id);
+        }
+        for start in taken.starts {
+            handed.locks.insert(start.id, Arc::clone(&start.shared));
+            let (id, due) = (start.id, start.due);
+            queue.schedule(id, Entry::new(start), due);
+        }
+        if taken.client_gone && queue.entries.is_empty() && work.is_empty() {
             return;
         }
-        let next_due = queue.next_due();
-        let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(
-            next_due.unwrap_or_else(|| later(Instant::now(), Duration::from_secs(3600))),
-        ));
-        tokio::select! {
-            command = handed.rx.recv(), if open => match command {
-                Some(KeepAliveCommand::Start { id, shared, policy, span }) => {
-                    handed.locks.insert(id, Arc::clone(&shared));
-                    let entry = Entry::new(shared, policy, span);
-                    let at = entry.due(later(entry.lock.started(), entry.interval));
-                    queue.schedule(id, entry, at);
-                }
-                Some(KeepAliveCommand::Stop { id }) => {
-                    handed.locks.remove(&id);
-                    queue.stop(id);
-                }
-                None => open = false,
-            },
-            () = sleep, if next_due.is_some() => {
-                let Some(redlock) = redlock.upgrade() else { return };
-                while let Some((id, entry)) = queue.pop_due(Instant::now()) {
-                    if let Some(w) = act(&redlock, id, entry, &mut queue) {
-                        work.push(w);
-                    }
+        // Due entries, after the inbox: a lock taken back is never extended again.
+        let now = Instant::now();
+        if queue.next_due().is_some_and(|at| at <= now) {
+            let Some(redlock) = redlock.upgrade() else {
+                return;
+            };
+            while let Some((id, entry)) = queue.pop_due(now) {
+                if let Some(w) = act(&redlock, id, entry, &mut queue) {
+                    work.push(w);
                 }
             }
+        }
+        let next_due = queue.next_due();
+        if !handed.inbox.wait_until(next_due) {
+            continue;
+        }
+        if let Some(at) = next_due {
+            timer.as_mut().reset(tokio::time::Instant::from_std(at));
+        }
+        tokio::select! {
+            () = handed.inbox.told() => {}
+            // Due entries are acted on at the top of the loop.
+            () = &mut timer, if next_due.is_some() => {}
             Some(done) = work.next(), if !work.is_empty() => {
                 let Some((id, entry, result)) = done else { continue };
                 if !queue.landed(id) {

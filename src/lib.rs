@@ -126,6 +126,7 @@ mod fanout;
 pub mod fencing;
 mod guard;
 mod keepalive;
+mod keepalive_inbox;
 pub mod layer;
 pub mod metrics;
 mod node;

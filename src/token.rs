@@ -405,18 +405,18 @@ impl Shared {
     /// Records why the lock was lost (the first reason wins); whether this was the first.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
         let label = reason.metric_label();
-        let first = self.lost.send_if_modified(|cur| {
-            if cur.is_none() {
-                *cur = Some(reason);
-                true
-            } else {
-                false
+        self.lost.send_if_modified(|cur| {
+            if cur.is_some() {
+                return false;
             }
-        });
-        if first && let Some(label) = label {
-            crate::metrics::lost(label);
-        }
-        first
+            // Counted before the holders are told, so that whoever sees the loss sees it
+            // counted too.
+            if let Some(label) = label {
+                crate::metrics::lost(label);
+            }
+            *cur = Some(reason);
+            true
+        })
     }
 
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {

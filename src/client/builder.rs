@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::{Client, ConnectionAddr, ConnectionInfo};
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::node_config::{NodeConfig, Sentinel, redact};
 use crate::defaults::{
@@ -29,10 +28,11 @@ use crate::defaults::{
     MIN_TTL_TO_TIMEOUT_RATIO,
 };
 use crate::error::ConfigError;
+use crate::keepalive_inbox::Inbox;
 use crate::node::{Connector, Node, NodeSettings};
 use crate::quorum;
 use crate::sentinel::SentinelMaster;
-use crate::token::{Shared, prefix_keeps_tags};
+use crate::token::prefix_keeps_tags;
 use crate::waiters::Waiters;
 
 /// Builds a [`Redlock`](crate::Redlock); see [`Redlock::builder`](crate::Redlock::builder). Every setting has a documented default;
@@ -635,12 +635,25 @@ pub(crate) struct Settings {
     pub(crate) fencing: bool,
     /// How long a fencing counter lives after its last fenced acquisition.
     pub(crate) fencing_retention: Duration,
-    /// The channel to this client's keep-alive driver, while one runs.
-    pub(crate) keep_alive_driver: Mutex<Option<UnboundedSender<KeepAliveCommand>>>,
+    /// The inbox of this client's keep-alive driver, while one runs.
+    pub(crate) keep_alive_driver: Mutex<Option<Arc<Inbox>>>,
     /// The id of the next guarded lock.
     pub(crate) next_guard_id: AtomicU64,
     /// The tasks waiting for a lock, woken on release.
     pub(crate) waiters: Arc<Waiters>,
+}
+
+impl Drop for Settings {
+    fn drop(&mut self) {
+        // The keep-alive driver ends once its last locks are done.
+        let driver = self
+            .keep_alive_driver
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(inbox) = driver.take() {
+            inbox.client_gone();
+        }
+    }
 }
 
 /// Checks a TTL against the limits and the per-node timeout.
@@ -688,22 +701,6 @@ pub(crate) struct KeepAlive {
     pub(crate) fraction: f64,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) max_extensions: Option<u32>,
-}
-
-/// Work for a client's keep-alive driver (one task per client that extends every guarded
-/// lock when it is due).
-#[derive(Debug)]
-pub(crate) enum KeepAliveCommand {
-    /// Keep the lock of `shared` alive per `policy`, under `id`.
-    Start {
-        id: u64,
-        shared: Arc<Shared>,
-        policy: KeepAlive,
-        /// The span of the code that took the guard: its extensions run in it.
-        span: tracing::Span,
-    },
-    /// Stop keeping lock `id` alive: it is being released.
-    Stop { id: u64 },
 }
 
 /// The label and connector of a Redis Cluster node.

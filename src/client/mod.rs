@@ -53,8 +53,8 @@ pub use node_config::NodeConfig;
 pub use release::Released;
 pub(crate) use release::Wake;
 
-use builder::{KeepAlive, KeepAliveCommand, Settings, check_retention, check_ttl, ttl_ms};
-use tokio::sync::mpsc::UnboundedSender;
+use crate::keepalive_inbox::Inbox;
+use builder::{KeepAlive, Settings, check_retention, check_ttl, ttl_ms};
 
 /// A Redlock client over N independent Redis masters (N = 1 is the plain single-instance
 /// lock; 3 or 5 is Redlock proper).
@@ -268,10 +268,8 @@ impl Redlock {
         self.inner.keep_alive
     }
 
-    /// The channel to this client's keep-alive driver, while one runs.
-    pub(crate) fn keep_alive_driver(
-        &self,
-    ) -> MutexGuard<'_, Option<UnboundedSender<KeepAliveCommand>>> {
+    /// The inbox of this client's keep-alive driver, while one runs.
+    pub(crate) fn keep_alive_driver(&self) -> MutexGuard<'_, Option<Arc<Inbox>>> {
         self.inner
             .keep_alive_driver
             .lock()
