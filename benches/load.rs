@@ -856,6 +856,12 @@ fn main() {
         eprintln!("!!! {overlaps} OVERLAPS in W3: two tasks held the lock at once !!!");
     }
     if let Some(path) = &cfg.report {
+        // The layer benchmark's section (`scripts/bench layer`) stays at the end.
+        let layer = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|old| old.find("\n## Layer overhead").map(|i| old[i..].to_owned()))
+            .unwrap_or_default();
+        let text = format!("{}\n{layer}", text.trim_end());
         std::fs::write(path, &text).unwrap_or_else(|e| panic!("cannot write {path}: {e}"));
         eprintln!("report written to {path}");
     }
