@@ -272,3 +272,38 @@ fn a_guard_whose_keep_alive_driver_stopped_is_marked_lost() {
         again.release().await;
     });
 }
+
+/// The keep-alive driver sleeps until its earliest lock is due; a guard handed in later
+/// with an earlier due time (a shorter TTL) wakes it, and is extended in time.
+#[tokio::test]
+async fn a_guard_due_sooner_than_the_others_wakes_the_keep_alive_driver() {
+    let cluster = Cluster::start(3);
+    let redlock = support::builder(cluster.urls())
+        .ttl(Duration::from_secs(30))
+        .node_timeout(Duration::from_millis(50))
+        .build()
+        .expect("build");
+    support::warm(&redlock).await;
+    // First extension due in 10 s: the driver sleeps until then.
+    let long = redlock.acquire("long-ttl").await.expect("acquire");
+    let short = redlock.guard(
+        redlock
+            .lock_with_ttl("short-ttl", Duration::from_millis(600))
+            .await
+            .expect("lock"),
+    );
+    let token = short.token();
+    let first = token.valid_until();
+    wait_for(
+        "the short lock's first extension",
+        Duration::from_millis(1_500),
+        || {
+            let extended = token.valid_until() > first;
+            async move { extended }
+        },
+    )
+    .await;
+    assert!(token.is_held(), "{:?}", token.lost_reason());
+    assert!(short.release().await.released() >= 2);
+    assert!(long.release().await.released() >= 2);
+}
