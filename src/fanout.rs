@@ -77,7 +77,7 @@ impl Stragglers {
     /// (one timer for all of them).
     fn new<F>(
         mut calls: FuturesUnordered<F>,
-        nodes: &[Arc<Node>],
+        nodes: &Arc<[Arc<Node>]>,
         pending: NodeMask,
         deadline: Instant,
     ) -> Self
@@ -89,10 +89,7 @@ impl Stragglers {
             changed: Notify::new(),
         });
         let marks = Arc::clone(&state);
-        let waited: Vec<(usize, Arc<Node>)> = (0..nodes.len())
-            .filter(|i| pending.contains(*i))
-            .map(|i| (i, Arc::clone(&nodes[i])))
-            .collect();
+        let nodes = Arc::clone(nodes);
         let drain = Box::pin(async move {
             let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
             tokio::pin!(timer);
@@ -105,8 +102,8 @@ impl Stragglers {
                     },
                     () = &mut timer => {
                         let late = *marks.pending();
-                        for (_, node) in waited.iter().filter(|(i, _)| late.contains(*i)) {
-                            node.timed_out();
+                        for i in (0..nodes.len()).filter(|i| late.contains(*i)) {
+                            nodes[i].timed_out();
                         }
                         break;
                     }
@@ -216,7 +213,7 @@ fn send(
 /// (the others count as failed), until the outcome is certain. `on_reply` turns each
 /// node's answer into its outcome, or into the error listed for that node.
 pub(crate) async fn decide<F>(
-    nodes: &[Arc<Node>],
+    nodes: &Arc<[Arc<Node>]>,
     request: &Request<'_>,
     deadline: Instant,
     to: impl Fn(usize) -> bool,
@@ -231,7 +228,7 @@ where
 /// Like [`decide`], but awaits every answer once `wait_all` says so (for a round whose
 /// outcome needs to know every node, such as one that found a completion record).
 pub(crate) async fn decide_or_wait<F>(
-    nodes: &[Arc<Node>],
+    nodes: &Arc<[Arc<Node>]>,
     request: &Request<'_>,
     deadline: Instant,
     to: impl Fn(usize) -> bool,
@@ -249,10 +246,17 @@ where
     for _ in (0..nodes.len()).filter(|i| !to(*i)) {
         round.tally.record_outcome(Outcome::Failed);
     }
-    let mut sent = NodeMask::default();
-    for i in (0..nodes.len()).filter(|i| to(*i)) {
-        sent.insert(i);
-    }
+    let mut sent = NodeMask::matching(nodes.len(), &to);
+    // Node `i`'s answer: its outcome, or its failure.
+    let mut record = |round: &mut Round, i: usize, reply| {
+        let outcome = on_reply(i, reply).unwrap_or_else(|error| {
+            round
+                .failures
+                .push(NodeFailure::new(nodes[i].label(), error));
+            Outcome::Failed
+        });
+        round.tally.record_outcome(outcome);
+    };
     let mut calls = send(nodes, request, deadline, to, true, None);
     let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
     tokio::pin!(timer);
@@ -268,25 +272,13 @@ where
                 // Every call still out failed: it got no answer in time.
                 for i in (0..nodes.len()).filter(|i| sent.contains(*i)) {
                     nodes[i].timed_out();
-                    let outcome = on_reply(i, Err(NodeError::Timeout)).unwrap_or_else(|error| {
-                        round
-                            .failures
-                            .push(NodeFailure::new(nodes[i].label(), error));
-                        Outcome::Failed
-                    });
-                    round.tally.record_outcome(outcome);
+                    record(&mut round, i, Err(NodeError::Timeout));
                 }
                 return round;
             }
         };
         sent.remove(i);
-        let outcome = on_reply(i, reply).unwrap_or_else(|error| {
-            round
-                .failures
-                .push(NodeFailure::new(nodes[i].label(), error));
-            Outcome::Failed
-        });
-        round.tally.record_outcome(outcome);
+        record(&mut round, i, reply);
     }
     if !calls.is_empty() {
         round.stragglers = Some(Stragglers::new(calls, nodes, sent, deadline));
@@ -322,10 +314,7 @@ where
     );
     let mut failures = Vec::new();
     // The nodes whose answer is still out.
-    let mut out = NodeMask::default();
-    for i in (0..nodes.len()).filter(|i| !skip.contains(*i)) {
-        out.insert(i);
-    }
+    let mut out = NodeMask::matching(nodes.len(), |i| !skip.contains(i));
     let mut take = |i: usize, reply: Result<Value, NodeError>| {
         if let Err(error) = reply.and_then(&mut on_reply) {
             failures.push(NodeFailure::new(nodes[i].label(), error));

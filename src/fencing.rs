@@ -43,7 +43,7 @@ impl PhaseOne {
 /// only where the lock key still holds `value`, and keeps the counter for `retention_ms`.
 /// `keys` are the lock key and the counter key.
 pub(crate) async fn phase_two(
-    nodes: &[Arc<Node>],
+    nodes: &Arc<[Arc<Node>]>,
     keys: &[&[u8]; 2],
     value: &[u8],
     token: u64,

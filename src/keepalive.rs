@@ -47,12 +47,10 @@ use crate::token::{Lock, LostReason, Shared};
 pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -> Option<u64> {
     let handle = tokio::runtime::Handle::try_current().ok()?;
     let id = redlock.next_guard_id();
-    let interval = shared.lock.ttl().mul_f64(policy.fraction);
-    let hold_end = policy.max_hold.map(|h| later(shared.lock.started(), h));
-    let next = later(shared.lock.started(), interval);
+    let (interval, hold_end) = timing(&shared.lock, &policy);
     let start = Start {
         id,
-        due: hold_end.map_or(next, |end| end.min(next)),
+        due: due(hold_end, later(shared.lock.started(), interval)),
         shared,
         policy,
         span: tracing::Span::current(),
@@ -108,10 +106,10 @@ impl Entry {
             ..
         } = start;
         let lock = shared.lock.clone();
-        let interval = lock.ttl().mul_f64(policy.fraction);
+        let (interval, hold_end) = timing(&lock, &policy);
         Self {
             span,
-            hold_end: policy.max_hold.map(|h| later(lock.started(), h)),
+            hold_end,
             shared,
             lock,
             policy,
@@ -123,8 +121,20 @@ impl Entry {
 
     /// When to act next: the next extension, or the end of the hold if sooner.
     fn due(&self, next: Instant) -> Instant {
-        self.hold_end.map_or(next, |end| end.min(next))
+        due(self.hold_end, next)
     }
+}
+
+/// How `lock`, kept alive per `policy`, is extended: the interval between extensions, and
+/// the end of the longest hold, if there is one.
+fn timing(lock: &Lock, policy: &KeepAlive) -> (Duration, Option<Instant>) {
+    let interval = lock.ttl().mul_f64(policy.fraction);
+    (interval, policy.max_hold.map(|h| later(lock.started(), h)))
+}
+
+/// When to act next: at `next`, or at the end of the hold if sooner.
+fn due(hold_end: Option<Instant>, next: Instant) -> Instant {
+    hold_end.map_or(next, |end| end.min(next))
 }
 
 /// What a piece of the driver's work came to: an extension of a lock with its result, or

@@ -45,6 +45,15 @@ pub fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Option<Dur
 pub(crate) struct NodeMask(u64);
 
 impl NodeMask {
+    /// The nodes among the first `n` that `f` accepts.
+    pub(crate) fn matching(n: usize, f: impl Fn(usize) -> bool) -> Self {
+        let mut mask = Self::default();
+        for i in (0..n).filter(|i| f(*i)) {
+            mask.insert(i);
+        }
+        mask
+    }
+
     pub(crate) fn insert(&mut self, i: usize) {
         self.0 |= u32::try_from(i)
             .ok()

@@ -583,7 +583,7 @@ impl RedlockBuilder {
             }
         }
         Ok(Settings {
-            nodes,
+            nodes: nodes.into(),
             ttl: self.ttl,
             node_timeout: self.node_timeout,
             drift_factor: self.drift_factor,
@@ -613,7 +613,8 @@ impl RedlockBuilder {
 /// The checked settings of a client, shared by its clones.
 #[derive(Debug)]
 pub(crate) struct Settings {
-    pub(crate) nodes: Vec<Arc<Node>>,
+    /// Shared, so that a round's background work can hold the list with one reference.
+    pub(crate) nodes: Arc<[Arc<Node>]>,
     pub(crate) ttl: Duration,
     pub(crate) node_timeout: Duration,
     pub(crate) drift_factor: f64,

@@ -144,11 +144,21 @@ impl Rejection {
                 "the lock service is unavailable; retry later".to_owned(),
             ),
         };
+        Self::new(kind, message, protocol, Some(Box::new(error)))
+    }
+
+    /// A rejection with the defaults: no lock name, the default `Retry-After` cap, text.
+    fn new(
+        kind: RejectionKind,
+        message: String,
+        protocol: Protocol,
+        error: Option<Box<LockError>>,
+    ) -> Self {
         Self {
             kind,
             message,
             protocol,
-            error: Some(Box::new(error)),
+            error,
             name: None,
             retry_cap: DEFAULT_RETRY_AFTER_CAP,
             format: Format::Text,
@@ -191,42 +201,28 @@ impl Rejection {
             LostReason::MaxHoldReached => "the request ran past the longest a lock may be held",
             _ => "the lock was lost while the request ran; retry later",
         };
-        Self {
-            kind: RejectionKind::Unavailable,
-            message: message.to_owned(),
+        Self::new(
+            RejectionKind::Unavailable,
+            message.to_owned(),
             protocol,
             error,
-            name: None,
-            retry_cap: DEFAULT_RETRY_AFTER_CAP,
-            format: Format::Text,
-        }
+        )
     }
 
     /// A rejection for an idempotency key already used for a different request (replay):
     /// 422 / `INVALID_ARGUMENT`.
     pub fn key_reused(protocol: Protocol) -> Self {
-        Self {
-            kind: RejectionKind::KeyReused,
-            message: "this idempotency key was already used for a different request".to_owned(),
+        Self::new(
+            RejectionKind::KeyReused,
+            "this idempotency key was already used for a different request".to_owned(),
             protocol,
-            error: None,
-            name: None,
-            retry_cap: DEFAULT_RETRY_AFTER_CAP,
-            format: Format::Text,
-        }
+            None,
+        )
     }
 
     /// A rejection for bad input (an extractor's refusal).
     pub fn bad_request(message: impl Into<String>, protocol: Protocol) -> Self {
-        Self {
-            kind: RejectionKind::BadRequest,
-            message: message.into(),
-            protocol,
-            error: None,
-            name: None,
-            retry_cap: DEFAULT_RETRY_AFTER_CAP,
-            format: Format::Text,
-        }
+        Self::new(RejectionKind::BadRequest, message.into(), protocol, None)
     }
 
     /// Why.
