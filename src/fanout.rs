@@ -203,7 +203,7 @@ fn send(
                 if let Some(after) = after {
                     after.wait(i, deadline).await;
                 }
-                (i, node.call(&call, acquiring).await)
+                (i, node.call(&call, acquiring, deadline).await)
             }
         })
         .collect()

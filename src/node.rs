@@ -29,6 +29,8 @@ use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::sync::Notify;
 use tokio::time::timeout_at;
 
+mod batch;
+
 use crate::error::NodeError;
 use crate::scripts::{self, Call};
 use crate::sentinel::SentinelMaster;
@@ -213,6 +215,8 @@ pub(crate) struct Node {
     state: Mutex<State>,
     changed: Notify,
     consecutive_timeouts: AtomicU32,
+    /// The releases waiting to go out together while another is on its way.
+    releases: batch::Releases,
 }
 
 impl std::fmt::Debug for Node {
@@ -244,6 +248,7 @@ impl Node {
             }),
             changed: Notify::new(),
             consecutive_timeouts: AtomicU32::new(0),
+            releases: batch::Releases::default(),
         }
     }
 
@@ -651,15 +656,35 @@ impl Node {
 
     /// Runs one request (waiting for the connection first if need be). It has no time
     /// limit of its own: the round that sends it bounds all its nodes' calls with one
-    /// timer, and reports a call it gave up on with [`timed_out`](Self::timed_out). With
-    /// `acquiring` (acquire and extend), a quarantined node fails at once.
+    /// timer at `deadline`, and reports a call it gave up on with
+    /// [`timed_out`](Self::timed_out). With `acquiring` (acquire and extend), a
+    /// quarantined node fails at once. A release sent while another is on its way to this
+    /// node waits for it and then goes out together with the others that queued
+    /// meanwhile (see the `batch` module).
     pub(crate) async fn call(
         self: &Arc<Self>,
-        call: &Call,
+        call: &Arc<Call>,
         acquiring: bool,
+        deadline: Instant,
     ) -> Result<Value, NodeError> {
+        if call.is_release() && self.batches_releases() {
+            return self.release(call, deadline).await;
+        }
+        self.call_now(call, acquiring).await
+    }
+
+    /// Runs `call` on the current connection at once.
+    async fn call_now(self: &Arc<Self>, call: &Call, acquiring: bool) -> Result<Value, NodeError> {
         let (mut conn, generation) = self.connection(acquiring).await?;
-        match call.run(&mut conn).await {
+        let answer = call.run(&mut conn).await;
+        self.answered(generation, answer)
+    }
+
+    /// Takes the answer of a request on the connection of `generation`: a request that
+    /// got one clears the count of timeouts; one that shows the connection broken (or the
+    /// master demoted) drops it.
+    fn answered<T>(&self, generation: u64, answer: redis::RedisResult<T>) -> Result<T, NodeError> {
+        match answer {
             Ok(v) => {
                 if self.consecutive_timeouts.load(Ordering::Relaxed) != 0 {
                     self.consecutive_timeouts.store(0, Ordering::Relaxed);
@@ -677,6 +702,16 @@ impl Node {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// Whether releases to this node may go out together in one script call: not on a
+    /// cluster, where the keys of one call must share a hash slot.
+    fn batches_releases(&self) -> bool {
+        match &self.connector {
+            Connector::Direct(_) | Connector::Sentinel(_) => true,
+            #[cfg(feature = "cluster")]
+            Connector::Cluster(_) => false,
         }
     }
 

@@ -162,6 +162,30 @@ end
 return 0
 "#;
 
+/// [`RELEASE`] for many locks of one client at once (a node's releases that queued while
+/// another was on its way): `KEYS[i]` = lock key, `ARGV[i]` = its value, the last `ARGV` =
+/// the releasing client's id. Returns one answer per key: 1 or 0 as [`RELEASE`], or, for
+/// a key that is not a string, `{error message}` (`WRONGTYPE`), which fails that key alone
+/// (a bare error inside the reply would fail the whole call).
+/// It runs the same commands as [`RELEASE`], so the ACL rule of the README covers it.
+const RELEASE_MANY: &str = r#"
+local id = ARGV[#ARGV]
+local out = {}
+for i = 1, #KEYS do
+  local held = redis.pcall('GET', KEYS[i])
+  if type(held) == 'table' and held.err then
+    out[i] = {held.err}
+  elseif held == ARGV[i] then
+    redis.call('DEL', KEYS[i])
+    redis.call('PUBLISH', KEYS[i], id)
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"#;
+
 /// Compare-and-pexpire: resets the TTL only if the key holds our value. Returns 1 or 0.
 const EXTEND: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -193,11 +217,13 @@ pub(crate) static ACQUIRE_FENCED_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_FENCED));
 pub(crate) static FENCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+pub(crate) static RELEASE_MANY_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RELEASE_MANY));
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND));
 pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
 
 /// Every script, for `SCRIPT LOAD` on connect.
-pub(crate) fn all() -> [&'static Script; 8] {
+pub(crate) fn all() -> [&'static Script; 9] {
     [
         &HOLDER_TTL_SCRIPT,
         &ACQUIRE_OR_REPLAY_SCRIPT,
@@ -205,6 +231,7 @@ pub(crate) fn all() -> [&'static Script; 8] {
         &ACQUIRE_FENCED_SCRIPT,
         &FENCE_SCRIPT,
         &RELEASE_SCRIPT,
+        &RELEASE_MANY_SCRIPT,
         &EXTEND_SCRIPT,
         &INSPECT_SCRIPT,
     ]
@@ -279,11 +306,16 @@ impl Request<'_> {
             Self::Script(inv) => Call {
                 cmd: inv.cmd(true),
                 script: Some(inv.script),
+                release: std::ptr::eq(inv.script, &*RELEASE_SCRIPT),
             },
             Self::SetNx { key, value, ttl_ms } => {
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(*key).arg(*value).arg("NX").arg("PX").arg(*ttl_ms);
-                Call { cmd, script: None }
+                Call {
+                    cmd,
+                    script: None,
+                    release: false,
+                }
             }
         }
     }
@@ -295,9 +327,26 @@ pub(crate) struct Call {
     cmd: Cmd,
     /// The script behind `EVALSHA`; `None` for `SET NX PX`.
     script: Option<&'static Script>,
+    /// Whether it is a [`RELEASE`], which a node may send together with others
+    /// ([`release_many`]).
+    release: bool,
 }
 
 impl Call {
+    /// Whether this is a [`RELEASE`], which can go out in one [`release_many`] with others.
+    pub(crate) fn is_release(&self) -> bool {
+        self.release
+    }
+
+    /// The argument at `i` of the command (`EVALSHA sha numkeys key...`: the key of a
+    /// [`RELEASE`] is at 3, its value at 4 and the client id at 5).
+    fn arg(&self, i: usize) -> &[u8] {
+        match self.cmd.args_iter().nth(i) {
+            Some(redis::Arg::Simple(bytes)) => bytes,
+            _ => &[],
+        }
+    }
+
     /// Runs the call on one connection. A script the node no longer has (`NOSCRIPT`) is
     /// sent again with `EVAL`; a `SET NX PX` that finds the key taken asks for the
     /// holder's TTL ([`HOLDER_TTL`]).
@@ -306,20 +355,66 @@ impl Call {
             Some(script) => run_script(&self.cmd, script, conn).await,
             None => match self.cmd.query_async::<Value>(conn).await? {
                 Value::Nil => {
-                    let arg = |i| match self.cmd.args_iter().nth(i) {
-                        Some(redis::Arg::Simple(bytes)) => bytes,
-                        _ => &[],
-                    };
+                    // `SET key value NX PX ttl`: the key is at 1, the value at 2.
                     let holder = Invocation {
                         script: &HOLDER_TTL_SCRIPT,
-                        keys: &[arg(1)],
-                        args: &[Arg::Bytes(arg(2))],
+                        keys: &[self.arg(1)],
+                        args: &[Arg::Bytes(self.arg(2))],
                     };
                     run_script(&holder.cmd(true), &HOLDER_TTL_SCRIPT, conn).await
                 }
                 set => Ok(set),
             },
         }
+    }
+}
+
+/// Runs the [`RELEASE`]s `calls` (all of one client) as one [`RELEASE_MANY`] on `conn`:
+/// one answer per call, in order, each as the call alone would have had it.
+pub(crate) async fn release_many<C: ConnectionLike>(
+    calls: &[impl std::ops::Deref<Target = Call>],
+    conn: &mut C,
+) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(RELEASE_MANY_SCRIPT.sha.as_str()).arg(calls.len());
+    for call in calls {
+        cmd.arg(call.arg(3));
+    }
+    for call in calls {
+        cmd.arg(call.arg(4));
+    }
+    cmd.arg(calls.first().map_or(&[][..], |c| c.arg(5)));
+    let reply = run_script(&cmd, &RELEASE_MANY_SCRIPT, conn).await?;
+    match reply {
+        Value::Array(answers) if answers.len() == calls.len() => {
+            Ok(answers.into_iter().map(key_answer).collect())
+        }
+        other => Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected reply to the batched release script",
+            format!("{other:?}"),
+        ))),
+    }
+}
+
+/// One key's answer in a [`RELEASE_MANY`] reply: `{message}` is the error the key's
+/// `GET` raised, as the server would have sent it for that key alone.
+fn key_answer(answer: Value) -> redis::RedisResult<Value> {
+    match answer {
+        Value::Array(message) => match message.as_slice() {
+            [Value::BulkString(text)] => {
+                let mut error = Vec::with_capacity(text.len() + 3);
+                error.push(b'-');
+                error.extend(text.iter().filter(|&&b| b != b'\r' && b != b'\n'));
+                error.extend_from_slice(b"\r\n");
+                redis::parse_redis_value(&error)?.extract_error()
+            }
+            _ => Err(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "unexpected error in the reply to the batched release script",
+            ))),
+        },
+        other => Ok(other),
     }
 }
 

@@ -796,6 +796,99 @@ async fn an_unfenced_acquisition_is_one_plain_set_per_node() {
     assert_eq!(cluster.command_calls(0, "eval").await, 0);
 }
 
+/// Releases sent to a node while another is on its way go out together, as one script
+/// call, and each still gets its own answer: deleted, not held (another value there), or
+/// the error of its own key (a list), without failing the others.
+#[tokio::test]
+async fn concurrent_releases_go_out_together_and_each_gets_its_own_answer() {
+    const LOCKS: usize = 40;
+    let cluster = Cluster::start(3);
+    let redlock = cluster.client(|b| b.fencing(false)).await;
+    let mut locks = Vec::new();
+    for i in 0..LOCKS {
+        locks.push(redlock.try_lock(format!("batch-{i}")).await.expect("free"));
+    }
+    // Lock 5's key on node 0 becomes a list; lock 7's key on node 1 another client's value.
+    let mut conn = cluster.raw(0).await;
+    let _: () = conn.del("redlock:{batch-5}").await.expect("DEL");
+    let _: () = conn.lpush("redlock:{batch-5}", "x").await.expect("LPUSH");
+    let mut conn = cluster.raw(1).await;
+    let _: () = conn
+        .set("redlock:{batch-7}", "someone-else")
+        .await
+        .expect("SET");
+    cluster.reset_stats().await;
+    let released = futures_util::future::join_all(locks.iter().map(|l| redlock.unlock(l))).await;
+    for (i, r) in released.iter().enumerate() {
+        match i {
+            5 => {
+                assert_eq!((r.released(), r.not_held()), (2, 0), "{r:?}");
+                assert_eq!(r.failures().len(), 1, "{r:?}");
+                assert!(r.failures()[0].to_string().contains("WRONGTYPE"), "{r:?}");
+            }
+            7 => assert_eq!((r.released(), r.not_held()), (2, 1), "{r:?}"),
+            _ => assert_eq!(
+                (r.released(), r.failures().len()),
+                (3, 0),
+                "lock {i}: {r:?}"
+            ),
+        }
+    }
+    for node in 0..3 {
+        let scripts = cluster.command_calls(node, "evalsha").await;
+        assert!(
+            scripts <= LOCKS as u64 / 4,
+            "{scripts} script calls for {LOCKS} releases on node {node}: not batched"
+        );
+        // Every key was read once, whichever script read it.
+        assert_eq!(cluster.command_calls(node, "get").await, LOCKS as u64);
+    }
+    for i in (0..LOCKS).filter(|i| ![5, 7].contains(i)) {
+        assert_eq!(
+            cluster
+                .nodes_holding(format!("redlock:{{batch-{i}}}"))
+                .await,
+            0
+        );
+    }
+    assert_eq!(
+        cluster.get(1, "redlock:{batch-7}").await.as_deref(),
+        Some("someone-else")
+    );
+}
+
+/// Releases queued behind a release to a hung node give up at their deadline like any
+/// call, the others' answers are not held up, and the node takes releases again once it
+/// answers.
+#[tokio::test]
+async fn releases_queued_behind_a_hung_node_time_out_and_it_recovers() {
+    let mut cluster = Cluster::start(3);
+    let redlock = cluster.client(|b| b).await;
+    let mut locks = Vec::new();
+    for i in 0..10 {
+        locks.push(redlock.try_lock(format!("hung-{i}")).await.expect("free"));
+    }
+    cluster.nodes[2].pause();
+    let released = futures_util::future::join_all(locks.iter().map(|l| redlock.unlock(l))).await;
+    for r in &released {
+        assert_eq!(r.released(), 2, "{r:?}");
+        assert!(
+            matches!(r.failures(), [f] if f.error == NodeError::Timeout),
+            "{r:?}"
+        );
+    }
+    cluster.nodes[2].resume();
+    wait_for(
+        "the resumed node to take releases again",
+        Duration::from_secs(10),
+        || async {
+            let lock = redlock.lock("hung-after").await.expect("lock");
+            redlock.unlock(&lock).await.released() == 3
+        },
+    )
+    .await;
+}
+
 /// `Duration::MAX` is a legal setting everywhere: a typed error where it cannot work, and
 /// "no limit" where it means that; never a panic, a hang or a silent stop.
 #[tokio::test]

@@ -1,0 +1,220 @@
+//! Releases to one node that go out together. A release sent to an idle node goes out at
+//! once, alone. While it is on its way, the releases sent after it wait; as soon as it is
+//! answered, they go out as one [`RELEASE_MANY`](crate::scripts) script call, and so on.
+//! Under load a node then runs one script per batch instead of one per lock (a script
+//! call costs the server several times what the `GET`, `DEL` and `PUBLISH` inside it
+//! cost), while a lone release is as fast as before.
+//!
+//! ```text
+//! release A  (node idle)         EVALSHA RELEASE A -------------> answered
+//! release B, C, D (A on its way)   queued                          EVALSHA RELEASE_MANY B C D --> answers
+//! ```
+//!
+//! Every queued release is sent even if its caller stopped waiting (its round ended): a
+//! release must reach the node. Each answer is the one the release alone would have had.
+//! Batching is off for a cluster node, where the keys of one script call must share a
+//! hash slot.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let (a, b) = (redlock.lock("a").await?, redlock.lock("b").await?);
+//! // Released together: `b`'s delete may go out in one batch with others queued behind `a`'s.
+//! let (ra, rb) = tokio::join!(redlock.unlock(&a), redlock.unlock(&b));
+//! assert_eq!((ra.released(), rb.released()), (1, 1));
+//! # Ok(()) }
+//! ```
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use redis::Value;
+use tokio::sync::oneshot;
+
+use super::Node;
+use crate::error::NodeError;
+use crate::scripts::{self, Call};
+
+/// The most releases in one script call.
+const MAX_BATCH: usize = 256;
+
+/// A node's releases that wait for the one on its way.
+#[derive(Default)]
+pub(super) struct Releases(Mutex<State>);
+
+#[derive(Default)]
+struct State {
+    /// A release (alone or a batch) is on its way to the node.
+    busy: bool,
+    /// The releases that wait for it, in the order they came.
+    queue: Vec<Queued>,
+}
+
+/// A release waiting to go out, with where its answer goes.
+struct Queued {
+    call: Arc<Call>,
+    /// When its caller stops waiting: a batch waits for its server until the last one.
+    deadline: Instant,
+    answer: oneshot::Sender<Result<Value, NodeError>>,
+}
+
+impl Releases {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every change keeps the state consistent, so a poisoned lock is still usable.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Up to [`MAX_BATCH`] queued releases, the oldest first.
+    fn take(st: &mut State) -> Vec<Queued> {
+        if st.queue.len() <= MAX_BATCH {
+            std::mem::take(&mut st.queue)
+        } else {
+            st.queue.drain(..MAX_BATCH).collect()
+        }
+    }
+
+    /// Marks the node idle and gives up the queued releases (their callers get an error):
+    /// what is left when no task can send them (the runtime is shutting down).
+    fn abandon(&self) {
+        let dropped = {
+            let mut st = self.state();
+            st.busy = false;
+            std::mem::take(&mut st.queue)
+        };
+        drop(dropped);
+    }
+}
+
+impl Node {
+    /// Sends the release `call`: at once if no release is on its way to this node,
+    /// otherwise with the next batch.
+    pub(super) async fn release(
+        self: &Arc<Self>,
+        call: &Arc<Call>,
+        deadline: Instant,
+    ) -> Result<Value, NodeError> {
+        let queued = {
+            let mut st = self.releases.state();
+            if st.busy {
+                let (answer, answered) = oneshot::channel();
+                st.queue.push(Queued {
+                    call: Arc::clone(call),
+                    deadline,
+                    answer,
+                });
+                Some(answered)
+            } else {
+                st.busy = true;
+                None
+            }
+        };
+        match queued {
+            Some(answered) => answered.await.unwrap_or_else(|_| {
+                Err(NodeError::Connection(
+                    "the release waited for a batch that was dropped (its tokio runtime shut down?)"
+                        .into(),
+                ))
+            }),
+            None => {
+                // Done or dropped, the release hands the node on to what queued meanwhile.
+                let _next = SendQueued(self);
+                self.call_now(call, false).await
+            }
+        }
+    }
+
+    /// The release on its way is answered (or abandoned): sends what queued meanwhile from
+    /// a task of its own, or marks the node idle.
+    fn release_done(self: &Arc<Self>) {
+        let batch = {
+            let mut st = self.releases.state();
+            if st.queue.is_empty() {
+                st.busy = false;
+                return;
+            }
+            Releases::take(&mut st)
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            drop(batch);
+            self.releases.abandon();
+            return;
+        };
+        let node = Arc::clone(self);
+        // Dropped before it ends (the runtime shut down), the task leaves the node idle.
+        let abandoned = Abandoned(Some(Arc::clone(self)));
+        runtime.spawn(async move {
+            let mut abandoned = abandoned;
+            let mut batch = batch;
+            loop {
+                node.send_batch(batch).await;
+                let mut st = node.releases.state();
+                if st.queue.is_empty() {
+                    st.busy = false;
+                    abandoned.0 = None;
+                    return;
+                }
+                batch = Releases::take(&mut st);
+            }
+        });
+    }
+
+    /// Sends `batch` (one script call for all; a lone release as itself) and hands each
+    /// release its answer. The call waits for the server until the last caller's deadline.
+    async fn send_batch(self: &Arc<Self>, batch: Vec<Queued>) {
+        let Some(deadline) = batch.iter().map(|q| q.deadline).max() else {
+            return;
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        if let [lone] = batch.as_slice() {
+            let answer = tokio::time::timeout_at(deadline, self.call_now(&lone.call, false))
+                .await
+                .unwrap_or(Err(NodeError::Timeout));
+            if let Some(q) = batch.into_iter().next() {
+                let _ = q.answer.send(answer);
+            }
+            return;
+        }
+        let calls: Vec<&Call> = batch.iter().map(|q| &*q.call).collect();
+        let answers = tokio::time::timeout_at(deadline, async {
+            let (mut conn, generation) = self.connection(false).await?;
+            let answers = scripts::release_many(&calls, &mut conn).await;
+            self.answered(generation, answers)
+        })
+        .await
+        .unwrap_or(Err(NodeError::Timeout));
+        drop(calls);
+        match answers {
+            Ok(answers) => {
+                for (q, answer) in batch.into_iter().zip(answers) {
+                    let _ = q.answer.send(answer.map_err(NodeError::from));
+                }
+            }
+            Err(error) => {
+                for q in batch {
+                    let _ = q.answer.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Hands the node on to the queued releases when the release on its way is done.
+struct SendQueued<'a>(&'a Arc<Node>);
+
+impl Drop for SendQueued<'_> {
+    fn drop(&mut self) {
+        self.0.release_done();
+    }
+}
+
+/// Leaves the node idle (giving up the queue) if the task sending batches is dropped
+/// before it ends.
+struct Abandoned(Option<Arc<Node>>);
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if let Some(node) = self.0.take() {
+            node.releases.abandon();
+        }
+    }
+}
