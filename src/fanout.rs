@@ -74,20 +74,19 @@ impl std::fmt::Debug for Stragglers {
 
 impl Stragglers {
     /// The calls in `calls`, to the nodes in `pending` of `nodes`, bounded by `deadline`
-    /// (one timer for all of them).
+    /// (one timer for all of them); `state` already knows the calls whose command is on
+    /// its node's connection.
     fn new<F>(
         mut calls: FuturesUnordered<F>,
         nodes: &Arc<[Arc<Node>]>,
         pending: NodeMask,
+        state: Arc<LandingState>,
         deadline: Instant,
     ) -> Self
     where
         F: Future<Output = (usize, Result<Value, NodeError>)> + Send + 'static,
     {
-        let state = Arc::new(LandingState {
-            pending: Mutex::new(pending),
-            changed: Notify::new(),
-        });
+        state.keep_only(pending);
         let marks = Arc::clone(&state);
         let nodes = Arc::clone(nodes);
         let drain = Box::pin(async move {
@@ -127,19 +126,45 @@ impl Stragglers {
     }
 }
 
-/// Tells when a round's [`Stragglers`] are done, node by node: a release to a node waits
-/// for that node's call, so that it cannot overtake a late `SET` of the same lock.
+/// Tells when a round's [`Stragglers`] have landed, node by node: a release to a node
+/// waits for that node's call, so that it cannot overtake a late `SET` of the same lock.
+/// A call has landed once its command is on its node's own connection (a later command
+/// there goes after it), or else once it is done.
 #[derive(Debug, Clone)]
 pub(crate) struct Landing(Arc<LandingState>);
 
 #[derive(Debug)]
-struct LandingState {
-    /// The nodes whose call is still out.
+pub(crate) struct LandingState {
+    /// The nodes whose call has not landed yet.
     pending: Mutex<NodeMask>,
     changed: Notify,
 }
 
 impl LandingState {
+    fn new(pending: NodeMask) -> Arc<Self> {
+        Arc::new(Self {
+            pending: Mutex::new(pending),
+            changed: Notify::new(),
+        })
+    }
+
+    /// Forgets every node not in `mask` (their calls are over).
+    fn keep_only(&self, mask: NodeMask) {
+        let mut pending = self.pending();
+        *pending = NodeMask::matching(64, |i| pending.contains(i) && mask.contains(i));
+    }
+
+    /// Node `i`'s command is on its connection: it has landed as far as later commands
+    /// there are concerned.
+    pub(crate) fn sent(&self, i: usize) {
+        let mut pending = self.pending();
+        if pending.contains(i) {
+            pending.remove(i);
+            drop(pending);
+            self.changed.notify_waiters();
+        }
+    }
+
     fn pending(&self) -> std::sync::MutexGuard<'_, NodeMask> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -189,6 +214,7 @@ fn send(
     to: impl Fn(usize) -> bool,
     acquiring: bool,
     after: Option<&Landing>,
+    landing: Option<&Arc<LandingState>>,
 ) -> FuturesUnordered<impl Future<Output = (usize, Result<Value, NodeError>)> + Send + 'static> {
     let call = Arc::new(request.call());
     let after = after.filter(|l| !l.is_done());
@@ -199,11 +225,17 @@ fn send(
         .map(|(i, node)| {
             let (node, call) = (Arc::clone(node), Arc::clone(&call));
             let after = after.cloned();
+            let landing = landing.cloned();
             async move {
                 if let Some(after) = after {
                     after.wait(i, deadline).await;
                 }
-                (i, node.call(&call, acquiring, deadline).await)
+                let on_sent = || {
+                    if let Some(landing) = &landing {
+                        landing.sent(i);
+                    }
+                };
+                (i, node.call(&call, acquiring, deadline, on_sent).await)
             }
         })
         .collect()
@@ -257,7 +289,9 @@ where
         });
         round.tally.record_outcome(outcome);
     };
-    let mut calls = send(nodes, request, deadline, to, true, None);
+    // Which calls have put their command on their connection, for the stragglers' landing.
+    let landing = LandingState::new(sent);
+    let mut calls = send(nodes, request, deadline, to, true, None, Some(&landing));
     let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
     tokio::pin!(timer);
     while round.tally.decision() == Decision::Pending || round.tally.busy_undecided() || wait_all()
@@ -281,7 +315,7 @@ where
         record(&mut round, i, reply);
     }
     if !calls.is_empty() {
-        round.stragglers = Some(Stragglers::new(calls, nodes, sent, deadline));
+        round.stragglers = Some(Stragglers::new(calls, nodes, sent, landing, deadline));
     }
     round
 }
@@ -311,6 +345,7 @@ where
         |i| !skip.contains(i),
         false,
         landing,
+        None,
     );
     let mut failures = Vec::new();
     // The nodes whose answer is still out.

@@ -30,6 +30,8 @@ use tokio::sync::Notify;
 use tokio::time::timeout_at;
 
 mod batch;
+mod resp;
+mod wire;
 
 use crate::error::NodeError;
 use crate::scripts::{self, Call};
@@ -44,10 +46,12 @@ pub(crate) enum Connector {
     Cluster(Box<redis::cluster::ClusterClient>),
 }
 
-/// A node's connection: one multiplexed connection, or a cluster connection that routes
+/// A node's connection: our own pipelined connection (plain TCP), one redis-rs
+/// multiplexed connection (TLS, Unix sockets, RESP3), or a cluster connection that routes
 /// each command to the shard of its first key.
 #[derive(Clone)]
 pub(crate) enum Conn {
+    Own(wire::Wire),
     Single(MultiplexedConnection),
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
@@ -56,6 +60,7 @@ pub(crate) enum Conn {
 impl redis::aio::ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
+            Self::Own(c) => c.req_packed_command(cmd),
             Self::Single(c) => c.req_packed_command(cmd),
             #[cfg(feature = "cluster")]
             Self::Cluster(c) => c.req_packed_command(cmd),
@@ -69,6 +74,7 @@ impl redis::aio::ConnectionLike for Conn {
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
+            Self::Own(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
             #[cfg(feature = "cluster")]
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
@@ -77,6 +83,7 @@ impl redis::aio::ConnectionLike for Conn {
 
     fn get_db(&self) -> i64 {
         match self {
+            Self::Own(c) => c.get_db(),
             Self::Single(c) => c.get_db(),
             #[cfg(feature = "cluster")]
             Self::Cluster(c) => c.get_db(),
@@ -357,12 +364,23 @@ impl Node {
             }
         };
         let attempt = async {
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(self.settings.connect_timeout))
-                .set_response_timeout(None);
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
+            let mut conn = match wire::plain_tcp(&client) {
+                Some((host, port)) => {
+                    let wire = wire::Wire::connect(host, port).await?;
+                    wire::handshake(&wire, client.get_connection_info().redis_settings()).await?;
+                    Conn::Own(wire)
+                }
+                None => {
+                    let config = AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(self.settings.connect_timeout))
+                        .set_response_timeout(None);
+                    Conn::Single(
+                        client
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await?,
+                    )
+                }
+            };
             // `INFO server` feeds the restart quarantine and the same-server check; a user
             // that may not run it can still lock with the quarantine off.
             let mut pipe = redis::pipe();
@@ -387,7 +405,7 @@ impl Node {
                     String::new()
                 }
             };
-            Ok::<_, redis::RedisError>((Conn::Single(conn), ServerInfo::parse(&info)))
+            Ok::<_, redis::RedisError>((conn, ServerInfo::parse(&info)))
         };
         match timeout_at(deadline, attempt).await {
             Ok(Ok(ok)) => Ok(ok),
@@ -661,22 +679,40 @@ impl Node {
     /// quarantined node fails at once. A release sent while another is on its way to this
     /// node waits for it and then goes out together with the others that queued
     /// meanwhile (see the `batch` module).
+    ///
+    /// `on_sent` runs once the command is on our own connection to the node, where any
+    /// later command goes after it (it never runs on redis-rs's connections).
     pub(crate) async fn call(
         self: &Arc<Self>,
         call: &Arc<Call>,
         acquiring: bool,
         deadline: Instant,
+        on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
         if call.is_release() && self.batches_releases() {
             return self.release(call, deadline).await;
         }
-        self.call_now(call, acquiring).await
+        self.call_now(call, acquiring, on_sent).await
     }
 
-    /// Runs `call` on the current connection at once.
-    async fn call_now(self: &Arc<Self>, call: &Call, acquiring: bool) -> Result<Value, NodeError> {
+    /// Runs `call` on the current connection at once; `on_sent` as for [`call`](Self::call).
+    async fn call_now(
+        self: &Arc<Self>,
+        call: &Call,
+        acquiring: bool,
+        on_sent: impl FnOnce(),
+    ) -> Result<Value, NodeError> {
         let (mut conn, generation) = self.connection(acquiring).await?;
-        let answer = call.run(&mut conn).await;
+        let answer = match &conn {
+            // The hot path: the command encoded once for the round, no boxed future.
+            Conn::Own(wire) => {
+                let reply = wire.request(call.packed());
+                on_sent();
+                let first = reply.await;
+                call.finish(first, &mut conn).await
+            }
+            _ => call.run(&mut conn).await,
+        };
         self.answered(generation, answer)
     }
 

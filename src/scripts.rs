@@ -303,19 +303,15 @@ impl Request<'_> {
     /// node's call, owned so that calls still in flight can finish after the round.
     pub(crate) fn call(&self) -> Call {
         match self {
-            Self::Script(inv) => Call {
-                cmd: inv.cmd(true),
-                script: Some(inv.script),
-                release: std::ptr::eq(inv.script, &*RELEASE_SCRIPT),
-            },
+            Self::Script(inv) => Call::new(
+                inv.cmd(true),
+                Some(inv.script),
+                std::ptr::eq(inv.script, &*RELEASE_SCRIPT),
+            ),
             Self::SetNx { key, value, ttl_ms } => {
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(*key).arg(*value).arg("NX").arg("PX").arg(*ttl_ms);
-                Call {
-                    cmd,
-                    script: None,
-                    release: false,
-                }
+                Call::new(cmd, None, false)
             }
         }
     }
@@ -330,9 +326,21 @@ pub(crate) struct Call {
     /// Whether it is a [`RELEASE`], which a node may send together with others
     /// ([`release_many`]).
     release: bool,
+    /// `cmd` as RESP.
+    packed: Vec<u8>,
 }
 
 impl Call {
+    fn new(cmd: Cmd, script: Option<&'static Script>, release: bool) -> Self {
+        let packed = cmd.get_packed_command();
+        Self {
+            cmd,
+            script,
+            release,
+            packed,
+        }
+    }
+
     /// Whether this is a [`RELEASE`], which can go out in one [`release_many`] with others.
     pub(crate) fn is_release(&self) -> bool {
         self.release
@@ -347,24 +355,43 @@ impl Call {
         }
     }
 
+    /// The command as RESP, encoded once per round for the nodes' own connections.
+    pub(crate) fn packed(&self) -> &[u8] {
+        &self.packed
+    }
+
     /// Runs the call on one connection. A script the node no longer has (`NOSCRIPT`) is
     /// sent again with `EVAL`; a `SET NX PX` that finds the key taken asks for the
     /// holder's TTL ([`HOLDER_TTL`]).
     pub(crate) async fn run<C: ConnectionLike>(&self, conn: &mut C) -> redis::RedisResult<Value> {
-        match self.script {
-            Some(script) => run_script(&self.cmd, script, conn).await,
-            None => match self.cmd.query_async::<Value>(conn).await? {
-                Value::Nil => {
-                    // `SET key value NX PX ttl`: the key is at 1, the value at 2.
-                    let holder = Invocation {
-                        script: &HOLDER_TTL_SCRIPT,
-                        keys: &[self.arg(1)],
-                        args: &[Arg::Bytes(self.arg(2))],
-                    };
-                    run_script(&holder.cmd(true), &HOLDER_TTL_SCRIPT, conn).await
-                }
-                set => Ok(set),
-            },
+        let first = self.cmd.query_async::<Value>(conn).await;
+        self.finish(first, conn).await
+    }
+
+    /// The rest of the call once the node answered its command with `first`: the `EVAL`
+    /// fallback of a script, or the holder's TTL for a `SET NX PX` that found the key
+    /// taken; otherwise `first` itself.
+    pub(crate) async fn finish<C: ConnectionLike>(
+        &self,
+        first: redis::RedisResult<Value>,
+        conn: &mut C,
+    ) -> redis::RedisResult<Value> {
+        match (self.script, first) {
+            (Some(script), Err(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                eval_instead(&self.cmd, script, conn).await
+            }
+            (None, Ok(Value::Nil)) => {
+                // `SET key value NX PX ttl`: the key is at 1, the value at 2.
+                let holder = Invocation {
+                    script: &HOLDER_TTL_SCRIPT,
+                    keys: &[self.arg(1)],
+                    args: &[Arg::Bytes(self.arg(2))],
+                };
+                run_script(&holder.cmd(true), &HOLDER_TTL_SCRIPT, conn).await
+            }
+            (_, first) => first,
         }
     }
 }
@@ -427,18 +454,28 @@ async fn run_script<C: ConnectionLike>(
 ) -> redis::RedisResult<Value> {
     match by_sha.query_async::<Value>(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            // The keys and arguments are those after `EVALSHA sha`.
-            let mut eval = redis::cmd("EVAL");
-            eval.arg(script.code);
-            for arg in by_sha.args_iter().skip(2) {
-                if let redis::Arg::Simple(bytes) = arg {
-                    eval.arg(bytes);
-                }
-            }
-            eval.query_async::<Value>(conn).await
+            eval_instead(by_sha, script, conn).await
         }
         other => other,
     }
+}
+
+/// `by_sha` (the `EVALSHA` of `script`) sent again as `EVAL`, with the same keys and
+/// arguments; this also caches the script on the node again.
+async fn eval_instead<C: ConnectionLike>(
+    by_sha: &Cmd,
+    script: &Script,
+    conn: &mut C,
+) -> redis::RedisResult<Value> {
+    // The keys and arguments are those after `EVALSHA sha`.
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script.code);
+    for arg in by_sha.args_iter().skip(2) {
+        if let redis::Arg::Simple(bytes) = arg {
+            eval.arg(bytes);
+        }
+    }
+    eval.query_async::<Value>(conn).await
 }
 
 impl Invocation<'_> {

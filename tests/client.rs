@@ -889,6 +889,61 @@ async fn releases_queued_behind_a_hung_node_time_out_and_it_recovers() {
     .await;
 }
 
+/// A node connection the server cuts (`CLIENT KILL`) fails the calls on it at once with a
+/// connection error, never a timeout, and is replaced without user action.
+#[tokio::test]
+async fn a_connection_the_server_cuts_fails_fast_and_is_replaced() {
+    let cluster = Cluster::start(1);
+    let redlock = builder(cluster.urls())
+        .ttl(Duration::from_secs(60))
+        .node_timeout(Duration::from_secs(2))
+        .max_attempts(1)
+        .build()
+        .expect("build");
+    support::warm(&redlock).await;
+    let held = redlock.try_lock("cut-held").await.expect("lock");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query_async(&mut cluster.raw(0).await)
+        .await
+        .expect("CLIENT KILL");
+    assert!(killed >= 1, "the client's connection was cut");
+    let mut attempts = 0;
+    wait_for("a new connection", Duration::from_secs(10), || {
+        attempts += 1;
+        let redlock = &redlock;
+        let attempt = attempts;
+        async move {
+            let t = Instant::now();
+            match redlock.try_lock(format!("cut-{attempt}")).await {
+                Ok(lock) => {
+                    redlock.unlock(&lock).await;
+                    true
+                }
+                Err(LockError::NoQuorum { failures, .. }) => {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(1),
+                        "a cut connection waited for the 2 s node timeout: {failures:?}"
+                    );
+                    for f in &failures {
+                        assert!(
+                            matches!(f.error, NodeError::Connection(_) | NodeError::Refused),
+                            "{failures:?}"
+                        );
+                    }
+                    false
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+    })
+    .await;
+    // The lock taken before the cut is still there and released on the new connection.
+    assert_eq!(redlock.unlock(&held).await.released(), 1);
+}
+
 /// `Duration::MAX` is a legal setting everywhere: a typed error where it cannot work, and
 /// "no limit" where it means that; never a panic, a hang or a silent stop.
 #[tokio::test]

@@ -875,6 +875,47 @@ async fn with_replay_retries_after_completion_get_the_first_response() {
     }
 }
 
+/// A recorded response of 300 KB goes to the nodes and comes back intact: the replies
+/// arrive over many reads of the node connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_large_response_is_recorded_and_replayed_intact() {
+    let cluster = Cluster::start(3);
+    let body: String = (0..300_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (body, runs) = (body.clone(), runs.clone());
+        move || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let body = body.clone();
+            async move { body }
+        }
+    };
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
+        .fencing(false)
+        .replay_policy(
+            tower_redlock::layer::ReplayPolicy::new(Duration::from_secs(60)).max_body(1 << 20),
+        );
+    let addr = serve(
+        Router::new()
+            .route("/big", post(handler))
+            .route_layer(layer),
+    )
+    .await;
+    let client = http1();
+    for round in 0..3 {
+        let reply = send(
+            &client,
+            post_req(addr, "/big", Some((KEY_HEADER, "evt-big"))),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "round {round}");
+        assert!(reply.body == body, "round {round}: the body changed");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_replay_5xx_is_not_kept_and_records_expire() {
     let cluster = Cluster::start(3);

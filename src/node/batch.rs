@@ -118,7 +118,7 @@ impl Node {
             None => {
                 // Done or dropped, the release hands the node on to what queued meanwhile.
                 let _next = SendQueued(self);
-                self.call_now(call, false).await
+                self.call_now(call, false, || {}).await
             }
         }
     }
@@ -166,7 +166,7 @@ impl Node {
         };
         let deadline = tokio::time::Instant::from_std(deadline);
         if let [lone] = batch.as_slice() {
-            let answer = tokio::time::timeout_at(deadline, self.call_now(&lone.call, false))
+            let answer = tokio::time::timeout_at(deadline, self.call_now(&lone.call, false, || {}))
                 .await
                 .unwrap_or(Err(NodeError::Timeout));
             if let Some(q) = batch.into_iter().next() {

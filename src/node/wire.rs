@@ -1,0 +1,535 @@
+//! The node's own pipelined connection over plain TCP: every lock of the client shares
+//! it, as they would share a `redis::aio::MultiplexedConnection`, at a fraction of the cost
+//! per call. A request is written by its caller when nothing else is on its way (no task
+//! hop on an idle connection), and otherwise appended to one buffer that the connection's
+//! task writes in one go: at once when few replies are still to come, else right after it
+//! hands out the next replies (many requests per write under load). Replies are matched to requests in order, each into a
+//! small shared slot the caller waits on; a caller that stops waiting leaves its slot,
+//! and the reply is dropped when it arrives.
+//!
+//! Nodes reached over TLS or a Unix socket, with RESP3 asked for, or in a cluster use
+//! redis-rs's connections instead.
+//!
+//! ```text
+//! caller:  send(SET ...)  --idle------> try_write now                  --> await slot
+//!                         --shallow---> append to `out`, wake the task --> await slot
+//!                         --deep------> append to `out`                --> await slot
+//! task:    readable -> parse replies -> fill slots in order -> write what `out` holds
+//! ```
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // A plain `redis://` node uses this connection; nothing to configure.
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let lock = redlock.lock("invoice:42").await?;
+//! redlock.unlock(&lock).await;
+//! # Ok(()) }
+//! ```
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use redis::{RedisError, RedisResult, Value};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::Notify;
+
+use super::resp;
+
+/// With fewer replies than this still to come, a request wakes the task to write it now;
+/// with more, it waits for the task to write it after handing out the next replies.
+const SHALLOW: usize = 4;
+
+/// How much the task reads at most per read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// A handle on the connection; clones share it. When the last handle is gone the task
+/// closes the socket (requests still out then fail).
+#[derive(Clone)]
+pub(crate) struct Wire(Arc<Handle>);
+
+struct Handle(Arc<Shared>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.0.state().closed = true;
+        self.0.wake.notify_one();
+    }
+}
+
+struct Shared {
+    /// The socket's writing half: the task writes, and so does a caller that finds the
+    /// connection idle (under the state lock, with nothing left unwritten).
+    writing: OwnedWriteHalf,
+    state: Mutex<State>,
+    /// Wakes the task: there is something to write, or it should stop.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Requests not yet handed to the task for writing.
+    out: Vec<u8>,
+    /// The slot of each reply still to come, in order (a request of n commands has n).
+    waiting: VecDeque<Arc<Slot>>,
+    /// The task was woken to write `out` and has not taken it yet.
+    write_asked: bool,
+    /// The task holds bytes it took from `out` and has not fully written.
+    task_writing: bool,
+    /// Why the connection can no longer be used.
+    broken: Option<Broken>,
+    /// Every handle is gone.
+    closed: bool,
+}
+
+/// Why a connection broke, kept to fail later requests with.
+#[derive(Clone)]
+enum Broken {
+    Io(io::ErrorKind, String),
+    Protocol(String),
+}
+
+impl Broken {
+    fn error(&self) -> RedisError {
+        match self {
+            Self::Io(kind, message) => RedisError::from(io::Error::new(*kind, message.clone())),
+            Self::Protocol(message) => RedisError::from((
+                redis::ErrorKind::Parse,
+                "the server's reply is not RESP2",
+                message.clone(),
+            )),
+        }
+    }
+
+    fn io(e: &io::Error) -> Self {
+        Self::Io(e.kind(), e.to_string())
+    }
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every change leaves the state consistent, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks the connection broken and fails every request still out.
+    fn break_with(&self, why: Broken) {
+        let waiting = {
+            let mut st = self.state();
+            if st.broken.is_none() {
+                st.broken = Some(why.clone());
+            }
+            st.out = Vec::new();
+            std::mem::take(&mut st.waiting)
+        };
+        let mut last: Option<Arc<Slot>> = None;
+        for slot in waiting {
+            // The slots of one request are next to each other: fail each once.
+            if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &slot)) {
+                continue;
+            }
+            slot.fail(why.error());
+            last = Some(slot);
+        }
+    }
+}
+
+/// Where the replies of one request go.
+struct Slot(Mutex<SlotState>);
+
+struct SlotState {
+    /// Replies still to come.
+    expected: usize,
+    got: Got,
+    waker: Option<Waker>,
+}
+
+enum Got {
+    Nothing,
+    One(Value),
+    Many(Vec<Value>),
+    Failed(RedisError),
+    /// The caller took the result.
+    Taken,
+}
+
+impl Slot {
+    fn new(expected: usize) -> Self {
+        Self(Mutex::new(SlotState {
+            expected,
+            got: Got::Nothing,
+            waker: None,
+        }))
+    }
+
+    fn state(&self) -> MutexGuard<'_, SlotState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn deliver(&self, value: Value) {
+        let waker = {
+            let mut st = self.state();
+            st.expected = st.expected.saturating_sub(1);
+            st.got = match std::mem::replace(&mut st.got, Got::Nothing) {
+                Got::Nothing if st.expected == 0 => Got::One(value),
+                Got::Nothing => Got::Many(vec![value]),
+                Got::Many(mut values) => {
+                    values.push(value);
+                    Got::Many(values)
+                }
+                other => other,
+            };
+            if st.expected == 0 {
+                st.waker.take()
+            } else {
+                None
+            }
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    fn fail(&self, error: RedisError) {
+        let waker = {
+            let mut st = self.state();
+            st.expected = 0;
+            st.got = Got::Failed(error);
+            st.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// The replies to one request, once all have arrived.
+pub(crate) struct Replies(Arc<Slot>);
+
+impl Future for Replies {
+    type Output = RedisResult<Vec<Value>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut st = self.0.state();
+        if st.expected > 0 {
+            match &st.waker {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => st.waker = Some(cx.waker().clone()),
+            }
+            return Poll::Pending;
+        }
+        Poll::Ready(match std::mem::replace(&mut st.got, Got::Taken) {
+            Got::One(v) => Ok(vec![v]),
+            Got::Many(values) => Ok(values),
+            Got::Failed(e) => Err(e),
+            Got::Nothing => Ok(Vec::new()),
+            Got::Taken => Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "the replies were already taken",
+            ))),
+        })
+    }
+}
+
+/// The reply to a one-command request, with a server error as `Err`.
+pub(crate) struct Reply(Arc<Slot>);
+
+impl Future for Reply {
+    type Output = RedisResult<Value>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut st = self.0.state();
+        if st.expected > 0 {
+            match &st.waker {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => st.waker = Some(cx.waker().clone()),
+            }
+            return Poll::Pending;
+        }
+        Poll::Ready(match std::mem::replace(&mut st.got, Got::Taken) {
+            Got::One(v) => v.extract_error(),
+            Got::Failed(e) => Err(e),
+            Got::Many(_) | Got::Nothing | Got::Taken => Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "not a one-command request",
+            ))),
+        })
+    }
+}
+
+impl Wire {
+    /// Connects to `host:port` (no handshake: the caller sends `AUTH` and the like as its
+    /// first requests) and starts the connection's task. Must be called within a tokio
+    /// runtime.
+    pub(crate) async fn connect(host: &str, port: u16) -> io::Result<Self> {
+        let stream = TcpStream::connect((host, port)).await?;
+        stream.set_nodelay(true)?;
+        let (reading, writing) = stream.into_split();
+        let shared = Arc::new(Shared {
+            writing,
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+        });
+        tokio::spawn(drive(Arc::clone(&shared), reading));
+        Ok(Self(Arc::new(Handle(shared))))
+    }
+
+    /// Sends `packed` (one or more commands, as RESP) and expects `replies` replies; the
+    /// slot they fill.
+    fn send(&self, packed: &[u8], replies: usize) -> Arc<Slot> {
+        let shared = &self.0.0;
+        let slot = Arc::new(Slot::new(replies));
+        let mut st = shared.state();
+        if let Some(broken) = &st.broken {
+            slot.fail(broken.error());
+            return slot;
+        }
+        // On an idle connection the caller writes itself, sparing a task wake-up. With
+        // many replies still to come, the task writes `out` when it hands them out (many
+        // requests per write); with few, it is woken to write now.
+        let in_flight = st.waiting.len();
+        let idle = in_flight == 0;
+        for _ in 0..replies {
+            st.waiting.push_back(Arc::clone(&slot));
+        }
+        let mut rest = packed;
+        if idle && st.out.is_empty() && !st.task_writing {
+            match write(&shared.writing, packed) {
+                Ok(n) => rest = &packed[n..],
+                Err(why) => {
+                    drop(st);
+                    shared.break_with(why);
+                    return slot;
+                }
+            }
+        }
+        if rest.is_empty() {
+            return slot;
+        }
+        st.out.extend_from_slice(rest);
+        if in_flight < SHALLOW && !st.write_asked {
+            st.write_asked = true;
+            drop(st);
+            shared.wake.notify_one();
+        }
+        slot
+    }
+
+    /// Sends one command; its reply, a server error being `Err`.
+    pub(crate) fn request(&self, packed: &[u8]) -> Reply {
+        Reply(self.send(packed, 1))
+    }
+
+    /// Sends `commands` commands at once; their replies, errors among them as values.
+    pub(crate) fn pipeline(&self, packed: &[u8], commands: usize) -> Replies {
+        Replies(self.send(packed, commands))
+    }
+}
+
+impl redis::aio::ConnectionLike for Wire {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        let reply = self.request(&cmd.get_packed_command());
+        Box::pin(reply)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        let replies = self.pipeline(&pipeline.get_packed_pipeline(), offset + count);
+        Box::pin(async move {
+            let mut values = replies.await?;
+            Ok(values.split_off(offset.min(values.len())))
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// The connection's task: reads and hands out replies, writes what callers left in `out`
+/// (it alone writes, outside the lock), and closes the socket when every handle is gone.
+async fn drive(shared: Arc<Shared>, mut reading: OwnedReadHalf) {
+    // However the task ends (even dropped by a runtime shutting down), requests fail at
+    // once from then on, so the node reconnects.
+    let _stopped = Stopped(&shared);
+    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    // What the task took from `out` and has not fully written yet.
+    let mut unwritten: Vec<u8> = Vec::new();
+    loop {
+        {
+            let mut st = shared.state();
+            if st.closed || st.broken.is_some() {
+                break;
+            }
+            st.write_asked = false;
+            if unwritten.is_empty() {
+                std::mem::swap(&mut unwritten, &mut st.out);
+            }
+            st.task_writing = !unwritten.is_empty();
+        }
+        if !unwritten.is_empty() {
+            match write(&shared.writing, &unwritten) {
+                Ok(n) => {
+                    unwritten.drain(..n);
+                }
+                Err(why) => {
+                    shared.break_with(why);
+                    break;
+                }
+            }
+            if unwritten.is_empty() {
+                shared.state().task_writing = false;
+            }
+        }
+        buf.reserve(READ_CHUNK);
+        tokio::select! {
+            biased;
+            read = reading.read_buf(&mut buf) => {
+                let why = match read {
+                    Ok(0) => Some(Broken::Io(
+                        io::ErrorKind::UnexpectedEof,
+                        "the server closed the connection".into(),
+                    )),
+                    Ok(_) => None,
+                    Err(e) => Some(Broken::io(&e)),
+                };
+                if let Some(why) = why.or_else(|| hand_out(&shared, &mut buf).err()) {
+                    shared.break_with(why);
+                    break;
+                }
+            }
+            ready = shared.writing.writable(), if !unwritten.is_empty() => {
+                if let Err(e) = ready {
+                    shared.break_with(Broken::io(&e));
+                    break;
+                }
+            }
+            () = shared.wake.notified() => {}
+        }
+    }
+}
+
+/// Breaks the connection when its task ends.
+struct Stopped<'a>(&'a Shared);
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        if self.0.state().broken.is_none() {
+            self.0.break_with(Broken::Io(
+                io::ErrorKind::NotConnected,
+                "the connection's task stopped (closed, or its tokio runtime shut down)".into(),
+            ));
+        }
+    }
+}
+
+/// Writes as much of `bytes` as the socket takes now; how much it took.
+fn write(writing: &OwnedWriteHalf, bytes: &[u8]) -> Result<usize, Broken> {
+    let mut written = 0;
+    while written < bytes.len() {
+        match writing.try_write(&bytes[written..]) {
+            Ok(0) => return Err(Broken::Io(io::ErrorKind::WriteZero, "wrote 0 bytes".into())),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(Broken::io(&e)),
+        }
+    }
+    Ok(written)
+}
+
+/// Hands out every complete reply in `buf` to its request, in order.
+fn hand_out(shared: &Shared, buf: &mut Vec<u8>) -> Result<(), Broken> {
+    let mut used = 0;
+    let mut values = Vec::new();
+    let mut failed = None;
+    loop {
+        match resp::parse(&buf[used..]) {
+            Ok(Some((value, n))) => {
+                used += n;
+                values.push(value);
+            }
+            Ok(None) => break,
+            Err(message) => {
+                failed = Some(Broken::Protocol(message));
+                break;
+            }
+        }
+    }
+    buf.drain(..used);
+    let mut slots = Vec::with_capacity(values.len());
+    {
+        let mut st = shared.state();
+        for _ in 0..values.len() {
+            match st.waiting.pop_front() {
+                Some(slot) => slots.push(slot),
+                None => {
+                    failed = Some(Broken::Protocol("a reply to no request".into()));
+                    break;
+                }
+            }
+        }
+    }
+    for (slot, value) in slots.into_iter().zip(values) {
+        slot.deliver(value);
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// The address of `client` when our own connection can serve it: plain TCP speaking RESP2.
+pub(crate) fn plain_tcp(client: &redis::Client) -> Option<(&str, u16)> {
+    let info = client.get_connection_info();
+    match info.addr() {
+        redis::ConnectionAddr::Tcp(host, port)
+            if info.redis_settings().protocol() == redis::ProtocolVersion::RESP2 =>
+        {
+            Some((host.as_str(), *port))
+        }
+        _ => None,
+    }
+}
+
+/// Authenticates and selects the database as `settings` say, in one round trip. A wrong
+/// user or password is `AuthenticationFailed`, without the credentials in the message.
+pub(crate) async fn handshake(
+    wire: &Wire,
+    settings: &redis::RedisConnectionInfo,
+) -> RedisResult<()> {
+    let mut pipe = redis::pipe();
+    let authenticates = settings.password().is_some();
+    if let Some(password) = settings.password() {
+        let auth = pipe.cmd("AUTH");
+        if let Some(user) = settings.username() {
+            auth.arg(user);
+        }
+        auth.arg(password);
+    }
+    if settings.db() != 0 {
+        pipe.cmd("SELECT").arg(settings.db());
+    }
+    if pipe.is_empty() {
+        return Ok(());
+    }
+    let commands = usize::from(authenticates) + usize::from(settings.db() != 0);
+    let replies = wire.pipeline(&pipe.get_packed_pipeline(), commands).await?;
+    for (i, reply) in replies.into_iter().enumerate() {
+        if let Err(e) = reply.extract_error() {
+            if authenticates && i == 0 {
+                return Err(RedisError::from((
+                    redis::ErrorKind::AuthenticationFailed,
+                    "Password authentication failed",
+                )));
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
