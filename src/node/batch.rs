@@ -35,6 +35,10 @@ use super::Node;
 use crate::error::NodeError;
 use crate::scripts::{self, Call};
 
+/// How many releases (alone or batches) may be on their way to a node at once; the
+/// others queue for the next batch.
+const MAX_IN_FLIGHT: usize = 1;
+
 /// The most releases in one script call.
 const MAX_BATCH: usize = 256;
 
@@ -44,8 +48,8 @@ pub(super) struct Releases(Mutex<State>);
 
 #[derive(Default)]
 struct State {
-    /// A release (alone or a batch) is on its way to the node.
-    busy: bool,
+    /// Releases (alone or batches) on their way to the node.
+    in_flight: usize,
     /// The releases that wait for it, in the order they came.
     queue: Vec<Queued>,
 }
@@ -78,7 +82,7 @@ impl Releases {
     fn abandon(&self) {
         let dropped = {
             let mut st = self.state();
-            st.busy = false;
+            st.in_flight = 0;
             std::mem::take(&mut st.queue)
         };
         drop(dropped);
@@ -95,7 +99,7 @@ impl Node {
     ) -> Result<Value, NodeError> {
         let queued = {
             let mut st = self.releases.state();
-            if st.busy {
+            if st.in_flight >= MAX_IN_FLIGHT {
                 let (answer, answered) = oneshot::channel();
                 st.queue.push(Queued {
                     call: Arc::clone(call),
@@ -104,7 +108,7 @@ impl Node {
                 });
                 Some(answered)
             } else {
-                st.busy = true;
+                st.in_flight += 1;
                 None
             }
         };
@@ -129,7 +133,7 @@ impl Node {
         let batch = {
             let mut st = self.releases.state();
             if st.queue.is_empty() {
-                st.busy = false;
+                st.in_flight = st.in_flight.saturating_sub(1);
                 return;
             }
             Releases::take(&mut st)
@@ -149,7 +153,7 @@ impl Node {
                 node.send_batch(batch).await;
                 let mut st = node.releases.state();
                 if st.queue.is_empty() {
-                    st.busy = false;
+                    st.in_flight = st.in_flight.saturating_sub(1);
                     abandoned.0 = None;
                     return;
                 }
