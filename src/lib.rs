@@ -4,10 +4,10 @@
 //! distributed lock over N independent Redis masters, as a client ([`Redlock`]) and as
 //! tower middleware ([`RedlockLayer`]) for axum, tonic and hyper.
 //!
-//! [`Redlock`] follows the algorithm exactly: `SET key value NX PX ttl` (in a script) with a
-//! fresh 20-byte value from the OS CSPRNG, sent to all nodes at once over one shared
-//! multiplexed connection per node, each call bounded by a per-node timeout far below the
-//! TTL. The lock is held only with a quorum (`N/2 + 1`) and while
+//! [`Redlock`] follows the algorithm exactly: `SET key value NX PX ttl` (a script only
+//! with fencing) with a fresh 20-byte value from the OS CSPRNG, sent to all nodes at once
+//! over one shared pipelined connection per node, each call bounded by a per-node timeout
+//! far below the TTL. The lock is held only with a quorum (`N/2 + 1`) and while
 //! `ttl - elapsed - drift` is positive; a failed attempt releases on every node; release
 //! and extend are atomic compare-and-delete / compare-and-pexpire scripts; retries wait a
 //! random jitter.

@@ -1,7 +1,11 @@
 //! One Redis master: its supervised connection, script loading and server identity.
 //!
-//! Each node keeps one `redis::aio::MultiplexedConnection`, shared by every lock of the
-//! client. A background task (re)connects: it opens the connection, reads `INFO server`
+//! Each node keeps one pipelined connection, shared by every lock of the client: our own
+//! ([`wire`]) for a plain-TCP node speaking RESP2, a `redis::aio::MultiplexedConnection`
+//! for TLS, Unix sockets or RESP3, redis-rs's cluster connection for a cluster. Releases
+//! that come while another is on its way go out together ([`batch`]). A background task
+//! (re)connects: it opens the connection (authenticating and selecting the database as
+//! the URL says), reads `INFO server`
 //! (run id, uptime, version) and loads the scripts, all in one round trip. The connection
 //! is rebuilt after an I/O or protocol error, or after several consecutive timeouts (a hung
 //! server); failed connects back off exponentially. While a node is down, operations fail
