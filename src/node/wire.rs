@@ -208,14 +208,10 @@ impl Slot {
     }
 }
 
-/// The replies to one request, once all have arrived.
-pub(crate) struct Replies(Arc<Slot>);
-
-impl Future for Replies {
-    type Output = RedisResult<Vec<Value>>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut st = self.0.state();
+impl Slot {
+    /// What arrived, once everything has (taking it), or `Pending` with `cx` to wake.
+    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Got> {
+        let mut st = self.state();
         if st.expected > 0 {
             match &st.waker {
                 Some(w) if w.will_wake(cx.waker()) => {}
@@ -223,7 +219,18 @@ impl Future for Replies {
             }
             return Poll::Pending;
         }
-        Poll::Ready(match std::mem::replace(&mut st.got, Got::Taken) {
+        Poll::Ready(std::mem::replace(&mut st.got, Got::Taken))
+    }
+}
+
+/// The replies to one request, once all have arrived.
+pub(crate) struct Replies(Arc<Slot>);
+
+impl Future for Replies {
+    type Output = RedisResult<Vec<Value>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.poll_take(cx).map(|got| match got {
             Got::One(v) => Ok(vec![v]),
             Got::Many(values) => Ok(values),
             Got::Failed(e) => Err(e),
@@ -243,15 +250,7 @@ impl Future for Reply {
     type Output = RedisResult<Value>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut st = self.0.state();
-        if st.expected > 0 {
-            match &st.waker {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => st.waker = Some(cx.waker().clone()),
-            }
-            return Poll::Pending;
-        }
-        Poll::Ready(match std::mem::replace(&mut st.got, Got::Taken) {
+        self.0.poll_take(cx).map(|got| match got {
             Got::One(v) => v.extract_error(),
             Got::Failed(e) => Err(e),
             Got::Many(_) | Got::Nothing | Got::Taken => Err(RedisError::from((
@@ -465,6 +464,10 @@ fn hand_out(shared: &Shared, buf: &mut Vec<u8>) -> Result<(), Broken> {
         }
     }
     buf.drain(..used);
+    if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
+        // A large reply is past: give its memory back.
+        buf.shrink_to(READ_CHUNK);
+    }
     let mut slots = Vec::with_capacity(values.len());
     {
         let mut st = shared.state();
