@@ -216,7 +216,8 @@ fn send(
     after: Option<&Landing>,
     landing: Option<&Arc<LandingState>>,
 ) -> FuturesUnordered<impl Future<Output = (usize, Result<Value, NodeError>)> + Send + 'static> {
-    let call = Arc::new(request.call());
+    let alone = (0..nodes.len()).filter(|i| to(*i)).count() == 1;
+    let call = Arc::new(request.call().sent_alone(alone));
     let after = after.filter(|l| !l.is_done());
     nodes
         .iter()

@@ -710,7 +710,7 @@ impl Node {
         let answer = match &conn {
             // The hot path: the command encoded once for the round, no boxed future.
             Conn::Own(wire) => {
-                let reply = wire.request(call.packed());
+                let reply = wire.request(call.packed(), call.alone());
                 on_sent();
                 let first = reply.await;
                 call.finish(first, &mut conn).await

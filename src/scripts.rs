@@ -328,6 +328,8 @@ pub(crate) struct Call {
     release: bool,
     /// `cmd` as RESP.
     packed: Vec<u8>,
+    /// Whether the round sends it to one node only (see [`Call::alone`]).
+    alone: bool,
 }
 
 impl Call {
@@ -338,7 +340,22 @@ impl Call {
             script,
             release,
             packed,
+            alone: false,
         }
+    }
+
+    /// Marks the call as sent to one node only.
+    pub(crate) fn sent_alone(mut self, alone: bool) -> Self {
+        self.alone = alone;
+        self
+    }
+
+    /// Whether the round sends it to one node only: the caller may then write it to the
+    /// connection itself. To several nodes, each connection's task writes it, so that the
+    /// writes run side by side instead of one after another on the caller's thread (which
+    /// would also delay what the caller does next, such as waking a waiter).
+    pub(crate) fn alone(&self) -> bool {
+        self.alone
     }
 
     /// Whether this is a [`RELEASE`], which can go out in one [`release_many`] with others.

@@ -1,9 +1,11 @@
 //! The node's own pipelined connection over plain TCP: every lock of the client shares
 //! it, as they would share a `redis::aio::MultiplexedConnection`, at a fraction of the cost
-//! per call. A request is written by its caller when nothing else is on its way (no task
-//! hop on an idle connection), and otherwise appended to one buffer that the connection's
-//! task writes in one go: at once when few replies are still to come, else right after it
-//! hands out the next replies (many requests per write under load). Replies are matched to requests in order, each into a
+//! per call. A request to one node only is written by its caller when nothing else is on
+//! its way (no task hop on an idle connection). Otherwise it is appended to one buffer
+//! that the connection's task writes in one go: at once when few replies are still to
+//! come, else right after it hands out the next replies (many requests per write under
+//! load). A round to several nodes leaves the writing to their tasks, so the writes run
+//! side by side rather than one after another on the caller's thread. Replies are matched to requests in order, each into a
 //! small shared slot the caller waits on; a caller that stops waiting leaves its slot,
 //! and the reply is dropped when it arrives.
 //!
@@ -11,9 +13,9 @@
 //! redis-rs's connections instead.
 //!
 //! ```text
-//! caller:  send(SET ...)  --idle------> try_write now                  --> await slot
-//!                         --shallow---> append to `out`, wake the task --> await slot
-//!                         --deep------> append to `out`                --> await slot
+//! caller:  send(SET ...)  --alone, idle> try_write now                 --> await slot
+//!                         --shallow----> append to `out`, wake the task --> await slot
+//!                         --deep-------> append to `out`                --> await slot
 //! task:    readable -> parse replies -> fill slots in order -> write what `out` holds
 //! ```
 //!
@@ -280,7 +282,7 @@ impl Wire {
 
     /// Sends `packed` (one or more commands, as RESP) and expects `replies` replies; the
     /// slot they fill.
-    fn send(&self, packed: &[u8], replies: usize) -> Arc<Slot> {
+    fn send(&self, packed: &[u8], replies: usize, inline: bool) -> Arc<Slot> {
         let shared = &self.0.0;
         let slot = Arc::new(Slot::new(replies));
         let mut st = shared.state();
@@ -288,7 +290,7 @@ impl Wire {
             slot.fail(broken.error());
             return slot;
         }
-        // On an idle connection the caller writes itself, sparing a task wake-up. With
+        // On an idle connection an `inline` caller writes itself, sparing a task wake-up. With
         // many replies still to come, the task writes `out` when it hands them out (many
         // requests per write); with few, it is woken to write now.
         let in_flight = st.waiting.len();
@@ -297,7 +299,7 @@ impl Wire {
             st.waiting.push_back(Arc::clone(&slot));
         }
         let mut rest = packed;
-        if idle && st.out.is_empty() && !st.task_writing {
+        if inline && idle && st.out.is_empty() && !st.task_writing {
             match write(&shared.writing, packed) {
                 Ok(n) => rest = &packed[n..],
                 Err(why) => {
@@ -319,20 +321,21 @@ impl Wire {
         slot
     }
 
-    /// Sends one command; its reply, a server error being `Err`.
-    pub(crate) fn request(&self, packed: &[u8]) -> Reply {
-        Reply(self.send(packed, 1))
+    /// Sends one command; its reply, a server error being `Err`. With `inline`, the
+    /// caller writes it itself if the connection is idle.
+    pub(crate) fn request(&self, packed: &[u8], inline: bool) -> Reply {
+        Reply(self.send(packed, 1, inline))
     }
 
     /// Sends `commands` commands at once; their replies, errors among them as values.
     pub(crate) fn pipeline(&self, packed: &[u8], commands: usize) -> Replies {
-        Replies(self.send(packed, commands))
+        Replies(self.send(packed, commands, true))
     }
 }
 
 impl redis::aio::ConnectionLike for Wire {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
-        let reply = self.request(&cmd.get_packed_command());
+        let reply = self.request(&cmd.get_packed_command(), true);
         Box::pin(reply)
     }
 
