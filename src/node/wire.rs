@@ -358,7 +358,8 @@ impl redis::aio::ConnectionLike for Wire {
 }
 
 /// The connection's task: reads and hands out replies, writes what callers left in `out`
-/// (it alone writes, outside the lock), and closes the socket when every handle is gone.
+/// (outside the lock; a caller writes only while the task holds nothing unwritten), and
+/// closes the socket when every handle is gone.
 async fn drive(shared: Arc<Shared>, mut reading: OwnedReadHalf) {
     // However the task ends (even dropped by a runtime shutting down), requests fail at
     // once from then on, so the node reconnects.
