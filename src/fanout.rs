@@ -13,6 +13,7 @@
 //! ```
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Instant;
@@ -138,6 +139,9 @@ pub(crate) struct LandingState {
     /// The nodes whose call has not landed yet.
     pending: Mutex<NodeMask>,
     changed: Notify,
+    /// How many releases wait on it: a call that lands wakes nobody when none does (the
+    /// usual case), which spares every node call a `notify_waiters`.
+    waiting: AtomicUsize,
 }
 
 impl LandingState {
@@ -145,6 +149,7 @@ impl LandingState {
         Arc::new(Self {
             pending: Mutex::new(pending),
             changed: Notify::new(),
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -161,7 +166,7 @@ impl LandingState {
         if pending.contains(i) {
             pending.remove(i);
             drop(pending);
-            self.changed.notify_waiters();
+            self.wake_waiters();
         }
     }
 
@@ -171,12 +176,21 @@ impl LandingState {
 
     fn done(&self, i: usize) {
         self.pending().remove(i);
-        self.changed.notify_waiters();
+        self.wake_waiters();
     }
 
     fn done_all(&self) {
         *self.pending() = NodeMask::default();
-        self.changed.notify_waiters();
+        self.wake_waiters();
+    }
+
+    /// Wakes the releases that wait, if any. A waiter counts itself before it looks at
+    /// `pending` (under its lock), so one that saw a node pending before a change is
+    /// counted by the time the change is made and this runs.
+    fn wake_waiters(&self) {
+        if self.waiting.load(Ordering::SeqCst) != 0 {
+            self.changed.notify_waiters();
+        }
     }
 }
 
@@ -184,6 +198,8 @@ impl Landing {
     /// Waits until node `i`'s call is done, or until `deadline`.
     pub(crate) async fn wait(&self, i: usize, deadline: Instant) {
         let deadline = tokio::time::Instant::from_std(deadline);
+        self.0.waiting.fetch_add(1, Ordering::SeqCst);
+        let _counted = Counted(&self.0.waiting);
         loop {
             let changed = self.0.changed.notified();
             if !self.0.pending().contains(i) {
@@ -195,9 +211,18 @@ impl Landing {
         }
     }
 
-    /// Whether every call is done.
+    /// Whether every call has landed.
     pub(crate) fn is_done(&self) -> bool {
         self.0.pending().len() == 0
+    }
+}
+
+/// Uncounts a waiter of a [`Landing`] when it stops waiting.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
