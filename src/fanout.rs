@@ -254,7 +254,9 @@ fn send(
             let landing = landing.cloned();
             async move {
                 if let Some(after) = after {
-                    after.wait(i, deadline).await;
+                    // Rare (a release right after an acquisition whose call is not
+                    // out yet): boxed, to keep this future small.
+                    Box::pin(after.wait(i, deadline)).await;
                 }
                 let on_sent = || {
                     if let Some(landing) = &landing {

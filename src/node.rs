@@ -713,9 +713,14 @@ impl Node {
                 let reply = wire.request(call.packed(), call.alone());
                 on_sent();
                 let first = reply.await;
-                call.finish(first, &mut conn).await
+                if call.needs_more(&first) {
+                    // Rare (`NOSCRIPT`, or a taken key): boxed, to keep this future small.
+                    Box::pin(call.finish(first, &mut conn)).await
+                } else {
+                    first
+                }
             }
-            _ => call.run(&mut conn).await,
+            _ => Box::pin(call.run(&mut conn)).await,
         };
         self.answered(generation, answer)
     }

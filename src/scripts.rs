@@ -385,6 +385,18 @@ impl Call {
         self.finish(first, conn).await
     }
 
+    /// Whether the node's answer `first` needs [`finish`](Self::finish): a script the
+    /// node does not have, or a `SET NX PX` that found the key taken.
+    pub(crate) fn needs_more(&self, first: &redis::RedisResult<Value>) -> bool {
+        match (self.script, first) {
+            (Some(_), Err(e)) => {
+                e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+            }
+            (None, Ok(Value::Nil)) => true,
+            _ => false,
+        }
+    }
+
     /// The rest of the call once the node answered its command with `first`: the `EVAL`
     /// fallback of a script, or the holder's TTL for a `SET NX PX` that found the key
     /// taken; otherwise `first` itself.
