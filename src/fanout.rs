@@ -156,7 +156,7 @@ impl LandingState {
     /// Forgets every node not in `mask` (their calls are over).
     fn keep_only(&self, mask: NodeMask) {
         let mut pending = self.pending();
-        *pending = NodeMask::matching(64, |i| pending.contains(i) && mask.contains(i));
+        *pending = pending.intersection(mask);
     }
 
     /// Node `i`'s command is on its connection: it has landed as far as later commands

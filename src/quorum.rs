@@ -68,6 +68,11 @@ impl NodeMask {
             .unwrap_or(0);
     }
 
+    /// The nodes in both sets.
+    pub(crate) fn intersection(self, other: Self) -> Self {
+        Self(self.0 & other.0)
+    }
+
     /// How many nodes are in the set.
     pub(crate) fn len(self) -> usize {
         self.0.count_ones() as usize
@@ -217,6 +222,9 @@ mod tests {
         assert!(m.contains(0) && m.contains(63));
         assert!(!m.contains(1) && !m.contains(64) && !m.contains(usize::MAX));
         assert_eq!(m.len(), 2);
+        let both = m.intersection(NodeMask::matching(64, |i| i >= 1));
+        assert!(both.contains(63) && !both.contains(0));
+        assert_eq!(both.len(), 1);
     }
 
     #[test]

@@ -389,9 +389,7 @@ impl Call {
     /// node does not have, or a `SET NX PX` that found the key taken.
     pub(crate) fn needs_more(&self, first: &redis::RedisResult<Value>) -> bool {
         match (self.script, first) {
-            (Some(_), Err(e)) => {
-                e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-            }
+            (Some(_), Err(e)) => no_script(e),
             (None, Ok(Value::Nil)) => true,
             _ => false,
         }
@@ -405,13 +403,12 @@ impl Call {
         first: redis::RedisResult<Value>,
         conn: &mut C,
     ) -> redis::RedisResult<Value> {
-        match (self.script, first) {
-            (Some(script), Err(e))
-                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                eval_instead(&self.cmd, script, conn).await
-            }
-            (None, Ok(Value::Nil)) => {
+        if !self.needs_more(&first) {
+            return first;
+        }
+        match self.script {
+            Some(script) => eval_instead(&self.cmd, script, conn).await,
+            None => {
                 // `SET key value NX PX ttl`: the key is at 1, the value at 2.
                 let holder = Invocation {
                     script: &HOLDER_TTL_SCRIPT,
@@ -420,7 +417,6 @@ impl Call {
                 };
                 run_script(&holder.cmd(true), &HOLDER_TTL_SCRIPT, conn).await
             }
-            (_, first) => first,
         }
     }
 }
@@ -482,11 +478,14 @@ async fn run_script<C: ConnectionLike>(
     conn: &mut C,
 ) -> redis::RedisResult<Value> {
     match by_sha.query_async::<Value>(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            eval_instead(by_sha, script, conn).await
-        }
+        Err(e) if no_script(&e) => eval_instead(by_sha, script, conn).await,
         other => other,
     }
+}
+
+/// Whether the node no longer has the script (its cache was flushed): `NOSCRIPT`.
+fn no_script(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 /// `by_sha` (the `EVALSHA` of `script`) sent again as `EVAL`, with the same keys and
