@@ -13,7 +13,9 @@
 //! request with a unique `x-request-id`, after a warm-up of 1,000 requests. The three
 //! variants run interleaved, `LAYER_REPEATS` times, on nodes flushed before each run; the
 //! report gives the medians, and the layer's cost per request (locked − plain, fenced −
-//! plain, per repeat, median).
+//! plain, per repeat, median). After the variants of each repeat, the client alone (no
+//! HTTP) takes and releases a lock per "request" from 32 tasks in this process, so that
+//! the layer's CPU compares with the client's at the same concurrency in the same run.
 //!
 //! Environment:
 //! - `LAYER_QUICK=1`: a smoke run (2,000 requests, one repeat);
@@ -26,7 +28,10 @@ mod support;
 
 mod common;
 
-use common::{env_parse, flush_all, fmt_num, median, percentile_us, redis_cpu_us, source_state};
+use common::{
+    env_parse, flush_all, fmt_num, median, percentile_us, process_cpu_us, redis_cpu_us,
+    source_state,
+};
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read};
@@ -425,10 +430,100 @@ async fn run(
     }
 }
 
+/// The client alone, for comparison: `CONNECTIONS` tasks in this process (no HTTP), each
+/// taking a lock on a fresh name and releasing it, as the locked route does per request;
+/// `WARMUP_REQUESTS` pairs untimed, then `requests` pairs timed. CPU is this process's.
+async fn run_client(
+    redlock: &tower_redlock::Redlock,
+    conns: &mut [MultiplexedConnection],
+    tag: &str,
+    requests: usize,
+) -> Metrics {
+    async fn pairs(
+        redlock: &tower_redlock::Redlock,
+        tag: &str,
+        next: &AtomicUsize,
+        total: usize,
+        samples: &mut TaskSamples,
+    ) {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= total {
+                return;
+            }
+            let name = format!("{tag}-{i}");
+            let t0 = Instant::now();
+            match redlock.try_lock(&name).await {
+                Ok(lock) => {
+                    let released = redlock.unlock(&lock).await;
+                    samples.latency_ns.push(t0.elapsed().as_nanos() as u64);
+                    if released.released() < redlock.quorum() {
+                        samples
+                            .errors
+                            .push(format!("{name}: released on {} nodes", released.released()));
+                    }
+                }
+                Err(e) => samples.errors.push(format!("{name}: {e}")),
+            }
+        }
+    }
+    let run = |tag: String, next: Arc<AtomicUsize>, total: usize| {
+        let redlock = redlock.clone();
+        tokio::spawn(async move {
+            let mut s = TaskSamples {
+                latency_ns: Vec::with_capacity(total / CONNECTIONS + 1),
+                errors: Vec::new(),
+            };
+            pairs(&redlock, &tag, &next, total, &mut s).await;
+            s
+        })
+    };
+    let warm_next = Arc::new(AtomicUsize::new(0));
+    let warm: Vec<_> = (0..CONNECTIONS)
+        .map(|_| run(format!("{tag}w"), Arc::clone(&warm_next), WARMUP_REQUESTS))
+        .collect();
+    let mut errors = Vec::new();
+    for h in warm {
+        errors.extend(h.await.expect("warm-up task").errors);
+    }
+    let redis0 = redis_cpu_us(conns).await;
+    let cpu0 = process_cpu_us();
+    let t0 = Instant::now();
+    let next = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..CONNECTIONS)
+        .map(|_| run(tag.to_owned(), Arc::clone(&next), requests))
+        .collect();
+    let mut latency_ns = Vec::with_capacity(requests);
+    for h in handles {
+        let s = h.await.expect("client task");
+        latency_ns.extend(s.latency_ns);
+        errors.extend(s.errors);
+    }
+    let elapsed = t0.elapsed();
+    tokio::time::sleep(SETTLE).await;
+    let cpu1 = process_cpu_us();
+    let redis1 = redis_cpu_us(conns).await;
+    latency_ns.sort_unstable();
+    for e in errors.iter().take(10) {
+        eprintln!("  failed pair (client alone {tag}): {e}");
+    }
+    let n = requests as f64;
+    Metrics {
+        throughput: n / elapsed.as_secs_f64(),
+        p50: percentile_us(&latency_ns, 50.0),
+        p99: percentile_us(&latency_ns, 99.0),
+        server_cpu: (cpu1 - cpu0) / n,
+        redis_cpu: (redis1 - redis0) / n,
+        errors: errors.len() as u64,
+    }
+}
+
 /// The runs of one node count: `runs[repeat][variant]`.
 struct Cell {
     nodes: usize,
     runs: Vec<[Metrics; 3]>,
+    /// The client alone (no HTTP), per repeat.
+    client: Vec<Metrics>,
 }
 
 impl Cell {
@@ -460,6 +555,24 @@ impl Cell {
     fn errors(&self, v: usize) -> u64 {
         self.runs.iter().map(|r| r[v].errors).sum()
     }
+
+    /// Median over the repeats of the client alone's `field`.
+    fn client_median(&self, field: fn(&Metrics) -> f64) -> f64 {
+        let mut values: Vec<f64> = self.client.iter().map(field).collect();
+        median(&mut values)
+    }
+
+    /// Median over the repeats of (`variant` − plain) server CPU ÷ the client alone's CPU
+    /// per pair.
+    fn layer_to_client(&self, v: usize) -> f64 {
+        let mut values: Vec<f64> = self
+            .runs
+            .iter()
+            .zip(&self.client)
+            .map(|(r, c)| (r[v].server_cpu - r[0].server_cpu) / c.server_cpu)
+            .collect();
+        median(&mut values)
+    }
 }
 
 async fn bench(cfg: &Config) -> Vec<Cell> {
@@ -473,9 +586,16 @@ async fn bench(cfg: &Config) -> Vec<Cell> {
             conns.push(cluster.raw(i).await);
         }
         let servers: Vec<Server> = VARIANTS.iter().map(|&v| Server::start(v, &urls)).collect();
+        let client = support::builder(urls.clone())
+            .ttl(TTL)
+            .fencing(false)
+            .build()
+            .expect("build tower-redlock");
+        support::warm(&client).await;
         let mut cell = Cell {
             nodes: n,
             runs: Vec::with_capacity(cfg.repeats),
+            client: Vec::with_capacity(cfg.repeats),
         };
         for rep in 0..cfg.repeats {
             let mut trio = [Metrics::default(); 3];
@@ -499,6 +619,22 @@ async fn bench(cfg: &Config) -> Vec<Cell> {
                 trio[v] = m;
             }
             cell.runs.push(trio);
+            run_id += 1;
+            flush_all(&mut conns).await;
+            let m = run_client(&client, &mut conns, &format!("r{run_id}"), cfg.requests).await;
+            eprintln!(
+                "N={n} repeat {}/{} client alone   {:>7.0} pairs/s  p50 {:>6.0} µs  p99 {:>6.0} µs  \
+                 client {:>6.1} µs/pair  Redis {:>6.1} µs/pair  errors {}",
+                rep + 1,
+                cfg.repeats,
+                m.throughput,
+                m.p50,
+                m.p99,
+                m.server_cpu,
+                m.redis_cpu,
+                m.errors,
+            );
+            cell.client.push(m);
         }
         flush_all(&mut conns).await;
         drop(servers);
@@ -555,7 +691,9 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
          {WARMUP_REQUESTS} warm-up requests, then {} timed. Server, load generator and \
          redis-server nodes share the same cores. TTL {} s, restart quarantine off, layer \
          defaults otherwise (reject when busy, release before the response, auto-extend \
-         on); run time {:.0} s",
+         on). **client alone**: the same lock + unlock per request without HTTP, \
+         {CONNECTIONS} tasks in the load generator's process (its CPU by `getrusage`), on \
+         the same nodes after the variants of each repeat; req = one pair. Run time {:.0} s",
         cfg.requests,
         TTL.as_secs(),
         elapsed.as_secs_f64(),
@@ -592,33 +730,48 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
                 fmt_num(cell.median(v, |m| m.p99)),
                 fmt_num(cell.median(v, |m| m.server_cpu)),
                 fmt_num(cell.median(v, |m| m.redis_cpu)),
-                if errors == 0 {
-                    "0".to_owned()
-                } else {
-                    format!("**{errors} (MUST BE 0)**")
-                },
+                must_be_zero(errors),
             );
         }
+        let errors: u64 = cell.client.iter().map(|m| m.errors).sum();
+        let _ = writeln!(
+            w,
+            "| {} | client alone (pairs) | {} | {} | {} | {} | {} | {} |",
+            cell.nodes,
+            fmt_num(cell.client_median(|m| m.throughput)),
+            fmt_num(cell.client_median(|m| m.p50)),
+            fmt_num(cell.client_median(|m| m.p99)),
+            fmt_num(cell.client_median(|m| m.server_cpu)),
+            fmt_num(cell.client_median(|m| m.redis_cpu)),
+            must_be_zero(errors),
+        );
     }
     let _ = writeln!(
         w,
         "\n**The layer's cost per request**: variant − plain (÷ plain for req/s), per repeat \
          from the same run, median over the repeats. Layer CPU = the server's extra CPU per \
-         request; + Redis = that plus the nodes' CPU per request.\n"
+         request; + Redis = that plus the nodes' CPU per request. ÷ client = layer CPU ÷ the \
+         client alone's CPU per pair in the same repeat (both at {CONNECTIONS} concurrent \
+         requests; fencing off, so for the locked row only).\n"
     );
     let _ = writeln!(
         w,
-        "| N | variant | layer CPU µs/req | Redis CPU µs/req | layer + Redis CPU µs/req | Δ p50 µs | Δ p99 µs | req/s ÷ plain |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|"
+        "| N | variant | layer CPU µs/req | ÷ client | Redis CPU µs/req | layer + Redis CPU µs/req | Δ p50 µs | Δ p99 µs | req/s ÷ plain |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|"
     );
     for cell in cells {
         for (v, variant) in VARIANTS.iter().enumerate().skip(1) {
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {} | {} | {} | {} | {:.2} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} |",
                 cell.nodes,
                 variant.label(),
                 fmt_num(cell.delta(v, |m| m.server_cpu)),
+                if *variant == Variant::Locked {
+                    format!("{:.2}", cell.layer_to_client(v))
+                } else {
+                    "—".to_owned()
+                },
                 fmt_num(cell.delta(v, |m| m.redis_cpu)),
                 fmt_num(cell.delta(v, |m| m.server_cpu + m.redis_cpu)),
                 fmt_num(cell.delta(v, |m| m.p50)),
@@ -628,6 +781,15 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
         }
     }
     out
+}
+
+/// An error count for the report: bold when it is not zero.
+fn must_be_zero(errors: u64) -> String {
+    if errors == 0 {
+        "0".to_owned()
+    } else {
+        format!("**{errors} (MUST BE 0)**")
+    }
 }
 
 fn main() {
@@ -652,9 +814,11 @@ fn main() {
     }
     let errors: u64 = cells
         .iter()
-        .flat_map(|c| &c.runs)
-        .flatten()
+        .flat_map(|c| c.runs.iter().flatten().chain(&c.client))
         .map(|m| m.errors)
         .sum();
-    assert_eq!(errors, 0, "{errors} requests did not get a 200");
+    assert_eq!(
+        errors, 0,
+        "{errors} requests did not get a 200 or pairs failed"
+    );
 }

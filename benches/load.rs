@@ -22,7 +22,10 @@ mod support;
 
 mod common;
 
-use common::{env_parse, flush_all, fmt_num, median, percentile_us, redis_cpu_us, source_state};
+use common::{
+    env_parse, flush_all, fmt_num, median, percentile_us, process_cpu_us, redis_cpu_us,
+    source_state,
+};
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
@@ -236,19 +239,6 @@ async fn clients(urls: &[String]) -> Clients {
 
 // ---------------------------------------------------------------------------------------
 // Measurements
-
-/// Process CPU (user + system) so far, in µs.
-fn process_cpu_us() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct we pass; no other memory is touched.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        let rc = libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        assert_eq!(rc, 0, "getrusage failed");
-        usage
-    };
-    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
 
 /// Client CPU, allocations and Redis CPU at one instant.
 struct Snapshot {

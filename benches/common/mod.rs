@@ -45,6 +45,19 @@ pub async fn flush_all(conns: &mut [MultiplexedConnection]) {
     }
 }
 
+/// User + system CPU of this process so far (`getrusage(RUSAGE_SELF)`), in µs.
+pub fn process_cpu_us() -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct we pass; no other memory is touched.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        let rc = libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        assert_eq!(rc, 0, "getrusage failed");
+        usage
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
 /// Nearest-rank percentile of nanosecond samples, in µs.
 pub fn percentile_us(sorted_ns: &[u64], p: f64) -> f64 {
     if sorted_ns.is_empty() {
