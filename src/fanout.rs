@@ -5,29 +5,29 @@
 //! as the outcome is certain (a quorum granted, or too many refused or failed), except that
 //! a failure is awaited further while it is undecided whether it is "busy" or "short of
 //! nodes", so the error can say which. Calls still in flight when the round stops are
-//! dropped; the multiplexer discards their late replies.
+//! left to land in the background ([`Stragglers`]), or dropped: their connection then
+//! discards their late replies.
 //!
 //! ```text
 //! 5 nodes, quorum 3:   node 2 ok, node 4 ok, node 1 ok  ->  Reached (nodes 3 and 5 not awaited)
 //!                      node 2 busy, node 4 timeout, node 1 busy  ->  Impossible
 //! ```
 
-use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
-use futures_util::stream::FuturesUnordered;
+use futures_util::{Stream, StreamExt};
 use redis::Value;
 use tokio::sync::Notify;
 
 use crate::error::{Failure, NodeError, NodeFailure};
-use crate::node::Node;
+use crate::node::{Answer, Node, Started};
 use crate::quorum::{Decision, NodeMask, Outcome, Tally};
-use crate::scripts::Request;
+use crate::scripts::{Call, Request};
 
 /// What a round of node calls came to.
 #[derive(Debug)]
@@ -77,16 +77,13 @@ impl Stragglers {
     /// The calls in `calls`, to the nodes in `pending` of `nodes`, bounded by `deadline`
     /// (one timer for all of them); `state` already knows the calls whose command is on
     /// its node's connection.
-    fn new<F>(
-        mut calls: FuturesUnordered<F>,
+    fn new(
+        mut calls: Calls,
         nodes: &Arc<[Arc<Node>]>,
         pending: NodeMask,
         state: Arc<LandingState>,
         deadline: Instant,
-    ) -> Self
-    where
-        F: Future<Output = (usize, Result<Value, NodeError>)> + Send + 'static,
-    {
+    ) -> Self {
         state.keep_only(pending);
         let marks = Arc::clone(&state);
         let nodes = Arc::clone(nodes);
@@ -211,6 +208,11 @@ impl Landing {
         }
     }
 
+    /// Whether node `i`'s call has landed.
+    fn has_landed(&self, i: usize) -> bool {
+        !self.0.pending().contains(i)
+    }
+
     /// Whether every call has landed.
     pub(crate) fn is_done(&self) -> bool {
         self.0.pending().len() == 0
@@ -240,33 +242,98 @@ fn send(
     acquiring: bool,
     after: Option<&Landing>,
     landing: Option<&Arc<LandingState>>,
-) -> FuturesUnordered<impl Future<Output = (usize, Result<Value, NodeError>)> + Send + 'static> {
+) -> Calls {
     let alone = (0..nodes.len()).filter(|i| to(*i)).count() == 1;
     let call = Arc::new(request.call().sent_alone(alone));
     let after = after.filter(|l| !l.is_done());
-    nodes
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| to(*i))
-        .map(|(i, node)| {
-            let (node, call) = (Arc::clone(node), Arc::clone(&call));
-            let after = after.cloned();
-            let landing = landing.cloned();
-            async move {
-                if let Some(after) = after {
-                    // Rare (a release right after an acquisition whose call is not
-                    // out yet): boxed, to keep this future small.
-                    Box::pin(after.wait(i, deadline)).await;
-                }
-                let on_sent = || {
-                    if let Some(landing) = &landing {
-                        landing.sent(i);
-                    }
-                };
-                (i, node.call(&call, acquiring, deadline, on_sent).await)
+    let mut pending = Vec::with_capacity(nodes.len());
+    for (i, node) in nodes.iter().enumerate().filter(|(i, _)| to(*i)) {
+        let waits = after.is_some_and(|after| !after.has_landed(i));
+        // The hot path: sent now, on the node's ready connection.
+        if !waits && let Some(started) = node.start(&call, acquiring) {
+            if let Some(landing) = landing {
+                landing.sent(i);
             }
-        })
-        .collect()
+            pending.push((i, Pending::Started(started)));
+            continue;
+        }
+        let (node, call) = (Arc::clone(node), Arc::clone(&call));
+        let after = after.filter(|_| waits).cloned();
+        let landing = landing.cloned();
+        let running = Box::pin(async move {
+            if let Some(after) = after {
+                after.wait(i, deadline).await;
+            }
+            let on_sent = || {
+                if let Some(landing) = &landing {
+                    landing.sent(i);
+                }
+            };
+            node.call(&call, acquiring, deadline, on_sent).await
+        });
+        pending.push((i, Pending::Running(running)));
+    }
+    Calls { call, pending }
+}
+
+/// A round's calls to its nodes, each answering once, in the order they come. There are
+/// at most a handful, so each wake-up polls every call still out: no allocation per call
+/// on the hot path.
+pub(crate) struct Calls {
+    /// The call every node got.
+    call: Arc<Call>,
+    /// The calls still out, with their node's index.
+    pending: Vec<(usize, Pending)>,
+}
+
+/// One node's call.
+enum Pending {
+    /// Sent at once on the node's own connection (the hot path).
+    Started(Started),
+    /// Anything else: waiting for a connection, an earlier call's landing or a batch of
+    /// releases, a redis-rs connection, or a follow-up command.
+    Running(BoxFuture<'static, Result<Value, NodeError>>),
+}
+
+impl Calls {
+    fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+}
+
+impl Stream for Calls {
+    type Item = (usize, Result<Value, NodeError>);
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.pending.is_empty() {
+            return Poll::Ready(None);
+        }
+        let mut k = 0;
+        while let Some((_, call)) = this.pending.get_mut(k) {
+            let answer = match call {
+                Pending::Started(started) => match started.poll_answer(&this.call, cx) {
+                    Poll::Ready(Answer::Done(answer)) => Some(answer),
+                    Poll::Ready(Answer::More(more)) => {
+                        // Polled again at once, as the follow-up it now is.
+                        *call = Pending::Running(more);
+                        continue;
+                    }
+                    Poll::Pending => None,
+                },
+                Pending::Running(running) => match running.as_mut().poll(cx) {
+                    Poll::Ready(answer) => Some(answer),
+                    Poll::Pending => None,
+                },
+            };
+            if let Some(answer) = answer {
+                let (i, _) = this.pending.swap_remove(k);
+                return Poll::Ready(Some((i, answer)));
+            }
+            k += 1;
+        }
+        Poll::Pending
+    }
 }
 
 /// A round of `request` (an acquire, fence or extend) on the nodes whose index `to` accepts
@@ -383,9 +450,8 @@ where
             failures.push(NodeFailure::new(nodes[i].label(), error));
         }
     };
-    // Poll until every call has been polled once: `FuturesUnordered` polls each new call
-    // before it reports pending (it returns early with an answer, or when calls keep
-    // yielding; then `on_sent` merely comes early).
+    // Poll until every call has been polled once: `Calls` polls every call still out
+    // before it reports pending (the hot-path calls were sent by `send` already).
     std::future::poll_fn(|cx| {
         while let Poll::Ready(Some((i, reply))) = calls.poll_next_unpin(cx) {
             out.remove(i);

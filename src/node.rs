@@ -22,12 +22,16 @@
 //! quarantine is timed on the client's monotonic clock.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::sync::Notify;
@@ -179,6 +183,41 @@ impl ServerInfo {
             }
         }
         out
+    }
+}
+
+/// A call on the node's own connection whose command is sent: its answer is still to
+/// come. From [`Node::start`]; it owns what it needs, so it can outlive its round.
+pub(crate) struct Started {
+    node: Arc<Node>,
+    /// The connection's generation, for [`Node::answered`].
+    generation: u64,
+    wire: wire::Wire,
+    reply: wire::Reply,
+}
+
+/// What a [`Started`] call came to.
+pub(crate) enum Answer {
+    /// The node's answer.
+    Done(Result<Value, NodeError>),
+    /// The first answer asks for a follow-up (a script the node no longer has, or a taken
+    /// key whose holder's TTL is needed): it runs in this future (rare, so boxed).
+    More(BoxFuture<'static, Result<Value, NodeError>>),
+}
+
+impl Started {
+    /// Polls for the answer to `call` (the call this was started with).
+    pub(crate) fn poll_answer(&mut self, call: &Arc<Call>, cx: &mut Context<'_>) -> Poll<Answer> {
+        let first = ready!(Pin::new(&mut self.reply).poll(cx));
+        if call.needs_more(&first) {
+            let (node, generation) = (Arc::clone(&self.node), self.generation);
+            let (call, mut conn) = (Arc::clone(call), Conn::Own(self.wire.clone()));
+            return Poll::Ready(Answer::More(Box::pin(async move {
+                let answer = call.finish(first, &mut conn).await;
+                node.answered(generation, answer)
+            })));
+        }
+        Poll::Ready(Answer::Done(self.node.answered(self.generation, first)))
     }
 }
 
@@ -699,26 +738,56 @@ impl Node {
         self.call_now(call, acquiring, on_sent).await
     }
 
+    /// Sends `call` at once when nothing needs awaiting first: the node's own connection
+    /// is ready (and, with `acquiring`, the node is not quarantined), and `call` is not a
+    /// release that may go out in a batch. The command is then on the connection; the
+    /// [`Started`] call gives its answer. `None` otherwise: run [`call`](Self::call).
+    pub(crate) fn start(self: &Arc<Self>, call: &Call, acquiring: bool) -> Option<Started> {
+        if call.is_release() && self.batches_releases() {
+            return None;
+        }
+        let (wire, generation) = {
+            let mut st = self.state();
+            let wire = match &st.slot {
+                Slot::Ready(Conn::Own(wire)) => wire.clone(),
+                _ => return None,
+            };
+            if acquiring && self.quarantine_left(&mut st).is_some() {
+                return None;
+            }
+            (wire, st.generation)
+        };
+        let reply = wire.request(call.packed(), call.alone());
+        Some(Started {
+            node: Arc::clone(self),
+            generation,
+            wire,
+            reply,
+        })
+    }
+
     /// Runs `call` on the current connection at once; `on_sent` as for [`call`](Self::call).
     async fn call_now(
         self: &Arc<Self>,
-        call: &Call,
+        call: &Arc<Call>,
         acquiring: bool,
         on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
         let (mut conn, generation) = self.connection(acquiring).await?;
         let answer = match &conn {
-            // The hot path: the command encoded once for the round, no boxed future.
+            // The hot path: the command encoded once for the round.
             Conn::Own(wire) => {
-                let reply = wire.request(call.packed(), call.alone());
+                let mut started = Started {
+                    node: Arc::clone(self),
+                    generation,
+                    reply: wire.request(call.packed(), call.alone()),
+                    wire: wire.clone(),
+                };
                 on_sent();
-                let first = reply.await;
-                if call.needs_more(&first) {
-                    // Rare (`NOSCRIPT`, or a taken key): boxed, to keep this future small.
-                    Box::pin(call.finish(first, &mut conn)).await
-                } else {
-                    first
-                }
+                return match std::future::poll_fn(|cx| started.poll_answer(call, cx)).await {
+                    Answer::Done(answer) => answer,
+                    Answer::More(more) => more.await,
+                };
             }
             _ => Box::pin(call.run(&mut conn)).await,
         };
