@@ -25,7 +25,7 @@ use redis::Value;
 use tokio::sync::Notify;
 
 use crate::error::{Failure, NodeError, NodeFailure};
-use crate::node::{Answer, Node, Started};
+use crate::node::{Answer, Node, Start, Started, Waiting};
 use crate::quorum::{Decision, NodeMask, Outcome, Tally};
 use crate::scripts::{Call, Request};
 
@@ -249,13 +249,25 @@ fn send(
     let mut pending = Vec::with_capacity(nodes.len());
     for (i, node) in nodes.iter().enumerate().filter(|(i, _)| to(*i)) {
         let waits = after.is_some_and(|after| !after.has_landed(i));
-        // The hot path: sent now, on the node's ready connection.
-        if !waits && let Some(started) = node.start(&call, acquiring) {
-            if let Some(landing) = landing {
-                landing.sent(i);
+        // The hot path: sent now on the node's ready connection (or queued for its batch).
+        let start = if waits {
+            None
+        } else {
+            node.start(&call, acquiring, deadline)
+        };
+        match start {
+            Some(Start::Sent(started)) => {
+                if let Some(landing) = landing {
+                    landing.sent(i);
+                }
+                pending.push((i, Pending::Started(started)));
+                continue;
             }
-            pending.push((i, Pending::Started(started)));
-            continue;
+            Some(Start::Queued(waiting)) => {
+                pending.push((i, Pending::Queued(waiting)));
+                continue;
+            }
+            None => {}
         }
         let (node, call) = (Arc::clone(node), Arc::clone(&call));
         let after = after.filter(|_| waits).cloned();
@@ -290,6 +302,8 @@ pub(crate) struct Calls {
 enum Pending {
     /// Sent at once on the node's own connection (the hot path).
     Started(Started),
+    /// A release queued for its node's next batch.
+    Queued(Waiting),
     /// Anything else: waiting for a connection, an earlier call's landing or a batch of
     /// releases, a redis-rs connection, or a follow-up command.
     Running(BoxFuture<'static, Result<Value, NodeError>>),
@@ -319,6 +333,10 @@ impl Stream for Calls {
                         *call = Pending::Running(more);
                         continue;
                     }
+                    Poll::Pending => None,
+                },
+                Pending::Queued(waiting) => match Pin::new(waiting).poll(cx) {
+                    Poll::Ready(answer) => Some(answer),
                     Poll::Pending => None,
                 },
                 Pending::Running(running) => match running.as_mut().poll(cx) {

@@ -41,6 +41,8 @@ mod batch;
 mod resp;
 mod wire;
 
+pub(crate) use batch::Waiting;
+
 use crate::error::NodeError;
 use crate::scripts::{self, Call};
 use crate::sentinel::SentinelMaster;
@@ -186,14 +188,25 @@ impl ServerInfo {
     }
 }
 
+/// A call started by [`Node::start`]; it owns what it needs, so it can outlive its round.
+pub(crate) enum Start {
+    /// The command is on the node's own connection.
+    Sent(Started),
+    /// A release queued for the node's next batch.
+    Queued(batch::Waiting),
+}
+
 /// A call on the node's own connection whose command is sent: its answer is still to
-/// come. From [`Node::start`]; it owns what it needs, so it can outlive its round.
+/// come.
 pub(crate) struct Started {
     node: Arc<Node>,
     /// The connection's generation, for [`Node::answered`].
     generation: u64,
     wire: wire::Wire,
     reply: wire::Reply,
+    /// A release's turn on the node: the releases that queued behind it go out once it
+    /// is answered (dropped with the call).
+    turn: Option<batch::Turn>,
 }
 
 /// What a [`Started`] call came to.
@@ -212,8 +225,10 @@ impl Started {
         if call.needs_more(&first) {
             let (node, generation) = (Arc::clone(&self.node), self.generation);
             let (call, mut conn) = (Arc::clone(call), Conn::Own(self.wire.clone()));
+            let turn = self.turn.take();
             return Poll::Ready(Answer::More(Box::pin(async move {
                 let answer = call.finish(first, &mut conn).await;
+                drop(turn);
                 node.answered(generation, answer)
             })));
         }
@@ -738,14 +753,16 @@ impl Node {
         self.call_now(call, acquiring, on_sent).await
     }
 
-    /// Sends `call` at once when nothing needs awaiting first: the node's own connection
-    /// is ready (and, with `acquiring`, the node is not quarantined), and `call` is not a
-    /// release that may go out in a batch. The command is then on the connection; the
-    /// [`Started`] call gives its answer. `None` otherwise: run [`call`](Self::call).
-    pub(crate) fn start(self: &Arc<Self>, call: &Call, acquiring: bool) -> Option<Started> {
-        if call.is_release() && self.batches_releases() {
-            return None;
-        }
+    /// Starts `call` without waiting when the node's own connection is ready (and, with
+    /// `acquiring`, the node is not quarantined): the command is then on the connection,
+    /// or, for a release while another is on its way to the node, queued for the next
+    /// batch (see the `batch` module). `None` otherwise: run [`call`](Self::call).
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        call: &Arc<Call>,
+        acquiring: bool,
+        deadline: Instant,
+    ) -> Option<Start> {
         let (wire, generation) = {
             let mut st = self.state();
             let wire = match &st.slot {
@@ -757,13 +774,21 @@ impl Node {
             }
             (wire, st.generation)
         };
-        let reply = wire.request(call.packed(), call.alone());
-        Some(Started {
+        let turn = if call.is_release() && self.batches_releases() {
+            match self.take_turn_or_queue(call, deadline) {
+                Ok(turn) => Some(turn),
+                Err(waiting) => return Some(Start::Queued(waiting)),
+            }
+        } else {
+            None
+        };
+        Some(Start::Sent(Started {
             node: Arc::clone(self),
             generation,
+            reply: wire.request(call.packed(), call.alone()),
             wire,
-            reply,
-        })
+            turn,
+        }))
     }
 
     /// Runs `call` on the current connection at once; `on_sent` as for [`call`](Self::call).
@@ -782,6 +807,7 @@ impl Node {
                     generation,
                     reply: wire.request(call.packed(), call.alone()),
                     wire: wire.clone(),
+                    turn: None,
                 };
                 on_sent();
                 return match std::future::poll_fn(|cx| started.poll_answer(call, cx)).await {

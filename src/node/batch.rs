@@ -25,7 +25,10 @@
 //! # Ok(()) }
 //! ```
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use redis::Value;
@@ -89,6 +92,34 @@ impl Releases {
     }
 }
 
+/// A release queued for its node's next batch: its answer, once the batch is answered.
+pub(crate) struct Waiting(oneshot::Receiver<Result<Value, NodeError>>);
+
+impl Future for Waiting {
+    type Output = Result<Value, NodeError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map(|answer| {
+            answer.unwrap_or_else(|_| {
+                Err(NodeError::Connection(
+                    "the release waited for a batch that was dropped (its tokio runtime shut down?)"
+                        .into(),
+                ))
+            })
+        })
+    }
+}
+
+/// The node's turn, held by the release on its way to it: dropped (answered or given
+/// up), it hands the node on to the releases that queued meanwhile.
+pub(crate) struct Turn(Arc<Node>);
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.0.release_done();
+    }
+}
+
 impl Node {
     /// Sends the release `call`: at once if no release is on its way to this node,
     /// otherwise with the next batch.
@@ -97,33 +128,31 @@ impl Node {
         call: &Arc<Call>,
         deadline: Instant,
     ) -> Result<Value, NodeError> {
-        let queued = {
-            let mut st = self.releases.state();
-            if st.in_flight >= MAX_IN_FLIGHT {
-                let (answer, answered) = oneshot::channel();
-                st.queue.push(Queued {
-                    call: Arc::clone(call),
-                    deadline,
-                    answer,
-                });
-                Some(answered)
-            } else {
-                st.in_flight += 1;
-                None
-            }
-        };
-        match queued {
-            Some(answered) => answered.await.unwrap_or_else(|_| {
-                Err(NodeError::Connection(
-                    "the release waited for a batch that was dropped (its tokio runtime shut down?)"
-                        .into(),
-                ))
-            }),
-            None => {
-                // Done or dropped, the release hands the node on to what queued meanwhile.
-                let _next = SendQueued(self);
-                self.call_now(call, false, || {}).await
-            }
+        match self.take_turn_or_queue(call, deadline) {
+            Ok(_turn) => self.call_now(call, false, || {}).await,
+            Err(waiting) => waiting.await,
+        }
+    }
+
+    /// The node's turn for the release `call` if no release is on its way to it; otherwise
+    /// `call` is queued for the next batch (which goes out within `deadline`'s reach).
+    pub(super) fn take_turn_or_queue(
+        self: &Arc<Self>,
+        call: &Arc<Call>,
+        deadline: Instant,
+    ) -> Result<Turn, Waiting> {
+        let mut st = self.releases.state();
+        if st.in_flight >= MAX_IN_FLIGHT {
+            let (answer, answered) = oneshot::channel();
+            st.queue.push(Queued {
+                call: Arc::clone(call),
+                deadline,
+                answer,
+            });
+            Err(Waiting(answered))
+        } else {
+            st.in_flight += 1;
+            Ok(Turn(Arc::clone(self)))
         }
     }
 
@@ -199,15 +228,6 @@ impl Node {
                 }
             }
         }
-    }
-}
-
-/// Hands the node on to the queued releases when the release on its way is done.
-struct SendQueued<'a>(&'a Arc<Node>);
-
-impl Drop for SendQueued<'_> {
-    fn drop(&mut self) {
-        self.0.release_done();
     }
 }
 
