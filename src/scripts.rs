@@ -9,7 +9,7 @@
 //! EVALSHA <sha of RELEASE> 1 redlock:invoice:42 <value> <client id>  ->  1 (deleted) or 0
 //! ```
 
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -304,14 +304,19 @@ impl Request<'_> {
     pub(crate) fn call(&self) -> Call {
         match self {
             Self::Script(inv) => Call::new(
-                inv.cmd(true),
+                inv.packed(),
                 Some(inv.script),
                 std::ptr::eq(inv.script, &*RELEASE_SCRIPT),
             ),
             Self::SetNx { key, value, ttl_ms } => {
-                let mut cmd = redis::cmd("SET");
-                cmd.arg(*key).arg(*value).arg("NX").arg("PX").arg(*ttl_ms);
-                Call::new(cmd, None, false)
+                let mut cmd = Packer::new(6, key.len() + value.len());
+                cmd.bytes(b"SET")
+                    .bytes(key)
+                    .bytes(value)
+                    .bytes(b"NX")
+                    .bytes(b"PX")
+                    .int(*ttl_ms);
+                Call::new(cmd.done(), None, false)
             }
         }
     }
@@ -320,28 +325,40 @@ impl Request<'_> {
 /// One round's command, owned: a script's `EVALSHA` (with the script, for the `EVAL`
 /// fallback) or `SET key value NX PX ttl`.
 pub(crate) struct Call {
-    cmd: Cmd,
+    /// The command as RESP, encoded once per round for the nodes' own connections.
+    packed: Vec<u8>,
+    /// The same as a redis-rs command, built when first needed (redis-rs's connections and
+    /// the rare follow-ups).
+    cmd: OnceLock<Cmd>,
     /// The script behind `EVALSHA`; `None` for `SET NX PX`.
     script: Option<&'static Script>,
     /// Whether it is a [`RELEASE`], which a node may send together with others
     /// ([`release_many`]).
     release: bool,
-    /// `cmd` as RESP.
-    packed: Vec<u8>,
     /// Whether the round sends it to one node only (see [`Call::alone`]).
     alone: bool,
 }
 
 impl Call {
-    fn new(cmd: Cmd, script: Option<&'static Script>, release: bool) -> Self {
-        let packed = cmd.get_packed_command();
+    fn new(packed: Vec<u8>, script: Option<&'static Script>, release: bool) -> Self {
         Self {
-            cmd,
+            packed,
+            cmd: OnceLock::new(),
             script,
             release,
-            packed,
             alone: false,
         }
+    }
+
+    /// The command for redis-rs.
+    fn cmd(&self) -> &Cmd {
+        self.cmd.get_or_init(|| {
+            let mut cmd = Cmd::new();
+            for arg in args_of(&self.packed) {
+                cmd.arg(arg);
+            }
+            cmd
+        })
     }
 
     /// Marks the call as sent to one node only.
@@ -366,10 +383,7 @@ impl Call {
     /// The argument at `i` of the command (`EVALSHA sha numkeys key...`: the key of a
     /// [`RELEASE`] is at 3, its value at 4 and the client id at 5).
     fn arg(&self, i: usize) -> &[u8] {
-        match self.cmd.args_iter().nth(i) {
-            Some(redis::Arg::Simple(bytes)) => bytes,
-            _ => &[],
-        }
+        args_of(&self.packed).nth(i).unwrap_or_default()
     }
 
     /// The command as RESP, encoded once per round for the nodes' own connections.
@@ -381,7 +395,7 @@ impl Call {
     /// sent again with `EVAL`; a `SET NX PX` that finds the key taken asks for the
     /// holder's TTL ([`HOLDER_TTL`]).
     pub(crate) async fn run<C: ConnectionLike>(&self, conn: &mut C) -> redis::RedisResult<Value> {
-        let first = self.cmd.query_async::<Value>(conn).await;
+        let first = self.cmd().query_async::<Value>(conn).await;
         self.finish(first, conn).await
     }
 
@@ -407,7 +421,7 @@ impl Call {
             return first;
         }
         match self.script {
-            Some(script) => eval_instead(&self.cmd, script, conn).await,
+            Some(script) => eval_instead(self.cmd(), script, conn).await,
             None => {
                 // `SET key value NX PX ttl`: the key is at 1, the value at 2.
                 let holder = Invocation {
@@ -507,6 +521,36 @@ async fn eval_instead<C: ConnectionLike>(
 }
 
 impl Invocation<'_> {
+    /// `EVALSHA sha numkeys keys... args...` as RESP: [`cmd(true)`](Self::cmd) packed,
+    /// without building the command first.
+    fn packed(&self) -> Vec<u8> {
+        let count = 3 + self.keys.len() + self.args.len();
+        let size = self.keys.iter().map(|k| k.len()).sum::<usize>()
+            + self
+                .args
+                .iter()
+                .map(|a| match a {
+                    Arg::Bytes(b) => b.len(),
+                    Arg::Int(_) => 20,
+                })
+                .sum::<usize>()
+            + self.script.sha.len();
+        let mut cmd = Packer::new(count, size);
+        cmd.bytes(b"EVALSHA")
+            .bytes(self.script.sha.as_bytes())
+            .int(self.keys.len() as u64);
+        for key in self.keys {
+            cmd.bytes(key);
+        }
+        for arg in self.args {
+            match arg {
+                Arg::Bytes(b) => cmd.bytes(b),
+                Arg::Int(n) => cmd.int(*n),
+            };
+        }
+        cmd.done()
+    }
+
     /// The command: `EVALSHA sha numkeys keys... args...`, or `EVAL code ...` when `by_sha`
     /// is false.
     pub(crate) fn cmd(&self, by_sha: bool) -> Cmd {
@@ -614,9 +658,127 @@ fn decimal(v: &Value) -> Option<u64> {
     }
 }
 
+/// Writes a command as RESP, an array of bulk strings, straight into one buffer: what
+/// `redis::Cmd::get_packed_command` gives, without building a `Cmd` first.
+struct Packer(Vec<u8>);
+
+impl Packer {
+    /// A command of `count` arguments whose own bytes come to about `size`.
+    fn new(count: usize, size: usize) -> Self {
+        let mut buf = Vec::with_capacity(size.saturating_add(count.saturating_mul(16) + 16));
+        buf.push(b'*');
+        buf.extend_from_slice(digits(count as u64, &mut [0; 20]));
+        buf.extend_from_slice(b"\r\n");
+        Self(buf)
+    }
+
+    fn bytes(&mut self, arg: &[u8]) -> &mut Self {
+        self.0.push(b'$');
+        self.0
+            .extend_from_slice(digits(arg.len() as u64, &mut [0; 20]));
+        self.0.extend_from_slice(b"\r\n");
+        self.0.extend_from_slice(arg);
+        self.0.extend_from_slice(b"\r\n");
+        self
+    }
+
+    fn int(&mut self, n: u64) -> &mut Self {
+        self.bytes(digits(n, &mut [0; 20]))
+    }
+
+    fn done(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+/// `n` in decimal digits, written to the end of `buf`.
+fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// The arguments of a command `Packer` wrote (an array of bulk strings), in order.
+fn args_of(packed: &[u8]) -> impl Iterator<Item = &[u8]> {
+    // After the array's header line come the bulk strings: `$len\r\n` bytes `\r\n`.
+    let header = packed
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(packed.len(), |at| at + 1);
+    let mut rest = &packed[header..];
+    std::iter::from_fn(move || {
+        let line = rest.strip_prefix(b"$")?;
+        let end = line.iter().position(|&b| b == b'\r')?;
+        let len: usize = std::str::from_utf8(&line[..end]).ok()?.parse().ok()?;
+        let start = end.checked_add(2)?;
+        let stop = start.checked_add(len)?;
+        let arg = line.get(start..stop)?;
+        rest = line.get(stop.checked_add(2)?..)?;
+        Some(arg)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commands_are_packed_as_redis_rs_packs_them_and_read_back() {
+        let odd: &[u8] = b"a\r\n$3\r\n*\x00\xff";
+        for (key, value, ttl_ms) in [
+            (&b"redlock:{k}"[..], &b"v"[..], 10_000),
+            (odd, &b""[..], u64::MAX),
+            (&b""[..], odd, 0),
+        ] {
+            let call = Request::SetNx { key, value, ttl_ms }.call();
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
+            assert_eq!(call.packed(), cmd.get_packed_command());
+            assert_eq!(call.cmd().get_packed_command(), cmd.get_packed_command());
+            assert_eq!(
+                (call.arg(1), call.arg(2), call.arg(6)),
+                (key, value, &b""[..])
+            );
+        }
+        let keys: [&[u8]; 2] = [b"redlock:{k}", odd];
+        let args = [
+            Arg::Bytes(odd),
+            Arg::Int(0),
+            Arg::Int(u64::MAX),
+            Arg::Bytes(b""),
+        ];
+        for (keys, args) in [
+            (&keys[..], &args[..]),
+            (&keys[..1], &args[..0]),
+            (&[][..], &args[..]),
+        ] {
+            let inv = Invocation {
+                script: &RELEASE_SCRIPT,
+                keys,
+                args,
+            };
+            let call = Request::Script(Invocation { ..inv }).call();
+            let expected = Invocation { ..inv }.cmd(true).get_packed_command();
+            assert_eq!(call.packed(), expected);
+            assert_eq!(call.cmd().get_packed_command(), expected);
+            let read: Vec<&[u8]> = args_of(call.packed()).collect();
+            assert_eq!(read.len(), 3 + keys.len() + args.len());
+            assert_eq!(read[0], b"EVALSHA");
+            assert_eq!(&read[3..3 + keys.len()], keys);
+        }
+        assert_eq!(args_of(b"").count(), 0);
+        assert_eq!(
+            args_of(b"*2\r\n$5\r\nab").count(),
+            0,
+            "a cut bulk string is not read"
+        );
+    }
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
