@@ -427,6 +427,15 @@ where
         sent.remove(i);
         record(&mut round, i, reply);
     }
+    // The calls that answered by now (their replies often come in the same read) need no
+    // task to see them land.
+    std::future::poll_fn(|cx| {
+        while let Poll::Ready(Some((i, _))) = calls.poll_next_unpin(cx) {
+            sent.remove(i);
+        }
+        Poll::Ready(())
+    })
+    .await;
     if !calls.is_empty() {
         round.stragglers = Some(Stragglers::new(calls, nodes, sent, landing, deadline));
     }

@@ -380,8 +380,8 @@ impl Call {
         self.release
     }
 
-    /// The argument at `i` of the command (`EVALSHA sha numkeys key...`: the key of a
-    /// [`RELEASE`] is at 3, its value at 4 and the client id at 5).
+    /// The argument at `i` of the command (`SET key value NX PX ttl`: the key is at 1, the
+    /// value at 2; `EVALSHA sha numkeys key...`: the first key is at 3).
     fn arg(&self, i: usize) -> &[u8] {
         args_of(&self.packed).nth(i).unwrap_or_default()
     }
@@ -441,15 +441,23 @@ pub(crate) async fn release_many<C: ConnectionLike>(
     calls: &[impl std::ops::Deref<Target = Call>],
     conn: &mut C,
 ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+    // Each call's key, value and client id, read in one pass over its command.
+    let releases: Vec<[&[u8]; 3]> = calls
+        .iter()
+        .map(|call| {
+            let mut args = args_of(&call.packed).skip(3);
+            [(); 3].map(|()| args.next().unwrap_or_default())
+        })
+        .collect();
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(RELEASE_MANY_SCRIPT.sha.as_str()).arg(calls.len());
-    for call in calls {
-        cmd.arg(call.arg(3));
+    for [key, _, _] in &releases {
+        cmd.arg(*key);
     }
-    for call in calls {
-        cmd.arg(call.arg(4));
+    for [_, value, _] in &releases {
+        cmd.arg(*value);
     }
-    cmd.arg(calls.first().map_or(&[][..], |c| c.arg(5)));
+    cmd.arg(releases.first().map_or(&[][..], |[_, _, id]| id));
     let reply = run_script(&cmd, &RELEASE_MANY_SCRIPT, conn).await?;
     match reply {
         Value::Array(answers) if answers.len() == calls.len() => {
@@ -715,7 +723,10 @@ fn args_of(packed: &[u8]) -> impl Iterator<Item = &[u8]> {
     std::iter::from_fn(move || {
         let line = rest.strip_prefix(b"$")?;
         let end = line.iter().position(|&b| b == b'\r')?;
-        let len: usize = std::str::from_utf8(&line[..end]).ok()?.parse().ok()?;
+        let len = line[..end].iter().try_fold(0usize, |n, &d| {
+            let digit = d.checked_sub(b'0').filter(|d| *d <= 9)?;
+            n.checked_mul(10)?.checked_add(usize::from(digit))
+        })?;
         let start = end.checked_add(2)?;
         let stop = start.checked_add(len)?;
         let arg = line.get(start..stop)?;
