@@ -14,12 +14,13 @@
 //! ```
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
 use futures_util::future::BoxFuture;
+use futures_util::task::AtomicWaker;
 use futures_util::{Stream, StreamExt};
 use redis::Value;
 use tokio::sync::Notify;
@@ -87,19 +88,26 @@ impl Stragglers {
         state.keep_only(pending);
         let marks = Arc::clone(&state);
         let nodes = Arc::clone(nodes);
+        // Each answer may let a release waiting for its node's landing go.
+        calls.wake_after(1);
         let drain = Box::pin(async move {
+            // The nodes whose call has not answered (landed or not: a call on the node's
+            // own connection lands when sent, and may still get no answer in time).
+            let mut out = pending;
             let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
             tokio::pin!(timer);
             loop {
                 tokio::select! {
                     biased;
                     call = calls.next() => match call {
-                        Some((i, _)) => marks.done(i),
+                        Some((i, _)) => {
+                            out.remove(i);
+                            marks.done(i);
+                        }
                         None => break,
                     },
                     () = &mut timer => {
-                        let late = *marks.pending();
-                        for i in (0..nodes.len()).filter(|i| late.contains(*i)) {
+                        for i in (0..nodes.len()).filter(|i| out.contains(*i)) {
                             nodes[i].timed_out();
                         }
                         break;
@@ -285,7 +293,17 @@ fn send(
         });
         pending.push((i, Pending::Running(running)));
     }
-    Calls { call, pending }
+    let gate = (pending.len() > 1).then(|| {
+        let gate = Arc::new(Gate::default());
+        let waker = Waker::from(Arc::clone(&gate));
+        (gate, waker)
+    });
+    Calls {
+        call,
+        pending,
+        gate,
+        wake_after: 1,
+    }
 }
 
 /// A round's calls to its nodes, each answering once, in the order they come. There are
@@ -296,6 +314,33 @@ pub(crate) struct Calls {
     call: Arc<Call>,
     /// The calls still out, with their node's index.
     pending: Vec<(usize, Pending)>,
+    /// With several calls: the waker they are polled with, which wakes the task that
+    /// polls them only once `wake_after` of them have news.
+    gate: Option<(Arc<Gate>, Waker)>,
+    wake_after: usize,
+}
+
+/// Counts the wake-ups of a round's calls and passes one on to the round's task once
+/// enough have come: with 5 nodes, an acquisition's task wakes when 3 nodes answered,
+/// not at each answer. A call that wakes without an answer (say, once connected) counts
+/// too, which only wakes the task early.
+#[derive(Default)]
+struct Gate {
+    /// Wake-ups still to come before the task is woken (at or below 1: at the next).
+    left: AtomicIsize,
+    task: AtomicWaker,
+}
+
+impl Wake for Gate {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) <= 1 {
+            self.task.wake();
+        }
+    }
 }
 
 /// One node's call.
@@ -313,6 +358,12 @@ impl Calls {
     fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }
+
+    /// Wakes the polling task only once `n` calls have news (at least 1): fewer answers
+    /// cannot change what it decides.
+    fn wake_after(&mut self, n: usize) {
+        self.wake_after = n.max(1);
+    }
 }
 
 impl Stream for Calls {
@@ -323,34 +374,73 @@ impl Stream for Calls {
         if this.pending.is_empty() {
             return Poll::Ready(None);
         }
-        let mut k = 0;
-        while let Some((_, call)) = this.pending.get_mut(k) {
-            let answer = match call {
-                Pending::Started(started) => match started.poll_answer(&this.call, cx) {
-                    Poll::Ready(Answer::Done(answer)) => Some(answer),
+        match &this.gate {
+            Some((gate, waker)) => {
+                // Count from here, before looking at any call: news that comes while they
+                // are polled is either seen now or counted.
+                let after = isize::try_from(this.wake_after).unwrap_or(isize::MAX);
+                gate.left.store(after, Ordering::Release);
+                gate.task.register(cx.waker());
+                let mut gated = Context::from_waker(waker);
+                poll_pending(&mut this.pending, &this.call, cx, Some(&mut gated))
+            }
+            None => poll_pending(&mut this.pending, &this.call, cx, None),
+        }
+        .map(Some)
+    }
+}
+
+/// Polls every call in `pending` until one has its answer: takes it out and returns it.
+/// A call polled with `gated` wakes the task through the gate; one that holds its node's
+/// release turn is polled with `cx`, so that its answer hands the turn on at once (the
+/// releases queued behind it may be what other rounds wait for).
+fn poll_pending(
+    pending: &mut Vec<(usize, Pending)>,
+    call: &Arc<Call>,
+    cx: &mut Context<'_>,
+    mut gated: Option<&mut Context<'_>>,
+) -> Poll<(usize, Result<Value, NodeError>)> {
+    let mut k = 0;
+    while let Some((_, entry)) = pending.get_mut(k) {
+        let answer = match gated.as_deref_mut() {
+            Some(gated) if !entry.holds_turn(call) => entry.poll(call, gated),
+            _ => entry.poll(call, cx),
+        };
+        if let Poll::Ready(answer) = answer {
+            let (i, _) = pending.swap_remove(k);
+            return Poll::Ready((i, answer));
+        }
+        k += 1;
+    }
+    Poll::Pending
+}
+
+impl Pending {
+    /// Whether the call holds (or may come to hold) its node's release turn.
+    fn holds_turn(&self, call: &Call) -> bool {
+        match self {
+            Self::Started(started) => started.holds_turn(),
+            Self::Queued(_) => false,
+            Self::Running(_) => call.is_release(),
+        }
+    }
+
+    fn poll(&mut self, call: &Arc<Call>, cx: &mut Context<'_>) -> Poll<Result<Value, NodeError>> {
+        loop {
+            return match self {
+                Self::Started(started) => match started.poll_answer(call, cx) {
+                    Poll::Ready(Answer::Done(answer)) => Poll::Ready(answer),
                     Poll::Ready(Answer::More(more)) => {
                         // Polled again at once, as the follow-up it now is.
-                        *call = Pending::Running(more);
+                        *self = Self::Running(more);
                         continue;
                     }
-                    Poll::Pending => None,
+                    Poll::Pending => Poll::Pending,
                 },
-                Pending::Queued(waiting) => match Pin::new(waiting).poll(cx) {
-                    Poll::Ready(answer) => Some(answer),
-                    Poll::Pending => None,
-                },
-                Pending::Running(running) => match running.as_mut().poll(cx) {
-                    Poll::Ready(answer) => Some(answer),
-                    Poll::Pending => None,
-                },
+                Self::Queued(waiting) => Pin::new(waiting).poll(cx),
+                Self::Running(running) => running.as_mut().poll(cx),
             };
-            if let Some(answer) = answer {
-                let (i, _) = this.pending.swap_remove(k);
-                return Poll::Ready(Some((i, answer)));
-            }
-            k += 1;
         }
-        Poll::Pending
     }
 }
 
@@ -409,6 +499,7 @@ where
     tokio::pin!(timer);
     while round.tally.decision() == Decision::Pending || round.tally.busy_undecided() || wait_all()
     {
+        calls.wake_after(round.tally.outcomes_to_decide());
         let (i, reply) = tokio::select! {
             biased;
             answer = calls.next() => match answer {
@@ -491,6 +582,8 @@ where
     let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
     tokio::pin!(timer);
     loop {
+        // Every answer is needed: look again once all are in (or at the deadline).
+        calls.wake_after(out.len());
         tokio::select! {
             biased;
             answer = calls.next() => match answer {

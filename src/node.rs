@@ -219,6 +219,11 @@ pub(crate) enum Answer {
 }
 
 impl Started {
+    /// Whether this is a release holding its node's turn (see the `batch` module).
+    pub(crate) fn holds_turn(&self) -> bool {
+        self.turn.is_some()
+    }
+
     /// Polls for the answer to `call` (the call this was started with).
     pub(crate) fn poll_answer(&mut self, call: &Arc<Call>, cx: &mut Context<'_>) -> Poll<Answer> {
         let first = ready!(Pin::new(&mut self.reply).poll(cx));

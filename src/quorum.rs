@@ -170,6 +170,20 @@ impl Tally {
         }
     }
 
+    /// The fewest further outcomes that could change a pending decision (with 5 nodes and
+    /// none in yet: 3, for 3 grants or 3 refusals); 1 once the decision is made. A round
+    /// need not look at its calls again before that many have answered.
+    pub(crate) fn outcomes_to_decide(&self) -> usize {
+        if self.decision() != Decision::Pending {
+            return 1;
+        }
+        let to_reach = self.quorum.saturating_sub(self.ok);
+        let to_fail = (self.nodes + 1)
+            .saturating_sub(self.quorum)
+            .saturating_sub(self.held + self.failed);
+        to_reach.min(to_fail).max(1)
+    }
+
     /// Whether a failed operation is known to be busy (a quorum of nodes answered and
     /// some said another client holds the lock) rather than short of nodes.
     pub(crate) fn is_busy(&self) -> bool {
@@ -212,6 +226,28 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_looks_again_only_when_the_decision_can_change() {
+        let fresh = |n| Tally::new(n).outcomes_to_decide();
+        assert_eq!([1, 2, 3, 4, 5, 7].map(fresh), [1, 1, 2, 2, 3, 4]);
+        let mut t = Tally::new(5);
+        t.record_outcome(Outcome::Granted);
+        t.record_outcome(Outcome::Granted);
+        assert_eq!(
+            t.outcomes_to_decide(),
+            1,
+            "one more grant reaches the quorum"
+        );
+        let mut t = Tally::new(5);
+        t.record_outcome(Outcome::Granted);
+        t.record_outcome(Outcome::HeldElsewhere);
+        assert_eq!(t.outcomes_to_decide(), 2, "two grants or two refusals");
+        t.record_outcome(Outcome::Failed);
+        t.record_outcome(Outcome::Failed);
+        assert_eq!(t.decision(), Decision::Impossible);
+        assert_eq!(t.outcomes_to_decide(), 1, "decided: every answer counts");
+    }
 
     #[test]
     fn the_mask_holds_the_first_64_nodes() {

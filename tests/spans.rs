@@ -57,3 +57,62 @@ async fn spans_show_counts_and_outcomes_and_never_the_value() {
     named.unlock(&lock).await;
     assert!(text().contains("lock=order-public-7"), "{}", text());
 }
+
+/// A node that stops answering while the others still make a quorum: its calls are left
+/// to land in the background, and when `reconnect_after_timeouts` of them in a row get no
+/// answer in time its connection is dropped, so that a new one serves it once it is back.
+#[tokio::test]
+async fn a_node_that_hangs_behind_a_quorum_gets_a_new_connection() {
+    let logs = support::CapturedLogs::start();
+    let mut cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls())
+        .node_timeout(Duration::from_millis(100))
+        .reconnect_after_timeouts(2)
+        .build()
+        .expect("build");
+    support::warm(&redlock).await;
+    let mut raw = cluster.raw(2).await;
+    let connections = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("total_connections_received in INFO stats")
+    };
+    let mut info = redis::cmd("INFO");
+    info.arg("stats");
+    let before = connections(info.query_async(&mut raw).await.expect("INFO"));
+    cluster.nodes[2].pause();
+    for i in 0..2 {
+        // The other two nodes make the quorum; the hung node's call is left behind.
+        redlock
+            .try_lock(format!("behind-{i}"))
+            .await
+            .expect("a quorum without the hung node");
+    }
+    support::wait_for(
+        "the hung node's connection to be dropped",
+        Duration::from_secs(10),
+        || async { logs.contains("2 consecutive timeouts") },
+    )
+    .await;
+    cluster.nodes[2].resume();
+    let mut round = 0;
+    support::wait_for(
+        "a new connection to the node once it is back",
+        Duration::from_secs(10),
+        || {
+            round += 1;
+            let (redlock, raw, info) = (&redlock, raw.clone(), info.clone());
+            async move {
+                let mut raw = raw;
+                let lock = redlock.try_lock(format!("back-{round}")).await;
+                if let Ok(lock) = lock {
+                    redlock.unlock(&lock).await;
+                }
+                let now = connections(info.query_async(&mut raw).await.expect("INFO"));
+                now > before
+            }
+        },
+    )
+    .await;
+}
