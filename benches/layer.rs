@@ -267,6 +267,31 @@ struct Metrics {
     errors: u64,
 }
 
+impl Metrics {
+    /// Prints the run on stderr as it ends: `unit` is what a request is (`req`, `pair`),
+    /// `process` whose CPU was measured.
+    fn log(
+        &self,
+        nodes: usize,
+        rep: usize,
+        repeats: usize,
+        what: &str,
+        (unit, process): (&str, &str),
+    ) {
+        eprintln!(
+            "N={nodes} repeat {}/{repeats} {what} {:>7.0} {unit}/s  p50 {:>6.0} µs  p99 {:>6.0} µs  \
+             {process} {:>6.1} µs/{unit}  Redis {:>6.1} µs/{unit}  errors {}",
+            rep + 1,
+            self.throughput,
+            self.p50,
+            self.p99,
+            self.server_cpu,
+            self.redis_cpu,
+            self.errors,
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The load generator
 
@@ -318,37 +343,106 @@ async fn request(sender: &mut Sender, addr: SocketAddr, id: &str) -> Result<(), 
     }
 }
 
-/// What one connection's task measured.
+/// What one task measured.
+#[derive(Default)]
 struct TaskSamples {
     latency_ns: Vec<u64>,
     errors: Vec<String>,
 }
 
-/// Requests from a shared counter until `total` are taken; ids are `{tag}-{i}`.
-async fn drive(
-    sender: &mut Sender,
-    addr: SocketAddr,
-    tag: &str,
-    next: &AtomicUsize,
+/// The operations the tasks of one phase share out: `total` of them, counted by `next`,
+/// with ids `{tag}-{i}`.
+#[derive(Clone, Copy)]
+struct Share<'a> {
+    tag: &'a str,
+    next: &'a AtomicUsize,
     total: usize,
-    samples: &mut TaskSamples,
-) {
-    loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= total {
-            return;
-        }
-        let id = format!("{tag}-{i}");
-        let t0 = Instant::now();
-        let result = request(sender, addr, &id).await;
-        samples.latency_ns.push(t0.elapsed().as_nanos() as u64);
+}
+
+impl Share<'_> {
+    /// The id of the next operation, while fewer than `total` are taken.
+    fn next_id(self) -> Option<String> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        (i < self.total).then(|| format!("{}-{i}", self.tag))
+    }
+}
+
+impl TaskSamples {
+    /// Records operation `id`, started at `t0`: its wall time, and its error if any.
+    fn record(&mut self, id: &str, t0: Instant, result: Result<(), String>) {
+        self.latency_ns.push(t0.elapsed().as_nanos() as u64);
         if let Err(e) = result {
-            samples.errors.push(format!("{id}: {e}"));
-            if sender.is_closed() {
-                *sender = connect(addr).await;
-            }
+            self.errors.push(format!("{id}: {e}"));
         }
     }
+}
+
+/// Requests from a shared counter until `total` are taken; ids are `{tag}-{i}`.
+async fn drive(sender: &mut Sender, addr: SocketAddr, share: Share<'_>, samples: &mut TaskSamples) {
+    while let Some(id) = share.next_id() {
+        let t0 = Instant::now();
+        let result = request(sender, addr, &id).await;
+        if result.is_err() && sender.is_closed() {
+            *sender = connect(addr).await;
+        }
+        samples.record(&id, t0, result);
+    }
+}
+
+/// Ends a timed phase of `requests` operations that started at `t0`, with what its tasks
+/// measured: waits `SETTLE` for work still under way, then takes the CPU of the measured
+/// process (`cpu`, from `cpu0`) and of the nodes (from `redis0`). Prints the first errors,
+/// labelled with `what`.
+async fn finish(
+    requests: usize,
+    t0: Instant,
+    samples: TaskSamples,
+    (cpu0, cpu): (f64, impl Fn() -> f64),
+    redis0: f64,
+    conns: &mut [MultiplexedConnection],
+    what: &str,
+) -> Metrics {
+    let elapsed = t0.elapsed();
+    tokio::time::sleep(SETTLE).await;
+    let cpu1 = cpu();
+    let redis1 = redis_cpu_us(conns).await;
+    let TaskSamples {
+        mut latency_ns,
+        errors,
+    } = samples;
+    latency_ns.sort_unstable();
+    for e in errors.iter().take(10) {
+        eprintln!("  failed ({what}): {e}");
+    }
+    if errors.len() > 10 {
+        eprintln!("  ... and {} more", errors.len() - 10);
+    }
+    let n = requests as f64;
+    Metrics {
+        throughput: n / elapsed.as_secs_f64(),
+        p50: percentile_us(&latency_ns, 50.0),
+        p99: percentile_us(&latency_ns, 99.0),
+        server_cpu: (cpu1 - cpu0) / n,
+        redis_cpu: (redis1 - redis0) / n,
+        errors: errors.len() as u64,
+    }
+}
+
+/// Waits for the tasks and puts their samples together (after `errors` from earlier).
+async fn join(
+    handles: Vec<tokio::task::JoinHandle<TaskSamples>>,
+    errors: Vec<String>,
+) -> TaskSamples {
+    let mut all = TaskSamples {
+        latency_ns: Vec::new(),
+        errors,
+    };
+    for h in handles {
+        let s = h.await.expect("load task");
+        all.latency_ns.extend(s.latency_ns);
+        all.errors.extend(s.errors);
+    }
+    all
 }
 
 /// One run: `CONNECTIONS` tasks on their own connections, `WARMUP_REQUESTS` in total
@@ -371,26 +465,26 @@ async fn run(
             let tag = tag.to_owned();
             tokio::spawn(async move {
                 let mut sender = connect(addr).await;
-                let mut warm = TaskSamples {
-                    latency_ns: Vec::new(),
-                    errors: Vec::new(),
+                let mut warm = TaskSamples::default();
+                let warm_tag = format!("{tag}w");
+                let share = Share {
+                    tag: &warm_tag,
+                    next: &warm_next,
+                    total: WARMUP_REQUESTS,
                 };
-                drive(
-                    &mut sender,
-                    addr,
-                    &format!("{tag}w"),
-                    &warm_next,
-                    WARMUP_REQUESTS,
-                    &mut warm,
-                )
-                .await;
+                drive(&mut sender, addr, share, &mut warm).await;
                 let mut s = TaskSamples {
                     latency_ns: Vec::with_capacity(requests / CONNECTIONS + 1),
                     errors: warm.errors,
                 };
                 ready.wait().await;
                 go.wait_for(|go| *go).await.expect("start signal");
-                drive(&mut sender, addr, &tag, &next, requests, &mut s).await;
+                let share = Share {
+                    tag: &tag,
+                    next: &next,
+                    total: requests,
+                };
+                drive(&mut sender, addr, share, &mut s).await;
                 s
             })
         })
@@ -401,33 +495,10 @@ async fn run(
     let cpu0 = server.cpu_us();
     let t0 = Instant::now();
     go_tx.send(true).expect("start signal");
-    let mut latency_ns = Vec::with_capacity(requests);
-    let mut errors = Vec::new();
-    for h in handles {
-        let s = h.await.expect("load task");
-        latency_ns.extend(s.latency_ns);
-        errors.extend(s.errors);
-    }
-    let elapsed = t0.elapsed();
-    tokio::time::sleep(SETTLE).await;
-    let cpu1 = server.cpu_us();
-    let redis1 = redis_cpu_us(conns).await;
-    latency_ns.sort_unstable();
-    for e in errors.iter().take(10) {
-        eprintln!("  non-200 ({} {tag}): {e}", server.variant.label());
-    }
-    if errors.len() > 10 {
-        eprintln!("  ... and {} more", errors.len() - 10);
-    }
-    let n = requests as f64;
-    Metrics {
-        throughput: n / elapsed.as_secs_f64(),
-        p50: percentile_us(&latency_ns, 50.0),
-        p99: percentile_us(&latency_ns, 99.0),
-        server_cpu: (cpu1 - cpu0) / n,
-        redis_cpu: (redis1 - redis0) / n,
-        errors: errors.len() as u64,
-    }
+    let samples = join(handles, Vec::new()).await;
+    let what = format!("{} {tag}", server.variant.label());
+    let cpu = (cpu0, || server.cpu_us());
+    finish(requests, t0, samples, cpu, redis0, conns, &what).await
 }
 
 /// The client alone, for comparison: `CONNECTIONS` tasks in this process (no HTTP), each
@@ -439,42 +510,29 @@ async fn run_client(
     tag: &str,
     requests: usize,
 ) -> Metrics {
-    async fn pairs(
-        redlock: &tower_redlock::Redlock,
-        tag: &str,
-        next: &AtomicUsize,
-        total: usize,
-        samples: &mut TaskSamples,
-    ) {
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= total {
-                return;
-            }
-            let name = format!("{tag}-{i}");
+    async fn pairs(redlock: &tower_redlock::Redlock, share: Share<'_>, samples: &mut TaskSamples) {
+        while let Some(name) = share.next_id() {
             let t0 = Instant::now();
-            match redlock.try_lock(&name).await {
-                Ok(lock) => {
-                    let released = redlock.unlock(&lock).await;
-                    samples.latency_ns.push(t0.elapsed().as_nanos() as u64);
-                    if released.released() < redlock.quorum() {
-                        samples
-                            .errors
-                            .push(format!("{name}: released on {} nodes", released.released()));
-                    }
-                }
-                Err(e) => samples.errors.push(format!("{name}: {e}")),
-            }
+            let result = match redlock.try_lock(&name).await {
+                Ok(lock) => match redlock.unlock(&lock).await.released() {
+                    n if n >= redlock.quorum() => Ok(()),
+                    n => Err(format!("released on {n} nodes")),
+                },
+                Err(e) => Err(e.to_string()),
+            };
+            samples.record(&name, t0, result);
         }
     }
     let run = |tag: String, next: Arc<AtomicUsize>, total: usize| {
         let redlock = redlock.clone();
         tokio::spawn(async move {
-            let mut s = TaskSamples {
-                latency_ns: Vec::with_capacity(total / CONNECTIONS + 1),
-                errors: Vec::new(),
+            let mut s = TaskSamples::default();
+            let share = Share {
+                tag: &tag,
+                next: &next,
+                total,
             };
-            pairs(&redlock, &tag, &next, total, &mut s).await;
+            pairs(&redlock, share, &mut s).await;
             s
         })
     };
@@ -482,10 +540,7 @@ async fn run_client(
     let warm: Vec<_> = (0..CONNECTIONS)
         .map(|_| run(format!("{tag}w"), Arc::clone(&warm_next), WARMUP_REQUESTS))
         .collect();
-    let mut errors = Vec::new();
-    for h in warm {
-        errors.extend(h.await.expect("warm-up task").errors);
-    }
+    let warm = join(warm, Vec::new()).await;
     let redis0 = redis_cpu_us(conns).await;
     let cpu0 = process_cpu_us();
     let t0 = Instant::now();
@@ -493,29 +548,10 @@ async fn run_client(
     let handles: Vec<_> = (0..CONNECTIONS)
         .map(|_| run(tag.to_owned(), Arc::clone(&next), requests))
         .collect();
-    let mut latency_ns = Vec::with_capacity(requests);
-    for h in handles {
-        let s = h.await.expect("client task");
-        latency_ns.extend(s.latency_ns);
-        errors.extend(s.errors);
-    }
-    let elapsed = t0.elapsed();
-    tokio::time::sleep(SETTLE).await;
-    let cpu1 = process_cpu_us();
-    let redis1 = redis_cpu_us(conns).await;
-    latency_ns.sort_unstable();
-    for e in errors.iter().take(10) {
-        eprintln!("  failed pair (client alone {tag}): {e}");
-    }
-    let n = requests as f64;
-    Metrics {
-        throughput: n / elapsed.as_secs_f64(),
-        p50: percentile_us(&latency_ns, 50.0),
-        p99: percentile_us(&latency_ns, 99.0),
-        server_cpu: (cpu1 - cpu0) / n,
-        redis_cpu: (redis1 - redis0) / n,
-        errors: errors.len() as u64,
-    }
+    let samples = join(handles, warm.errors).await;
+    let what = format!("client alone {tag}");
+    let cpu = (cpu0, process_cpu_us);
+    finish(requests, t0, samples, cpu, redis0, conns, &what).await
 }
 
 /// The runs of one node count: `runs[repeat][variant]`.
@@ -603,37 +639,15 @@ async fn bench(cfg: &Config) -> Vec<Cell> {
                 run_id += 1;
                 flush_all(&mut conns).await;
                 let m = run(server, &mut conns, &format!("r{run_id}"), cfg.requests).await;
-                eprintln!(
-                    "N={n} repeat {}/{} {:<13} {:>7.0} req/s  p50 {:>6.0} µs  p99 {:>6.0} µs  \
-                     server {:>6.1} µs/req  Redis {:>6.1} µs/req  errors {}",
-                    rep + 1,
-                    cfg.repeats,
-                    server.variant.label(),
-                    m.throughput,
-                    m.p50,
-                    m.p99,
-                    m.server_cpu,
-                    m.redis_cpu,
-                    m.errors,
-                );
+                let what = format!("{:<13}", server.variant.label());
+                m.log(n, rep, cfg.repeats, &what, ("req", "server"));
                 trio[v] = m;
             }
             cell.runs.push(trio);
             run_id += 1;
             flush_all(&mut conns).await;
             let m = run_client(&client, &mut conns, &format!("r{run_id}"), cfg.requests).await;
-            eprintln!(
-                "N={n} repeat {}/{} client alone   {:>7.0} pairs/s  p50 {:>6.0} µs  p99 {:>6.0} µs  \
-                 client {:>6.1} µs/pair  Redis {:>6.1} µs/pair  errors {}",
-                rep + 1,
-                cfg.repeats,
-                m.throughput,
-                m.p50,
-                m.p99,
-                m.server_cpu,
-                m.redis_cpu,
-                m.errors,
-            );
+            m.log(n, rep, cfg.repeats, "client alone ", ("pair", "client"));
             cell.client.push(m);
         }
         flush_all(&mut conns).await;
