@@ -16,7 +16,7 @@
 use std::pin::Pin;
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Wake, Waker, ready};
 use std::time::Instant;
 
 use futures_util::future::BoxFuture;
@@ -317,6 +317,7 @@ pub(crate) struct Calls {
     /// With several calls: the waker they are polled with, which wakes the task that
     /// polls them only once `wake_after` of them have news.
     gate: Option<(Arc<Gate>, Waker)>,
+    /// How many calls must have news before the polling task is woken (see `Gate`).
     wake_after: usize,
 }
 
@@ -426,20 +427,17 @@ impl Pending {
     }
 
     fn poll(&mut self, call: &Arc<Call>, cx: &mut Context<'_>) -> Poll<Result<Value, NodeError>> {
-        loop {
-            return match self {
-                Self::Started(started) => match started.poll_answer(call, cx) {
-                    Poll::Ready(Answer::Done(answer)) => Poll::Ready(answer),
-                    Poll::Ready(Answer::More(more)) => {
-                        // Polled again at once, as the follow-up it now is.
-                        *self = Self::Running(more);
-                        continue;
-                    }
-                    Poll::Pending => Poll::Pending,
-                },
-                Self::Queued(waiting) => Pin::new(waiting).poll(cx),
-                Self::Running(running) => running.as_mut().poll(cx),
-            };
+        match self {
+            Self::Started(started) => match ready!(started.poll_answer(call, cx)) {
+                Answer::Done(answer) => Poll::Ready(answer),
+                Answer::More(more) => {
+                    // Polled again at once, as the follow-up it now is.
+                    *self = Self::Running(more);
+                    self.poll(call, cx)
+                }
+            },
+            Self::Queued(waiting) => Pin::new(waiting).poll(cx),
+            Self::Running(running) => running.as_mut().poll(cx),
         }
     }
 }

@@ -429,7 +429,7 @@ impl Call {
                     keys: &[self.arg(1)],
                     args: &[Arg::Bytes(self.arg(2))],
                 };
-                run_script(&holder.cmd(true), &HOLDER_TTL_SCRIPT, conn).await
+                run_script(&holder.cmd(), &HOLDER_TTL_SCRIPT, conn).await
             }
         }
     }
@@ -529,56 +529,43 @@ async fn eval_instead<C: ConnectionLike>(
 }
 
 impl Invocation<'_> {
-    /// `EVALSHA sha numkeys keys... args...` as RESP: [`cmd(true)`](Self::cmd) packed,
-    /// without building the command first.
+    /// The command's arguments: `EVALSHA sha numkeys keys... args...` (a node that lost
+    /// the script gets them again as `EVAL`, see `eval_instead`).
+    fn words(&self) -> impl Iterator<Item = Arg<'_>> {
+        let keys = u64::try_from(self.keys.len()).unwrap_or(u64::MAX);
+        let sha = self.script.sha.as_bytes();
+        [Arg::Bytes(b"EVALSHA"), Arg::Bytes(sha), Arg::Int(keys)]
+            .into_iter()
+            .chain(self.keys.iter().map(|key| Arg::Bytes(key)))
+            .chain(self.args.iter().copied())
+    }
+
+    /// The command as RESP: [`cmd`](Self::cmd) packed, without building it first.
     fn packed(&self) -> Vec<u8> {
-        let count = 3 + self.keys.len() + self.args.len();
-        let size = self.keys.iter().map(|k| k.len()).sum::<usize>()
-            + self
-                .args
-                .iter()
-                .map(|a| match a {
-                    Arg::Bytes(b) => b.len(),
-                    Arg::Int(_) => 20,
-                })
-                .sum::<usize>()
-            + self.script.sha.len();
-        let mut cmd = Packer::new(count, size);
-        cmd.bytes(b"EVALSHA")
-            .bytes(self.script.sha.as_bytes())
-            .int(self.keys.len() as u64);
-        for key in self.keys {
-            cmd.bytes(key);
-        }
-        for arg in self.args {
-            match arg {
+        let size = self
+            .words()
+            .map(|word| match word {
+                Arg::Bytes(b) => b.len(),
+                Arg::Int(_) => 20,
+            })
+            .sum();
+        let mut cmd = Packer::new(3 + self.keys.len() + self.args.len(), size);
+        for word in self.words() {
+            match word {
                 Arg::Bytes(b) => cmd.bytes(b),
-                Arg::Int(n) => cmd.int(*n),
+                Arg::Int(n) => cmd.int(n),
             };
         }
         cmd.done()
     }
 
-    /// The command: `EVALSHA sha numkeys keys... args...`, or `EVAL code ...` when `by_sha`
-    /// is false.
-    pub(crate) fn cmd(&self, by_sha: bool) -> Cmd {
-        let mut cmd = if by_sha {
-            let mut c = redis::cmd("EVALSHA");
-            c.arg(self.script.sha.as_str());
-            c
-        } else {
-            let mut c = redis::cmd("EVAL");
-            c.arg(self.script.code);
-            c
-        };
-        cmd.arg(self.keys.len());
-        for key in self.keys {
-            cmd.arg(*key);
-        }
-        for arg in self.args {
-            match arg {
-                Arg::Bytes(b) => cmd.arg(*b),
-                Arg::Int(n) => cmd.arg(*n),
+    /// The command: `EVALSHA sha numkeys keys... args...`.
+    pub(crate) fn cmd(&self) -> Cmd {
+        let mut cmd = Cmd::new();
+        for word in self.words() {
+            match word {
+                Arg::Bytes(b) => cmd.arg(b),
+                Arg::Int(n) => cmd.arg(n),
             };
         }
         cmd
@@ -775,7 +762,19 @@ mod tests {
                 args,
             };
             let call = Request::Script(Invocation { ..inv }).call();
-            let expected = Invocation { ..inv }.cmd(true).get_packed_command();
+            let mut by_hand = redis::cmd("EVALSHA");
+            by_hand.arg(RELEASE_SCRIPT.sha.as_str()).arg(keys.len());
+            for key in keys {
+                by_hand.arg(*key);
+            }
+            for arg in args {
+                match arg {
+                    Arg::Bytes(b) => by_hand.arg(*b),
+                    Arg::Int(n) => by_hand.arg(*n),
+                };
+            }
+            let expected = by_hand.get_packed_command();
+            assert_eq!(Invocation { ..inv }.cmd().get_packed_command(), expected);
             assert_eq!(call.packed(), expected);
             assert_eq!(call.cmd().get_packed_command(), expected);
             let read: Vec<&[u8]> = args_of(call.packed()).collect();
