@@ -660,7 +660,10 @@ struct Packer(Vec<u8>);
 impl Packer {
     /// A command of `count` arguments whose own bytes come to about `size`.
     fn new(count: usize, size: usize) -> Self {
-        let mut buf = Vec::with_capacity(size.saturating_add(count.saturating_mul(16) + 16));
+        let mut buf = Vec::with_capacity(
+            size.saturating_add(count.saturating_mul(16))
+                .saturating_add(16),
+        );
         buf.push(b'*');
         buf.extend_from_slice(digits(count as u64, &mut [0; 20]));
         buf.extend_from_slice(b"\r\n");
