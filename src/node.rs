@@ -787,13 +787,25 @@ impl Node {
         } else {
             None
         };
-        Some(Start::Sent(Started {
+        Some(Start::Sent(self.send_on(&wire, generation, call, turn)))
+    }
+
+    /// Sends `call` on our own connection `wire` (of `generation`); `turn` if it is a
+    /// release holding the node's turn.
+    fn send_on(
+        self: &Arc<Self>,
+        wire: &wire::Wire,
+        generation: u64,
+        call: &Call,
+        turn: Option<batch::Turn>,
+    ) -> Started {
+        Started {
             node: Arc::clone(self),
             generation,
             reply: wire.request(call.packed(), call.alone()),
-            wire,
+            wire: wire.clone(),
             turn,
-        }))
+        }
     }
 
     /// Runs `call` on the current connection at once; `on_sent` as for [`call`](Self::call).
@@ -807,13 +819,7 @@ impl Node {
         let answer = match &conn {
             // The hot path: the command encoded once for the round.
             Conn::Own(wire) => {
-                let mut started = Started {
-                    node: Arc::clone(self),
-                    generation,
-                    reply: wire.request(call.packed(), call.alone()),
-                    wire: wire.clone(),
-                    turn: None,
-                };
+                let mut started = self.send_on(wire, generation, call, None);
                 on_sent();
                 return match std::future::poll_fn(|cx| started.poll_answer(call, cx)).await {
                     Answer::Done(answer) => answer,

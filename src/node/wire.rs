@@ -5,9 +5,9 @@
 //! that the connection's task writes in one go: at once when few replies are still to
 //! come, else right after it hands out the next replies (many requests per write under
 //! load). A round to several nodes leaves the writing to their tasks, so the writes run
-//! side by side rather than one after another on the caller's thread. Replies are matched to requests in order, each into a
-//! small shared slot the caller waits on; a caller that stops waiting leaves its slot,
-//! and the reply is dropped when it arrives.
+//! side by side rather than one after another on the caller's thread. Replies are
+//! matched to requests in order, each into a small shared slot the caller waits on; a
+//! caller that stops waiting leaves its slot, and the reply is dropped when it arrives.
 //!
 //! Nodes reached over TLS or a Unix socket, with RESP3 asked for, or in a cluster use
 //! redis-rs's connections instead.
