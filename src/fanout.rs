@@ -532,7 +532,8 @@ where
 }
 
 /// `request` (a release) on every node not in `skip`, quarantined ones included, awaiting
-/// every answer (each bounded by `deadline`); `on_reply` takes each answer. On a node where
+/// every answer (each bounded by `deadline`); `on_reply` takes each answer with its node's
+/// index. On a node where
 /// the acquisition's call is still `landing`, the request waits for it. `on_sent` runs
 /// once every call has been polled, so each has handed its command to its node's
 /// connection unless it waits (for a connection, or for `landing`): a command this client
@@ -547,7 +548,7 @@ pub(crate) async fn everywhere<F>(
     on_sent: impl FnOnce(),
 ) -> Vec<NodeFailure>
 where
-    F: FnMut(Value) -> Result<(), NodeError>,
+    F: FnMut(usize, Value) -> Result<(), NodeError>,
 {
     let mut calls = send(
         nodes,
@@ -562,7 +563,7 @@ where
     // The nodes whose answer is still out.
     let mut out = NodeMask::matching(nodes.len(), |i| !skip.contains(i));
     let mut take = |i: usize, reply: Result<Value, NodeError>| {
-        if let Err(error) = reply.and_then(&mut on_reply) {
+        if let Err(error) = reply.and_then(|reply| on_reply(i, reply)) {
             failures.push(NodeFailure::new(nodes[i].label(), error));
         }
     };

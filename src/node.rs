@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -287,6 +287,8 @@ pub(crate) struct Node {
     consecutive_timeouts: AtomicU32,
     /// The releases waiting to go out together while another is on its way.
     releases: batch::Releases,
+    /// The node refused a `PUBLISH` of a release: its releases tell no waiter.
+    untold: AtomicBool,
 }
 
 impl std::fmt::Debug for Node {
@@ -319,6 +321,7 @@ impl Node {
             changed: Notify::new(),
             consecutive_timeouts: AtomicU32::new(0),
             releases: batch::Releases::default(),
+            untold: AtomicBool::new(false),
         }
     }
 
@@ -864,6 +867,28 @@ impl Node {
             #[cfg(feature = "cluster")]
             Connector::Cluster(_) => false,
         }
+    }
+
+    /// A release or completion on this node did its work but the node refused the
+    /// `PUBLISH` that tells the waiters (`message`, the server's error: an ACL without the
+    /// command or the lock channels). Said once per node, in a warning; from then on this
+    /// client's waiters do not count on the node's messages (they poll it instead).
+    pub(crate) fn notifications_refused(&self, message: &str) {
+        if !self.untold.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                node = %self.label,
+                error = %message,
+                "redlock node refused PUBLISH in a release: the lock was released, but waiters \
+                 are not woken by this node and poll it instead (grant the client's ACL user \
+                 +publish and the lock channels, the same pattern as its keys: &<key prefix>*)"
+            );
+        }
+    }
+
+    /// Whether this node refused to tell waiters of a release (see
+    /// [`notifications_refused`](Self::notifications_refused)).
+    pub(crate) fn tells_waiters(&self) -> bool {
+        !self.untold.load(Ordering::Relaxed)
     }
 
     /// A call to this node got no answer before its round's deadline: after

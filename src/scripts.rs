@@ -139,11 +139,14 @@ return {1}
 
 /// Compare-and-set of a completion record: replaces our lock value with the record
 /// (`ARGV[2]`) for the retention (`ARGV[3]` ms), and tells the waiters. `KEYS[1]` = lock
-/// key, `ARGV[1]` = value. Returns 1, or 0 when the key no longer holds our value.
+/// key, `ARGV[1]` = value. Returns 1, or 0 when the key no longer holds our value, or the
+/// server's error when the record was stored but the `PUBLISH` was refused (see
+/// [`RELEASE`]).
 const COMPLETE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  redis.call('PUBLISH', KEYS[1], '')
+  local told = redis.pcall('PUBLISH', KEYS[1], '')
+  if type(told) == 'table' and told.err then return told.err end
   return 1
 end
 return 0
@@ -153,10 +156,15 @@ return 0
 /// waiters on the key's channel (the channel is named like the key), with the releasing
 /// client's id (`ARGV[2]`) as the message. Returns 1 or 0. The message is published after
 /// the delete, in the same script, so it can never arrive while the key is still there.
+///
+/// The message is only a hint: a user without permission for the channel (an ACL without
+/// `+publish` or `&prefix*`) still releases. The `PUBLISH` is then refused, and the script
+/// returns the server's error message (a string) instead of 1: the key was deleted.
 const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[1], ARGV[2])
+  local told = redis.pcall('PUBLISH', KEYS[1], ARGV[2])
+  if type(told) == 'table' and told.err then return told.err end
   return 1
 end
 return 0
@@ -164,9 +172,10 @@ return 0
 
 /// [`RELEASE`] for many locks of one client at once (a node's releases that queued while
 /// another was on its way): `KEYS[i]` = lock key, `ARGV[i]` = its value, the last `ARGV` =
-/// the releasing client's id. Returns one answer per key: 1 or 0 as [`RELEASE`], or, for
-/// a key that is not a string, `{error message}` (`WRONGTYPE`), which fails that key alone
-/// (a bare error inside the reply would fail the whole call).
+/// the releasing client's id. Returns one answer per key: 1, 0 or a refused `PUBLISH`'s
+/// message as [`RELEASE`], or, for a key that is not a string, `{error message}`
+/// (`WRONGTYPE`), which fails that key alone (a bare error inside the reply would fail the
+/// whole call). A refused `PUBLISH` never stops the keys after it.
 /// It runs the same commands as [`RELEASE`], so the ACL rule of the README covers it.
 const RELEASE_MANY: &str = r#"
 local id = ARGV[#ARGV]
@@ -177,8 +186,12 @@ for i = 1, #KEYS do
     out[i] = {held.err}
   elseif held == ARGV[i] then
     redis.call('DEL', KEYS[i])
-    redis.call('PUBLISH', KEYS[i], id)
-    out[i] = 1
+    local told = redis.pcall('PUBLISH', KEYS[i], id)
+    if type(told) == 'table' and told.err then
+      out[i] = told.err
+    else
+      out[i] = 1
+    end
   else
     out[i] = 0
   end
@@ -632,16 +645,41 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
     }
 }
 
-/// Parses the reply to a compare-and-set script ([`FENCE`], [`RELEASE`], [`EXTEND`]):
-/// whether the key still held our value.
+/// Parses the reply to a compare-and-set script ([`FENCE`], [`EXTEND`]): whether the key
+/// still held our value.
 pub(crate) fn parse_flag(v: Value) -> Result<bool, NodeError> {
     match v {
         Value::Int(1) => Ok(true),
         Value::Int(0) => Ok(false),
-        other => Err(NodeError::Protocol(
-            format!("unexpected reply to a compare-and-set script: {other:?}").into(),
-        )),
+        other => Err(unexpected_flag(&other)),
     }
+}
+
+/// What a [`RELEASE`] (or [`COMPLETE`]) did on one node.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Deleted {
+    /// The key no longer held our value: nothing was done.
+    NotHeld,
+    /// Done, and the waiters were told.
+    Told,
+    /// Done, but the node refused the `PUBLISH` that tells the waiters: its message.
+    Untold(String),
+}
+
+/// Parses the reply to [`RELEASE`] or [`COMPLETE`].
+pub(crate) fn parse_deleted(v: Value) -> Result<Deleted, NodeError> {
+    match v {
+        Value::Int(1) => Ok(Deleted::Told),
+        Value::Int(0) => Ok(Deleted::NotHeld),
+        Value::BulkString(message) => Ok(Deleted::Untold(
+            String::from_utf8_lossy(&message).into_owned(),
+        )),
+        other => Err(unexpected_flag(&other)),
+    }
+}
+
+fn unexpected_flag(other: &Value) -> NodeError {
+    NodeError::Protocol(format!("unexpected reply to a compare-and-set script: {other:?}").into())
 }
 
 /// A non-negative decimal integer sent as a bulk string (or an integer).

@@ -202,7 +202,10 @@ impl Waiters {
             }
             for (i, node) in nodes.iter().enumerate() {
                 let (tx, rx) = oneshot::channel();
-                if self.send(&mut reg, i, node, Subscription::Subscribe(key.into(), tx)) {
+                // A node that refused a release's PUBLISH tells nothing: it is polled.
+                if self.send(&mut reg, i, node, Subscription::Subscribe(key.into(), tx))
+                    && node.tells_waiters()
+                {
                     confirmations.push(rx);
                 }
             }

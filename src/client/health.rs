@@ -218,7 +218,7 @@ impl Redlock {
             deadline,
             NodeMask::default(),
             None,
-            |reply| {
+            |_, reply| {
                 let seen = parse_inspect(reply)?;
                 if seen.held {
                     out.held_on += 1;

@@ -23,7 +23,9 @@ use crate::error::NodeFailure;
 use crate::fanout::{self, Landing};
 use crate::quorum::NodeMask;
 use crate::quorum::later;
-use crate::scripts::{Arg, COMPLETE_SCRIPT, Invocation, RELEASE_SCRIPT, Request, parse_flag};
+use crate::scripts::{
+    Arg, COMPLETE_SCRIPT, Deleted, Invocation, RELEASE_SCRIPT, Request, parse_deleted,
+};
 use crate::token::{Lock, Resource};
 
 /// The outcome of [`Redlock::unlock`]: on how many nodes our key was deleted.
@@ -128,8 +130,8 @@ impl Redlock {
         let waiters = &self.inner.waiters;
         // The waiter woken as the deletes went out.
         let woken = std::sync::OnceLock::new();
-        let on_reply = |reply| {
-            match parse_flag(reply)? {
+        let on_reply = |i: usize, reply| {
+            match self.deleted(i, reply)? {
                 true => {
                     released += 1;
                     if released == quorum {
@@ -181,8 +183,8 @@ impl Redlock {
         let nodes = &self.inner.nodes;
         // On the nodes where the acquisition lands late, too.
         let landing = lock.landing.as_ref();
-        let on_reply = |reply| {
-            if parse_flag(reply)? {
+        let on_reply = |i: usize, reply| {
+            if self.deleted(i, reply)? {
                 stored += 1;
             }
             Ok(())
@@ -201,6 +203,24 @@ impl Redlock {
             tracing::debug!(%failure, "redlock completion record not stored on a node");
         }
         stored
+    }
+
+    /// Whether node `i` did what a [`RELEASE`](crate::scripts) or completion asked (the key
+    /// held our value). A refused `PUBLISH` does not undo that: the node is only noted as
+    /// one whose waiters are not told (see [`Node::notifications_refused`]).
+    ///
+    /// [`Node::notifications_refused`]: crate::node::Node::notifications_refused
+    fn deleted(&self, i: usize, reply: redis::Value) -> Result<bool, crate::error::NodeError> {
+        Ok(match parse_deleted(reply)? {
+            Deleted::NotHeld => false,
+            Deleted::Told => true,
+            Deleted::Untold(message) => {
+                if let Some(node) = self.inner.nodes.get(i) {
+                    node.notifications_refused(&message);
+                }
+                true
+            }
+        })
     }
 
     /// Spawns a release of `value` on every node, if a tokio runtime is running;
