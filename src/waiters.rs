@@ -20,7 +20,9 @@
 //! Either way the head also has a backstop: the holder's remaining TTL (the key expires
 //! then, release or not), or one jittered retry delay while fewer than a quorum of nodes
 //! confirmed the subscription. A dropped pub/sub connection wakes every head once it is
-//! back, since messages may have been lost.
+//! back, since messages may have been lost. No waiter waits past its call's budget:
+//! `lock()`'s waiting time (its attempts times the longest retry pause, or its retry
+//! deadline) or `lock_until`'s deadline, whichever applies.
 //!
 //! A notification is only ever a hint to retry the normal acquisition, never a reason to
 //! believe the lock is free. If a node refuses `SUBSCRIBE` (ACL), is down or restarts,

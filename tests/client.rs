@@ -1079,9 +1079,9 @@ async fn the_readme_acl_rule_is_enough_and_info_is_only_for_the_quarantine() {
     support::warm(&plain).await;
 }
 
-/// Waiting means waiting: `lock()` with the default policy (10 attempts, 50-150 ms apart)
-/// outlasts a holder that never releases (its key expires after 2 s) and a restart
-/// quarantine of about 2 s, instead of spending its attempts in a second.
+/// Waiting means waiting: `lock()` with 40 attempts 50-150 ms apart (a waiting time of
+/// 6 s) outlasts a holder that never releases (its key expires after 2 s) and a restart
+/// quarantine of about 2 s in a few attempts, instead of spending them in a second.
 #[tokio::test]
 async fn lock_waits_across_the_holders_ttl_and_the_quarantine() {
     let cluster = Cluster::start(3);
@@ -1092,7 +1092,7 @@ async fn lock_waits_across_the_holders_ttl_and_the_quarantine() {
         })
         .await;
     let abandoned = holder.lock("abandoned").await.expect("lock");
-    let waiter = cluster.client(|b| b).await;
+    let waiter = cluster.client(|b| b.max_attempts(40)).await;
     let t = Instant::now();
     let lock = waiter
         .lock("abandoned")
@@ -1112,6 +1112,7 @@ async fn lock_waits_across_the_holders_ttl_and_the_quarantine() {
     let quarantined = tower_redlock::Redlock::builder(young.urls())
         .ttl(Duration::from_secs(2))
         .node_timeout(Duration::from_millis(100))
+        .max_attempts(40)
         .build()
         .expect("build");
     let lock = quarantined

@@ -62,5 +62,8 @@ async fn a_refused_publish_does_not_stop_a_release() {
         1,
         "one warning per node that names the refused command: {text}"
     );
-    assert!(text.contains("&<key prefix>*"), "it says what fixes it: {text}");
+    assert!(
+        text.contains("&<key prefix>*"),
+        "it says what fixes it: {text}"
+    );
 }

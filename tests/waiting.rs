@@ -219,3 +219,58 @@ async fn a_release_by_the_same_client_wakes_its_waiter_without_pub_sub() {
         );
     }
 }
+
+/// `lock()` gives up within its retry budget: 5 attempts 20-30 ms apart on a name held
+/// for a minute end with `Busy` after about 150 ms, whether another client or this one
+/// holds the name, instead of waiting in the queue for the holder's TTL. `lock_until`
+/// keeps its own deadline.
+#[tokio::test]
+async fn lock_gives_up_within_its_retry_budget() {
+    let cluster = Cluster::start(3);
+    let budgeted = |b: tower_redlock::RedlockBuilder| {
+        b.ttl(Duration::from_secs(60))
+            .max_attempts(5)
+            .retry_delay(Duration::from_millis(20), Duration::from_millis(10))
+    };
+    let holder = cluster.client(budgeted).await;
+    let other = cluster.client(budgeted).await;
+    let held = holder.lock("budget").await.expect("lock");
+    for (who, client) in [("another client", &other), ("the holder's client", &holder)] {
+        // Twice: the second call finds the queue the first one left (or joins it).
+        for _ in 0..2 {
+            let outcome = tokio::time::timeout(Duration::from_secs(10), client.lock("budget"))
+                .await
+                .unwrap_or_else(|_| panic!("{who}: lock() still waits after 10 s"));
+            match outcome {
+                Err(tower_redlock::LockError::Busy { attempts, .. }) => {
+                    assert!((1..=5).contains(&attempts), "{who}: {attempts} attempts");
+                }
+                other => panic!("{who}: expected Busy, got {other:?}"),
+            }
+        }
+    }
+    // Two waiters of one client at once: both give up (the one behind the head too).
+    let (a, b) = tokio::join!(other.lock("budget"), other.lock("budget"));
+    assert!(
+        matches!(a, Err(tower_redlock::LockError::Busy { .. })),
+        "{a:?}"
+    );
+    assert!(
+        matches!(b, Err(tower_redlock::LockError::Busy { .. })),
+        "{b:?}"
+    );
+    // lock_until waits by its deadline, not by the attempts' budget.
+    let until = Instant::now() + Duration::from_millis(600);
+    let outcome = other
+        .lock_until("budget", Duration::from_secs(60), until)
+        .await;
+    assert!(matches!(
+        outcome,
+        Err(tower_redlock::LockError::Busy { .. })
+    ));
+    assert!(
+        Instant::now() >= until,
+        "lock_until gave up before its deadline"
+    );
+    holder.unlock(&held).await;
+}

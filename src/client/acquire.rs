@@ -290,11 +290,10 @@ impl Redlock {
         &self,
         resource: &Arc<Resource>,
         ttl: Duration,
-        deadline: Option<Instant>,
-        max_attempts: u32,
+        budget: Budget,
         replay: bool,
     ) -> Result<Lock, (Failure, u32)> {
-        let acquisition = self.retry_inner(resource, ttl, deadline, max_attempts, replay);
+        let acquisition = self.retry_inner(resource, ttl, budget, replay);
         self.observed(resource, acquisition).await
     }
 
@@ -321,25 +320,34 @@ impl Redlock {
         result
     }
 
-    /// Tries `attempt` until it succeeds, fails for good, `max_attempts` are made or
-    /// `deadline` passes. While the name is busy it waits in the client's queue for the
-    /// name (see `crate::waiters`): woken by the release, or after a jittered pause; other
-    /// failures sleep a jittered pause.
+    /// Tries `attempt` until it succeeds, fails for good, or the `budget` is spent (its
+    /// attempts made, or its deadline passed). While the name is busy it waits in the
+    /// client's queue for the name (see `crate::waiters`): woken by the release, or after
+    /// a jittered pause; other failures sleep a jittered pause. No wait outlasts the
+    /// budget's waiting time.
     async fn retry_inner(
         &self,
         resource: &Arc<Resource>,
         ttl: Duration,
-        deadline: Option<Instant>,
-        max_attempts: u32,
+        budget: Budget,
         replay: bool,
     ) -> Result<Lock, (Failure, u32)> {
+        let Budget {
+            attempts: max_attempts,
+            deadline,
+            waits_until,
+        } = budget;
         let past = |d: Option<Instant>| d.is_some_and(|d| Instant::now() >= d);
+        // The waiting time is spent: no more attempts (unless there was none to spend, with
+        // no pause between attempts: then they are counted only).
+        let started = Instant::now();
+        let waited_out = || waits_until.is_some_and(|w| w > started) && past(waits_until);
         // Arrival order: behind the tasks of this client that already wait for the name.
         let mut ticket = None;
         if self.inner.waiters.has_queue(&resource.key) {
             // The queue subscribes when its head finds another client holding the name.
             let t = self.queue_up(resource, false).await;
-            t.wait(self.retry_pause(), deadline).await;
+            t.wait(self.retry_pause(), waits_until).await;
             ticket = Some(t);
         }
         let mut attempt = 1;
@@ -364,7 +372,7 @@ impl Redlock {
                 // The deadline cut the last attempt short: the attempt before says more.
                 return Err((previous.unwrap_or(failure), attempt));
             }
-            if !failure.is_retryable() || attempt >= max_attempts {
+            if !failure.is_retryable() || attempt >= max_attempts || waited_out() {
                 if let (Failure::Replay { .. }, Some(t)) = (&failure, &ticket) {
                     // The waiters behind need not wait for a release: there is a record.
                     t.done();
@@ -392,7 +400,7 @@ impl Redlock {
                     } else {
                         // Told of the release (by this client's own holder, or by the
                         // nodes), the head waits up to the holder's TTL; otherwise it polls.
-                        t.wait(self.retry_pause(), deadline).await;
+                        t.wait(self.retry_pause(), waits_until).await;
                     }
                 }
                 (
@@ -406,7 +414,7 @@ impl Redlock {
                     let t = self.queue_up(resource, *by_others).await;
                     t.busy(*retry_after);
                     if !t.is_head() {
-                        t.wait(self.retry_pause(), deadline).await;
+                        t.wait(self.retry_pause(), waits_until).await;
                     }
                     // The first waiter tries again at once: a release that came before it
                     // queued up (or before its subscriptions were in place) told nobody.
@@ -416,8 +424,8 @@ impl Redlock {
                     // Nodes kept out by the restart quarantine come back at a known time.
                     let pause = self.retry_pause().max(failure.quarantine_left());
                     let mut wake = later(Instant::now(), pause);
-                    if let Some(deadline) = deadline {
-                        wake = wake.min(deadline);
+                    if let Some(end) = waits_until {
+                        wake = wake.min(end);
                     }
                     tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
                 }
@@ -443,6 +451,50 @@ impl Redlock {
     /// A random pause from the retry policy: `[base, base + jitter)`.
     pub(crate) fn retry_pause(&self) -> Duration {
         jittered(self.inner.retry_delay, self.inner.retry_jitter)
+    }
+}
+
+/// What bounds a retried acquisition.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    /// At most this many attempts.
+    pub(crate) attempts: u32,
+    /// No attempt starts and no node call runs past it (a deadline that passes while
+    /// waiting still leaves one attempt).
+    pub(crate) deadline: Option<Instant>,
+    /// No wait between attempts (in the queue for a busy name, or a pause after another
+    /// failure) lasts past it: at or before `deadline`.
+    pub(crate) waits_until: Option<Instant>,
+}
+
+impl Budget {
+    /// One attempt.
+    pub(crate) fn once() -> Self {
+        Self {
+            attempts: 1,
+            deadline: None,
+            waits_until: None,
+        }
+    }
+
+    /// As many attempts as fit before `deadline`.
+    pub(crate) fn until(deadline: Instant) -> Self {
+        Self {
+            attempts: u32::MAX,
+            deadline: Some(deadline),
+            waits_until: Some(deadline),
+        }
+    }
+
+    /// `attempts` attempts, waiting in all no longer than the pauses between them would
+    /// take at their longest: `attempts × (delay + jitter)` from `now`.
+    pub(crate) fn attempts(attempts: u32, delay: Duration, jitter: Duration, now: Instant) -> Self {
+        let pause = delay.saturating_add(jitter);
+        Self {
+            attempts,
+            deadline: None,
+            waits_until: Some(later(now, pause.saturating_mul(attempts))),
+        }
     }
 }
 

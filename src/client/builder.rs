@@ -156,14 +156,17 @@ impl RedlockBuilder {
     }
 
     /// How many attempts [`Redlock::lock`](crate::Redlock::lock) makes before it gives up
-    /// ([`DEFAULT_MAX_ATTEMPTS`]); at least 1.
+    /// ([`DEFAULT_MAX_ATTEMPTS`]); at least 1. With the [`retry_delay`](Self::retry_delay)
+    /// it also sets how long `lock()` waits for a busy name: at most `max_attempts ×
+    /// (base + jitter)` from the call (see [`Redlock::lock`](crate::Redlock::lock)), unless
+    /// a [`retry_deadline`](Self::retry_deadline) is set.
     ///
     /// ```
     /// use tower_redlock::{ConfigError, Redlock};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
-    /// // Wait up to about 3 s for a busy lock: 30 attempts, 50-150 ms apart by default.
+    /// // Wait up to 4.5 s for a busy lock: 30 attempts, 50-150 ms apart by default.
     /// let redlock = Redlock::builder(nodes).max_attempts(30).build()?;
     /// let none = Redlock::builder(nodes).max_attempts(0).build();
     /// assert!(matches!(none, Err(ConfigError::ZeroAttempts)));
@@ -198,7 +201,9 @@ impl RedlockBuilder {
     }
 
     /// An overall deadline for [`Redlock::lock`](crate::Redlock::lock), counted from the call (none by default):
-    /// no attempt starts and no node call runs past it.
+    /// no attempt starts and no node call runs past it. It replaces the waiting time that
+    /// [`max_attempts`](Self::max_attempts) and the retry delay set; the attempt limit
+    /// still applies.
     ///
     /// ```
     /// use std::time::Duration;

@@ -47,6 +47,7 @@ pub(crate) mod spans;
 #[cfg(feature = "tls-rustls")]
 mod tls;
 
+use acquire::Budget;
 pub use builder::RedlockBuilder;
 pub use health::{Health, Inspection, NodeHealth, NodeStatus};
 pub use node_config::NodeConfig;
@@ -161,6 +162,16 @@ impl Redlock {
     /// Acquires `name` with the default TTL, retrying per the retry policy (max attempts,
     /// jittered delay, optional deadline).
     ///
+    /// What bounds the wait: at most [`max_attempts`](RedlockBuilder::max_attempts)
+    /// attempts, and, while the name is busy, no waiting past `max_attempts × (retry_delay +
+    /// jitter)` from the call (with a [`retry_deadline`](RedlockBuilder::retry_deadline),
+    /// that deadline instead). A waiter woken by the holder's release attempts at once, so
+    /// it usually gets the lock long before; once the waiting time is spent, the next
+    /// failed attempt ends the call ([`LockError::Busy`] for a name still held). Each
+    /// attempt takes at most the per-node timeout (twice with fencing), so `lock()`
+    /// returns within that waiting time plus one attempt. To wait by time alone, use
+    /// [`lock_until`](Self::lock_until).
+    ///
     /// An attempt returns as soon as a quorum of nodes granted the lock; nodes that had not
     /// answered by then are not waited for (their `SET` usually went out already and lands
     /// too; a node still connecting may miss it). [`unlock`](Self::unlock) goes to every node.
@@ -175,8 +186,20 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<Lock, LockError> {
         let resource = self.resource(name.as_ref(), ttl)?;
-        let deadline = self.inner.retry_deadline.map(|d| later(Instant::now(), d));
-        self.retry(&resource, ttl, deadline, self.inner.max_attempts, false)
+        let now = Instant::now();
+        let budget = match self.inner.retry_deadline {
+            Some(d) => Budget {
+                attempts: self.inner.max_attempts,
+                ..Budget::until(later(now, d))
+            },
+            None => Budget::attempts(
+                self.inner.max_attempts,
+                self.inner.retry_delay,
+                self.inner.retry_jitter,
+                now,
+            ),
+        };
+        self.retry(&resource, ttl, budget, false)
             .await
             .map_err(|(f, n)| f.into_error(n))
     }
@@ -191,7 +214,7 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Lock, LockError> {
         let resource = self.resource(name.as_ref(), ttl)?;
-        self.retry(&resource, ttl, Some(deadline), u32::MAX, false)
+        self.retry(&resource, ttl, Budget::until(deadline), false)
             .await
             .map_err(|(f, n)| f.into_error(n))
     }
@@ -251,16 +274,13 @@ impl Redlock {
         deadline: Option<Instant>,
     ) -> Result<Lock, Refusal> {
         let resource = self.resource(name, ttl).map_err(Refusal::Error)?;
-        let (max_attempts, deadline) = match deadline {
-            Some(deadline) => (u32::MAX, Some(deadline)),
-            None => (1, None),
-        };
-        self.retry(&resource, ttl, deadline, max_attempts, true)
-            .await
-            .map_err(|(failure, attempts)| match failure {
+        let budget = deadline.map_or_else(Budget::once, Budget::until);
+        self.retry(&resource, ttl, budget, true).await.map_err(
+            |(failure, attempts)| match failure {
                 Failure::Replay { record, .. } => Refusal::Replay(record.0),
                 other => Refusal::Error(other.into_error(attempts)),
-            })
+            },
+        )
     }
 
     /// How a guard keeps its locks alive (builder settings).
