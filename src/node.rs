@@ -204,9 +204,9 @@ pub(crate) struct Started {
     generation: u64,
     wire: wire::Wire,
     reply: wire::Reply,
-    /// A release's turn on the node: the releases that queued behind it go out once it
-    /// is answered (dropped with the call).
-    turn: Option<batch::Turn>,
+    /// Whether this is a release holding its node's turn (the connection hands the turn
+    /// on as it reads the answer).
+    holds_turn: bool,
 }
 
 /// What a [`Started`] call came to.
@@ -221,7 +221,7 @@ pub(crate) enum Answer {
 impl Started {
     /// Whether this is a release holding its node's turn (see the `batch` module).
     pub(crate) fn holds_turn(&self) -> bool {
-        self.turn.is_some()
+        self.holds_turn
     }
 
     /// Polls for the answer to `call` (the call this was started with).
@@ -230,10 +230,8 @@ impl Started {
         if call.needs_more(&first) {
             let (node, generation) = (Arc::clone(&self.node), self.generation);
             let (call, mut conn) = (Arc::clone(call), Conn::Own(self.wire.clone()));
-            let turn = self.turn.take();
             return Poll::Ready(Answer::More(Box::pin(async move {
                 let answer = call.finish(first, &mut conn).await;
-                drop(turn);
                 node.answered(generation, answer)
             })));
         }
@@ -758,7 +756,7 @@ impl Node {
         if call.is_release() && self.batches_releases() {
             return self.release(call, deadline).await;
         }
-        self.call_now(call, acquiring, on_sent).await
+        self.call_now(call, acquiring, None, on_sent).await
     }
 
     /// Starts `call` without waiting when the node's own connection is ready (and, with
@@ -784,8 +782,9 @@ impl Node {
         };
         let turn = if call.is_release() && self.batches_releases() {
             match self.take_turn_or_queue(call, deadline) {
-                Ok(turn) => Some(turn),
-                Err(waiting) => return Some(Start::Queued(waiting)),
+                batch::Release::Turn(turn) => Some(turn),
+                batch::Release::Queued(waiting) => return Some(Start::Queued(waiting)),
+                batch::Release::Alone => None,
             }
         } else {
             None
@@ -794,7 +793,8 @@ impl Node {
     }
 
     /// Sends `call` on our own connection `wire` (of `generation`); `turn` if it is a
-    /// release holding the node's turn.
+    /// release holding the node's turn, which the connection drops (hands on) as it reads
+    /// the answer.
     fn send_on(
         self: &Arc<Self>,
         wire: &wire::Wire,
@@ -802,27 +802,34 @@ impl Node {
         call: &Call,
         turn: Option<batch::Turn>,
     ) -> Started {
+        let holds_turn = turn.is_some();
+        let reply = match turn {
+            Some(turn) => wire.request_then(call.packed(), call.alone(), Box::new(turn)),
+            None => wire.request(call.packed(), call.alone()),
+        };
         Started {
             node: Arc::clone(self),
             generation,
-            reply: wire.request(call.packed(), call.alone()),
+            reply,
             wire: wire.clone(),
-            turn,
+            holds_turn,
         }
     }
 
-    /// Runs `call` on the current connection at once; `on_sent` as for [`call`](Self::call).
+    /// Runs `call` on the current connection at once; `turn` if it is a release holding
+    /// the node's turn (see the `batch` module); `on_sent` as for [`call`](Self::call).
     async fn call_now(
         self: &Arc<Self>,
         call: &Arc<Call>,
         acquiring: bool,
+        turn: Option<batch::Turn>,
         on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
         let (mut conn, generation) = self.connection(acquiring).await?;
         let answer = match &conn {
             // The hot path: the command encoded once for the round.
             Conn::Own(wire) => {
-                let mut started = self.send_on(wire, generation, call, None);
+                let mut started = self.send_on(wire, generation, call, turn);
                 on_sent();
                 return match std::future::poll_fn(|cx| started.poll_answer(call, cx)).await {
                     Answer::Done(answer) => answer,
@@ -831,6 +838,7 @@ impl Node {
             }
             _ => Box::pin(call.run(&mut conn)).await,
         };
+        drop(turn);
         self.answered(generation, answer)
     }
 

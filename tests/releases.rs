@@ -4,11 +4,26 @@
 
 mod support;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use support::{CapturedLogs, Cluster};
+use support::{CapturedLogs, Cluster, wait_for};
 use tower_redlock::Redlock;
+
+/// The key of lock `name` under the default prefix.
+fn key(name: &str) -> String {
+    format!("redlock:{{{name}}}")
+}
+
+/// Polls `future` once: it must still be pending (its command is on its way).
+async fn poll_once(future: Pin<&mut impl Future>) {
+    let mut future = future;
+    let pending = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_pending()));
+    assert!(pending.await, "the release finished at its first poll");
+}
 
 /// A user whose ACL lets it run `PUBLISH` but not on the lock channels (Redis 7's default
 /// `acl-pubsub-default resetchannels`): releases still release. A single unlock reports the
@@ -38,20 +53,22 @@ async fn a_refused_publish_does_not_stop_a_release() {
         .expect("build");
 
     let lock = redlock.lock("no-channel").await.expect("lock");
+    assert_eq!(cluster.nodes_holding(key("no-channel")).await, 1);
     let report = redlock.unlock(&lock).await;
     assert_eq!(report.released(), 1, "{report:?}");
     assert!(report.failures().is_empty(), "{report:?}");
-    assert_eq!(cluster.nodes_holding("redlock:no-channel").await, 0);
+    assert_eq!(cluster.nodes_holding(key("no-channel")).await, 0);
 
     // Released together: the first takes the node's turn, the others go out as batches.
     let names: Vec<String> = (0..40).map(|i| format!("batch-{i}")).collect();
     let locks = join_all(names.iter().map(|n| redlock.lock(n))).await;
     let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    assert_eq!(cluster.nodes_holding(key(&names[0])).await, 1);
     let reports = join_all(locks.iter().map(|l| redlock.unlock(l))).await;
     for (name, report) in names.iter().zip(&reports) {
         assert_eq!(report.released(), 1, "{name}: {report:?}");
         assert_eq!(
-            cluster.nodes_holding(format!("redlock:{name}")).await,
+            cluster.nodes_holding(key(name)).await,
             0,
             "{name} is still locked"
         );
@@ -66,4 +83,65 @@ async fn a_refused_publish_does_not_stop_a_release() {
         text.contains("&<key prefix>*"),
         "it says what fixes it: {text}"
     );
+}
+
+/// A release polled once and then left alone without being dropped (pinned in a
+/// `select!` loop, stored, leaked) takes its node's release turn, but does not stall the
+/// client's other releases to that node: the turn goes on with the node's answer.
+#[tokio::test]
+async fn a_release_left_unpolled_does_not_stall_the_others() {
+    let cluster = Cluster::start(1);
+    let redlock = cluster.client(|b| b.ttl(Duration::from_secs(60))).await;
+    let a = redlock.lock("stalled").await.expect("lock");
+    assert_eq!(cluster.nodes_holding(key("stalled")).await, 1);
+    let mut stalled = Box::pin(redlock.unlock(&a));
+    poll_once(stalled.as_mut()).await;
+    wait_for(
+        "the stalled release's delete",
+        Duration::from_secs(5),
+        || async { cluster.nodes_holding(key("stalled")).await == 0 },
+    )
+    .await;
+    for i in 0..5 {
+        let lock = redlock.lock(format!("after-{i}")).await.expect("lock");
+        let report = redlock.unlock(&lock).await;
+        assert_eq!(report.released(), 1, "release {i}: {report:?}");
+    }
+    let locks = join_all((0..20).map(|i| redlock.lock(format!("together-{i}")))).await;
+    let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    for report in join_all(locks.iter().map(|l| redlock.unlock(l))).await {
+        assert_eq!(report.released(), 1, "{report:?}");
+    }
+    drop(stalled);
+}
+
+/// When the stalled release's answer does not come (the node is paused), the releases
+/// queued behind it go out once its deadline passes, and reach the node even though
+/// their own callers stopped waiting meanwhile.
+#[tokio::test]
+async fn releases_behind_a_stalled_turn_still_reach_the_node() {
+    let mut cluster = Cluster::start(1);
+    let redlock = cluster
+        .client(|b| {
+            b.ttl(Duration::from_secs(60))
+                .node_timeout(Duration::from_millis(100))
+        })
+        .await;
+    let a = redlock.lock("stalled").await.expect("lock");
+    let b = redlock.lock("behind").await.expect("lock");
+    assert_eq!(cluster.nodes_holding(key("behind")).await, 1);
+    cluster.nodes[0].pause();
+    let mut stalled = Box::pin(redlock.unlock(&a));
+    poll_once(stalled.as_mut()).await;
+    // Queued behind the stalled turn; the node does not answer in time.
+    let report = redlock.unlock(&b).await;
+    assert_eq!(report.released(), 0, "{report:?}");
+    cluster.nodes[0].resume();
+    wait_for(
+        "the queued release's delete",
+        Duration::from_secs(5),
+        || async { cluster.nodes_holding(key("behind")).await == 0 },
+    )
+    .await;
+    drop(stalled);
 }

@@ -11,7 +11,16 @@
 //! ```
 //!
 //! Every queued release is sent even if its caller stopped waiting (its round ended): a
-//! release must reach the node. Each answer is the one the release alone would have had.
+//! release must reach the node, so a batch waits for its node at least the connect
+//! timeout (a batch that still fails is logged). Each answer is the one the release alone
+//! would have had.
+//!
+//! The turn: the release on its way holds the node's turn until its answer arrives (our
+//! own connection hands the turn on as it reads the answer, whether or not the caller
+//! still polls), and at the latest until its caller's deadline. So a caller that stops
+//! polling its release without dropping it delays the releases behind it by one deadline
+//! at most. At most [`MAX_QUEUED`] releases wait per node; past that, a release goes
+//! out alone at once.
 //! Batching is off for a cluster node, where the keys of one script call must share a
 //! hash slot.
 //!
@@ -32,29 +41,59 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use redis::Value;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use super::Node;
 use crate::error::NodeError;
+use crate::quorum::later;
 use crate::scripts::{self, Call};
-
-/// How many releases (alone or batches) may be on their way to a node at once; the
-/// others queue for the next batch.
-const MAX_IN_FLIGHT: usize = 1;
 
 /// The most releases in one script call.
 const MAX_BATCH: usize = 256;
 
+/// The most releases queued for one node: past that, a release goes out alone at once
+/// (never lost, never an unbounded queue).
+const MAX_QUEUED: usize = 16 * MAX_BATCH;
+
 /// A node's releases that wait for the one on its way.
 #[derive(Default)]
-pub(super) struct Releases(Mutex<State>);
+pub(super) struct Releases {
+    state: Mutex<State>,
+    /// Wakes the task that sends the queue: the turn was handed on.
+    handed_on: Notify,
+}
 
 #[derive(Default)]
 struct State {
-    /// Releases (alone or batches) on their way to the node.
-    in_flight: usize,
-    /// The releases that wait for it, in the order they came.
+    /// The release that holds the node's turn (sent alone, its answer still to come).
+    turn: Option<Holder>,
+    /// The number of the next turn.
+    next_turn: u64,
+    /// A task sends the queue: it waits for the turn, then holds the node while it sends.
+    sending: bool,
+    /// The releases that wait, in the order they came.
     queue: Vec<Queued>,
+}
+
+/// Which release holds the node's turn, and until when it may keep it: its caller's
+/// deadline. Past that, the releases behind it go on without it (a caller that stopped
+/// polling its release does not stall the node's other releases).
+struct Holder {
+    id: u64,
+    until: Instant,
+}
+
+impl State {
+    /// Whether the turn is held by a release that is still within its deadline.
+    fn turn_taken(&mut self, now: Instant) -> bool {
+        if self.turn.as_ref().is_some_and(|h| now >= h.until) {
+            tracing::debug!(
+                "redlock release kept its node's turn past its deadline: the releases behind it go on"
+            );
+            self.turn = None;
+        }
+        self.turn.is_some()
+    }
 }
 
 /// A release waiting to go out, with where its answer goes.
@@ -65,10 +104,20 @@ struct Queued {
     answer: oneshot::Sender<Result<Value, NodeError>>,
 }
 
+/// How a release to a node starts ([`Node::take_turn_or_queue`]).
+pub(crate) enum Release {
+    /// It takes the node's turn: send it now, alone.
+    Turn(Turn),
+    /// It waits for the next batch.
+    Queued(Waiting),
+    /// The queue is full (or no task can send it): send it now, alone, without the turn.
+    Alone,
+}
+
 impl Releases {
     fn state(&self) -> MutexGuard<'_, State> {
         // Every change keeps the state consistent, so a poisoned lock is still usable.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Up to [`MAX_BATCH`] queued releases, the oldest first.
@@ -80,12 +129,27 @@ impl Releases {
         }
     }
 
-    /// Marks the node idle and gives up the queued releases (their callers get an error):
-    /// what is left when no task can send them (the runtime is shutting down).
+    /// Turn `id` is over (its answer came, or it was given up): the queue may go.
+    fn hand_on(&self, id: u64) {
+        {
+            let mut st = self.state();
+            if st.turn.as_ref().is_none_or(|h| h.id != id) {
+                return; // Already taken from it at its deadline.
+            }
+            st.turn = None;
+            if !st.sending {
+                return;
+            }
+        }
+        self.handed_on.notify_one();
+    }
+
+    /// Gives up the queued releases (their callers get an error) when the task sending
+    /// them is gone (its runtime is shutting down).
     fn abandon(&self) {
         let dropped = {
             let mut st = self.state();
-            st.in_flight = 0;
+            st.sending = false;
             std::mem::take(&mut st.queue)
         };
         drop(dropped);
@@ -110,13 +174,17 @@ impl Future for Waiting {
     }
 }
 
-/// The node's turn, held by the release on its way to it: dropped (answered or given
-/// up), it hands the node on to the releases that queued meanwhile.
-pub(crate) struct Turn(Arc<Node>);
+/// The node's turn, held by the release on its way to it. It is over when dropped: by the
+/// connection as the answer arrives (our own connection), or with the call (redis-rs's
+/// connections), and at the latest at the release's deadline.
+pub(crate) struct Turn {
+    node: Arc<Node>,
+    id: u64,
+}
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        self.0.release_done();
+        self.node.releases.hand_on(self.id);
     }
 }
 
@@ -129,100 +197,136 @@ impl Node {
         deadline: Instant,
     ) -> Result<Value, NodeError> {
         match self.take_turn_or_queue(call, deadline) {
-            Ok(_turn) => self.call_now(call, false, || {}).await,
-            Err(waiting) => waiting.await,
+            Release::Turn(turn) => self.call_now(call, false, Some(turn), || {}).await,
+            Release::Alone => self.call_now(call, false, None, || {}).await,
+            Release::Queued(waiting) => waiting.await,
         }
     }
 
-    /// The node's turn for the release `call` if no release is on its way to it; otherwise
-    /// `call` is queued for the next batch (which goes out within `deadline`'s reach).
+    /// The node's turn for the release `call` (until `deadline`) if no release is on its
+    /// way to it; otherwise `call` is queued for the next batch, which a task sends once the
+    /// turn is over (or its holder's deadline passed).
     pub(super) fn take_turn_or_queue(
         self: &Arc<Self>,
         call: &Arc<Call>,
         deadline: Instant,
-    ) -> Result<Turn, Waiting> {
+    ) -> Release {
         let mut st = self.releases.state();
-        if st.in_flight >= MAX_IN_FLIGHT {
-            let (answer, answered) = oneshot::channel();
-            st.queue.push(Queued {
-                call: Arc::clone(call),
-                deadline,
-                answer,
+        if !st.sending && !st.turn_taken(Instant::now()) {
+            let id = st.next_turn;
+            st.next_turn = st.next_turn.wrapping_add(1);
+            st.turn = Some(Holder {
+                id,
+                until: deadline,
             });
-            Err(Waiting(answered))
-        } else {
-            st.in_flight += 1;
-            Ok(Turn(Arc::clone(self)))
+            return Release::Turn(Turn {
+                node: Arc::clone(self),
+                id,
+            });
+        }
+        if st.queue.len() >= MAX_QUEUED {
+            return Release::Alone;
+        }
+        if !st.sending {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return Release::Alone;
+            };
+            st.sending = true;
+            let node = Arc::clone(self);
+            runtime.spawn(async move {
+                // Dropped before it ends (the runtime shut down), the task gives up the queue.
+                let mut abandoned = Abandoned(Some(Arc::clone(&node)));
+                node.send_queue().await;
+                abandoned.0 = None;
+            });
+        }
+        let (answer, answered) = oneshot::channel();
+        st.queue.push(Queued {
+            call: Arc::clone(call),
+            deadline,
+            answer,
+        });
+        Release::Queued(Waiting(answered))
+    }
+
+    /// The task that sends a node's queued releases: waits until the turn is over (or
+    /// its holder's deadline passed), then sends batches until the queue is empty. It holds
+    /// the node meanwhile: releases that come while it sends queue behind it.
+    async fn send_queue(self: &Arc<Self>) {
+        loop {
+            let until = {
+                let mut st = self.releases.state();
+                if !st.turn_taken(Instant::now()) {
+                    break;
+                }
+                st.turn.as_ref().map(|h| h.until)
+            };
+            let Some(until) = until else { break };
+            let until = tokio::time::Instant::from_std(until);
+            tokio::select! {
+                () = self.releases.handed_on.notified() => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+        loop {
+            let batch = {
+                let mut st = self.releases.state();
+                if st.queue.is_empty() {
+                    st.sending = false;
+                    return;
+                }
+                Releases::take(&mut st)
+            };
+            self.send_batch(batch).await;
         }
     }
 
-    /// The release on its way is answered (or abandoned): sends what queued meanwhile from
-    /// a task of its own, or marks the node idle.
-    fn release_done(self: &Arc<Self>) {
-        let batch = {
-            let mut st = self.releases.state();
-            if st.queue.is_empty() {
-                st.in_flight = st.in_flight.saturating_sub(1);
-                return;
-            }
-            Releases::take(&mut st)
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            drop(batch);
-            self.releases.abandon();
-            return;
-        };
-        let node = Arc::clone(self);
-        // Dropped before it ends (the runtime shut down), the task leaves the node idle.
-        let abandoned = Abandoned(Some(Arc::clone(self)));
-        runtime.spawn(async move {
-            let mut abandoned = abandoned;
-            let mut batch = batch;
-            loop {
-                node.send_batch(batch).await;
-                let mut st = node.releases.state();
-                if st.queue.is_empty() {
-                    st.in_flight = st.in_flight.saturating_sub(1);
-                    abandoned.0 = None;
-                    return;
-                }
-                batch = Releases::take(&mut st);
-            }
-        });
-    }
-
     /// Sends `batch` (one script call for all; a lone release as itself) and hands each
-    /// release its answer. The call waits for the server until the last caller's deadline.
+    /// release its answer. The call waits for the server until the last caller's deadline,
+    /// and at least the connect timeout: a release must reach the node even when its
+    /// caller stopped waiting (during a reconnect, say). A batch that still fails is
+    /// logged, with how many keys stay until their TTL.
     async fn send_batch(self: &Arc<Self>, batch: Vec<Queued>) {
         let Some(deadline) = batch.iter().map(|q| q.deadline).max() else {
             return;
         };
-        let deadline = tokio::time::Instant::from_std(deadline);
-        if let [lone] = batch.as_slice() {
-            let answer = tokio::time::timeout_at(deadline, self.call_now(&lone.call, false, || {}))
+        let limit = deadline.max(later(Instant::now(), self.connect_timeout()));
+        let limit = tokio::time::Instant::from_std(limit);
+        let answers = if let [lone] = batch.as_slice() {
+            let answer = self.call_now(&lone.call, false, None, || {});
+            tokio::time::timeout_at(limit, answer)
                 .await
-                .unwrap_or(Err(NodeError::Timeout));
-            if let Some(q) = batch.into_iter().next() {
-                let _ = q.answer.send(answer);
-            }
-            return;
-        }
-        let calls: Vec<&Call> = batch.iter().map(|q| &*q.call).collect();
-        let answers = tokio::time::timeout_at(deadline, async {
-            let (mut conn, generation) = self.connection(false).await?;
-            let answers = scripts::release_many(&calls, &mut conn).await;
-            self.answered(generation, answers)
-        })
-        .await
-        .unwrap_or(Err(NodeError::Timeout));
-        drop(calls);
+                .unwrap_or(Err(NodeError::Timeout))
+                .map(|answer| vec![Ok(answer)])
+        } else {
+            let calls: Vec<&Call> = batch.iter().map(|q| &*q.call).collect();
+            tokio::time::timeout_at(limit, async {
+                let (mut conn, generation) = self.connection(false).await?;
+                let answers = scripts::release_many(&calls, &mut conn).await;
+                self.answered(generation, answers)
+            })
+            .await
+            .unwrap_or(Err(NodeError::Timeout))
+            .map(|answers| {
+                answers
+                    .into_iter()
+                    .map(|a| a.map_err(NodeError::from))
+                    .collect()
+            })
+        };
         match answers {
             Ok(answers) => {
                 for (q, answer) in batch.into_iter().zip(answers) {
-                    let _ = q.answer.send(answer.map_err(NodeError::from));
+                    let _ = q.answer.send(answer);
                 }
             }
             Err(error) => {
+                tracing::warn!(
+                    node = %self.label(),
+                    releases = batch.len(),
+                    %error,
+                    "redlock releases could not be sent to a node: their keys stay until their TTL"
+                );
                 for q in batch {
                     let _ = q.answer.send(Err(error.clone()));
                 }
@@ -231,8 +335,7 @@ impl Node {
     }
 }
 
-/// Leaves the node idle (giving up the queue) if the task sending batches is dropped
-/// before it ends.
+/// Gives up the node's queue if the task sending it is dropped before it ends.
 struct Abandoned(Option<Arc<Node>>);
 
 impl Drop for Abandoned {

@@ -149,7 +149,13 @@ struct SlotState {
     expected: usize,
     got: Got,
     waker: Option<Waker>,
+    /// Dropped as soon as every reply is in (or the request failed), whether or not the
+    /// caller still polls: see [`Wire::request_then`].
+    then: Option<Then>,
 }
+
+/// What a request holds until its replies are read (see [`Wire::request_then`]).
+pub(crate) type Then = Box<dyn Send>;
 
 enum Got {
     Nothing,
@@ -161,11 +167,12 @@ enum Got {
 }
 
 impl Slot {
-    fn new(expected: usize) -> Self {
+    fn new(expected: usize, then: Option<Then>) -> Self {
         Self(Mutex::new(SlotState {
             expected,
             got: Got::Nothing,
             waker: None,
+            then,
         }))
     }
 
@@ -174,7 +181,7 @@ impl Slot {
     }
 
     fn deliver(&self, value: Value) {
-        let waker = {
+        let (waker, then) = {
             let mut st = self.state();
             st.expected = st.expected.saturating_sub(1);
             st.got = match std::mem::replace(&mut st.got, Got::Nothing) {
@@ -187,26 +194,28 @@ impl Slot {
                 other => other,
             };
             if st.expected == 0 {
-                st.waker.take()
+                (st.waker.take(), st.then.take())
             } else {
-                None
+                (None, None)
             }
         };
         if let Some(w) = waker {
             w.wake();
         }
+        drop(then);
     }
 
     fn fail(&self, error: RedisError) {
-        let waker = {
+        let (waker, then) = {
             let mut st = self.state();
             st.expected = 0;
             st.got = Got::Failed(error);
-            st.waker.take()
+            (st.waker.take(), st.then.take())
         };
         if let Some(w) = waker {
             w.wake();
         }
+        drop(then);
     }
 }
 
@@ -282,9 +291,9 @@ impl Wire {
 
     /// Sends `packed` (one or more commands, as RESP) and expects `replies` replies; the
     /// slot they fill.
-    fn send(&self, packed: &[u8], replies: usize, inline: bool) -> Arc<Slot> {
+    fn send(&self, packed: &[u8], replies: usize, inline: bool, then: Option<Then>) -> Arc<Slot> {
         let shared = &self.0.0;
-        let slot = Arc::new(Slot::new(replies));
+        let slot = Arc::new(Slot::new(replies, then));
         let mut st = shared.state();
         if let Some(broken) = &st.broken {
             slot.fail(broken.error());
@@ -324,12 +333,19 @@ impl Wire {
     /// Sends one command; its reply, a server error being `Err`. With `inline`, the
     /// caller writes it itself if the connection is idle.
     pub(crate) fn request(&self, packed: &[u8], inline: bool) -> Reply {
-        Reply(self.send(packed, 1, inline))
+        Reply(self.send(packed, 1, inline, None))
+    }
+
+    /// Like [`request`](Self::request), and drops `then` as soon as the reply is read (or
+    /// the request fails), even if the caller no longer polls the reply: a release's turn
+    /// on the node goes on with the answer, not with the caller.
+    pub(crate) fn request_then(&self, packed: &[u8], inline: bool, then: Then) -> Reply {
+        Reply(self.send(packed, 1, inline, Some(then)))
     }
 
     /// Sends `commands` commands at once; their replies, errors among them as values.
     pub(crate) fn pipeline(&self, packed: &[u8], commands: usize) -> Replies {
-        Replies(self.send(packed, commands, true))
+        Replies(self.send(packed, commands, true, None))
     }
 }
 
