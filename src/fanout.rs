@@ -108,7 +108,7 @@ impl Stragglers {
                     },
                     () = &mut timer => {
                         for i in (0..nodes.len()).filter(|i| out.contains(*i)) {
-                            nodes[i].timed_out();
+                            nodes[i].timed_out(calls.sent_at);
                         }
                         break;
                     }
@@ -303,6 +303,7 @@ fn send(
         pending,
         gate,
         wake_after: 1,
+        sent_at: Instant::now(),
     }
 }
 
@@ -312,6 +313,9 @@ fn send(
 pub(crate) struct Calls {
     /// The call every node got.
     call: Arc<Call>,
+    /// When the calls were sent: a timeout counts against a node's connection only if
+    /// the call went out after that connection was made.
+    sent_at: Instant,
     /// The calls still out, with their node's index.
     pending: Vec<(usize, Pending)>,
     /// With several calls: the waker they are polled with, which wakes the task that
@@ -507,7 +511,7 @@ where
             () = &mut timer => {
                 // Every call still out failed: it got no answer in time.
                 for i in (0..nodes.len()).filter(|i| sent.contains(*i)) {
-                    nodes[i].timed_out();
+                    nodes[i].timed_out(calls.sent_at);
                     record(&mut round, i, Err(NodeError::Timeout));
                 }
                 return round;
@@ -595,7 +599,7 @@ where
             () = &mut timer => {
                 // Every call still out failed: it got no answer in time.
                 for i in (0..nodes.len()).filter(|i| out.contains(*i)) {
-                    nodes[i].timed_out();
+                    nodes[i].timed_out(calls.sent_at);
                     take(i, Err(NodeError::Timeout));
                 }
                 break;

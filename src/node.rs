@@ -254,6 +254,8 @@ struct State {
     slot: Slot,
     /// Increases with every successful connect.
     generation: u64,
+    /// When the current connection was made (none before the first).
+    connected_at: Option<Instant>,
     backoff: Duration,
     /// The `run_id` of the first successful connect, updated on restarts.
     known_run_id: Option<String>,
@@ -287,6 +289,8 @@ pub(crate) struct Node {
     releases: batch::Releases,
     /// The node refused a `PUBLISH` of a release: its releases tell no waiter.
     untold: AtomicBool,
+    /// The node's eviction policy was warned about.
+    eviction_warned: AtomicBool,
 }
 
 impl std::fmt::Debug for Node {
@@ -310,6 +314,7 @@ impl Node {
             state: Mutex::new(State {
                 slot: Slot::Idle,
                 generation: 0,
+                connected_at: None,
                 backoff: BACKOFF_MIN,
                 known_run_id: None,
                 quarantined_until: None,
@@ -320,6 +325,7 @@ impl Node {
             consecutive_timeouts: AtomicU32::new(0),
             releases: batch::Releases::default(),
             untold: AtomicBool::new(false),
+            eviction_warned: AtomicBool::new(false),
         }
     }
 
@@ -447,19 +453,23 @@ impl Node {
             };
             // `INFO server` feeds the restart quarantine and the same-server check; a user
             // that may not run it can still lock with the quarantine off.
+            // `INFO memory` tells the eviction policy (see `warn_if_evicting`); a server
+            // that refuses it is simply not checked.
             let mut pipe = redis::pipe();
             pipe.ignore_errors().cmd("INFO").arg("server");
+            pipe.cmd("INFO").arg("memory");
             for s in scripts::all() {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
             }
-            let mut replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut conn).await?;
-            let info = if replies.is_empty() {
-                Ok(Value::Nil)
-            } else {
-                replies.remove(0)
-            };
-            if let Some(failed) = replies.into_iter().find_map(Result::err) {
+            let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut conn).await?;
+            let mut replies = replies.into_iter();
+            let info = replies.next().unwrap_or(Ok(Value::Nil));
+            let memory = replies.next().and_then(Result::ok);
+            if let Some(failed) = replies.find_map(Result::err) {
                 return Err(failed); // a script could not be loaded
+            }
+            if let Some(memory) = memory.and_then(|v| redis::from_redis_value::<String>(v).ok()) {
+                self.warn_if_evicting(&memory);
             }
             let info = match info {
                 Ok(v) => redis::from_redis_value_ref::<String>(&v)?,
@@ -489,6 +499,35 @@ impl Node {
             Ok(Err(e)) if !e.is_timeout() => Err(NodeError::from(e)),
             Ok(Err(_)) | Err(_) => Err(self.connect_timed_out()),
         }
+    }
+
+    /// Warns, once per node, when `INFO memory` shows a policy that evicts keys: lock keys
+    /// and fencing counters must stay until they expire. An evicted lock key lets a second
+    /// client take a lock that is still held; an evicted counter lets fencing numbers go
+    /// back (the node's clock seeds a missing one). Only `noeviction` is safe: the
+    /// `volatile-*` policies evict keys with a TTL, which is every key of ours.
+    fn warn_if_evicting(&self, memory: &str) {
+        let policy = memory
+            .lines()
+            .find_map(|l| l.trim_end().strip_prefix("maxmemory_policy:"));
+        let Some(policy) = policy.filter(|p| *p != "noeviction") else {
+            return;
+        };
+        if self.eviction_warned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let maxmemory = memory
+            .lines()
+            .find_map(|l| l.trim_end().strip_prefix("maxmemory:"))
+            .unwrap_or("?");
+        tracing::warn!(
+            node = %self.label,
+            policy,
+            maxmemory,
+            "redlock node may evict keys (maxmemory-policy is not noeviction): an evicted lock \
+             key lets another client take a held lock, and an evicted fencing counter lets \
+             fencing numbers go back; set maxmemory-policy noeviction on lock nodes"
+        );
     }
 
     /// The error of a connect that got no answer in time.
@@ -555,6 +594,7 @@ impl Node {
                     st.known_run_id = Some(info.run_id);
                     st.same_server_as = None;
                     st.generation += 1;
+                    st.connected_at = Some(Instant::now());
                     st.slot = Slot::Ready(conn);
                     st.backoff = BACKOFF_MIN;
                     self.consecutive_timeouts.store(0, Ordering::Relaxed);
@@ -662,14 +702,24 @@ impl Node {
     }
 
     /// Drops the connection of `generation` (if still current) so the next call reconnects.
+    /// Our own connection is closed at once: what it had not written yet (a straggling
+    /// `SET`, say) is never sent, so it cannot reach the node after a release sent on the
+    /// next connection; its calls still out fail.
     fn invalidate(&self, generation: u64, why: &NodeError) {
-        let mut st = self.state();
-        if st.generation == generation && matches!(st.slot, Slot::Ready(_)) {
+        let old = {
+            let mut st = self.state();
+            if st.generation != generation || !matches!(st.slot, Slot::Ready(_)) {
+                return;
+            }
             tracing::debug!(node = %self.label, error = %why, "redlock node connection dropped");
-            st.slot = Slot::Down {
+            let down = Slot::Down {
                 error: why.clone(),
                 retry_at: Instant::now(),
             };
+            std::mem::replace(&mut st.slot, down)
+        };
+        if let Slot::Ready(Conn::Own(wire)) = old {
+            wire.close();
         }
     }
 
@@ -899,14 +949,21 @@ impl Node {
         !self.untold.load(Ordering::Relaxed)
     }
 
-    /// A call to this node got no answer before its round's deadline: after
-    /// `reconnect_after_timeouts` of them in a row, the connection is dropped, so that the
-    /// next call reconnects.
-    pub(crate) fn timed_out(&self) {
+    /// A call to this node, sent at `sent_at`, got no answer before its round's deadline:
+    /// after `reconnect_after_timeouts` of them in a row, the connection is dropped, so
+    /// that the next call reconnects. A call sent before the current connection was made
+    /// does not count: the connection it went out on is gone already.
+    pub(crate) fn timed_out(&self, sent_at: Instant) {
+        let generation = {
+            let st = self.state();
+            if st.connected_at.is_none_or(|at| sent_at < at) {
+                return;
+            }
+            st.generation
+        };
         let n = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= self.settings.reconnect_after_timeouts {
             self.consecutive_timeouts.store(0, Ordering::Relaxed);
-            let generation = self.state().generation;
             self.invalidate(
                 generation,
                 &NodeError::Connection(format!("{n} consecutive timeouts").into()),

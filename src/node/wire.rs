@@ -330,6 +330,17 @@ impl Wire {
         slot
     }
 
+    /// Closes the connection now: nothing more is written (what was not written yet is
+    /// dropped), and every request still out fails. For a connection that is replaced.
+    pub(crate) fn close(&self) {
+        let shared = &self.0.0;
+        shared.break_with(Broken::Io(
+            io::ErrorKind::ConnectionAborted,
+            "the connection was dropped (too many timeouts, or a broken reply)".into(),
+        ));
+        shared.wake.notify_one();
+    }
+
     /// Sends one command; its reply, a server error being `Err`. With `inline`, the
     /// caller writes it itself if the connection is idle.
     pub(crate) fn request(&self, packed: &[u8], inline: bool) -> Reply {
