@@ -324,7 +324,7 @@ impl Redlock {
     /// attempts made, or its deadline passed). While the name is busy it waits in the
     /// client's queue for the name (see `crate::waiters`): woken by the release, or after
     /// a jittered pause; other failures sleep a jittered pause. No wait outlasts the
-    /// budget's waiting time.
+    /// budget's waiting time: once it is spent, the attempts left go without pauses.
     async fn retry_inner(
         &self,
         resource: &Arc<Resource>,
@@ -338,10 +338,6 @@ impl Redlock {
             waits_until,
         } = budget;
         let past = |d: Option<Instant>| d.is_some_and(|d| Instant::now() >= d);
-        // The waiting time is spent: no more attempts (unless there was none to spend, with
-        // no pause between attempts: then they are counted only).
-        let started = Instant::now();
-        let waited_out = || waits_until.is_some_and(|w| w > started) && past(waits_until);
         // Arrival order: behind the tasks of this client that already wait for the name.
         let mut ticket = None;
         if self.inner.waiters.has_queue(&resource.key) {
@@ -372,7 +368,7 @@ impl Redlock {
                 // The deadline cut the last attempt short: the attempt before says more.
                 return Err((previous.unwrap_or(failure), attempt));
             }
-            if !failure.is_retryable() || attempt >= max_attempts || waited_out() {
+            if !failure.is_retryable() || attempt >= max_attempts {
                 if let (Failure::Replay { .. }, Some(t)) = (&failure, &ticket) {
                     // The waiters behind need not wait for a release: there is a record.
                     t.done();

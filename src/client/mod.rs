@@ -166,11 +166,11 @@ impl Redlock {
     /// attempts, and, while the name is busy, no waiting past `max_attempts × (retry_delay +
     /// jitter)` from the call (with a [`retry_deadline`](RedlockBuilder::retry_deadline),
     /// that deadline instead). A waiter woken by the holder's release attempts at once, so
-    /// it usually gets the lock long before; once the waiting time is spent, the next
-    /// failed attempt ends the call ([`LockError::Busy`] for a name still held). Each
-    /// attempt takes at most the per-node timeout (twice with fencing), so `lock()`
-    /// returns within that waiting time plus one attempt. To wait by time alone, use
-    /// [`lock_until`](Self::lock_until).
+    /// it usually gets the lock long before; once the waiting time is spent, the attempts
+    /// left are made without pauses and the call ends ([`LockError::Busy`] for a name
+    /// still held). Each attempt takes at most the per-node timeout (twice with fencing),
+    /// so `lock()` returns within that waiting time plus the attempts' own time, usually
+    /// a round trip each. To wait by time alone, use [`lock_until`](Self::lock_until).
     ///
     /// An attempt returns as soon as a quorum of nodes granted the lock; nodes that had not
     /// answered by then are not waited for (their `SET` usually went out already and lands
