@@ -1133,3 +1133,76 @@ async fn with_replay_and_body_fingerprints_another_body_is_422() {
     assert_eq!(same_start.status, 201, "{}", same_start.body);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A completion record in the layer's format (`src/layer/record.rs`): the marker, the
+/// request's fingerprint, the status, `headers` (name, value), and `body`.
+fn record_bytes(
+    fingerprint: &[u8; 32],
+    status: u16,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Vec<u8> {
+    let put = |out: &mut Vec<u8>, bytes: &[u8]| {
+        out.extend_from_slice(&u32::try_from(bytes.len()).expect("len").to_be_bytes());
+        out.extend_from_slice(bytes);
+    };
+    let mut out = b"#record\n".to_vec();
+    out.extend_from_slice(fingerprint);
+    out.extend_from_slice(&status.to_be_bytes());
+    out.extend_from_slice(&u32::try_from(headers.len()).expect("len").to_be_bytes());
+    for (name, value) in headers {
+        put(&mut out, name.as_bytes());
+        put(&mut out, value.as_bytes());
+    }
+    out.push(1);
+    put(&mut out, body);
+    out
+}
+
+/// The default fingerprint of a `POST {path}` without credentials.
+fn post_fingerprint(path: &str) -> [u8; 32] {
+    let req = http::Request::post(path).body(()).expect("request");
+    *tower_redlock::layer::RequestFingerprint::of(&req, b"").as_bytes()
+}
+
+/// Stores `record` under the lock key of `name` on node `i`, for a minute.
+async fn store_record(cluster: &Cluster, i: usize, name: &str, record: &[u8]) {
+    let mut conn = cluster.raw(i).await;
+    let key = format!("redlock:{{{name}}}");
+    let _: () = conn.pset_ex(key, record, 60_000).await.expect("PSETEX");
+}
+
+/// A stored record with more header fields than a `HeaderMap` can hold (written by anyone
+/// with access to the nodes) is refused with 503, not a panic: the connection stays up and
+/// the next request on it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_record_with_absurdly_many_headers_is_503_not_a_panic() {
+    let cluster = Cluster::start(3);
+    let (addr, runs) = serve_counting(&cluster, Duration::from_secs(60)).await;
+    let headers: Vec<(String, String)> = (0..40_000)
+        .map(|i| (format!("x-h{i}"), "v".to_owned()))
+        .collect();
+    let record = record_bytes(&post_fingerprint("/hook"), 201, &headers, b"huge");
+    for i in 0..3 {
+        store_record(&cluster, i, "evt-huge", &record).await;
+    }
+    let client = http1();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.request(post_req(addr, "/hook", Some((KEY_HEADER, "evt-huge")))),
+    )
+    .await
+    .expect("answered in time")
+    .expect("an answer, not a dropped connection");
+    assert_eq!(reply.status(), 503);
+    let next = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-fine"))),
+    )
+    .await;
+    assert_eq!(
+        (next.status.as_u16(), next.body.as_str()),
+        (201, "{\"run\":1}")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

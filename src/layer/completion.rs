@@ -105,7 +105,7 @@ impl GrpcRecorder {
             &self.headers,
             Some(&buf),
             trailers,
-        );
+        )?;
         let retention = self.policy.retention();
         let work = store_then_release(&mut self.guard, &self.redlock, record, retention);
         Some(Finishing {
