@@ -1172,6 +1172,97 @@ async fn store_record(cluster: &Cluster, i: usize, name: &str, record: &[u8]) {
     let _: () = conn.pset_ex(key, record, 60_000).await.expect("PSETEX");
 }
 
+/// Whether node `i` holds a completion record under the lock key of `name`.
+async fn record_on(cluster: &Cluster, i: usize, name: &str) -> bool {
+    let mut conn = cluster.raw(i).await;
+    let value: Option<Vec<u8>> = conn.get(format!("redlock:{{{name}}}")).await.expect("GET");
+    value.is_some_and(|v| v.starts_with(b"#record\n"))
+}
+
+/// With `auto_extend(false)`, a handler that outlives its lock leaves no record, even
+/// where its key survived (a node whose key lives a little longer): the lock is just
+/// released, and the retry runs the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_handler_that_lost_its_lock_leaves_no_record() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(Semaphore::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let handler = {
+        let (runs, started, gate) = (runs.clone(), started.clone(), gate.clone());
+        move || {
+            let (runs, started, gate) = (runs.clone(), started.clone(), gate.clone());
+            async move {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                if run == 1 {
+                    started.add_permits(1);
+                    gate.acquire().await.expect("gate").forget();
+                }
+                (http::StatusCode::CREATED, format!("run {run}"))
+            }
+        }
+    };
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
+        .fencing(false)
+        .ttl(Duration::from_millis(500))
+        .auto_extend(false)
+        .replay(Duration::from_secs(60));
+    let app = Router::new()
+        .route("/hook", post(handler))
+        .route_layer(layer);
+    let addr = serve(app).await;
+    let client = http1();
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            send(
+                &client,
+                post_req(addr, "/hook", Some((KEY_HEADER, "evt-l"))),
+            )
+            .await
+        })
+    };
+    started.acquire().await.expect("started").forget();
+    // Node 0's key outlives the others (as on a node whose clock runs slow).
+    let mut conn = cluster.raw(0).await;
+    let longer: bool = conn
+        .pexpire("redlock:{evt-l}", 30_000)
+        .await
+        .expect("PEXPIRE");
+    assert!(longer, "the lock key is on node 0");
+    wait_for(
+        "the lock to expire on nodes 1 and 2",
+        Duration::from_secs(10),
+        || async {
+            cluster.get(1, "redlock:{evt-l}").await.is_none()
+                && cluster.get(2, "redlock:{evt-l}").await.is_none()
+        },
+    )
+    .await;
+    gate.add_permits(1);
+    let first = first.await.expect("first");
+    assert_eq!((first.status.as_u16(), first.body.as_str()), (201, "run 1"));
+    for i in 0..3 {
+        assert!(
+            !record_on(&cluster, i, "evt-l").await,
+            "a record on node {i}"
+        );
+    }
+    let retry = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-l"))),
+    )
+    .await;
+    assert_eq!((retry.status.as_u16(), retry.body.as_str()), (201, "run 2"));
+    assert!(
+        retry
+            .headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_none()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
 /// A stored record with more header fields than a `HeaderMap` can hold (written by anyone
 /// with access to the nodes) is refused with 503, not a panic: the connection stays up and
 /// the next request on it is served.

@@ -244,7 +244,9 @@ impl<E> RedlockLayer<E> {
     /// written on a quorum is seen by every later acquirer (any quorum it can take shares
     /// a node with the record's). If the record reaches fewer nodes, a retry may run the
     /// handler again (at least once, logged at `warn`). A handler that panics, or a client
-    /// that disconnects, leaves no record.
+    /// that disconnects, leaves no record; nor does a handler that outlived its lock (lost,
+    /// or past its validity, as without [`auto_extend`](Self::auto_extend)): the lock is
+    /// only released, and a retry runs the handler again.
     ///
     /// gRPC: a unary reply (one message within the size limit, its status kept by
     /// [`ReplayPolicy::keeps_grpc`](super::ReplayPolicy::keeps_grpc)) is replayed with its
