@@ -1263,6 +1263,65 @@ async fn with_replay_a_handler_that_lost_its_lock_leaves_no_record() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// Only a record a quorum of nodes agrees on is replayed: two different records on a
+/// minority each are never answered (the name is busy until they expire), a record on a
+/// minority alone is ignored (the handler runs), and a record on a quorum is replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_only_a_record_a_quorum_agrees_on_is_replayed() {
+    let cluster = Cluster::start(3);
+    let (addr, runs) = serve_counting(&cluster, Duration::from_secs(60)).await;
+    let client = http1();
+    let fingerprint = post_fingerprint("/hook");
+    let a = record_bytes(&fingerprint, 201, &[], b"record A");
+    let b = record_bytes(&fingerprint, 201, &[], b"record B");
+    let hook = |name: &'static str| post_req(addr, "/hook", Some((KEY_HEADER, name)));
+
+    // Two runs recorded on one node each: no quorum agrees, neither is replayed.
+    store_record(&cluster, 0, "evt-split", &a).await;
+    store_record(&cluster, 1, "evt-split", &b).await;
+    for _ in 0..10 {
+        let reply = send(&client, hook("evt-split")).await;
+        assert!(
+            !reply.body.contains("record"),
+            "answered with a minority record: {}",
+            reply.body
+        );
+        assert_eq!(reply.status, 409, "{}", reply.body);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // A record on one node of three: the others grant the lock and the handler runs.
+    store_record(&cluster, 0, "evt-minority", &a).await;
+    let ran = send(&client, hook("evt-minority")).await;
+    assert_eq!(
+        (ran.status.as_u16(), ran.body.as_str()),
+        (201, "{\"run\":1}")
+    );
+    assert!(
+        ran.headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_none()
+    );
+    // Its own record is on the quorum now, and is what retries get.
+    let retry = send(&client, hook("evt-minority")).await;
+    assert_eq!((retry.status.as_u16(), &retry.body), (201, &ran.body));
+    assert_eq!(retry.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+
+    // A record on two nodes of three, another on the third: the quorum's is replayed.
+    store_record(&cluster, 0, "evt-agreed", &a).await;
+    store_record(&cluster, 1, "evt-agreed", &a).await;
+    store_record(&cluster, 2, "evt-agreed", &b).await;
+    for _ in 0..10 {
+        let reply = send(&client, hook("evt-agreed")).await;
+        assert_eq!(
+            (reply.status.as_u16(), reply.body.as_str()),
+            (201, "record A")
+        );
+        assert_eq!(reply.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 /// A stored record with more header fields than a `HeaderMap` can hold (written by anyone
 /// with access to the nodes) is refused with 503, not a panic: the connection stays up and
 /// the next request on it is served.

@@ -243,7 +243,11 @@ impl<E> RedlockLayer<E> {
     /// the lock is released; the lookup is part of the acquire round trip. A record
     /// written on a quorum is seen by every later acquirer (any quorum it can take shares
     /// a node with the record's). If the record reaches fewer nodes, a retry may run the
-    /// handler again (at least once, logged at `warn`). A handler that panics, or a client
+    /// handler again (at least once, logged at `warn`). Only a record that a quorum of
+    /// nodes hold, byte for byte, is replayed: a record on fewer nodes, or records that
+    /// differ from node to node, count as the name being held, so the request is busy
+    /// (409 / `ABORTED`) until they expire, or, if it takes the lock on a quorum, runs the
+    /// handler and records anew; it never gets a minority's response. A handler that panics, or a client
     /// that disconnects, leaves no record; nor does a handler that outlived its lock (lost,
     /// or past its validity, as without [`auto_extend`](Self::auto_extend)): the lock is
     /// only released, and a retry runs the handler again.
