@@ -1179,6 +1179,43 @@ async fn record_on(cluster: &Cluster, i: usize, name: &str) -> bool {
     value.is_some_and(|v| v.starts_with(b"#record\n"))
 }
 
+/// A second caller that sends another caller's idempotency key (same method and path) is
+/// never answered with the first caller's stored response: the default fingerprint
+/// includes a hash of the `Authorization` header, so it gets 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_another_caller_with_the_same_key_never_gets_the_first_callers_response() {
+    let cluster = Cluster::start(3);
+    let (addr, runs) = serve_counting(&cluster, Duration::from_secs(60)).await;
+    let client = http1();
+    let as_caller = |token: &'static str| {
+        let mut req = post_req(addr, "/hook", Some((KEY_HEADER, "1")));
+        req.headers_mut().insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static(token),
+        );
+        req
+    };
+    let alice = send(&client, as_caller("Bearer alice")).await;
+    assert_eq!(
+        (alice.status.as_u16(), alice.body.as_str()),
+        (201, "{\"run\":1}")
+    );
+    let bob = send(&client, as_caller("Bearer bob")).await;
+    assert_ne!(bob.body, alice.body, "bob got alice's stored response");
+    assert!(
+        bob.headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_none()
+    );
+    assert_eq!(bob.status, 422, "{}", bob.body);
+    let anonymous = send(&client, post_req(addr, "/hook", Some((KEY_HEADER, "1")))).await;
+    assert_eq!(anonymous.status, 422, "{}", anonymous.body);
+    let again = send(&client, as_caller("Bearer alice")).await;
+    assert_eq!((again.status.as_u16(), &again.body), (201, &alice.body));
+    assert_eq!(again.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 /// With `auto_extend(false)`, a handler that outlives its lock leaves no record, even
 /// where its key survived (a node whose key lives a little longer): the lock is just
 /// released, and the retry runs the handler again.
@@ -1355,4 +1392,56 @@ async fn with_replay_a_record_with_absurdly_many_headers_is_503_not_a_panic() {
         (201, "{\"run\":1}")
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// With `PerPrincipal`, each caller's idempotency keys are its own (as Stripe scopes them
+/// to the account): another caller with the same key runs its own request, and each
+/// caller's retries get its own response back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_and_per_principal_each_caller_runs_its_own_request() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        move || {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move { (http::StatusCode::CREATED, format!("run {run}")) }
+        }
+    };
+    let layer = RedlockLayer::new(
+        redlock(&cluster).await,
+        tower_redlock::layer::PerPrincipal::new(Header::new(KEY_HEADER).required()),
+    )
+    .fencing(false)
+    .replay(Duration::from_secs(60));
+    let addr = serve(
+        Router::new()
+            .route("/hook", post(handler))
+            .route_layer(layer),
+    )
+    .await;
+    let client = http1();
+    let as_caller = |token: &'static str| {
+        let mut req = post_req(addr, "/hook", Some((KEY_HEADER, "1")));
+        req.headers_mut().insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static(token),
+        );
+        req
+    };
+    let alice = send(&client, as_caller("Bearer alice")).await;
+    assert_eq!((alice.status.as_u16(), alice.body.as_str()), (201, "run 1"));
+    let bob = send(&client, as_caller("Bearer bob")).await;
+    assert_eq!((bob.status.as_u16(), bob.body.as_str()), (201, "run 2"));
+    assert!(
+        bob.headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_none()
+    );
+    for (token, body) in [("Bearer alice", "run 1"), ("Bearer bob", "run 2")] {
+        let again = send(&client, as_caller(token)).await;
+        assert_eq!((again.status.as_u16(), again.body.as_str()), (201, body));
+        assert_eq!(again.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }

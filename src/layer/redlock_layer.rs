@@ -258,9 +258,14 @@ impl<E> RedlockLayer<E> {
     /// trailers wait until the record is stored. Streaming responses (more than one
     /// message) are not replayed.
     ///
-    /// A later request with the same name but a different fingerprint (method, path and
-    /// query; add the body with [`BodyFingerprintLayer`](super::BodyFingerprintLayer)) is
-    /// refused with 422 / `INVALID_ARGUMENT`.
+    /// A later request with the same name but a different fingerprint (method, path,
+    /// query and caller; add the body with
+    /// [`BodyFingerprintLayer`](super::BodyFingerprintLayer)) is refused with 422 /
+    /// `INVALID_ARGUMENT`. The caller is the [`Principal`](super::Principal) your
+    /// authentication middleware put into the request extensions, or else (a hash of) the
+    /// `Authorization` header: another caller that sends the same key never gets the first
+    /// caller's response. Wrap the extractor in [`PerPrincipal`](super::PerPrincipal) to
+    /// scope keys to the caller instead (each caller then runs its own request).
     ///
     /// ```
     /// use std::time::Duration;
