@@ -1260,7 +1260,12 @@ async fn with_replay_a_handler_that_lost_its_lock_leaves_no_record() {
         })
     };
     started.acquire().await.expect("started").forget();
-    // Node 0's key outlives the others (as on a node whose clock runs slow).
+    // Node 0's key outlives the others (as on a node whose clock runs slow). Its SET may
+    // still be landing when the quorum of the others decided.
+    wait_for("the lock on node 0", Duration::from_secs(5), || async {
+        cluster.get(0, "redlock:{evt-l}").await.is_some()
+    })
+    .await;
     let mut conn = cluster.raw(0).await;
     let longer: bool = conn
         .pexpire("redlock:{evt-l}", 30_000)

@@ -102,8 +102,9 @@ impl GrpcRecorder {
     }
 
     /// The reply ended (with `trailers`, if any): the work that stores its record and
-    /// releases the lock, or `None` if it is not kept (the lock is released in the
-    /// background as the recorder drops).
+    /// releases the lock, or `None` if it is not kept (too large, more than one message, a
+    /// status the policy does not keep, or too many header fields; the lock is released in
+    /// the background as the recorder drops).
     pub(crate) fn finish(mut self, trailers: Option<&HeaderMap>) -> Option<Finishing> {
         let buf = self.buf.take()?;
         let code = trailers
