@@ -1133,3 +1133,320 @@ async fn with_replay_and_body_fingerprints_another_body_is_422() {
     assert_eq!(same_start.status, 201, "{}", same_start.body);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A completion record in the layer's format (`src/layer/record.rs`): the marker, the
+/// request's fingerprint, the status, `headers` (name, value), and `body`.
+fn record_bytes(
+    fingerprint: &[u8; 32],
+    status: u16,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Vec<u8> {
+    let put = |out: &mut Vec<u8>, bytes: &[u8]| {
+        out.extend_from_slice(&u32::try_from(bytes.len()).expect("len").to_be_bytes());
+        out.extend_from_slice(bytes);
+    };
+    let mut out = b"#record\n".to_vec();
+    out.extend_from_slice(fingerprint);
+    out.extend_from_slice(&status.to_be_bytes());
+    out.extend_from_slice(&u32::try_from(headers.len()).expect("len").to_be_bytes());
+    for (name, value) in headers {
+        put(&mut out, name.as_bytes());
+        put(&mut out, value.as_bytes());
+    }
+    out.push(1);
+    put(&mut out, body);
+    out
+}
+
+/// The default fingerprint of a `POST {path}` without credentials.
+fn post_fingerprint(path: &str) -> [u8; 32] {
+    let req = http::Request::post(path).body(()).expect("request");
+    *tower_redlock::layer::RequestFingerprint::of(&req, b"").as_bytes()
+}
+
+/// Stores `record` under the lock key of `name` on node `i`, for a minute.
+async fn store_record(cluster: &Cluster, i: usize, name: &str, record: &[u8]) {
+    let mut conn = cluster.raw(i).await;
+    let key = format!("redlock:{{{name}}}");
+    let _: () = conn.pset_ex(key, record, 60_000).await.expect("PSETEX");
+}
+
+/// Whether node `i` holds a completion record under the lock key of `name`.
+async fn record_on(cluster: &Cluster, i: usize, name: &str) -> bool {
+    let mut conn = cluster.raw(i).await;
+    let value: Option<Vec<u8>> = conn.get(format!("redlock:{{{name}}}")).await.expect("GET");
+    value.is_some_and(|v| v.starts_with(b"#record\n"))
+}
+
+/// A second caller that sends another caller's idempotency key (same method and path) is
+/// never answered with the first caller's stored response: the default fingerprint
+/// includes a hash of the `Authorization` header, so it gets 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_another_caller_with_the_same_key_never_gets_the_first_callers_response() {
+    let cluster = Cluster::start(3);
+    let (addr, runs) = serve_counting(&cluster, Duration::from_secs(60)).await;
+    let client = http1();
+    let as_caller = |token: &'static str| {
+        let mut req = post_req(addr, "/hook", Some((KEY_HEADER, "1")));
+        req.headers_mut().insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static(token),
+        );
+        req
+    };
+    let alice = send(&client, as_caller("Bearer alice")).await;
+    assert_eq!(
+        (alice.status.as_u16(), alice.body.as_str()),
+        (201, "{\"run\":1}")
+    );
+    let bob = send(&client, as_caller("Bearer bob")).await;
+    assert_ne!(bob.body, alice.body, "bob got alice's stored response");
+    assert!(
+        bob.headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_none()
+    );
+    assert_eq!(bob.status, 422, "{}", bob.body);
+    let anonymous = send(&client, post_req(addr, "/hook", Some((KEY_HEADER, "1")))).await;
+    assert_eq!(anonymous.status, 422, "{}", anonymous.body);
+    let again = send(&client, as_caller("Bearer alice")).await;
+    assert_eq!((again.status.as_u16(), &again.body), (201, &alice.body));
+    assert_eq!(again.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// With `auto_extend(false)`, a handler that outlives its lock leaves no record, even
+/// where its key survived (a node whose key lives a little longer): the lock is just
+/// released, and the retry runs the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_handler_that_lost_its_lock_leaves_no_record() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(Semaphore::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let handler = {
+        let (runs, started, gate) = (runs.clone(), started.clone(), gate.clone());
+        move || {
+            let (runs, started, gate) = (runs.clone(), started.clone(), gate.clone());
+            async move {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                if run == 1 {
+                    started.add_permits(1);
+                    gate.acquire().await.expect("gate").forget();
+                }
+                (http::StatusCode::CREATED, format!("run {run}"))
+            }
+        }
+    };
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
+        .fencing(false)
+        .ttl(Duration::from_millis(500))
+        .auto_extend(false)
+        .replay(Duration::from_secs(60));
+    let app = Router::new()
+        .route("/hook", post(handler))
+        .route_layer(layer);
+    let addr = serve(app).await;
+    let client = http1();
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            send(
+                &client,
+                post_req(addr, "/hook", Some((KEY_HEADER, "evt-l"))),
+            )
+            .await
+        })
+    };
+    started.acquire().await.expect("started").forget();
+    // Node 0's key outlives the others (as on a node whose clock runs slow). Its SET may
+    // still be landing when the quorum of the others decided.
+    wait_for("the lock on node 0", Duration::from_secs(5), || async {
+        cluster.get(0, "redlock:{evt-l}").await.is_some()
+    })
+    .await;
+    let mut conn = cluster.raw(0).await;
+    let longer: bool = conn
+        .pexpire("redlock:{evt-l}", 30_000)
+        .await
+        .expect("PEXPIRE");
+    assert!(longer, "the lock key is on node 0");
+    wait_for(
+        "the lock to expire on nodes 1 and 2",
+        Duration::from_secs(10),
+        || async {
+            cluster.get(1, "redlock:{evt-l}").await.is_none()
+                && cluster.get(2, "redlock:{evt-l}").await.is_none()
+        },
+    )
+    .await;
+    gate.add_permits(1);
+    let first = first.await.expect("first");
+    assert_eq!((first.status.as_u16(), first.body.as_str()), (201, "run 1"));
+    for i in 0..3 {
+        assert!(
+            !record_on(&cluster, i, "evt-l").await,
+            "a record on node {i}"
+        );
+    }
+    let retry = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-l"))),
+    )
+    .await;
+    assert_eq!((retry.status.as_u16(), retry.body.as_str()), (201, "run 2"));
+    assert!(
+        retry
+            .headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_none()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// Only a record a quorum of nodes agrees on is replayed: two different records on a
+/// minority each are never answered (the name is busy until they expire), a record on a
+/// minority alone is ignored (the handler runs), and a record on a quorum is replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_only_a_record_a_quorum_agrees_on_is_replayed() {
+    let cluster = Cluster::start(3);
+    let (addr, runs) = serve_counting(&cluster, Duration::from_secs(60)).await;
+    let client = http1();
+    let fingerprint = post_fingerprint("/hook");
+    let a = record_bytes(&fingerprint, 201, &[], b"record A");
+    let b = record_bytes(&fingerprint, 201, &[], b"record B");
+    let hook = |name: &'static str| post_req(addr, "/hook", Some((KEY_HEADER, name)));
+
+    // Two runs recorded on one node each: no quorum agrees, neither is replayed.
+    store_record(&cluster, 0, "evt-split", &a).await;
+    store_record(&cluster, 1, "evt-split", &b).await;
+    for _ in 0..10 {
+        let reply = send(&client, hook("evt-split")).await;
+        assert!(
+            !reply.body.contains("record"),
+            "answered with a minority record: {}",
+            reply.body
+        );
+        assert_eq!(reply.status, 409, "{}", reply.body);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // A record on one node of three: the others grant the lock and the handler runs.
+    store_record(&cluster, 0, "evt-minority", &a).await;
+    let ran = send(&client, hook("evt-minority")).await;
+    assert_eq!(
+        (ran.status.as_u16(), ran.body.as_str()),
+        (201, "{\"run\":1}")
+    );
+    assert!(
+        ran.headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_none()
+    );
+    // Its own record is on the quorum now, and is what retries get.
+    let retry = send(&client, hook("evt-minority")).await;
+    assert_eq!((retry.status.as_u16(), &retry.body), (201, &ran.body));
+    assert_eq!(retry.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+
+    // A record on two nodes of three, another on the third: the quorum's is replayed.
+    store_record(&cluster, 0, "evt-agreed", &a).await;
+    store_record(&cluster, 1, "evt-agreed", &a).await;
+    store_record(&cluster, 2, "evt-agreed", &b).await;
+    for _ in 0..10 {
+        let reply = send(&client, hook("evt-agreed")).await;
+        assert_eq!(
+            (reply.status.as_u16(), reply.body.as_str()),
+            (201, "record A")
+        );
+        assert_eq!(reply.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A stored record with more header fields than a `HeaderMap` can hold (written by anyone
+/// with access to the nodes) is refused with 503, not a panic: the connection stays up and
+/// the next request on it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_record_with_absurdly_many_headers_is_503_not_a_panic() {
+    let cluster = Cluster::start(3);
+    let (addr, runs) = serve_counting(&cluster, Duration::from_secs(60)).await;
+    let headers: Vec<(String, String)> = (0..40_000)
+        .map(|i| (format!("x-h{i}"), "v".to_owned()))
+        .collect();
+    let record = record_bytes(&post_fingerprint("/hook"), 201, &headers, b"huge");
+    for i in 0..3 {
+        store_record(&cluster, i, "evt-huge", &record).await;
+    }
+    let client = http1();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.request(post_req(addr, "/hook", Some((KEY_HEADER, "evt-huge")))),
+    )
+    .await
+    .expect("answered in time")
+    .expect("an answer, not a dropped connection");
+    assert_eq!(reply.status(), 503);
+    let next = send(
+        &client,
+        post_req(addr, "/hook", Some((KEY_HEADER, "evt-fine"))),
+    )
+    .await;
+    assert_eq!(
+        (next.status.as_u16(), next.body.as_str()),
+        (201, "{\"run\":1}")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// With `PerPrincipal`, each caller's idempotency keys are its own (as Stripe scopes them
+/// to the account): another caller with the same key runs its own request, and each
+/// caller's retries get its own response back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_and_per_principal_each_caller_runs_its_own_request() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        move || {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move { (http::StatusCode::CREATED, format!("run {run}")) }
+        }
+    };
+    let layer = RedlockLayer::new(
+        redlock(&cluster).await,
+        tower_redlock::layer::PerPrincipal::new(Header::new(KEY_HEADER).required()),
+    )
+    .fencing(false)
+    .replay(Duration::from_secs(60));
+    let addr = serve(
+        Router::new()
+            .route("/hook", post(handler))
+            .route_layer(layer),
+    )
+    .await;
+    let client = http1();
+    let as_caller = |token: &'static str| {
+        let mut req = post_req(addr, "/hook", Some((KEY_HEADER, "1")));
+        req.headers_mut().insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static(token),
+        );
+        req
+    };
+    let alice = send(&client, as_caller("Bearer alice")).await;
+    assert_eq!((alice.status.as_u16(), alice.body.as_str()), (201, "run 1"));
+    let bob = send(&client, as_caller("Bearer bob")).await;
+    assert_eq!((bob.status.as_u16(), bob.body.as_str()), (201, "run 2"));
+    assert!(
+        bob.headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_none()
+    );
+    for (token, body) in [("Bearer alice", "run 1"), ("Bearer bob", "run 2")] {
+        let again = send(&client, as_caller(token)).await;
+        assert_eq!((again.status.as_u16(), again.body.as_str()), (201, body));
+        assert_eq!(again.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

@@ -32,7 +32,8 @@ struct SetRound {
     round: Round,
     /// The nodes that answered that another client holds the key.
     foreign: NodeMask,
-    /// A completion record found under the key, if any.
+    /// The completion record found under the key on a quorum of nodes, if any (records
+    /// on fewer nodes, or records that differ, count as other holders).
     record: Option<Vec<u8>>,
     /// The longest remaining TTL of another holder's keys.
     retry_after: Option<Duration>,
@@ -237,7 +238,8 @@ impl Redlock {
         let mut retry_after = None;
         let mut held_by_others = false;
         let mut foreign = NodeMask::default();
-        let mut record = None;
+        // The completion records found, one per node that answered with one.
+        let mut records: Vec<Vec<u8>> = Vec::new();
         let mut fencing = PhaseOne::default();
         // Once a node answers with a completion record, every answer is awaited: the
         // nodes that answered with it need no release afterwards.
@@ -261,7 +263,7 @@ impl Redlock {
                     }
                     AcquireReply::Record(r) => {
                         saw_record.store(true, Ordering::Relaxed);
-                        record = Some(r);
+                        records.push(r);
                         foreign.insert(i);
                         Ok(Outcome::HeldElsewhere)
                     }
@@ -275,6 +277,7 @@ impl Redlock {
             || saw_record.load(Ordering::Relaxed),
         )
         .await;
+        let record = agreed_record(records, self.quorum());
         SetRound {
             round,
             foreign,
@@ -494,6 +497,17 @@ impl Budget {
     }
 }
 
+/// The record that at least `quorum` of `records` (one per node) are, byte for byte: the
+/// one to replay. Records on fewer nodes, or that differ (two runs that each recorded on a
+/// minority, such as a handler that outlived its lock next to the next holder's), are
+/// never replayed: those nodes count as held by another client.
+fn agreed_record(mut records: Vec<Vec<u8>>, quorum: usize) -> Option<Vec<u8>> {
+    let at = records
+        .iter()
+        .position(|r| records.iter().filter(|other| *other == r).count() >= quorum)?;
+    Some(records.swap_remove(at))
+}
+
 /// A random delay in `[base, base + jitter)` (saturating at `Duration::MAX`).
 fn jittered(base: Duration, jitter: Duration) -> Duration {
     let nanos = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
@@ -535,6 +549,19 @@ impl Drop for PendingRelease<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_record_a_quorum_agrees_on_is_replayed() {
+        let (a, b) = (b"#record\na".to_vec(), b"#record\nb".to_vec());
+        assert_eq!(agreed_record(vec![a.clone(), b.clone()], 2), None);
+        assert_eq!(agreed_record(vec![a.clone()], 2), None);
+        assert_eq!(
+            agreed_record(vec![b.clone(), a.clone(), a.clone()], 2),
+            Some(a.clone())
+        );
+        assert_eq!(agreed_record(vec![a.clone()], 1), Some(a));
+        assert_eq!(agreed_record(Vec::new(), 1), None);
+    }
 
     #[test]
     fn jitter_stays_in_range() {

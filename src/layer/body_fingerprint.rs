@@ -1,5 +1,5 @@
 //! [`BodyFingerprintLayer`]: reads the start of each request body (up to a limit), puts a
-//! [`RequestFingerprint`] of method, path, query and that body into the request
+//! [`RequestFingerprint`] of method, path, query, caller and that body into the request
 //! extensions, and hands the inner service the whole body, unchanged. Put it outside
 //! [`RedlockLayer`](crate::RedlockLayer) with replay on, so that the same idempotency key
 //! sent with a different body is refused with 422.

@@ -5,10 +5,13 @@
 //! is stored ([`GrpcRecorder`]).
 //!
 //! ```text
-//! handler done --> record (status, headers, body[, trailers]) --> COMPLETE on held nodes
-//!              --> release --> response (or trailers) to the client
+//! handler done --> lock still held? --yes--> record (status, headers, body[, trailers])
+//!              |                              --> COMPLETE on held nodes --> release
+//!              \--no (lost, validity over)--> release (no record)
+//!              --> response (or trailers) to the client
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -20,7 +23,10 @@ use crate::client::Redlock;
 use crate::guard::LockGuard;
 
 /// Stores `record` where `guard`'s lock is held, keeping it for `retention`, then releases
-/// the lock. The caller disarms the guard once the future is done.
+/// the lock. A lock that is no longer held (lost, or its validity ran out, as with a
+/// handler that outlived its TTL without extension) gets no record, only the release:
+/// another request may hold the name by now and write its own, and two records for one
+/// name must not come from two runs. The caller disarms the guard once the future is done.
 pub(crate) fn store_then_release(
     guard: &mut LockGuard,
     redlock: &Redlock,
@@ -28,15 +34,22 @@ pub(crate) fn store_then_release(
     retention: Duration,
 ) -> BoxFuture<'static, ()> {
     let redlock = redlock.clone();
-    let lock = guard.shared().lock.clone();
+    let shared = Arc::clone(guard.shared());
+    // Stops the extensions first: from here on the validity only runs down.
     let release = guard.release_future();
     Box::pin(async move {
-        let stored = redlock.complete(&lock, &record, retention).await;
-        if stored < redlock.quorum() {
+        if shared.is_held() {
+            let stored = redlock.complete(&shared.lock, &record, retention).await;
+            if stored < redlock.quorum() {
+                tracing::warn!(
+                    stored,
+                    needed = redlock.quorum(),
+                    "redlock layer stored the completion record on too few nodes: a retry may run the handler again"
+                );
+            }
+        } else {
             tracing::warn!(
-                stored,
-                needed = redlock.quorum(),
-                "redlock layer stored the completion record on too few nodes: a retry may run the handler again"
+                "redlock layer: the lock was lost before the response was recorded; no completion record (a retry runs the handler again)"
             );
         }
         release.await;
@@ -89,8 +102,9 @@ impl GrpcRecorder {
     }
 
     /// The reply ended (with `trailers`, if any): the work that stores its record and
-    /// releases the lock, or `None` if it is not kept (the lock is released in the
-    /// background as the recorder drops).
+    /// releases the lock, or `None` if it is not kept (too large, more than one message, a
+    /// status the policy does not keep, or too many header fields; the lock is released in
+    /// the background as the recorder drops).
     pub(crate) fn finish(mut self, trailers: Option<&HeaderMap>) -> Option<Finishing> {
         let buf = self.buf.take()?;
         let code = trailers
@@ -105,7 +119,7 @@ impl GrpcRecorder {
             &self.headers,
             Some(&buf),
             trailers,
-        );
+        )?;
         let retention = self.policy.retention();
         let work = store_then_release(&mut self.guard, &self.redlock, record, retention);
         Some(Finishing {

@@ -3,9 +3,13 @@
 //! 422 (gRPC `INVALID_ARGUMENT`) instead of being answered with another request's
 //! response.
 //!
-//! By default a request's fingerprint is the SHA-256 of its method, path and query. A
-//! [`RequestFingerprint`] in the request extensions replaces it: put one there yourself
-//! (for example a hash of the parsed JSON), or let
+//! By default a request's fingerprint is the SHA-256 of its method, path and query, and of
+//! its caller: the [`Principal`](super::Principal) in its extensions, or else its
+//! `Authorization` header (a hash of it; the credential is not stored). So another caller
+//! that sends the same key (clients numbering their keys 1, 2, 3, or one that learned
+//! another's key) gets 422, never the first caller's response. A [`RequestFingerprint`] in
+//! the request extensions replaces the default: put one there yourself (for example a hash
+//! of the parsed JSON and the account), or let
 //! [`BodyFingerprintLayer`](super::BodyFingerprintLayer) add the body.
 //!
 //! ```
@@ -21,6 +25,8 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
+use super::principal::caller_digest;
+
 /// The fingerprint bytes stored in a completion record.
 pub(crate) type Fingerprint = [u8; 32];
 
@@ -34,14 +40,19 @@ impl RequestFingerprint {
         Self(digest)
     }
 
-    /// The SHA-256 of `request`'s method, path and query, and `body` (the whole body, or
-    /// the part of it you want to count).
+    /// The SHA-256 of `request`'s method, path and query, its caller (its
+    /// [`Principal`](super::Principal), or else a hash of its `Authorization` header), and
+    /// `body` (the whole body, or the part of it you want to count).
     pub fn of<B>(request: &http::Request<B>, body: &[u8]) -> Self {
         let mut h = Sha256::new();
         h.update(request.method().as_str().as_bytes());
         h.update(b" ");
         let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
         h.update(target.as_bytes());
+        if let Some(caller) = caller_digest(request.headers(), request.extensions()) {
+            h.update(b"\ncaller ");
+            h.update(caller);
+        }
         if !body.is_empty() {
             h.update(b"\n");
             h.update(body);
@@ -63,7 +74,7 @@ impl fmt::Debug for RequestFingerprint {
 }
 
 /// The fingerprint of `request`: its [`RequestFingerprint`] extension, or the hash of its
-/// method, path and query.
+/// method, path, query and caller.
 pub(crate) fn fingerprint<B>(request: &http::Request<B>) -> Fingerprint {
     match request.extensions().get::<RequestFingerprint>() {
         Some(given) => given.0,

@@ -265,7 +265,7 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                 }
             }
             Err(Denied::Replay(record)) => match record::decode(&record) {
-                Some(record) if record.fingerprint == ctx.fingerprint => {
+                Ok(record) if record.fingerprint == ctx.fingerprint => {
                     crate::metrics::replayed();
                     let (response, trailers) = record.into_response();
                     State::Rejected {
@@ -273,25 +273,18 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                         trailers,
                     }
                 }
-                Some(_) => State::Rejected {
+                Ok(_) => State::Rejected {
                     response: ctx
                         .config
                         .respond(Rejection::key_reused(ctx.protocol), &call.head()),
                     trailers: None,
                 },
-                None => {
-                    tracing::warn!("redlock layer found a completion record it cannot read");
-                    let error = LockError::Busy {
-                        held_elsewhere: 1,
-                        nodes: ctx.redlock.node_count(),
-                        retry_after: None,
-                        attempts: 1,
-                    };
+                Err(error) => {
+                    tracing::warn!(%error, "redlock layer found a completion record it cannot read");
                     State::Rejected {
-                        response: ctx.config.respond(
-                            Rejection::from_lock_error(error, ctx.protocol),
-                            &call.head(),
-                        ),
+                        response: ctx
+                            .config
+                            .respond(Rejection::unreadable_record(ctx.protocol), &call.head()),
                         trailers: None,
                     }
                 }
@@ -421,7 +414,13 @@ fn record<F, B: Body, E>(
     } else {
         let record = policy.encode(&ctx.fingerprint, parts.status, &parts.headers, None, None);
         let response = Response::from_parts(parts, ResponseBody::inner(body, None));
-        completing(guard, &ctx, record, policy, response)
+        match record {
+            Some(record) => completing(guard, &ctx, record, policy, response),
+            None => {
+                tracing::warn!("redlock layer: too many headers to keep; no completion record");
+                releasing(guard, Output::Ready(response))
+            }
+        }
     }
 }
 
@@ -459,8 +458,8 @@ fn recorded<F, B: Body, E>(mut state: StatePin<'_, F, B, E>, complete: bool) -> 
         return Step::Next;
     };
     let config = Arc::clone(&ctx.config);
-    let policy = config.replay.as_ref().filter(|_| complete);
-    let record = policy.map(|p| {
+    let policy = config.replay.as_ref();
+    let record = policy.filter(|_| complete).map(|p| {
         p.encode(
             &ctx.fingerprint,
             parts.status,
@@ -470,10 +469,16 @@ fn recorded<F, B: Body, E>(mut state: StatePin<'_, F, B, E>, complete: bool) -> 
         )
     });
     let response = Response::from_parts(parts, ResponseBody::rejection(Bytes::from(buf)));
-    match policy.zip(record) {
-        Some((policy, record)) => state.set(completing(guard, &ctx, record, policy, response)),
-        None => {
-            tracing::warn!("redlock layer: the response body failed; no completion record");
+    match (policy, record) {
+        (Some(policy), Some(Some(record))) => {
+            state.set(completing(guard, &ctx, record, policy, response));
+        }
+        (_, record) => {
+            if record.is_some() {
+                tracing::warn!("redlock layer: too many headers to keep; no completion record");
+            } else {
+                tracing::warn!("redlock layer: the response body failed; no completion record");
+            }
             state.set(releasing(guard, Output::Ready(response)));
         }
     }

@@ -10,6 +10,14 @@
 //! without quorum, 400 / `INVALID_ARGUMENT` on bad input; never a service error, so the
 //! layer fits axum's `Infallible` services.
 //!
+//! With [`replay`](RedlockLayer::replay) the layer is an idempotency layer: a finished
+//! response is kept under the name and a retry gets it back. A stored response only ever
+//! goes to the caller that sent the first request: the request fingerprint includes the
+//! caller (its [`Principal`], or else a hash of its `Authorization` header), so another
+//! caller with the same key gets 422; with [`PerPrincipal`] each caller's keys are its own.
+//! Only a record that a quorum of nodes agrees on is replayed, and a handler that
+//! outlived its lock leaves none.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use axum::{Extension, Router, routing::post};
@@ -43,6 +51,7 @@ pub mod extract;
 mod fingerprint;
 mod future;
 mod grpc_methods;
+mod principal;
 mod problem;
 mod record;
 mod redlock_layer;
@@ -57,12 +66,13 @@ pub use body::ResponseBody;
 pub use body_fingerprint::{BodyFingerprint, BodyFingerprintLayer, PrefixedBody};
 pub use config::WaitPolicy;
 pub use extract::{
-    ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, PerRoute,
-    RequestHead, extract_fn,
+    ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, PerPrincipal,
+    PerRoute, RequestHead, extract_fn,
 };
 pub use fingerprint::RequestFingerprint;
 pub use future::ResponseFuture;
 pub use grpc_methods::GrpcMethods;
+pub use principal::Principal;
 pub use record::{REPLAYED_HEADER, ReplayPolicy};
 pub use reject::{Protocol, Rejection, RejectionKind};
 pub use rejection_hook::IntoRejectionResponse;

@@ -10,6 +10,11 @@
 //! is stored with a marker that no lock value has, so the acquire script can tell a record
 //! from a holder.
 //!
+//! A record holds at most [`MAX_RECORD_HEADERS`] header fields in each of its header and
+//! trailer sections: a response with more is not kept, and a stored record with more (one
+//! written by hand on a node) is refused when read ([`RecordError::TooManyHeaders`]), so a
+//! record can never overflow a `HeaderMap`.
+//!
 //! ```
 //! use std::time::Duration;
 //! use tower_redlock::layer::ReplayPolicy;
@@ -31,6 +36,10 @@ use crate::scripts::RECORD_MARKER;
 
 /// The header that marks a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The most header fields a record keeps in its headers, and in its trailers. A response
+/// with more fields to keep is not recorded; a stored record with more is refused.
+pub(crate) const MAX_RECORD_HEADERS: usize = 1_000;
 
 /// The gRPC status headers (trailers, or headers of a trailers-only reply): always kept.
 const GRPC_STATUS_HEADERS: [&str; 3] = ["grpc-status", "grpc-message", "grpc-status-details-bin"];
@@ -71,7 +80,8 @@ impl ReplayPolicy {
     }
 
     /// The largest body kept (default 8 KiB): a response whose body is larger, or of
-    /// unknown size (streamed), is kept with status and headers only.
+    /// unknown size (streamed), is kept with status and headers only. (A response with
+    /// more than 1,000 header fields to keep is not kept at all.)
     ///
     /// ```
     /// use std::time::Duration;
@@ -166,7 +176,8 @@ impl ReplayPolicy {
     }
 
     /// The record of a response with `status`, `headers` and, if kept, `body` and
-    /// `trailers`, for a request with `fingerprint`.
+    /// `trailers`, for a request with `fingerprint`; `None` when the headers or trailers
+    /// to keep are more than [`MAX_RECORD_HEADERS`] fields (such a response is not kept).
     pub(crate) fn encode(
         &self,
         fingerprint: &Fingerprint,
@@ -174,11 +185,11 @@ impl ReplayPolicy {
         headers: &HeaderMap,
         body: Option<&[u8]>,
         trailers: Option<&HeaderMap>,
-    ) -> Vec<u8> {
+    ) -> Option<Vec<u8>> {
         let mut out = RECORD_MARKER.to_vec();
         out.extend_from_slice(fingerprint);
         out.extend_from_slice(&status.as_u16().to_be_bytes());
-        self.put_headers(&mut out, headers);
+        self.put_headers(&mut out, headers)?;
         match body {
             Some(body) => {
                 out.push(1);
@@ -187,24 +198,29 @@ impl ReplayPolicy {
             None => out.push(0),
         }
         if let Some(trailers) = trailers {
-            self.put_headers(&mut out, trailers);
+            self.put_headers(&mut out, trailers)?;
         }
-        out
+        Some(out)
     }
 
-    /// Writes the kept headers of `headers`: the policy's, and gRPC's status headers.
-    fn put_headers(&self, out: &mut Vec<u8>, headers: &HeaderMap) {
+    /// Writes the kept headers of `headers`: the policy's, and gRPC's status headers;
+    /// `None` when they are more than [`MAX_RECORD_HEADERS`].
+    fn put_headers(&self, out: &mut Vec<u8>, headers: &HeaderMap) -> Option<()> {
         let kept: Vec<_> = headers
             .iter()
             .filter(|(name, _)| {
                 self.headers.contains(name) || GRPC_STATUS_HEADERS.contains(&name.as_str())
             })
             .collect();
+        if kept.len() > MAX_RECORD_HEADERS {
+            return None;
+        }
         put_len(out, kept.len());
         for (name, value) in kept {
             put_bytes(out, name.as_str().as_bytes());
             put_bytes(out, value.as_bytes());
         }
+        Some(())
     }
 }
 
@@ -247,11 +263,37 @@ pub(crate) struct Record {
     trailers: Option<HeaderMap>,
 }
 
-/// Reads a record; `None` if it is not one this version wrote.
-pub(crate) fn decode(record: &[u8]) -> Option<Record> {
-    let mut r = Reader(record.strip_prefix(RECORD_MARKER)?);
-    let fingerprint = r.take(32)?.try_into().ok()?;
-    let status = StatusCode::from_u16(u16::from_be_bytes(r.take(2)?.try_into().ok()?)).ok()?;
+/// Why a stored record could not be read (the layer answers 503 / `UNAVAILABLE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecordError {
+    /// Not a record this version wrote (truncated, another format, an invalid header).
+    Unreadable,
+    /// A header or trailer section with more than [`MAX_RECORD_HEADERS`] fields.
+    TooManyHeaders {
+        /// The count the record gives.
+        count: usize,
+    },
+}
+
+impl std::fmt::Display for RecordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unreadable => f.write_str("not a completion record this version can read"),
+            Self::TooManyHeaders { count } => write!(
+                f,
+                "the record gives {count} header fields, more than the {MAX_RECORD_HEADERS} a record may hold"
+            ),
+        }
+    }
+}
+
+/// Reads a record, or says why it cannot be read.
+pub(crate) fn decode(record: &[u8]) -> Result<Record, RecordError> {
+    use RecordError::Unreadable;
+    let mut r = Reader(record.strip_prefix(RECORD_MARKER).ok_or(Unreadable)?);
+    let fingerprint = r.take(32)?.try_into().map_err(|_| Unreadable)?;
+    let status = r.take(2)?.try_into().map_err(|_| Unreadable)?;
+    let status = StatusCode::from_u16(u16::from_be_bytes(status)).map_err(|_| Unreadable)?;
     let headers = r.headers()?;
     let body = match r.take(1)? {
         [1] => Bytes::copy_from_slice(r.bytes()?),
@@ -262,7 +304,7 @@ pub(crate) fn decode(record: &[u8]) -> Option<Record> {
     } else {
         Some(r.headers()?)
     };
-    Some(Record {
+    Ok(Record {
         fingerprint,
         status,
         headers,
@@ -274,30 +316,43 @@ pub(crate) fn decode(record: &[u8]) -> Option<Record> {
 struct Reader<'a>(&'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, rest) = self.0.split_at_checked(n)?;
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
+        let (head, rest) = self.0.split_at_checked(n).ok_or(RecordError::Unreadable)?;
         self.0 = rest;
-        Some(head)
+        Ok(head)
     }
 
-    fn len(&mut self) -> Option<usize> {
-        usize::try_from(u32::from_be_bytes(self.take(4)?.try_into().ok()?)).ok()
+    fn len(&mut self) -> Result<usize, RecordError> {
+        let len = self
+            .take(4)?
+            .try_into()
+            .map_err(|_| RecordError::Unreadable)?;
+        usize::try_from(u32::from_be_bytes(len)).map_err(|_| RecordError::Unreadable)
     }
 
-    fn bytes(&mut self) -> Option<&'a [u8]> {
+    fn bytes(&mut self) -> Result<&'a [u8], RecordError> {
         let n = self.len()?;
         self.take(n)
     }
 
-    fn headers(&mut self) -> Option<HeaderMap> {
+    /// A header section: at most [`MAX_RECORD_HEADERS`] fields, refused before any is
+    /// read (a `HeaderMap` panics beyond 32,768).
+    fn headers(&mut self) -> Result<HeaderMap, RecordError> {
         let count = self.len()?;
+        if count > MAX_RECORD_HEADERS {
+            return Err(RecordError::TooManyHeaders { count });
+        }
         let mut headers = HeaderMap::with_capacity(count.min(64));
         for _ in 0..count {
-            let name = HeaderName::from_bytes(self.bytes()?).ok()?;
-            let value = HeaderValue::from_bytes(self.bytes()?).ok()?;
-            headers.append(name, value);
+            let name =
+                HeaderName::from_bytes(self.bytes()?).map_err(|_| RecordError::Unreadable)?;
+            let value =
+                HeaderValue::from_bytes(self.bytes()?).map_err(|_| RecordError::Unreadable)?;
+            headers
+                .try_append(name, value)
+                .map_err(|_| RecordError::TooManyHeaders { count })?;
         }
-        Some(headers)
+        Ok(headers)
     }
 }
 
@@ -328,8 +383,10 @@ mod tests {
         parts
             .headers
             .insert("x-secret", HeaderValue::from_static("not kept"));
-        let encoded = policy.encode(&[7; 32], parts.status, &parts.headers, Some(b"hello"), None);
-        assert_eq!(decode(&encoded).map(|r| r.fingerprint), Some([7; 32]));
+        let encoded = policy
+            .encode(&[7; 32], parts.status, &parts.headers, Some(b"hello"), None)
+            .unwrap_or_default();
+        assert_eq!(decode(&encoded).map(|r| r.fingerprint), Ok([7; 32]));
         let (res, trailers) = decode(&encoded)
             .map(Record::into_response)
             .unwrap_or_default();
@@ -339,9 +396,14 @@ mod tests {
         assert!(res.headers().get("x-secret").is_none());
         assert_eq!(res.headers()[REPLAYED_HEADER], "true");
         assert_eq!(res.body(), &Bytes::from_static(b"hello"));
-        assert!(decode(b"#record\n\x00").is_none());
-        assert!(decode(b"0123abcd").is_none());
-        let headers_only = policy.encode(&[7; 32], parts.status, &parts.headers, None, None);
+        assert_eq!(
+            decode(b"#record\n\x00").err(),
+            Some(RecordError::Unreadable)
+        );
+        assert_eq!(decode(b"0123abcd").err(), Some(RecordError::Unreadable));
+        let headers_only = policy
+            .encode(&[7; 32], parts.status, &parts.headers, None, None)
+            .unwrap_or_default();
         let (res, _) = decode(&headers_only)
             .map(Record::into_response)
             .unwrap_or_default();
@@ -355,13 +417,15 @@ mod tests {
         trailers.insert("grpc-status", HeaderValue::from_static("0"));
         trailers.insert("x-internal", HeaderValue::from_static("not kept"));
         let message = b"\x00\x00\x00\x00\x02hi";
-        let encoded = policy.encode(
-            &[1; 32],
-            StatusCode::OK,
-            &HeaderMap::new(),
-            Some(message),
-            Some(&trailers),
-        );
+        let encoded = policy
+            .encode(
+                &[1; 32],
+                StatusCode::OK,
+                &HeaderMap::new(),
+                Some(message),
+                Some(&trailers),
+            )
+            .unwrap_or_default();
         let (res, kept) = decode(&encoded)
             .map(Record::into_response)
             .unwrap_or_default();
@@ -377,5 +441,34 @@ mod tests {
         assert!(!is_unary_grpc_body(b"\x00\x00\x00"));
         assert!(policy.keeps_grpc(0) && policy.keeps_grpc(5));
         assert!(!policy.keeps_grpc(10) && !policy.keeps_grpc(14));
+    }
+
+    #[test]
+    fn header_counts_are_capped_when_written_and_when_read() {
+        let policy = ReplayPolicy::new(Duration::from_secs(60));
+        let mut headers = HeaderMap::new();
+        for i in 0..=MAX_RECORD_HEADERS {
+            let value = HeaderValue::from(i);
+            headers.append(header::LOCATION, value);
+        }
+        assert_eq!(
+            policy.encode(&[0; 32], StatusCode::OK, &headers, None, None),
+            None,
+            "more fields than a record holds: not kept"
+        );
+        // A hand-made record with 40,000 distinct fields (a HeaderMap holds 32,768).
+        let mut forged = RECORD_MARKER.to_vec();
+        forged.extend_from_slice(&[0; 32]);
+        forged.extend_from_slice(&201u16.to_be_bytes());
+        put_len(&mut forged, 40_000);
+        for i in 0..40_000 {
+            put_bytes(&mut forged, format!("x-h{i}").as_bytes());
+            put_bytes(&mut forged, b"v");
+        }
+        forged.push(0);
+        assert_eq!(
+            decode(&forged).err(),
+            Some(RecordError::TooManyHeaders { count: 40_000 })
+        );
     }
 }

@@ -243,8 +243,14 @@ impl<E> RedlockLayer<E> {
     /// the lock is released; the lookup is part of the acquire round trip. A record
     /// written on a quorum is seen by every later acquirer (any quorum it can take shares
     /// a node with the record's). If the record reaches fewer nodes, a retry may run the
-    /// handler again (at least once, logged at `warn`). A handler that panics, or a client
-    /// that disconnects, leaves no record.
+    /// handler again (at least once, logged at `warn`). Only a record that a quorum of
+    /// nodes hold, byte for byte, is replayed: a record on fewer nodes, or records that
+    /// differ from node to node, count as the name being held, so the request is busy
+    /// (409 / `ABORTED`) until they expire, or, if it takes the lock on a quorum, runs the
+    /// handler and records anew; it never gets a minority's response. A handler that panics, or a client
+    /// that disconnects, leaves no record; nor does a handler that outlived its lock (lost,
+    /// or past its validity, as without [`auto_extend`](Self::auto_extend)): the lock is
+    /// only released, and a retry runs the handler again.
     ///
     /// gRPC: a unary reply (one message within the size limit, its status kept by
     /// [`ReplayPolicy::keeps_grpc`](super::ReplayPolicy::keeps_grpc)) is replayed with its
@@ -252,9 +258,14 @@ impl<E> RedlockLayer<E> {
     /// trailers wait until the record is stored. Streaming responses (more than one
     /// message) are not replayed.
     ///
-    /// A later request with the same name but a different fingerprint (method, path and
-    /// query; add the body with [`BodyFingerprintLayer`](super::BodyFingerprintLayer)) is
-    /// refused with 422 / `INVALID_ARGUMENT`.
+    /// A later request with the same name but a different fingerprint (method, path,
+    /// query and caller; add the body with
+    /// [`BodyFingerprintLayer`](super::BodyFingerprintLayer)) is refused with 422 /
+    /// `INVALID_ARGUMENT`. The caller is the [`Principal`](super::Principal) your
+    /// authentication middleware put into the request extensions, or else (a hash of) the
+    /// `Authorization` header: another caller that sends the same key never gets the first
+    /// caller's response. Wrap the extractor in [`PerPrincipal`](super::PerPrincipal) to
+    /// scope keys to the caller instead (each caller then runs its own request).
     ///
     /// ```
     /// use std::time::Duration;

@@ -220,6 +220,17 @@ impl Rejection {
         )
     }
 
+    /// A rejection for a request whose name has a completion record that cannot be read
+    /// (replay): 503 / `UNAVAILABLE`, until the record expires or is removed.
+    pub(crate) fn unreadable_record(protocol: Protocol) -> Self {
+        Self::new(
+            RejectionKind::Unavailable,
+            "the stored response for this request cannot be read".to_owned(),
+            protocol,
+            None,
+        )
+    }
+
     /// A rejection for bad input (an extractor's refusal).
     pub fn bad_request(message: impl Into<String>, protocol: Protocol) -> Self {
         Self::new(RejectionKind::BadRequest, message.into(), protocol, None)
