@@ -996,6 +996,44 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
 mod tests {
     use super::*;
 
+    /// Timeouts of calls sent before the current connection was made do not count
+    /// against it: a connection replaced after timeouts is not torn down again by the
+    /// late timeouts of the calls it had taken.
+    #[test]
+    fn only_timeouts_on_the_current_connection_count() {
+        let client = redis::Client::open("redis://127.0.0.1:1").expect("url");
+        let settings = NodeSettings {
+            connect_timeout: Duration::from_secs(1),
+            reconnect_after_timeouts: 2,
+            quarantine: false,
+            max_ttl_ms: Arc::default(),
+            servers: Arc::default(),
+        };
+        let node = Node::new(0, "n".into(), Connector::Direct(Box::new(client)), settings);
+        let before = Instant::now();
+        {
+            let mut st = node.state();
+            st.generation = 1;
+            st.connected_at = Some(before + Duration::from_millis(1));
+            st.slot = Slot::Down {
+                error: NodeError::Timeout,
+                retry_at: before,
+            };
+        }
+        node.timed_out(before);
+        node.timed_out(before);
+        assert_eq!(node.consecutive_timeouts.load(Ordering::Relaxed), 0);
+        let after = before + Duration::from_millis(2);
+        node.timed_out(after);
+        assert_eq!(node.consecutive_timeouts.load(Ordering::Relaxed), 1);
+        node.timed_out(after);
+        assert_eq!(
+            node.consecutive_timeouts.load(Ordering::Relaxed),
+            0,
+            "reset: torn down"
+        );
+    }
+
     #[test]
     fn quarantine_rules() {
         let info = |run_id: &str, uptime: u64| ServerInfo {

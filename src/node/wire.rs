@@ -567,3 +567,84 @@ pub(crate) async fn handshake(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod close_tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    use super::Wire;
+
+    /// `SET k <value>` as RESP.
+    fn set(key: &str, value: &[u8]) -> Vec<u8> {
+        let mut out = format!(
+            "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n",
+            key.len(),
+            value.len()
+        )
+        .into_bytes();
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    /// A connection that is closed (replaced after timeouts) writes nothing more: what it
+    /// held unwritten, say a straggling `SET`, never reaches the server after a release
+    /// sent on the next connection; and its requests fail at once.
+    #[tokio::test]
+    async fn a_closed_connection_writes_nothing_more() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let wire = Wire::connect("127.0.0.1", port).await.expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        // The server reads nothing, so the socket fills up and the connection's task is
+        // left holding bytes it could not write.
+        let filler = wire.request(&set("filler", &vec![b'x'; 32 << 20]), false);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !wire.0.0.state().task_writing {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the socket took 32 MiB"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Queued behind them: a straggling SET, whose call keeps a handle on the connection.
+        let straggler = wire.request(&set("straggler", b"late"), false);
+        let kept = wire.clone();
+        assert!(!wire.0.0.state().out.is_empty());
+        wire.close();
+        let failed = tokio::time::timeout(Duration::from_secs(5), async {
+            (straggler.await.is_err(), filler.await.is_err())
+        });
+        assert_eq!(
+            failed.await.ok(),
+            Some((true, true)),
+            "a closed connection's requests fail at once"
+        );
+        assert!(
+            kept.0.0.state().out.is_empty(),
+            "the unwritten bytes are dropped"
+        );
+        // The connection's task ends although a handle remains: nothing more is written.
+        let shared = std::sync::Arc::clone(&kept.0.0);
+        while std::sync::Arc::strong_count(&shared) > 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the closed connection's task still runs"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop((shared, kept, wire));
+        // Everything the server gets from now on was in the socket before the close.
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), server.read_to_end(&mut got));
+        read.await.expect("the socket closes").expect("read");
+        assert!(!got.is_empty());
+        assert!(
+            !got.windows(9).any(|w| w == b"straggler"),
+            "the straggling SET was written after the close"
+        );
+    }
+}
