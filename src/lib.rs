@@ -151,7 +151,7 @@ pub use client::{
 };
 pub use error::{ConfigError, ErrorDetail, LockError, NodeError, NodeFailure};
 pub use guard::LockGuard;
-pub use layer::RedlockLayer;
+pub use layer::redlock_layer::RedlockLayer;
 pub use token::{Lock, LockToken, LostReason};
 
 /// The README's examples, compiled as doc tests.

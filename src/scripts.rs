@@ -63,24 +63,18 @@ end
 }
 
 /// Phase 1 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the name's counter
-/// key, `KEYS[3]` = the counters hash of earlier versions (one field per name),
-/// `ARGV[1]` = value, `ARGV[2]` = TTL in ms, `ARGV[3]` = the name's field in that hash.
+/// key, `ARGV[1]` = value, `ARGV[2]` = TTL in ms.
 ///
 /// `SET NX PX` as a script (`{0, pttl}` when the key exists, `{2, record}` when it holds a
 /// completion record, see [`ACQUIRE_OR_REPLAY`]), and on success also returns
 /// the node's counter for the name (`""` if it has none) and the server's clock (`TIME`:
-/// seconds, microseconds): `{1, counter, seconds, microseconds}`. A missing counter is
-/// read once from the old hash, as a floor, so numbers never go back across the upgrade.
-/// The client seeds a missing or lost counter from the clock; all arithmetic happens in
+/// seconds, microseconds): `{1, counter, seconds, microseconds}`. The client seeds a missing or lost counter from the clock; all arithmetic happens in
 /// the client, on 64-bit integers (Lua numbers are doubles). The counter is read before
 /// the `SET`, so a wrong-type counter key fails the call before it writes anything.
 const ACQUIRE_FENCED: &str = concat!(
     held_or_record!(),
     r#"
-local counter = redis.call('GET', KEYS[2])
-if not counter then
-  counter = redis.call('HGET', KEYS[3], ARGV[3]) or ''
-end
+local counter = redis.call('GET', KEYS[2]) or ''
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local t = redis.call('TIME')
 return {1, counter, t[1], t[2]}

@@ -51,8 +51,6 @@ pub(crate) struct Keys {
     pub(crate) lock: Vec<u8>,
     /// `{prefix}#fence{{name}}`: the fencing counter, in the lock key's hash slot.
     pub(crate) counter: Vec<u8>,
-    /// The name's field in the counters hash of earlier versions (read once as a floor).
-    pub(crate) legacy_field: Vec<u8>,
 }
 
 /// The Redis keys for `name` under `prefix`; an error for an empty name.
@@ -73,11 +71,6 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
         hex_into(&mut out, &Sha256::digest(name));
         out
     };
-    let legacy_field = if name.len() <= MAX_NAME_LEN {
-        name.to_vec()
-    } else {
-        hashed()
-    };
     let part = if name.len() <= MAX_NAME_LEN && !name.starts_with(b"}") {
         name.to_vec()
     } else {
@@ -95,7 +88,6 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
     Ok(Keys {
         lock: tagged(b""),
         counter: tagged(b"#fence"),
-        legacy_field,
     })
 }
 
@@ -134,8 +126,6 @@ pub(crate) struct Resource {
     pub(crate) key: Box<[u8]>,
     /// The fencing counter's key.
     pub(crate) counter_key: Box<[u8]>,
-    /// The name's field in the counters hash of earlier versions.
-    pub(crate) legacy_field: Box<[u8]>,
 }
 
 /// A lock this client holds (or held): returned by [`Redlock::lock`](crate::Redlock::lock)
@@ -468,11 +458,7 @@ mod tests {
             keys.as_ref().map(|k| k.lock.as_slice()),
             Some(&b"p:{abc}"[..])
         );
-        assert_eq!(
-            keys.as_ref().map(|k| k.counter.as_slice()),
-            Some(&b"p:#fence{abc}"[..])
-        );
-        assert_eq!(keys.map(|k| k.legacy_field), Some(b"abc".to_vec()));
+        assert_eq!(keys.map(|k| k.counter), Some(b"p:#fence{abc}".to_vec()));
         let exact = vec![b'x'; MAX_NAME_LEN];
         assert_eq!(lock_key(b"", &exact).len(), MAX_NAME_LEN + 2);
     }

@@ -502,31 +502,6 @@ async fn numbers_keep_increasing_before_and_after_the_counter_expires() {
     assert_strictly_increasing(&tokens);
 }
 
-/// Counters of the earlier layout (one hash at the key prefix) are read once as a floor, so
-/// numbers never go back across the upgrade; afterwards the hash can be deleted.
-#[tokio::test]
-async fn counters_of_the_old_layout_are_a_floor() {
-    let cluster = Cluster::start(3);
-    let redlock = cluster.client(|b| b).await;
-    for i in 0..3 {
-        let mut conn = cluster.raw(i).await;
-        let _: () = conn
-            .hset("redlock:", "migrated", FAR_FUTURE)
-            .await
-            .expect("HSET");
-    }
-    let first = redlock.lock("migrated").await.expect("lock");
-    assert!(token(&first) > FAR_FUTURE, "{}", token(&first));
-    redlock.unlock(&first).await;
-    for i in 0..3 {
-        let mut conn = cluster.raw(i).await;
-        let _: () = conn.del("redlock:").await.expect("DEL");
-    }
-    let second = redlock.lock("migrated").await.expect("lock");
-    assert!(token(&second) > token(&first));
-    redlock.unlock(&second).await;
-}
-
 #[test]
 fn retention_and_prefix_settings_are_checked() {
     let url = ["redis://127.0.0.1:1"];

@@ -201,20 +201,8 @@ impl Redlock {
         replay: bool,
     ) -> SetRound {
         let ttl_ms = super::ttl_ms(ttl);
-        // The third key is the counters hash of earlier versions, at the key prefix; with a
-        // cluster node the counter key again (same slot; the script reads it as a hash
-        // only when it does not exist, so it finds nothing there).
-        let legacy = if self.inner.legacy_counters {
-            self.inner.key_prefix.as_slice()
-        } else {
-            &*resource.counter_key
-        };
-        let keys = [&*resource.key, &*resource.counter_key, legacy];
-        let args = [
-            Arg::Bytes(value.as_bytes()),
-            Arg::Int(ttl_ms),
-            Arg::Bytes(&resource.legacy_field),
-        ];
+        let keys = [&*resource.key, &*resource.counter_key];
+        let args = [Arg::Bytes(value.as_bytes()), Arg::Int(ttl_ms)];
         let request = if self.fencing {
             Request::Script(Invocation {
                 script: &ACQUIRE_FENCED_SCRIPT,
@@ -225,7 +213,7 @@ impl Redlock {
             Request::Script(Invocation {
                 script: &ACQUIRE_OR_REPLAY_SCRIPT,
                 keys: &keys[..1],
-                args: &args[..2],
+                args: &args,
             })
         } else {
             Request::SetNx {

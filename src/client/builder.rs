@@ -549,12 +549,8 @@ impl RedlockBuilder {
         };
         let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(n);
         let mut any_tls = false;
-        // The counters hash of earlier versions is read as a fencing floor, except with a
-        // cluster node: it lives in another hash slot than the lock.
-        let mut legacy_counters = true;
         for config in &self.nodes {
             let (label, connector) = if let Some(seeds) = config.as_cluster() {
-                legacy_counters = false;
                 cluster_node(seeds, self.connect_timeout)?
             } else if let Some(sentinel) = config.as_sentinel() {
                 (
@@ -597,7 +593,6 @@ impl RedlockBuilder {
             retry_jitter: self.retry_jitter,
             retry_deadline: self.retry_deadline,
             key_prefix: self.key_prefix,
-            legacy_counters,
             log_names: self.log_names,
             min_validity: self.min_validity,
             max_ttl_ms,
@@ -628,9 +623,6 @@ pub(crate) struct Settings {
     pub(crate) retry_jitter: Duration,
     pub(crate) retry_deadline: Option<Duration>,
     pub(crate) key_prefix: Vec<u8>,
-    /// Whether the fenced acquisition reads the counters hash of earlier versions (not
-    /// with a cluster node: another hash slot).
-    pub(crate) legacy_counters: bool,
     /// Whether spans and logs show lock names (otherwise a hash).
     pub(crate) log_names: bool,
     pub(crate) min_validity: Duration,

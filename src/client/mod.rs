@@ -327,7 +327,6 @@ impl Redlock {
             name: name.into(),
             key: keys.lock.into(),
             counter_key: keys.counter.into(),
-            legacy_field: keys.legacy_field.into(),
         }))
     }
 

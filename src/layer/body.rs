@@ -1,7 +1,7 @@
 //! The response body of [`RedlockService`](super::RedlockService): the inner service's body,
 //! a rejection's, or a replayed response's.
 //!
-//! In body-end release mode ([`RedlockLayer::release_on_body_end`](super::RedlockLayer::release_on_body_end))
+//! In body-end release mode ([`RedlockLayer::release_on_body_end`](crate::RedlockLayer::release_on_body_end))
 //! the body holds the lock until the stream ends (its last frame, an error, trailers) or
 //! the body is dropped, and then releases it in the background. With replay on, a gRPC
 //! reply streams through a recorder that holds the lock to the end and, when the reply is

@@ -1,16 +1,16 @@
-//! [`RedlockLayer`]: tower middleware that holds a quorum lock while a request runs.
+//! [`RedlockLayer`](crate::RedlockLayer): tower middleware that holds a quorum lock while a request runs.
 //!
 //! An extractor ([`ExtractLockName`]) names the lock for each request (or lets the request
 //! pass through). The layer acquires the lock before calling the inner service, puts a
 //! [`LockToken`](crate::LockToken) into the request extensions, and releases the lock
 //! afterwards: when the inner future completes (the default) or when the response body
-//! ends ([`release_on_body_end`](RedlockLayer::release_on_body_end)), and in the background
+//! ends ([`release_on_body_end`](crate::RedlockLayer::release_on_body_end)), and in the background
 //! if the client goes away and the future or body is dropped. A request that cannot get
 //! the lock is answered by a [`Rejection`]: 409 / `ABORTED` when busy, 503 / `UNAVAILABLE`
 //! without quorum, 400 / `INVALID_ARGUMENT` on bad input; never a service error, so the
 //! layer fits axum's `Infallible` services.
 //!
-//! With [`replay`](RedlockLayer::replay) the layer is an idempotency layer: a finished
+//! With [`replay`](crate::RedlockLayer::replay) the layer is an idempotency layer: a finished
 //! response is kept under the name and a retry gets it back. A stored response only ever
 //! goes to the caller that sent the first request: the request fingerprint includes the
 //! caller (its [`Principal`], or else a hash of its `Authorization` header), so another
@@ -54,7 +54,7 @@ mod grpc_methods;
 mod principal;
 mod problem;
 mod record;
-mod redlock_layer;
+pub(crate) mod redlock_layer;
 pub mod reject;
 mod rejection_hook;
 mod service;
@@ -77,8 +77,3 @@ pub use record::{REPLAYED_HEADER, ReplayPolicy};
 pub use reject::{Protocol, Rejection, RejectionKind};
 pub use rejection_hook::IntoRejectionResponse;
 pub use service::RedlockService;
-
-/// The layer's public path is [`tower_redlock::RedlockLayer`](crate::RedlockLayer); this
-/// alias keeps `tower_redlock::layer::RedlockLayer` compiling.
-#[doc(hidden)]
-pub use redlock_layer::RedlockLayer;

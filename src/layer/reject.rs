@@ -13,7 +13,7 @@
 //! unavailable answers carry `Retry-After`. gRPC requests are recognised by
 //! `content-type: application/grpc*` and answered with HTTP 200 and `grpc-status` /
 //! `grpc-message` headers and no body. A hook set with
-//! [`RedlockLayer::on_rejection`](super::RedlockLayer::on_rejection) sees the rejection and
+//! [`RedlockLayer::on_rejection`](crate::RedlockLayer::on_rejection) sees the rejection and
 //! the request's head, and can answer as it likes.
 //!
 //! ```
