@@ -218,6 +218,18 @@ async fn bad_inputs_give_the_documented_errors() {
             locked(&speaks_http.try_lock("garbage").await),
         );
     }
+    for (what, reply) in [
+        (
+            "a server that answers TLS, not Redis",
+            &b"\x16\x03\x01\x00\x2a\x02\x00\x00\x26\x03\x03"[..],
+        ),
+        ("a server that answers binary garbage", b"\x00\x01\x02"),
+    ] {
+        let garbage = GarbageServer::start_with(reply).await;
+        ports.push(garbage.port);
+        let client = node_builder(vec![garbage.url()]).build().expect("build");
+        row(what, locked(&client.try_lock("garbage").await));
+    }
     {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = silent.local_addr().expect("addr").port();

@@ -50,6 +50,11 @@ const SHALLOW: usize = 4;
 /// How much the task reads at most per read.
 const READ_CHUNK: usize = 16 * 1024;
 
+/// The most memory a write or read buffer keeps once it is empty again: after a large
+/// request or reply it is given back, so one large completion record does not stay in the
+/// connection's buffers for its whole life.
+const MAX_IDLE_BUFFER: usize = 4 * READ_CHUNK;
+
 /// A handle on the connection; clones share it. When the last handle is gone the task
 /// closes the socket (requests still out then fail).
 #[derive(Clone)]
@@ -392,6 +397,8 @@ async fn drive(shared: Arc<Shared>, mut reading: OwnedReadHalf) {
     // once from then on, so the node reconnects.
     let _stopped = Stopped(&shared);
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    // How far the reply at the start of `buf` was read, while it is incomplete.
+    let mut scan = resp::Scan::default();
     // What the task took from `out` and has not fully written yet.
     let mut unwritten: Vec<u8> = Vec::new();
     loop {
@@ -417,6 +424,11 @@ async fn drive(shared: Arc<Shared>, mut reading: OwnedReadHalf) {
                 }
             }
             if unwritten.is_empty() {
+                if unwritten.capacity() > MAX_IDLE_BUFFER {
+                    // A large request is out: give its memory back (the buffer goes back
+                    // to `out` at the next swap).
+                    unwritten = Vec::new();
+                }
                 shared.state().task_writing = false;
             }
         }
@@ -432,7 +444,7 @@ async fn drive(shared: Arc<Shared>, mut reading: OwnedReadHalf) {
                     Ok(_) => None,
                     Err(e) => Some(Broken::io(&e)),
                 };
-                if let Some(why) = why.or_else(|| hand_out(&shared, &mut buf).err()) {
+                if let Some(why) = why.or_else(|| hand_out(&shared, &mut buf, &mut scan).err()) {
                     shared.break_with(why);
                     break;
                 }
@@ -476,13 +488,31 @@ fn write(writing: &OwnedWriteHalf, bytes: &[u8]) -> Result<usize, Broken> {
     Ok(written)
 }
 
-/// Hands out every complete reply in `buf` to its request, in order.
-fn hand_out(shared: &Shared, buf: &mut Vec<u8>) -> Result<(), Broken> {
+/// The next complete reply at the start of `buf`, and the bytes it took; `None` while it
+/// is incomplete. A reply is parsed at once when it is all there (the usual case);
+/// otherwise `scan` records how far it got, and later calls resume from there, parsing
+/// the reply only once it is complete.
+fn next_reply(buf: &[u8], scan: &mut resp::Scan) -> Result<Option<(Value, usize)>, String> {
+    if scan.is_fresh()
+        && let Some(done) = resp::parse(buf)?
+    {
+        return Ok(Some(done));
+    }
+    let Some(end) = scan.complete(buf)? else {
+        return Ok(None);
+    };
+    *scan = resp::Scan::default();
+    resp::parse(&buf[..end])
+}
+
+/// Hands out every complete reply in `buf` to its request, in order; `scan` is how far
+/// the reply that is still incomplete was read.
+fn hand_out(shared: &Shared, buf: &mut Vec<u8>, scan: &mut resp::Scan) -> Result<(), Broken> {
     let mut used = 0;
     let mut values = Vec::new();
     let mut failed = None;
     loop {
-        match resp::parse(&buf[used..]) {
+        match next_reply(&buf[used..], scan) {
             Ok(Some((value, n))) => {
                 used += n;
                 values.push(value);
@@ -495,7 +525,7 @@ fn hand_out(shared: &Shared, buf: &mut Vec<u8>) -> Result<(), Broken> {
         }
     }
     buf.drain(..used);
-    if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
+    if buf.is_empty() && buf.capacity() > MAX_IDLE_BUFFER {
         // A large reply is past: give its memory back.
         buf.shrink_to(READ_CHUNK);
     }
@@ -569,7 +599,7 @@ pub(crate) async fn handshake(
 }
 
 #[cfg(test)]
-mod close_tests {
+mod tests {
     use std::time::Duration;
 
     use tokio::io::AsyncReadExt;
@@ -588,6 +618,37 @@ mod close_tests {
         out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
         out
+    }
+
+    /// Reads one request of `len` bytes on the server side and answers `+OK`.
+    async fn answer(server: &mut tokio::net::TcpStream, len: usize) {
+        use tokio::io::AsyncWriteExt;
+        let mut request = vec![0; len];
+        server.read_exact(&mut request).await.expect("read");
+        server.write_all(b"+OK\r\n").await.expect("write");
+    }
+
+    /// A large request (an 8 MiB completion record, say) does not leave its memory in the
+    /// connection's write buffers for the connection's life.
+    #[tokio::test]
+    async fn a_large_request_does_not_keep_its_memory() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let wire = Wire::connect("127.0.0.1", port).await.expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        let large = set("record", &vec![b'x'; 8 << 20]);
+        let reply = wire.request(&large, false);
+        answer(&mut server, large.len()).await;
+        assert!(reply.await.is_ok());
+        // The buffers take turns: a few small requests after it go through both.
+        for _ in 0..3 {
+            let small = set("k", b"v");
+            let reply = wire.request(&small, false);
+            answer(&mut server, small.len()).await;
+            assert!(reply.await.is_ok());
+            let kept = wire.0.0.state().out.capacity();
+            assert!(kept <= super::MAX_IDLE_BUFFER, "{kept} bytes kept");
+        }
     }
 
     /// A connection that is closed (replaced after timeouts) writes nothing more: what it

@@ -582,14 +582,21 @@ where
     }
 }
 
-/// A TCP server that answers every connection with an HTTP response, not Redis.
+/// A TCP server that answers every request with bytes that are not Redis (an HTTP
+/// response unless told otherwise).
 pub struct GarbageServer {
     pub port: u16,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl GarbageServer {
+    /// Answers every request with an HTTP response.
     pub async fn start() -> Self {
+        Self::start_with(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await
+    }
+
+    /// Answers every request with `reply`.
+    pub async fn start_with(reply: &'static [u8]) -> Self {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -603,12 +610,7 @@ impl GarbageServer {
                         match s.read(&mut buf).await {
                             Ok(0) | Err(_) => return,
                             Ok(_) => {
-                                if s.write_all(
-                                    b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
-                                )
-                                .await
-                                .is_err()
-                                {
+                                if s.write_all(reply).await.is_err() {
                                     return;
                                 }
                             }
