@@ -36,9 +36,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 use redis::{RedisError, RedisResult, Value};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
 use super::resp;
@@ -69,10 +69,31 @@ impl Drop for Handle {
     }
 }
 
+/// The writing side of a connection's transport, written without waiting: by the task,
+/// and by a caller that finds the connection idle. A TCP socket's writing half in use;
+/// an in-memory pipe in the tests.
+pub(crate) trait Writer: Send + Sync + 'static {
+    /// Writes what the transport takes now (`WouldBlock` when it takes nothing).
+    fn try_write(&self, bytes: &[u8]) -> io::Result<usize>;
+    /// Ready once the transport may take more bytes.
+    fn poll_writable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+}
+
+impl Writer for OwnedWriteHalf {
+    fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+        OwnedWriteHalf::try_write(self, bytes)
+    }
+
+    fn poll_writable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let stream: &TcpStream = self.as_ref();
+        stream.poll_write_ready(cx)
+    }
+}
+
 struct Shared {
-    /// The socket's writing half: the task writes, and so does a caller that finds the
+    /// The transport's writing side: the task writes, and so does a caller that finds the
     /// connection idle (under the state lock, with nothing left unwritten).
-    writing: OwnedWriteHalf,
+    writing: Box<dyn Writer>,
     state: Mutex<State>,
     /// Wakes the task: there is something to write, or it should stop.
     wake: Notify,
@@ -285,13 +306,19 @@ impl Wire {
         let stream = TcpStream::connect((host, port)).await?;
         stream.set_nodelay(true)?;
         let (reading, writing) = stream.into_split();
+        Ok(Self::over(reading, writing))
+    }
+
+    /// A connection over a transport: replies are read from `reading`, requests written
+    /// to `writing`. Starts the connection's task; must be called within a tokio runtime.
+    fn over(reading: impl AsyncRead + Unpin + Send + 'static, writing: impl Writer) -> Self {
         let shared = Arc::new(Shared {
-            writing,
+            writing: Box::new(writing),
             state: Mutex::new(State::default()),
             wake: Notify::new(),
         });
         tokio::spawn(drive(Arc::clone(&shared), reading));
-        Ok(Self(Arc::new(Handle(shared))))
+        Self(Arc::new(Handle(shared)))
     }
 
     /// Sends `packed` (one or more commands, as RESP) and expects `replies` replies; the
@@ -314,7 +341,7 @@ impl Wire {
         }
         let mut rest = packed;
         if inline && idle && st.out.is_empty() && !st.task_writing {
-            match write(&shared.writing, packed) {
+            match write(&*shared.writing, packed) {
                 Ok(n) => rest = &packed[n..],
                 Err(why) => {
                     drop(st);
@@ -392,7 +419,7 @@ impl redis::aio::ConnectionLike for Wire {
 /// The connection's task: reads and hands out replies, writes what callers left in `out`
 /// (outside the lock; a caller writes only while the task holds nothing unwritten), and
 /// closes the socket when every handle is gone.
-async fn drive(shared: Arc<Shared>, mut reading: OwnedReadHalf) {
+async fn drive(shared: Arc<Shared>, mut reading: impl AsyncRead + Unpin) {
     // However the task ends (even dropped by a runtime shutting down), requests fail at
     // once from then on, so the node reconnects.
     let _stopped = Stopped(&shared);
@@ -414,7 +441,7 @@ async fn drive(shared: Arc<Shared>, mut reading: OwnedReadHalf) {
             st.task_writing = !unwritten.is_empty();
         }
         if !unwritten.is_empty() {
-            match write(&shared.writing, &unwritten) {
+            match write(&*shared.writing, &unwritten) {
                 Ok(n) => {
                     unwritten.drain(..n);
                 }
@@ -449,7 +476,7 @@ async fn drive(shared: Arc<Shared>, mut reading: OwnedReadHalf) {
                     break;
                 }
             }
-            ready = shared.writing.writable(), if !unwritten.is_empty() => {
+            ready = std::future::poll_fn(|cx| shared.writing.poll_writable(cx)), if !unwritten.is_empty() => {
                 if let Err(e) = ready {
                     shared.break_with(Broken::io(&e));
                     break;
@@ -475,7 +502,7 @@ impl Drop for Stopped<'_> {
 }
 
 /// Writes as much of `bytes` as the socket takes now; how much it took.
-fn write(writing: &OwnedWriteHalf, bytes: &[u8]) -> Result<usize, Broken> {
+fn write(writing: &dyn Writer, bytes: &[u8]) -> Result<usize, Broken> {
     let mut written = 0;
     while written < bytes.len() {
         match writing.try_write(&bytes[written..]) {
@@ -599,113 +626,5 @@ pub(crate) async fn handshake(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use tokio::io::AsyncReadExt;
-    use tokio::net::TcpListener;
-
-    use super::Wire;
-
-    /// `SET k <value>` as RESP.
-    fn set(key: &str, value: &[u8]) -> Vec<u8> {
-        let mut out = format!(
-            "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n",
-            key.len(),
-            value.len()
-        )
-        .into_bytes();
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-        out
-    }
-
-    /// Reads one request of `len` bytes on the server side and answers `+OK`.
-    async fn answer(server: &mut tokio::net::TcpStream, len: usize) {
-        use tokio::io::AsyncWriteExt;
-        let mut request = vec![0; len];
-        server.read_exact(&mut request).await.expect("read");
-        server.write_all(b"+OK\r\n").await.expect("write");
-    }
-
-    /// A large request (an 8 MiB completion record, say) does not leave its memory in the
-    /// connection's write buffers for the connection's life.
-    #[tokio::test]
-    async fn a_large_request_does_not_keep_its_memory() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let wire = Wire::connect("127.0.0.1", port).await.expect("connect");
-        let (mut server, _) = listener.accept().await.expect("accept");
-        let large = set("record", &vec![b'x'; 8 << 20]);
-        let reply = wire.request(&large, false);
-        answer(&mut server, large.len()).await;
-        assert!(reply.await.is_ok());
-        // The buffers take turns: a few small requests after it go through both.
-        for _ in 0..3 {
-            let small = set("k", b"v");
-            let reply = wire.request(&small, false);
-            answer(&mut server, small.len()).await;
-            assert!(reply.await.is_ok());
-            let kept = wire.0.0.state().out.capacity();
-            assert!(kept <= super::MAX_IDLE_BUFFER, "{kept} bytes kept");
-        }
-    }
-
-    /// A connection that is closed (replaced after timeouts) writes nothing more: what it
-    /// held unwritten, say a straggling `SET`, never reaches the server after a release
-    /// sent on the next connection; and its requests fail at once.
-    #[tokio::test]
-    async fn a_closed_connection_writes_nothing_more() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let wire = Wire::connect("127.0.0.1", port).await.expect("connect");
-        let (mut server, _) = listener.accept().await.expect("accept");
-        // The server reads nothing, so the socket fills up and the connection's task is
-        // left holding bytes it could not write.
-        let filler = wire.request(&set("filler", &vec![b'x'; 32 << 20]), false);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !wire.0.0.state().task_writing {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the socket took 32 MiB"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        // Queued behind them: a straggling SET, whose call keeps a handle on the connection.
-        let straggler = wire.request(&set("straggler", b"late"), false);
-        let kept = wire.clone();
-        assert!(!wire.0.0.state().out.is_empty());
-        wire.close();
-        let failed = tokio::time::timeout(Duration::from_secs(5), async {
-            (straggler.await.is_err(), filler.await.is_err())
-        });
-        assert_eq!(
-            failed.await.ok(),
-            Some((true, true)),
-            "a closed connection's requests fail at once"
-        );
-        assert!(
-            kept.0.0.state().out.is_empty(),
-            "the unwritten bytes are dropped"
-        );
-        // The connection's task ends although a handle remains: nothing more is written.
-        let shared = std::sync::Arc::clone(&kept.0.0);
-        while std::sync::Arc::strong_count(&shared) > 2 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the closed connection's task still runs"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        drop((shared, kept, wire));
-        // Everything the server gets from now on was in the socket before the close.
-        let mut got = Vec::new();
-        let read = tokio::time::timeout(Duration::from_secs(10), server.read_to_end(&mut got));
-        read.await.expect("the socket closes").expect("read");
-        assert!(!got.is_empty());
-        assert!(
-            !got.windows(9).any(|w| w == b"straggler"),
-            "the straggling SET was written after the close"
-        );
-    }
-}
+#[path = "wire_tests.rs"]
+mod tests;
