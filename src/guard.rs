@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use crate::client::builder::KeepAlive;
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
 use crate::keepalive;
+use crate::keepalive_inbox::KeepAlive;
 use crate::token::{Lock, LockToken, LostReason, Shared};
 
 /// A held lock that extends itself while the work runs and says when it is lost.

@@ -34,9 +34,9 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
-use crate::client::builder::KeepAlive;
 use crate::client::{Redlock, WeakRedlock};
 use crate::error::Failure;
+use crate::keepalive_inbox::KeepAlive;
 use crate::keepalive_inbox::{Inbox, Start};
 use crate::quorum::later;
 use crate::token::{Lock, LostReason, Shared};
@@ -46,7 +46,7 @@ use crate::token::{Lock, LostReason, Shared};
 /// The driver is only woken if the lock is due before it would wake anyway.
 pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -> Option<u64> {
     let handle = tokio::runtime::Handle::try_current().ok()?;
-    let id = redlock.next_guard_id();
+    let id = redlock.guards().next_id();
     let (interval, hold_end) = timing(&shared.lock, &policy);
     let start = Start {
         id,
@@ -55,7 +55,7 @@ pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -
         policy,
         span: tracing::Span::current(),
     };
-    let mut driver = redlock.keep_alive_driver();
+    let mut driver = redlock.guards().driver();
     let start = match driver.as_ref() {
         Some(inbox) => match inbox.start(start) {
             Ok(()) => return Some(id),
@@ -77,7 +77,7 @@ pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -
 
 /// Stops extending lock `id` (its guard is releasing it). Never wakes the driver.
 pub(crate) fn stop(redlock: &Redlock, id: u64) {
-    if let Some(inbox) = redlock.keep_alive_driver().as_ref() {
+    if let Some(inbox) = redlock.guards().driver().as_ref() {
         inbox.stop(id);
     }
 }

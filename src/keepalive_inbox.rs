@@ -17,13 +17,57 @@
 //! ```
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::client::builder::KeepAlive;
 use crate::token::{LostReason, Shared};
+
+/// How a [`LockGuard`](crate::LockGuard) keeps its lock alive; set on the builder
+/// ([`extend_fraction`](crate::RedlockBuilder::extend_fraction),
+/// [`max_hold`](crate::RedlockBuilder::max_hold),
+/// [`max_extensions`](crate::RedlockBuilder::max_extensions)).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeepAlive {
+    pub(crate) fraction: f64,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) max_extensions: Option<u32>,
+}
+
+/// A client's guards: the inbox of its keep-alive driver while one runs, and the ids of
+/// its guarded locks. Dropped with the client, it tells the driver, which then ends once
+/// its last locks are done.
+#[derive(Debug, Default)]
+pub(crate) struct Guards {
+    driver: Mutex<Option<Arc<Inbox>>>,
+    next_id: AtomicU64,
+}
+
+impl Guards {
+    /// The driver's inbox, while one runs.
+    pub(crate) fn driver(&self) -> MutexGuard<'_, Option<Arc<Inbox>>> {
+        self.driver.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A fresh id for a guarded lock.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Drop for Guards {
+    fn drop(&mut self) {
+        let driver = self
+            .driver
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(inbox) = driver.take() {
+            inbox.client_gone();
+        }
+    }
+}
 
 /// A lock handed to the driver.
 pub(crate) struct Start {

@@ -127,6 +127,7 @@ pub mod fencing;
 mod guard;
 mod keepalive;
 mod keepalive_inbox;
+mod landing;
 pub mod layer;
 pub mod metrics;
 mod node;

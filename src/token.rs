@@ -32,7 +32,7 @@ use tokio::sync::watch;
 
 use crate::defaults::{MAX_NAME_LEN, VALUE_LEN};
 use crate::error::LockError;
-use crate::fanout::Landing;
+use crate::landing::Landing;
 use crate::quorum::NodeMask;
 
 const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -1,4 +1,5 @@
-//! Acquiring: one attempt of the algorithm (DESIGN section 2), and the retry loop around it.
+//! Acquiring: one attempt of the algorithm (CONTRIBUTING.md, "The algorithm"), and the retry
+//! loop around it.
 //!
 //! ```text
 //! start -> SET NX PX on every node at once -> quorum? -> [fencing phase 2] -> validity > min?
@@ -59,7 +60,7 @@ fn set_failure(round: Round, retry_after: Option<Duration>, by_others: bool) -> 
 }
 
 impl Redlock {
-    /// One attempt: the algorithm of DESIGN section 2, steps 1 to 5.
+    /// One attempt: the algorithm's steps 1 to 5 (CONTRIBUTING.md, "The algorithm").
     pub(super) async fn attempt(
         &self,
         resource: &Arc<Resource>,

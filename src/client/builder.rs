@@ -14,7 +14,7 @@
 //! ```
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{Client, ConnectionAddr, ConnectionInfo};
@@ -28,7 +28,7 @@ use crate::defaults::{
     MIN_TTL_TO_TIMEOUT_RATIO,
 };
 use crate::error::ConfigError;
-use crate::keepalive_inbox::Inbox;
+use crate::keepalive_inbox::{Guards, KeepAlive};
 use crate::node::{Connector, Node, NodeSettings};
 use crate::quorum;
 use crate::sentinel::SentinelMaster;
@@ -603,8 +603,7 @@ impl RedlockBuilder {
             },
             fencing: self.fencing,
             fencing_retention,
-            keep_alive_driver: Mutex::new(None),
-            next_guard_id: AtomicU64::new(0),
+            guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
         })
     }
@@ -633,25 +632,10 @@ pub(crate) struct Settings {
     pub(crate) fencing: bool,
     /// How long a fencing counter lives after its last fenced acquisition.
     pub(crate) fencing_retention: Duration,
-    /// The inbox of this client's keep-alive driver, while one runs.
-    pub(crate) keep_alive_driver: Mutex<Option<Arc<Inbox>>>,
-    /// The id of the next guarded lock.
-    pub(crate) next_guard_id: AtomicU64,
+    /// The keep-alive driver of this client's guards, while one runs.
+    pub(crate) guards: Guards,
     /// The tasks waiting for a lock, woken on release.
     pub(crate) waiters: Arc<Waiters>,
-}
-
-impl Drop for Settings {
-    fn drop(&mut self) {
-        // The keep-alive driver ends once its last locks are done.
-        let driver = self
-            .keep_alive_driver
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(inbox) = driver.take() {
-            inbox.client_gone();
-        }
-    }
 }
 
 /// Checks a TTL against the limits and the per-node timeout.
@@ -688,17 +672,6 @@ pub(crate) fn check_retention(retention: Duration, ttl: Duration) -> Result<(), 
 /// A TTL in whole milliseconds.
 pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// How a [`LockGuard`](crate::LockGuard) keeps its lock alive; set on the builder
-/// ([`extend_fraction`](RedlockBuilder::extend_fraction),
-/// [`max_hold`](RedlockBuilder::max_hold),
-/// [`max_extensions`](RedlockBuilder::max_extensions)).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct KeepAlive {
-    pub(crate) fraction: f64,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) max_extensions: Option<u32>,
 }
 
 /// The label and connector of a Redis Cluster node.

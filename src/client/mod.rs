@@ -30,7 +30,7 @@
 //! (one attempt of the algorithm and the retry loop), `extend`, `release`.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{ConfigError, Failure, LockError};
@@ -54,8 +54,8 @@ pub use node_config::NodeConfig;
 pub use release::Released;
 pub(crate) use release::Wake;
 
-use crate::keepalive_inbox::Inbox;
-use builder::{KeepAlive, Settings, check_retention, check_ttl, ttl_ms};
+use crate::keepalive_inbox::{Guards, KeepAlive};
+use builder::{Settings, check_retention, check_ttl, ttl_ms};
 
 /// A Redlock client over N independent Redis masters (N = 1 is the plain single-instance
 /// lock; 3 or 5 is Redlock proper).
@@ -288,17 +288,9 @@ impl Redlock {
         self.inner.keep_alive
     }
 
-    /// The inbox of this client's keep-alive driver, while one runs.
-    pub(crate) fn keep_alive_driver(&self) -> MutexGuard<'_, Option<Arc<Inbox>>> {
-        self.inner
-            .keep_alive_driver
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// A fresh id for a guarded lock.
-    pub(crate) fn next_guard_id(&self) -> u64 {
-        self.inner.next_guard_id.fetch_add(1, Ordering::Relaxed)
+    /// This client's guards (the keep-alive driver and the ids of guarded locks).
+    pub(crate) fn guards(&self) -> &Guards {
+        &self.inner.guards
     }
 
     /// A handle that does not keep the client alive (for its background tasks).

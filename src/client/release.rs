@@ -20,7 +20,8 @@ use tracing::Instrument;
 use super::Redlock;
 use super::spans::{Operation, elapsed_us};
 use crate::error::NodeFailure;
-use crate::fanout::{self, Landing};
+use crate::fanout;
+use crate::landing::Landing;
 use crate::quorum::NodeMask;
 use crate::quorum::later;
 use crate::scripts::{
