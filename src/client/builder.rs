@@ -13,8 +13,8 @@
 //! assert!(matches!(err, ConfigError::NodeTimeoutTooLong { .. }));
 //! ```
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use redis::{Client, ConnectionAddr, ConnectionInfo};
