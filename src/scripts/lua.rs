@@ -1,0 +1,244 @@
+//! The Lua sources that run on the nodes, with their SHA-1s (computed once): loaded with
+//! `SCRIPT LOAD` on every connect, then run by `EVALSHA`.
+//!
+//! ```text
+//! RELEASE: if GET key == value then DEL key; PUBLISH key client-id; return 1 end; return 0
+//! ```
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // The scripts are internal; every operation runs one of them.
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let lock = redlock.lock("invoice:42").await?; // SET NX PX (or ACQUIRE_FENCED)
+//! redlock.unlock(&lock).await; // RELEASE, or RELEASE_MANY with others
+//! # Ok(()) }
+//! ```
+
+use std::sync::LazyLock;
+
+/// A Lua script with its SHA-1, computed once.
+pub(crate) struct Script {
+    pub(crate) code: &'static str,
+    pub(crate) sha: String,
+}
+
+impl Script {
+    fn new(code: &'static str) -> Self {
+        Self {
+            code,
+            sha: redis::Script::new(code).get_hash().to_owned(),
+        }
+    }
+}
+
+/// The busy path of an unfenced acquisition, which is a plain `SET key value NX PX ttl`:
+/// when that finds the key taken, this asks for the holder's remaining TTL (a hint for when
+/// to retry) and whether the holder is this client. `KEYS[1]` = lock key, `ARGV[1]` = our
+/// value. Returns `{0, pttl, ours}`: the PTTL in ms (-1 without expiry, -2 if the key is gone
+/// by now), and 1 when the value there starts with the client id ours starts with. The `GET` fails with `WRONGTYPE` on a key of another type, which
+/// surfaces as a clear per-node error, as with the fenced script.
+pub(super) const HOLDER_TTL: &str = r#"
+local held = redis.call('GET', KEYS[1])
+local ours = held and string.sub(held, 1, 16) == string.sub(ARGV[1], 1, 16) and 1 or 0
+return {0, redis.call('PTTL', KEYS[1]), ours}
+"#;
+
+/// The start of every acquire script: when the key exists, answer `{2, record}` for a
+/// completion record ([`RECORD_MARKER`]) and `{0, pttl, ours}` for another holder (`ours`:
+/// 1 when its value starts with the client id of ours, `ARGV[1]`).
+macro_rules! held_or_record {
+    () => {
+        r#"
+local held = redis.call('GET', KEYS[1])
+if held then
+  if string.sub(held, 1, 8) == '#record\n' then
+    return {2, held}
+  end
+  local ours = string.sub(held, 1, 16) == string.sub(ARGV[1], 1, 16) and 1 or 0
+  return {0, redis.call('PTTL', KEYS[1]), ours}
+end
+"#
+    };
+}
+
+/// Phase 1 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the name's counter
+/// key, `ARGV[1]` = value, `ARGV[2]` = TTL in ms.
+///
+/// `SET NX PX` as a script (`{0, pttl}` when the key exists, `{2, record}` when it holds a
+/// completion record, see [`ACQUIRE_OR_REPLAY`]), and on success also returns
+/// the node's counter for the name (`""` if it has none) and the server's clock (`TIME`:
+/// seconds, microseconds): `{1, counter, seconds, microseconds}`. The client seeds a missing or lost counter from the clock; all arithmetic happens in
+/// the client, on 64-bit integers (Lua numbers are doubles). The counter is read before
+/// the `SET`, so a wrong-type counter key fails the call before it writes anything.
+pub(super) const ACQUIRE_FENCED: &str = concat!(
+    held_or_record!(),
+    r#"
+local counter = redis.call('GET', KEYS[2]) or ''
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local t = redis.call('TIME')
+return {1, counter, t[1], t[2]}
+"#
+);
+
+/// Phase 2 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the name's counter
+/// key, `ARGV[1]` = value, `ARGV[2]` = the fencing number (decimal, no leading zeros),
+/// `ARGV[3]` = the retention in ms.
+///
+/// Only while the lock key still holds our value: raises the counter to the fencing number
+/// (`counter = max(counter, token)`), gives it the retention as its TTL, and returns 1;
+/// otherwise returns 0 and changes nothing. Numbers are compared as decimal strings (length
+/// first, then digit by digit), so any 64-bit value compares exactly.
+pub(super) const FENCE: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local cur = redis.call('GET', KEYS[2])
+local new = ARGV[2]
+local raise = not cur or #cur < #new
+if cur and #cur == #new then
+  for i = 1, #new do
+    local a, b = string.byte(cur, i), string.byte(new, i)
+    if a ~= b then
+      raise = a < b
+      break
+    end
+  end
+end
+if raise then
+  redis.call('SET', KEYS[2], new, 'PX', ARGV[3])
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+return 1
+"#;
+
+/// The marker that starts every completion record stored under a lock key (lock values
+/// are hex, so they never start with it).
+pub(crate) const RECORD_MARKER: &[u8] = b"#record\n";
+
+/// An unfenced acquisition that also finds completion records (the layer's replay).
+/// `KEYS[1]` = lock key, `ARGV[1]` = value, `ARGV[2]` = TTL in ms.
+///
+/// Returns `{1}` when the lock was set, `{2, record}` when the key holds a completion
+/// record, and `{0, pttl}` when another client holds the lock: the record comes back in
+/// the acquire round trip, so a replay costs nothing extra.
+pub(super) const ACQUIRE_OR_REPLAY: &str = concat!(
+    held_or_record!(),
+    r#"
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1}
+"#
+);
+
+/// Compare-and-set of a completion record: replaces our lock value with the record
+/// (`ARGV[2]`) for the retention (`ARGV[3]` ms), and tells the waiters. `KEYS[1]` = lock
+/// key, `ARGV[1]` = value. Returns 1, or 0 when the key no longer holds our value, or the
+/// server's error when the record was stored but the `PUBLISH` was refused (see
+/// [`RELEASE`]).
+pub(super) const COMPLETE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  local told = redis.pcall('PUBLISH', KEYS[1], '')
+  if type(told) == 'table' and told.err then return told.err end
+  return 1
+end
+return 0
+"#;
+
+/// Compare-and-delete: deletes the key only if it holds our value, and then tells the
+/// waiters on the key's channel (the channel is named like the key), with the releasing
+/// client's id (`ARGV[2]`) as the message. Returns 1 or 0. The message is published after
+/// the delete, in the same script, so it can never arrive while the key is still there.
+///
+/// The message is only a hint: a user without permission for the channel (an ACL without
+/// `+publish` or `&prefix*`) still releases. The `PUBLISH` is then refused, and the script
+/// returns the server's error message (a string) instead of 1: the key was deleted.
+pub(super) const RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  local told = redis.pcall('PUBLISH', KEYS[1], ARGV[2])
+  if type(told) == 'table' and told.err then return told.err end
+  return 1
+end
+return 0
+"#;
+
+/// [`RELEASE`] for many locks of one client at once (a node's releases that queued while
+/// another was on its way): `KEYS[i]` = lock key, `ARGV[i]` = its value, the last `ARGV` =
+/// the releasing client's id. Returns one answer per key: 1, 0 or a refused `PUBLISH`'s
+/// message as [`RELEASE`], or, for a key that is not a string, `{error message}`
+/// (`WRONGTYPE`), which fails that key alone (a bare error inside the reply would fail the
+/// whole call). A refused `PUBLISH` never stops the keys after it.
+/// It runs the same commands as [`RELEASE`], so the ACL rule of the README covers it.
+pub(super) const RELEASE_MANY: &str = r#"
+local id = ARGV[#ARGV]
+local out = {}
+for i = 1, #KEYS do
+  local held = redis.pcall('GET', KEYS[i])
+  if type(held) == 'table' and held.err then
+    out[i] = {held.err}
+  elseif held == ARGV[i] then
+    redis.call('DEL', KEYS[i])
+    local told = redis.pcall('PUBLISH', KEYS[i], id)
+    if type(told) == 'table' and told.err then
+      out[i] = told.err
+    else
+      out[i] = 1
+    end
+  else
+    out[i] = 0
+  end
+end
+return out
+"#;
+
+/// Compare-and-pexpire: resets the TTL only if the key holds our value. Returns 1 or 0.
+pub(super) const EXTEND: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#;
+
+/// Inspection of a name, never reading out the value. `KEYS[1]` = lock key, `KEYS[2]` =
+/// the name's fencing counter. Returns `{kind, pttl, counter}`: kind 0 (no key), 1 (a
+/// lock) or 2 (a completion record); the key's PTTL; the counter (`""` if none).
+pub(super) const INSPECT: &str = r#"
+local v = redis.call('GET', KEYS[1])
+local kind = 0
+if v then
+  kind = 1
+  if string.sub(v, 1, 8) == '#record\n' then
+    kind = 2
+  end
+end
+return {kind, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or ''}
+"#;
+
+pub(crate) static HOLDER_TTL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER_TTL));
+pub(crate) static ACQUIRE_OR_REPLAY_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_OR_REPLAY));
+pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE));
+pub(crate) static ACQUIRE_FENCED_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_FENCED));
+pub(crate) static FENCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE));
+pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+pub(crate) static RELEASE_MANY_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RELEASE_MANY));
+pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND));
+pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
+
+/// Every script, for `SCRIPT LOAD` on connect.
+pub(crate) fn all() -> [&'static Script; 9] {
+    [
+        &HOLDER_TTL_SCRIPT,
+        &ACQUIRE_OR_REPLAY_SCRIPT,
+        &COMPLETE_SCRIPT,
+        &ACQUIRE_FENCED_SCRIPT,
+        &FENCE_SCRIPT,
+        &RELEASE_SCRIPT,
+        &RELEASE_MANY_SCRIPT,
+        &EXTEND_SCRIPT,
+        &INSPECT_SCRIPT,
+    ]
+}

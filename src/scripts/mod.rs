@@ -1,0 +1,23 @@
+//! The Lua scripts that run on every node ([`lua`]), the commands that invoke them
+//! ([`command`]), and the parsing of their replies ([`reply`]).
+//!
+//! Each script is loaded with `SCRIPT LOAD` when a node connects and then run with
+//! `EVALSHA`, so an operation is one round trip. If a node answers `NOSCRIPT` (its script
+//! cache was flushed), the call falls back to `EVAL`, which also caches the script again.
+//!
+//! ```text
+//! EVALSHA <sha of RELEASE> 1 redlock:invoice:42 <value> <client id>  ->  1 (deleted) or 0
+//! ```
+
+mod command;
+mod lua;
+mod reply;
+
+pub(crate) use command::{Arg, Call, Invocation, Request, release_many};
+pub(crate) use lua::{
+    ACQUIRE_FENCED_SCRIPT, ACQUIRE_OR_REPLAY_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT,
+    INSPECT_SCRIPT, RECORD_MARKER, RELEASE_SCRIPT, all,
+};
+pub(crate) use reply::{
+    AcquireReply, Deleted, FenceRead, parse_acquire, parse_deleted, parse_flag, parse_inspect,
+};

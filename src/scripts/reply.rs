@@ -1,0 +1,252 @@
+//! The parsing of the scripts' replies (and of `SET NX PX`'s) into what each operation
+//! needs: granted or held elsewhere, released or not, what a node holds for a name.
+//!
+//! ```text
+//! {1, "41", 1732483200, 123456}  ->  AcquireReply::Won { fence: counter 41, clock }
+//! {0, 2500, 1}                   ->  AcquireReply::HeldElsewhere { pttl: 2.5 s, ours }
+//! 1 / 0 / "ERR ... publish ..."  ->  Deleted::Told / NotHeld / Untold(message)
+//! ```
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // The replies are internal; an inspection shows what they say about a name.
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let seen = redlock.inspect("invoice:42").await?;
+//! println!("held on {} of {} nodes", seen.held_on(), seen.nodes());
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::lua::RECORD_MARKER;
+use crate::error::NodeError;
+
+/// What one node holds for a name ([`INSPECT`](super::lua::INSPECT)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Inspected {
+    /// A lock or a record is stored under the key.
+    pub(crate) held: bool,
+    /// It is a completion record.
+    pub(crate) record: bool,
+    /// The key's remaining TTL, if it has one.
+    pub(crate) pttl: Option<Duration>,
+    /// The node's fencing counter for the name.
+    pub(crate) counter: Option<u64>,
+}
+
+/// Parses the reply to [`INSPECT`](super::lua::INSPECT).
+pub(crate) fn parse_inspect(v: Value) -> Result<Inspected, NodeError> {
+    let bad = || NodeError::Protocol("unexpected reply to the inspect script".into());
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let [Value::Int(kind), Value::Int(pttl), counter] = items.as_slice() else {
+        return Err(bad());
+    };
+    let counter = match counter {
+        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()),
+        _ => None,
+    };
+    Ok(Inspected {
+        held: *kind != 0,
+        record: *kind == 2,
+        pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+        counter,
+    })
+}
+
+/// What a node answered to an acquisition: `SET NX PX` (then [`HOLDER_TTL`](super::lua::HOLDER_TTL)) or
+/// [`ACQUIRE_FENCED`](super::lua::ACQUIRE_FENCED).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    /// The key was set. With fencing: the node's counter for the name (`None` if it has
+    /// none) and its clock in microseconds; without, neither.
+    Won { fence: Option<FenceRead> },
+    /// Another value is stored under the key; `pttl` is its remaining TTL, if it has one;
+    /// `ours` when the value is one of this client's (starts with its id).
+    HeldElsewhere { pttl: Option<Duration>, ours: bool },
+    /// The key holds a completion record (the name's work is done): the record.
+    Record(Vec<u8>),
+}
+
+/// What phase 1 of fencing read on a node that granted the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FenceRead {
+    /// The node's counter for the name, if it has one.
+    pub(crate) counter: Option<u64>,
+    /// The node's clock (`TIME`) in microseconds.
+    pub(crate) clock_us: u64,
+}
+
+/// Parses the reply to an acquisition: `OK` (set) or the holder's PTTL from [`HOLDER_TTL`](super::lua::HOLDER_TTL)
+/// for `SET NX PX`, an array for [`ACQUIRE_FENCED`](super::lua::ACQUIRE_FENCED).
+pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
+    let bad = |what: &dyn std::fmt::Debug| {
+        NodeError::Protocol(format!("unexpected reply to the acquire command: {what:?}").into())
+    };
+    let items = match v {
+        Value::Okay => return Ok(AcquireReply::Won { fence: None }),
+        Value::Array(items) => items,
+        other => return Err(bad(&other)),
+    };
+    match items.as_slice() {
+        [Value::Int(1), counter, secs, micros] => {
+            let counter = match counter {
+                Value::BulkString(b) if b.is_empty() => None,
+                other => Some(decimal(other).ok_or_else(|| bad(&items))?),
+            };
+            let clock_us = decimal(secs)
+                .zip(decimal(micros))
+                .and_then(|(s, us)| s.checked_mul(1_000_000)?.checked_add(us))
+                .ok_or_else(|| bad(&items))?;
+            Ok(AcquireReply::Won {
+                fence: Some(FenceRead { counter, clock_us }),
+            })
+        }
+        [Value::Int(0), Value::Int(pttl), Value::Int(ours)] => Ok(AcquireReply::HeldElsewhere {
+            pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            ours: *ours == 1,
+        }),
+        [Value::Int(1)] => Ok(AcquireReply::Won { fence: None }),
+        [Value::Int(2), Value::BulkString(record)] if record.starts_with(RECORD_MARKER) => {
+            Ok(AcquireReply::Record(record.clone()))
+        }
+        _ => Err(bad(&items)),
+    }
+}
+
+/// Parses the reply to a compare-and-set script ([`FENCE`](super::lua::FENCE), [`EXTEND`](super::lua::EXTEND)): whether the key
+/// still held our value.
+pub(crate) fn parse_flag(v: Value) -> Result<bool, NodeError> {
+    match v {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(unexpected_flag(&other)),
+    }
+}
+
+/// What a [`RELEASE`](super::lua::RELEASE) (or [`COMPLETE`](super::lua::COMPLETE)) did on one node.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Deleted {
+    /// The key no longer held our value: nothing was done.
+    NotHeld,
+    /// Done, and the waiters were told.
+    Told,
+    /// Done, but the node refused the `PUBLISH` that tells the waiters: its message.
+    Untold(String),
+}
+
+/// Parses the reply to [`RELEASE`](super::lua::RELEASE) or [`COMPLETE`](super::lua::COMPLETE).
+pub(crate) fn parse_deleted(v: Value) -> Result<Deleted, NodeError> {
+    match v {
+        Value::Int(1) => Ok(Deleted::Told),
+        Value::Int(0) => Ok(Deleted::NotHeld),
+        Value::BulkString(message) => Ok(Deleted::Untold(
+            String::from_utf8_lossy(&message).into_owned(),
+        )),
+        other => Err(unexpected_flag(&other)),
+    }
+}
+
+fn unexpected_flag(other: &Value) -> NodeError {
+    NodeError::Protocol(format!("unexpected reply to a compare-and-set script: {other:?}").into())
+}
+
+/// A non-negative decimal integer sent as a bulk string (or an integer).
+fn decimal(v: &Value) -> Option<u64> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    }
+}
+
+/// One key's answer in a [`RELEASE_MANY`](super::lua::RELEASE_MANY) reply: `{message}` is the error the key's
+/// `GET` raised, as the server would have sent it for that key alone.
+pub(super) fn key_answer(answer: Value) -> redis::RedisResult<Value> {
+    match answer {
+        Value::Array(message) => match message.as_slice() {
+            [Value::BulkString(text)] => {
+                let mut error = Vec::with_capacity(text.len() + 3);
+                error.push(b'-');
+                error.extend(text.iter().filter(|&&b| b != b'\r' && b != b'\n'));
+                error.extend_from_slice(b"\r\n");
+                redis::parse_redis_value(&error)?.extract_error()
+            }
+            _ => Err(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "unexpected error in the reply to the batched release script",
+            ))),
+        },
+        other => Ok(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn parses_acquire_replies() {
+        assert_eq!(
+            parse_acquire(Value::Okay).ok(),
+            Some(AcquireReply::Won { fence: None })
+        );
+        let busy =
+            |pttl, ours| Value::Array(vec![Value::Int(0), Value::Int(pttl), Value::Int(ours)]);
+        assert_eq!(
+            parse_acquire(busy(250, 0)).ok(),
+            Some(AcquireReply::HeldElsewhere {
+                pttl: Some(Duration::from_millis(250)),
+                ours: false,
+            })
+        );
+        assert_eq!(
+            parse_acquire(busy(-2, 1)).ok(),
+            Some(AcquireReply::HeldElsewhere {
+                pttl: None,
+                ours: true,
+            })
+        );
+        assert!(matches!(
+            parse_acquire(Value::Int(250)),
+            Err(NodeError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_acquire(Value::Nil),
+            Err(NodeError::Protocol(_))
+        ));
+        let fenced = Value::Array(vec![Value::Int(1), bulk("17"), bulk("2"), bulk("5")]);
+        assert_eq!(
+            parse_acquire(fenced).ok(),
+            Some(AcquireReply::Won {
+                fence: Some(FenceRead {
+                    counter: Some(17),
+                    clock_us: 2_000_005
+                })
+            })
+        );
+        let fresh = Value::Array(vec![Value::Int(1), bulk(""), bulk("2"), bulk("5")]);
+        assert!(matches!(
+            parse_acquire(fresh),
+            Ok(AcquireReply::Won {
+                fence: Some(FenceRead { counter: None, .. })
+            })
+        ));
+        let garbage = Value::Array(vec![Value::Int(1), bulk("-3"), bulk("2"), bulk("5")]);
+        assert!(matches!(
+            parse_acquire(garbage),
+            Err(NodeError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_flag(Value::Okay),
+            Err(NodeError::Protocol(_))
+        ));
+    }
+}
