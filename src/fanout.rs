@@ -26,7 +26,7 @@ use redis::Value;
 
 use crate::error::{Failure, NodeError, NodeFailure};
 use crate::landing::{Landing, LandingState};
-use crate::node::{Answer, Node, Start, Started, Waiting};
+use crate::node::{Answer, Node, Sending, Start, Started, Waiting, Writes};
 use crate::quorum::{Decision, NodeMask, Outcome, Tally};
 use crate::scripts::{Call, Request};
 
@@ -132,23 +132,47 @@ impl Stragglers {
     }
 }
 
-/// Sends `request` to the nodes whose index `to` accepts, all at once; the answers arrive as
-/// they come, with the node's index. With `acquiring` (acquire, fence, extend), quarantined
-/// nodes fail at once; releases go to them too. A node's call waits for its call in
-/// `after` first (within the deadline). The calls have no time limit of their own: the
-/// caller bounds them all by `deadline` with one timer. They own what they need, so they
-/// can outlive the round.
+/// How a round sends its command.
+struct Plan<'a> {
+    /// Acquire, fence and extend: quarantined nodes fail at once; releases go to them too.
+    acquiring: bool,
+    /// The round's deadline, for all its calls.
+    deadline: Instant,
+    /// A node's call first waits for that node's call in this earlier round to land.
+    after: Option<&'a Landing>,
+    /// Where to mark each node whose call is on its connection (for this round's landing).
+    landing: Option<&'a Arc<LandingState>>,
+}
+
+/// Sends `request` to the nodes whose index `to` accepts, all at once, as `plan` says; the
+/// answers arrive as they come, with the node's index. The calls have no time limit of
+/// their own: the caller bounds them all by the plan's deadline with one timer. They own
+/// what they need, so they can outlive the round.
 fn send(
     nodes: &[Arc<Node>],
     request: &Request<'_>,
-    deadline: Instant,
     to: impl Fn(usize) -> bool,
-    acquiring: bool,
-    after: Option<&Landing>,
-    landing: Option<&Arc<LandingState>>,
+    plan: Plan<'_>,
 ) -> Calls {
-    let alone = (0..nodes.len()).filter(|i| to(*i)).count() == 1;
-    let call = Arc::new(request.call().sent_alone(alone));
+    let Plan {
+        acquiring,
+        deadline,
+        after,
+        landing,
+    } = plan;
+    // To one node, the caller writes the command itself on an idle connection; to several,
+    // their connections' tasks write it side by side.
+    let writes = if (0..nodes.len()).filter(|i| to(*i)).count() == 1 {
+        Writes::Caller
+    } else {
+        Writes::Task
+    };
+    let sending = Sending {
+        acquiring,
+        writes,
+        deadline,
+    };
+    let call = Arc::new(request.call());
     let after = after.filter(|l| !l.is_done());
     let mut pending = Vec::with_capacity(nodes.len());
     for (i, node) in nodes.iter().enumerate().filter(|(i, _)| to(*i)) {
@@ -157,7 +181,7 @@ fn send(
         let start = if waits {
             None
         } else {
-            node.start(&call, acquiring, deadline)
+            node.start(&call, sending)
         };
         match start {
             Some(Start::Sent(started)) => {
@@ -185,7 +209,7 @@ fn send(
                     landing.sent(i);
                 }
             };
-            node.call(&call, acquiring, deadline, on_sent).await
+            node.call(&call, sending, on_sent).await
         });
         pending.push((i, Pending::Running(running)));
     }
@@ -392,7 +416,13 @@ where
     };
     // Which calls have put their command on their connection, for the stragglers' landing.
     let landing = LandingState::new(sent);
-    let mut calls = send(nodes, request, deadline, to, true, None, Some(&landing));
+    let plan = Plan {
+        acquiring: true,
+        deadline,
+        after: None,
+        landing: Some(&landing),
+    };
+    let mut calls = send(nodes, request, to, plan);
     let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
     tokio::pin!(timer);
     while round.tally.decision() == Decision::Pending || round.tally.busy_undecided() || wait_all()
@@ -450,15 +480,13 @@ pub(crate) async fn everywhere<F>(
 where
     F: FnMut(usize, Value) -> Result<(), NodeError>,
 {
-    let mut calls = send(
-        nodes,
-        request,
+    let plan = Plan {
+        acquiring: false,
         deadline,
-        |i| !skip.contains(i),
-        false,
-        landing,
-        None,
-    );
+        after: landing,
+        landing: None,
+    };
+    let mut calls = send(nodes, request, |i| !skip.contains(i), plan);
     let mut failures = Vec::new();
     // The nodes whose answer is still out.
     let mut out = NodeMask::matching(nodes.len(), |i| !skip.contains(i));

@@ -42,6 +42,7 @@ mod resp;
 mod wire;
 
 pub(crate) use batch::Waiting;
+pub(crate) use wire::Writes;
 
 use crate::error::NodeError;
 use crate::scripts::{self, Call};
@@ -186,6 +187,17 @@ impl ServerInfo {
         }
         out
     }
+}
+
+/// How a round sends its command to a node.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sending {
+    /// Acquire and extend: a quarantined node fails at once (releases go to it too).
+    pub(crate) acquiring: bool,
+    /// Who writes the command on an idle connection of ours.
+    pub(crate) writes: wire::Writes,
+    /// When the round stops waiting: a release holds its node's turn at most that long.
+    pub(crate) deadline: Instant,
 }
 
 /// A call started by [`Node::start`]; it owns what it needs, so it can outlive its round.
@@ -799,39 +811,33 @@ impl Node {
     pub(crate) async fn call(
         self: &Arc<Self>,
         call: &Arc<Call>,
-        acquiring: bool,
-        deadline: Instant,
+        sending: Sending,
         on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
         if call.is_release() && self.batches_releases() {
-            return self.release(call, deadline).await;
+            return self.release(call, sending).await;
         }
-        self.call_now(call, acquiring, None, on_sent).await
+        self.call_now(call, sending, None, on_sent).await
     }
 
     /// Starts `call` without waiting when the node's own connection is ready (and, with
     /// `acquiring`, the node is not quarantined): the command is then on the connection,
     /// or, for a release while another is on its way to the node, queued for the next
     /// batch (see the `batch` module). `None` otherwise: run [`call`](Self::call).
-    pub(crate) fn start(
-        self: &Arc<Self>,
-        call: &Arc<Call>,
-        acquiring: bool,
-        deadline: Instant,
-    ) -> Option<Start> {
+    pub(crate) fn start(self: &Arc<Self>, call: &Arc<Call>, sending: Sending) -> Option<Start> {
         let (wire, generation) = {
             let mut st = self.state();
             let wire = match &st.slot {
                 Slot::Ready(Conn::Own(wire)) => wire.clone(),
                 _ => return None,
             };
-            if acquiring && self.quarantine_left(&mut st).is_some() {
+            if sending.acquiring && self.quarantine_left(&mut st).is_some() {
                 return None;
             }
             (wire, st.generation)
         };
         let turn = if call.is_release() && self.batches_releases() {
-            match self.take_turn_or_queue(call, deadline) {
+            match self.take_turn_or_queue(call, sending.deadline) {
                 batch::Release::Turn(turn) => Some(turn),
                 batch::Release::Queued(waiting) => return Some(Start::Queued(waiting)),
                 batch::Release::Alone => None,
@@ -839,7 +845,13 @@ impl Node {
         } else {
             None
         };
-        Some(Start::Sent(self.send_on(&wire, generation, call, turn)))
+        Some(Start::Sent(self.send_on(
+            &wire,
+            generation,
+            call,
+            turn,
+            sending.writes,
+        )))
     }
 
     /// Sends `call` on our own connection `wire` (of `generation`); `turn` if it is a
@@ -851,11 +863,12 @@ impl Node {
         generation: u64,
         call: &Call,
         turn: Option<batch::Turn>,
+        writes: wire::Writes,
     ) -> Started {
         let holds_turn = turn.is_some();
         let reply = match turn {
-            Some(turn) => wire.request_then(call.packed(), call.alone(), Box::new(turn)),
-            None => wire.request(call.packed(), call.alone()),
+            Some(turn) => wire.request_then(call.packed(), writes, Box::new(turn)),
+            None => wire.request(call.packed(), writes),
         };
         Started {
             node: Arc::clone(self),
@@ -871,15 +884,15 @@ impl Node {
     async fn call_now(
         self: &Arc<Self>,
         call: &Arc<Call>,
-        acquiring: bool,
+        sending: Sending,
         turn: Option<batch::Turn>,
         on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
-        let (mut conn, generation) = self.connection(acquiring).await?;
+        let (mut conn, generation) = self.connection(sending.acquiring).await?;
         let answer = match &conn {
             // The hot path: the command encoded once for the round.
             Conn::Own(wire) => {
-                let mut started = self.send_on(wire, generation, call, turn);
+                let mut started = self.send_on(wire, generation, call, turn, sending.writes);
                 on_sent();
                 return match std::future::poll_fn(|cx| started.poll_answer(call, cx)).await {
                     Answer::Done(answer) => answer,

@@ -24,9 +24,7 @@ use crate::fanout;
 use crate::landing::Landing;
 use crate::quorum::NodeMask;
 use crate::quorum::later;
-use crate::scripts::{
-    Arg, COMPLETE_SCRIPT, Deleted, Invocation, RELEASE_SCRIPT, Request, parse_deleted,
-};
+use crate::scripts::{Arg, COMPLETE_SCRIPT, Deleted, Invocation, Request, parse_deleted};
 use crate::token::{Lock, Resource};
 
 /// The outcome of [`Redlock::unlock`]: on how many nodes our key was deleted.
@@ -119,11 +117,11 @@ impl Redlock {
         landing: Option<&Landing>,
         wake: Wake,
     ) -> Released {
-        let request = Request::Script(Invocation {
-            script: &RELEASE_SCRIPT,
-            keys: &[key],
-            args: &[Arg::Bytes(value), Arg::Bytes(self.inner.waiters.id())],
-        });
+        let request = Request::Release {
+            key,
+            value,
+            id: self.inner.waiters.id(),
+        };
         let deadline = later(Instant::now(), self.inner.node_timeout.min(ttl));
         let (mut released, mut not_held) = (0, foreign.len());
         let nodes = &self.inner.nodes;

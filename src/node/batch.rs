@@ -43,7 +43,8 @@ use std::time::Instant;
 use redis::Value;
 use tokio::sync::{Notify, oneshot};
 
-use super::Node;
+use super::wire::Writes;
+use super::{Node, Sending};
 use crate::error::NodeError;
 use crate::quorum::later;
 use crate::scripts::{self, Call};
@@ -194,11 +195,11 @@ impl Node {
     pub(super) async fn release(
         self: &Arc<Self>,
         call: &Arc<Call>,
-        deadline: Instant,
+        sending: Sending,
     ) -> Result<Value, NodeError> {
-        match self.take_turn_or_queue(call, deadline) {
-            Release::Turn(turn) => self.call_now(call, false, Some(turn), || {}).await,
-            Release::Alone => self.call_now(call, false, None, || {}).await,
+        match self.take_turn_or_queue(call, sending.deadline) {
+            Release::Turn(turn) => self.call_now(call, sending, Some(turn), || {}).await,
+            Release::Alone => self.call_now(call, sending, None, || {}).await,
             Release::Queued(waiting) => waiting.await,
         }
     }
@@ -293,7 +294,13 @@ impl Node {
         let limit = deadline.max(later(Instant::now(), self.connect_timeout()));
         let limit = tokio::time::Instant::from_std(limit);
         let answers = if let [lone] = batch.as_slice() {
-            let answer = self.call_now(&lone.call, false, None, || {});
+            // This task is the caller: it writes on an idle connection itself.
+            let sending = Sending {
+                acquiring: false,
+                writes: Writes::Caller,
+                deadline: lone.deadline,
+            };
+            let answer = self.call_now(&lone.call, sending, None, || {});
             tokio::time::timeout_at(limit, answer)
                 .await
                 .unwrap_or(Err(NodeError::Timeout))

@@ -55,6 +55,16 @@ const READ_CHUNK: usize = 16 * 1024;
 /// connection's buffers for its whole life.
 const MAX_IDLE_BUFFER: usize = 4 * READ_CHUNK;
 
+/// Who writes a request on a connection that has nothing else on its way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Writes {
+    /// The caller, at once (no task hop): for a round to one node.
+    Caller,
+    /// The connection's task: for a round to several nodes, so that their writes run side
+    /// by side instead of one after another on the caller's thread.
+    Task,
+}
+
 /// A handle on the connection; clones share it. When the last handle is gone the task
 /// closes the socket (requests still out then fail).
 #[derive(Clone)]
@@ -323,7 +333,7 @@ impl Wire {
 
     /// Sends `packed` (one or more commands, as RESP) and expects `replies` replies; the
     /// slot they fill.
-    fn send(&self, packed: &[u8], replies: usize, inline: bool, then: Option<Then>) -> Arc<Slot> {
+    fn send(&self, packed: &[u8], replies: usize, writes: Writes, then: Option<Then>) -> Arc<Slot> {
         let shared = &self.0.0;
         let slot = Arc::new(Slot::new(replies, then));
         let mut st = shared.state();
@@ -331,7 +341,8 @@ impl Wire {
             slot.fail(broken.error());
             return slot;
         }
-        // On an idle connection an `inline` caller writes itself, sparing a task wake-up. With
+        // On an idle connection a caller that `Writes::Caller` writes itself, sparing a task
+        // wake-up. With
         // many replies still to come, the task writes `out` when it hands them out (many
         // requests per write); with few, it is woken to write now.
         let in_flight = st.waiting.len();
@@ -340,7 +351,7 @@ impl Wire {
             st.waiting.push_back(Arc::clone(&slot));
         }
         let mut rest = packed;
-        if inline && idle && st.out.is_empty() && !st.task_writing {
+        if writes == Writes::Caller && idle && st.out.is_empty() && !st.task_writing {
             match write(&*shared.writing, packed) {
                 Ok(n) => rest = &packed[n..],
                 Err(why) => {
@@ -373,28 +384,28 @@ impl Wire {
         shared.wake.notify_one();
     }
 
-    /// Sends one command; its reply, a server error being `Err`. With `inline`, the
+    /// Sends one command; its reply, a server error being `Err`. With `Writes::Caller`, the
     /// caller writes it itself if the connection is idle.
-    pub(crate) fn request(&self, packed: &[u8], inline: bool) -> Reply {
-        Reply(self.send(packed, 1, inline, None))
+    pub(crate) fn request(&self, packed: &[u8], writes: Writes) -> Reply {
+        Reply(self.send(packed, 1, writes, None))
     }
 
     /// Like [`request`](Self::request), and drops `then` as soon as the reply is read (or
     /// the request fails), even if the caller no longer polls the reply: a release's turn
     /// on the node goes on with the answer, not with the caller.
-    pub(crate) fn request_then(&self, packed: &[u8], inline: bool, then: Then) -> Reply {
-        Reply(self.send(packed, 1, inline, Some(then)))
+    pub(crate) fn request_then(&self, packed: &[u8], writes: Writes, then: Then) -> Reply {
+        Reply(self.send(packed, 1, writes, Some(then)))
     }
 
     /// Sends `commands` commands at once; their replies, errors among them as values.
     pub(crate) fn pipeline(&self, packed: &[u8], commands: usize) -> Replies {
-        Replies(self.send(packed, commands, true, None))
+        Replies(self.send(packed, commands, Writes::Caller, None))
     }
 }
 
 impl redis::aio::ConnectionLike for Wire {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
-        let reply = self.request(&cmd.get_packed_command(), true);
+        let reply = self.request(&cmd.get_packed_command(), Writes::Caller);
         Box::pin(reply)
     }
 

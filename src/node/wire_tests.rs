@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use super::{Wire, Writer};
+use super::{Wire, Writer, Writes};
 
 /// How long a test waits for something that must happen (it never sleeps for it).
 const PATIENCE: Duration = Duration::from_secs(5);
@@ -164,7 +164,7 @@ async fn a_reply_split_at_every_byte_is_read_whole() {
     ]);
     for split in 1..reply.len() {
         let (wire, server) = in_memory(1024);
-        let answer = wire.request(b"*1\r\n$4\r\nPING\r\n", true);
+        let answer = wire.request(b"*1\r\n$4\r\nPING\r\n", Writes::Caller);
         server.send(&reply[..split]).await;
         server.send(&reply[split..]).await;
         let got = tokio::time::timeout(PATIENCE, answer).await;
@@ -181,7 +181,7 @@ async fn a_reply_split_at_every_byte_is_read_whole() {
 async fn many_replies_in_one_read_go_to_their_requests() {
     let (wire, server) = in_memory(1 << 20);
     let answers: Vec<_> = (0..100)
-        .map(|_| wire.request(b"*1\r\n$4\r\nPING\r\n", false))
+        .map(|_| wire.request(b"*1\r\n$4\r\nPING\r\n", Writes::Task))
         .collect();
     let all: Vec<u8> = (0..100)
         .flat_map(|i| format!(":{i}\r\n").into_bytes())
@@ -199,7 +199,10 @@ async fn many_replies_in_one_read_go_to_their_requests() {
 async fn a_partial_write_goes_on_while_replies_come_in() {
     let (wire, server) = in_memory(7);
     let requests: Vec<Vec<u8>> = (0..3).map(|i| set(&format!("key{i}"), b"value")).collect();
-    let answers: Vec<_> = requests.iter().map(|r| wire.request(r, true)).collect();
+    let answers: Vec<_> = requests
+        .iter()
+        .map(|r| wire.request(r, Writes::Caller))
+        .collect();
     for (i, request) in requests.iter().enumerate() {
         let mut got = Vec::new();
         while got.len() < request.len() {
@@ -222,7 +225,9 @@ async fn a_partial_write_goes_on_while_replies_come_in() {
 async fn replies_are_read_while_writes_are_blocked() {
     let (wire, server) = in_memory(64);
     let request = set("k", &[b'x'; 100]);
-    let answers: Vec<_> = (0..50).map(|_| wire.request(&request, false)).collect();
+    let answers: Vec<_> = (0..50)
+        .map(|_| wire.request(&request, Writes::Task))
+        .collect();
     // Every reply, one read at a time, each sent only once the client took the one
     // before, and none of the requests read yet.
     for i in 0..50 {
@@ -243,9 +248,9 @@ async fn replies_are_read_while_writes_are_blocked() {
 #[tokio::test]
 async fn a_stale_reply_goes_to_nobody() {
     let (wire, server) = in_memory(1024);
-    let gone = wire.request(b"*1\r\n$4\r\nPING\r\n", true);
+    let gone = wire.request(b"*1\r\n$4\r\nPING\r\n", Writes::Caller);
     drop(gone);
-    let next = wire.request(b"*1\r\n$4\r\nPING\r\n", true);
+    let next = wire.request(b"*1\r\n$4\r\nPING\r\n", Writes::Caller);
     server.send(b"$5\r\nstale\r\n").await;
     server.send(b"$4\r\nmine\r\n").await;
     let got = tokio::time::timeout(PATIENCE, next).await;
@@ -260,8 +265,8 @@ async fn a_stale_reply_goes_to_nobody() {
 #[tokio::test]
 async fn a_cut_mid_reply_fails_what_is_out() {
     let (wire, server) = in_memory(1024);
-    let first = wire.request(b"*1\r\n$4\r\nPING\r\n", true);
-    let second = wire.request(b"*1\r\n$4\r\nPING\r\n", true);
+    let first = wire.request(b"*1\r\n$4\r\nPING\r\n", Writes::Caller);
+    let second = wire.request(b"*1\r\n$4\r\nPING\r\n", Writes::Caller);
     server.send(b"*2\r\n:1\r\n").await;
     drop(server);
     for answer in [first, second] {
@@ -272,7 +277,10 @@ async fn a_cut_mid_reply_fails_what_is_out() {
             "{error}"
         );
     }
-    let after = tokio::time::timeout(PATIENCE, wire.request(b"*1\r\n$4\r\nPING\r\n", true));
+    let after = tokio::time::timeout(
+        PATIENCE,
+        wire.request(b"*1\r\n$4\r\nPING\r\n", Writes::Caller),
+    );
     assert!(after.await.expect("answered at once").is_err());
 }
 
@@ -293,13 +301,13 @@ async fn a_large_request_does_not_keep_its_memory() {
     let wire = Wire::connect("127.0.0.1", port).await.expect("connect");
     let (mut server, _) = listener.accept().await.expect("accept");
     let large = set("record", &vec![b'x'; 8 << 20]);
-    let reply = wire.request(&large, false);
+    let reply = wire.request(&large, Writes::Task);
     answer(&mut server, large.len()).await;
     assert!(reply.await.is_ok());
     // The buffers take turns: a few small requests after it go through both.
     for _ in 0..3 {
         let small = set("k", b"v");
-        let reply = wire.request(&small, false);
+        let reply = wire.request(&small, Writes::Task);
         answer(&mut server, small.len()).await;
         assert!(reply.await.is_ok());
         let kept = wire.0.0.state().out.capacity();
@@ -318,7 +326,7 @@ async fn a_closed_connection_writes_nothing_more() {
     let (mut server, _) = listener.accept().await.expect("accept");
     // The server reads nothing, so the socket fills up and the connection's task is
     // left holding bytes it could not write.
-    let filler = wire.request(&set("filler", &vec![b'x'; 32 << 20]), false);
+    let filler = wire.request(&set("filler", &vec![b'x'; 32 << 20]), Writes::Task);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !wire.0.0.state().task_writing {
         assert!(
@@ -328,7 +336,7 @@ async fn a_closed_connection_writes_nothing_more() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     // Queued behind them: a straggling SET, whose call keeps a handle on the connection.
-    let straggler = wire.request(&set("straggler", b"late"), false);
+    let straggler = wire.request(&set("straggler", b"late"), Writes::Task);
     let kept = wire.clone();
     assert!(!wire.0.0.state().out.is_empty());
     wire.close();

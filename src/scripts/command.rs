@@ -14,6 +14,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::ops::Range;
 use std::sync::OnceLock;
 
 use redis::aio::ConnectionLike;
@@ -47,6 +48,14 @@ pub(crate) enum Request<'a> {
         value: &'a [u8],
         ttl_ms: u64,
     },
+    /// The release of one lock ([`RELEASE`](super::lua::RELEASE)): `key` deleted where it
+    /// holds `value`, the waiters told with this client's `id`. A node may send it
+    /// together with others ([`release_many`]).
+    Release {
+        key: &'a [u8],
+        value: &'a [u8],
+        id: &'a [u8],
+    },
 }
 
 impl Request<'_> {
@@ -54,87 +63,148 @@ impl Request<'_> {
     /// node's call, owned so that calls still in flight can finish after the round.
     pub(crate) fn call(&self) -> Call {
         match self {
-            Self::Script(inv) => Call::new(
-                inv.packed(),
-                Some(inv.script),
-                std::ptr::eq(inv.script, &*RELEASE_SCRIPT),
-            ),
+            Self::Script(inv) => inv.call(Kind::Script),
             Self::SetNx { key, value, ttl_ms } => {
                 let mut cmd = Packer::new(6, key.len() + value.len());
-                cmd.bytes(b"SET")
-                    .bytes(key)
-                    .bytes(value)
-                    .bytes(b"NX")
-                    .bytes(b"PX")
-                    .int(*ttl_ms);
-                Call::new(cmd.done(), None, false)
+                cmd.bytes(b"SET");
+                let key = cmd.bytes(key);
+                let value = cmd.bytes(value);
+                cmd.bytes(b"NX");
+                cmd.bytes(b"PX");
+                cmd.int(*ttl_ms);
+                cmd.call(None, Kind::SetNx { key, value })
+            }
+            Self::Release { key, value, id } => {
+                let inv = Invocation {
+                    script: &RELEASE_SCRIPT,
+                    keys: &[key],
+                    args: &[Arg::Bytes(value), Arg::Bytes(id)],
+                };
+                // `EVALSHA sha 1 key value id`: the words at 3, 4 and 5.
+                inv.call(Kind::Release {
+                    key: 3,
+                    value: 4,
+                    id: 5,
+                })
             }
         }
     }
 }
 
+/// What a [`Call`] is, with where its typed fields are among its words.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// `SET key value NX PX ttl`.
+    SetNx { key: usize, value: usize },
+    /// A [`RELEASE`](super::lua::RELEASE) of one lock.
+    Release { key: usize, value: usize, id: usize },
+    /// Any other script call.
+    Script,
+}
+
+/// The most words a command keeps the place of without allocating (every command a
+/// round sends has at most 8: `EVALSHA sha 2 key counter value number retention`).
+const INLINE_WORDS: usize = 8;
+
+/// Where each word of a packed command is: kept as the command is written, so nothing
+/// has to read the packed bytes back.
+#[derive(Clone)]
+enum Words {
+    Inline([Range<u32>; INLINE_WORDS], u8),
+    Heap(Vec<Range<usize>>),
+}
+
+impl Words {
+    fn push(&mut self, word: Range<usize>) {
+        match self {
+            Self::Inline(places, n) => {
+                let at = usize::from(*n);
+                match (u32::try_from(word.start), u32::try_from(word.end)) {
+                    (Ok(start), Ok(end)) if at < INLINE_WORDS => {
+                        places[at] = start..end;
+                        *n += 1;
+                    }
+                    _ => {
+                        let mut all: Vec<Range<usize>> = places[..at]
+                            .iter()
+                            .map(|r| r.start as usize..r.end as usize)
+                            .collect();
+                        all.push(word);
+                        *self = Self::Heap(all);
+                    }
+                }
+            }
+            Self::Heap(all) => all.push(word),
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<Range<usize>> {
+        match self {
+            Self::Inline(places, n) => places[..usize::from(*n)]
+                .get(i)
+                .map(|r| r.start as usize..r.end as usize),
+            Self::Heap(all) => all.get(i).cloned(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Inline(_, n) => usize::from(*n),
+            Self::Heap(all) => all.len(),
+        }
+    }
+}
+
 /// One round's command, owned: a script's `EVALSHA` (with the script, for the `EVAL`
-/// fallback) or `SET key value NX PX ttl`.
+/// fallback) or `SET key value NX PX ttl`, packed, with where its words are.
 pub(crate) struct Call {
     /// The command as RESP, encoded once per round for the nodes' own connections.
     packed: Vec<u8>,
+    /// Where each word is in `packed`.
+    words: Words,
+    /// What the command is, and where its typed fields are among the words.
+    kind: Kind,
     /// The same as a redis-rs command, built when first needed (redis-rs's connections and
     /// the rare follow-ups).
     cmd: OnceLock<Cmd>,
     /// The script behind `EVALSHA`; `None` for `SET NX PX`.
     script: Option<&'static Script>,
-    /// Whether it is a [`RELEASE`](super::lua::RELEASE), which a node may send together with others
-    /// ([`release_many`]).
-    release: bool,
-    /// Whether the round sends it to one node only (see [`Call::alone`]).
-    alone: bool,
 }
 
 impl Call {
-    fn new(packed: Vec<u8>, script: Option<&'static Script>, release: bool) -> Self {
-        Self {
-            packed,
-            cmd: OnceLock::new(),
-            script,
-            release,
-            alone: false,
-        }
+    /// Word `i` of the command.
+    fn word(&self, i: usize) -> &[u8] {
+        self.words
+            .get(i)
+            .and_then(|r| self.packed.get(r))
+            .unwrap_or_default()
     }
 
     /// The command for redis-rs.
     fn cmd(&self) -> &Cmd {
         self.cmd.get_or_init(|| {
             let mut cmd = Cmd::new();
-            for arg in args_of(&self.packed) {
-                cmd.arg(arg);
+            for i in 0..self.words.len() {
+                cmd.arg(self.word(i));
             }
             cmd
         })
     }
 
-    /// Marks the call as sent to one node only.
-    pub(crate) fn sent_alone(mut self, alone: bool) -> Self {
-        self.alone = alone;
-        self
-    }
-
-    /// Whether the round sends it to one node only: the caller may then write it to the
-    /// connection itself. To several nodes, each connection's task writes it, so that the
-    /// writes run side by side instead of one after another on the caller's thread (which
-    /// would also delay what the caller does next, such as waking a waiter).
-    pub(crate) fn alone(&self) -> bool {
-        self.alone
-    }
-
-    /// Whether this is a [`RELEASE`](super::lua::RELEASE), which can go out in one [`release_many`] with others.
+    /// Whether this is a [`RELEASE`](super::lua::RELEASE), which can go out in one
+    /// [`release_many`] with others.
     pub(crate) fn is_release(&self) -> bool {
-        self.release
+        matches!(self.kind, Kind::Release { .. })
     }
 
-    /// The argument at `i` of the command (`SET key value NX PX ttl`: the key is at 1, the
-    /// value at 2; `EVALSHA sha numkeys key...`: the first key is at 3).
-    fn arg(&self, i: usize) -> &[u8] {
-        args_of(&self.packed).nth(i).unwrap_or_default()
+    /// A release's key, value and client id.
+    fn release(&self) -> Option<[&[u8]; 3]> {
+        match self.kind {
+            Kind::Release { key, value, id } => {
+                Some([self.word(key), self.word(value), self.word(id)])
+            }
+            _ => None,
+        }
     }
 
     /// The command as RESP, encoded once per round for the nodes' own connections.
@@ -174,11 +244,13 @@ impl Call {
         match self.script {
             Some(script) => eval_instead(self.cmd(), script, conn).await,
             None => {
-                // `SET key value NX PX ttl`: the key is at 1, the value at 2.
+                let Kind::SetNx { key, value } = self.kind else {
+                    return first;
+                };
                 let holder = Invocation {
                     script: &HOLDER_TTL_SCRIPT,
-                    keys: &[self.arg(1)],
-                    args: &[Arg::Bytes(self.arg(2))],
+                    keys: &[self.word(key)],
+                    args: &[Arg::Bytes(self.word(value))],
                 };
                 run_script(&holder.cmd(), &HOLDER_TTL_SCRIPT, conn).await
             }
@@ -192,13 +264,11 @@ pub(crate) async fn release_many<C: ConnectionLike>(
     calls: &[impl std::ops::Deref<Target = Call>],
     conn: &mut C,
 ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
-    // Each call's key, value and client id, read in one pass over its command.
+    // Each call's key, value and client id (a call that is not a release has none: it
+    // gets the answer of an empty key, 0).
     let releases: Vec<[&[u8]; 3]> = calls
         .iter()
-        .map(|call| {
-            let mut args = args_of(&call.packed).skip(3);
-            [(); 3].map(|()| args.next().unwrap_or_default())
-        })
+        .map(|call| call.release().unwrap_or_default())
         .collect();
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(RELEASE_MANY_SCRIPT.sha.as_str()).arg(calls.len());
@@ -270,8 +340,9 @@ impl Invocation<'_> {
             .chain(self.args.iter().copied())
     }
 
-    /// The command as RESP: [`cmd`](Self::cmd) packed, without building it first.
-    fn packed(&self) -> Vec<u8> {
+    /// The command packed as RESP ([`cmd`](Self::cmd), without building it first), as a
+    /// call of `kind`.
+    fn call(&self, kind: Kind) -> Call {
         let size = self
             .words()
             .map(|word| match word {
@@ -286,7 +357,7 @@ impl Invocation<'_> {
                 Arg::Int(n) => cmd.int(n),
             };
         }
-        cmd.done()
+        cmd.call(Some(self.script), kind)
     }
 
     /// The command: `EVALSHA sha numkeys keys... args...`.
@@ -303,8 +374,9 @@ impl Invocation<'_> {
 }
 
 /// Writes a command as RESP, an array of bulk strings, straight into one buffer: what
-/// `redis::Cmd::get_packed_command` gives, without building a `Cmd` first.
-struct Packer(Vec<u8>);
+/// `redis::Cmd::get_packed_command` gives, without building a `Cmd` first. It notes where
+/// each word goes.
+struct Packer(Vec<u8>, Words);
 
 impl Packer {
     /// A command of `count` arguments whose own bytes come to about `size`.
@@ -316,25 +388,35 @@ impl Packer {
         buf.push(b'*');
         buf.extend_from_slice(digits(count as u64, &mut [0; 20]));
         buf.extend_from_slice(b"\r\n");
-        Self(buf)
+        Self(buf, Words::Inline(Default::default(), 0))
     }
 
-    fn bytes(&mut self, arg: &[u8]) -> &mut Self {
+    /// Writes `arg` as the next word; its index among the words.
+    fn bytes(&mut self, arg: &[u8]) -> usize {
         self.0.push(b'$');
         self.0
             .extend_from_slice(digits(arg.len() as u64, &mut [0; 20]));
         self.0.extend_from_slice(b"\r\n");
+        let start = self.0.len();
         self.0.extend_from_slice(arg);
+        self.1.push(start..self.0.len());
         self.0.extend_from_slice(b"\r\n");
-        self
+        self.1.len() - 1
     }
 
-    fn int(&mut self, n: u64) -> &mut Self {
+    fn int(&mut self, n: u64) -> usize {
         self.bytes(digits(n, &mut [0; 20]))
     }
 
-    fn done(self) -> Vec<u8> {
-        self.0
+    /// The command written, as a call of `kind` to `script` (none for `SET NX PX`).
+    fn call(self, script: Option<&'static Script>, kind: Kind) -> Call {
+        Call {
+            packed: self.0,
+            words: self.1,
+            kind,
+            cmd: OnceLock::new(),
+            script,
+        }
     }
 }
 
@@ -351,35 +433,15 @@ fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     }
 }
 
-/// The arguments of a command `Packer` wrote (an array of bulk strings), in order.
-fn args_of(packed: &[u8]) -> impl Iterator<Item = &[u8]> {
-    // After the array's header line come the bulk strings: `$len\r\n` bytes `\r\n`.
-    let header = packed
-        .iter()
-        .position(|&b| b == b'\n')
-        .map_or(packed.len(), |at| at + 1);
-    let mut rest = &packed[header..];
-    std::iter::from_fn(move || {
-        let line = rest.strip_prefix(b"$")?;
-        let end = line.iter().position(|&b| b == b'\r')?;
-        let len = line[..end].iter().try_fold(0usize, |n, &d| {
-            let digit = d.checked_sub(b'0').filter(|d| *d <= 9)?;
-            n.checked_mul(10)?.checked_add(usize::from(digit))
-        })?;
-        let start = end.checked_add(2)?;
-        let stop = start.checked_add(len)?;
-        let arg = line.get(start..stop)?;
-        rest = line.get(stop.checked_add(2)?..)?;
-        Some(arg)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Commands are packed as redis-rs packs them, also binary keys and `u64::MAX`, and
+    /// keep their typed fields: a `SET NX PX`'s key and value, a release's key, value and
+    /// client id, every word for redis-rs, without reading the packed bytes back.
     #[test]
-    fn commands_are_packed_as_redis_rs_packs_them_and_read_back() {
+    fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
         let odd: &[u8] = b"a\r\n$3\r\n*\x00\xff";
         for (key, value, ttl_ms) in [
             (&b"redlock:{k}"[..], &b"v"[..], 10_000),
@@ -391,10 +453,29 @@ mod tests {
             cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
             assert_eq!(call.packed(), cmd.get_packed_command());
             assert_eq!(call.cmd().get_packed_command(), cmd.get_packed_command());
+            assert!(matches!(call.kind, Kind::SetNx { key: 1, value: 2 }));
             assert_eq!(
-                (call.arg(1), call.arg(2), call.arg(6)),
+                (call.word(1), call.word(2), call.word(6)),
                 (key, value, &b""[..])
             );
+            assert!(!call.is_release() && call.release().is_none());
+
+            let release = Request::Release {
+                key,
+                value,
+                id: odd,
+            }
+            .call();
+            let mut by_hand = redis::cmd("EVALSHA");
+            by_hand
+                .arg(RELEASE_SCRIPT.sha.as_str())
+                .arg(1)
+                .arg(key)
+                .arg(value)
+                .arg(odd);
+            assert_eq!(release.packed(), by_hand.get_packed_command());
+            assert!(release.is_release());
+            assert_eq!(release.release(), Some([key, value, odd]));
         }
         let keys: [&[u8]; 2] = [b"redlock:{k}", odd];
         let args = [
@@ -402,20 +483,24 @@ mod tests {
             Arg::Int(0),
             Arg::Int(u64::MAX),
             Arg::Bytes(b""),
+            Arg::Bytes(b"more words than are kept inline"),
+            Arg::Int(7),
         ];
         for (keys, args) in [
             (&keys[..], &args[..]),
             (&keys[..1], &args[..0]),
-            (&[][..], &args[..]),
+            (&[][..], &args[..4]),
         ] {
             let inv = Invocation {
-                script: &RELEASE_SCRIPT,
+                script: &RELEASE_MANY_SCRIPT,
                 keys,
                 args,
             };
             let call = Request::Script(Invocation { ..inv }).call();
             let mut by_hand = redis::cmd("EVALSHA");
-            by_hand.arg(RELEASE_SCRIPT.sha.as_str()).arg(keys.len());
+            by_hand
+                .arg(RELEASE_MANY_SCRIPT.sha.as_str())
+                .arg(keys.len());
             for key in keys {
                 by_hand.arg(*key);
             }
@@ -428,17 +513,17 @@ mod tests {
             let expected = by_hand.get_packed_command();
             assert_eq!(Invocation { ..inv }.cmd().get_packed_command(), expected);
             assert_eq!(call.packed(), expected);
-            assert_eq!(call.cmd().get_packed_command(), expected);
-            let read: Vec<&[u8]> = args_of(call.packed()).collect();
-            assert_eq!(read.len(), 3 + keys.len() + args.len());
-            assert_eq!(read[0], b"EVALSHA");
-            assert_eq!(&read[3..3 + keys.len()], keys);
+            assert_eq!(
+                call.cmd().get_packed_command(),
+                expected,
+                "every word, also past 8"
+            );
+            assert_eq!(call.words.len(), 3 + keys.len() + args.len());
+            assert_eq!(call.word(0), b"EVALSHA");
+            assert!(
+                !call.is_release(),
+                "a release is known by its type, not its script"
+            );
         }
-        assert_eq!(args_of(b"").count(), 0);
-        assert_eq!(
-            args_of(b"*2\r\n$5\r\nab").count(),
-            0,
-            "a cut bulk string is not read"
-        );
     }
 }

@@ -16,7 +16,7 @@ mod reply;
 pub(crate) use command::{Arg, Call, Invocation, Request, release_many};
 pub(crate) use lua::{
     ACQUIRE_FENCED_SCRIPT, ACQUIRE_OR_REPLAY_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT,
-    INSPECT_SCRIPT, RECORD_MARKER, RELEASE_SCRIPT, all,
+    INSPECT_SCRIPT, RECORD_MARKER, all,
 };
 pub(crate) use reply::{
     AcquireReply, Deleted, FenceRead, parse_acquire, parse_deleted, parse_flag, parse_inspect,
