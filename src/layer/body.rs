@@ -15,8 +15,8 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::completion::{Finishing, GrpcRecorder};
 use super::rejection_hook::{Answer, BoxBody};
+use super::replay::completion::{Finishing, GrpcRecorder};
 use crate::guard::LockGuard;
 
 pin_project! {

@@ -25,9 +25,9 @@ use http::Response;
 use http::request::Parts;
 use tokio::sync::Semaphore;
 
-use super::record::ReplayPolicy;
 use super::reject::Rejection;
 use super::rejection_hook::{Answer, RejectionHook};
+use super::replay::record::ReplayPolicy;
 
 /// How a request whose lock is busy waits, for [`RedlockLayer::wait`](crate::RedlockLayer::wait):
 /// up to a timeout, with at most so many requests of the layer waiting at once (beyond

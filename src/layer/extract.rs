@@ -33,7 +33,7 @@ use std::fmt;
 use http::header::HeaderName;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
-use super::principal::caller_digest;
+use super::replay::principal::caller_digest;
 
 /// An extractor's refusal: the request is malformed for locking (answered with HTTP 400 /
 /// gRPC `INVALID_ARGUMENT` and the message).

@@ -25,12 +25,12 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 
 use super::body::ResponseBody;
-use super::completion::{GrpcRecorder, store_then_release};
 use super::config::{Config, ReleaseOn};
-use super::fingerprint::Fingerprint;
-use super::record::{self, ReplayPolicy};
 use super::reject::{Protocol, Rejection};
 use super::rejection_hook::Answer;
+use super::replay::completion::{GrpcRecorder, store_then_release};
+use super::replay::fingerprint::Fingerprint;
+use super::replay::record::{self, ReplayPolicy};
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
 use crate::guard::LockGuard;

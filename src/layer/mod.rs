@@ -44,36 +44,32 @@
 //! ```
 
 mod body;
-mod body_fingerprint;
-mod completion;
 mod config;
 pub mod extract;
-mod fingerprint;
 mod future;
 mod grpc_methods;
-mod principal;
 mod problem;
-mod record;
 pub(crate) mod redlock_layer;
 pub mod reject;
 mod rejection_hook;
+pub(crate) mod replay;
 mod service;
 
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use crate::tonic_token::LockTokenExt;
 pub use body::ResponseBody;
-pub use body_fingerprint::{BodyFingerprint, BodyFingerprintLayer, PrefixedBody};
 pub use config::WaitPolicy;
 pub use extract::{
     ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, PerPrincipal,
     PerRoute, RequestHead, extract_fn,
 };
-pub use fingerprint::RequestFingerprint;
 pub use future::ResponseFuture;
 pub use grpc_methods::GrpcMethods;
-pub use principal::Principal;
-pub use record::{REPLAYED_HEADER, ReplayPolicy};
 pub use reject::{Protocol, Rejection, RejectionKind};
 pub use rejection_hook::IntoRejectionResponse;
+pub use replay::body_fingerprint::{BodyFingerprint, BodyFingerprintLayer, PrefixedBody};
+pub use replay::fingerprint::RequestFingerprint;
+pub use replay::principal::Principal;
+pub use replay::record::{REPLAYED_HEADER, ReplayPolicy};
 pub use service::RedlockService;

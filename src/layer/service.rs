@@ -29,9 +29,9 @@ use tower_service::Service;
 
 use super::config::{BusyPolicy, Config};
 use super::extract::ExtractLockName;
-use super::fingerprint;
 use super::future::{Ctx, Denied, PendingCall, ResponseFuture};
 use super::reject::{Protocol, Rejection};
+use super::replay::fingerprint;
 use crate::client::{Redlock, Refusal};
 use crate::error::LockError;
 use crate::quorum::later;

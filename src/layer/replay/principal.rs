@@ -2,7 +2,7 @@
 //! caller that sent the first request. The caller is the [`Principal`] your
 //! authentication middleware put into the request extensions, or else the request's
 //! `Authorization` header. Only a SHA-256 of it is used (in the request fingerprint, and
-//! by [`PerPrincipal`](super::PerPrincipal) in lock names); the credential itself is never
+//! by [`PerPrincipal`](crate::layer::PerPrincipal) in lock names); the credential itself is never
 //! stored or logged.
 //!
 //! ```
@@ -30,8 +30,8 @@ use sha2::{Digest, Sha256};
 /// The caller of a request (an account or user id), put into the request extensions by
 /// your authentication middleware. With replay on, it identifies the caller in the
 /// request fingerprint instead of the `Authorization` header (see
-/// [`RequestFingerprint::of`](super::RequestFingerprint::of)), and
-/// [`PerPrincipal`](super::PerPrincipal) scopes lock names to it.
+/// [`RequestFingerprint::of`](crate::layer::RequestFingerprint::of)), and
+/// [`PerPrincipal`](crate::layer::PerPrincipal) scopes lock names to it.
 ///
 /// `Debug` never shows it.
 ///

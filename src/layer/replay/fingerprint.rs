@@ -4,13 +4,13 @@
 //! response.
 //!
 //! By default a request's fingerprint is the SHA-256 of its method, path and query, and of
-//! its caller: the [`Principal`](super::Principal) in its extensions, or else its
+//! its caller: the [`Principal`](crate::layer::Principal) in its extensions, or else its
 //! `Authorization` header (a hash of it; the credential is not stored). So another caller
 //! that sends the same key (clients numbering their keys 1, 2, 3, or one that learned
 //! another's key) gets 422, never the first caller's response. A [`RequestFingerprint`] in
 //! the request extensions replaces the default: put one there yourself (for example a hash
 //! of the parsed JSON and the account), or let
-//! [`BodyFingerprintLayer`](super::BodyFingerprintLayer) add the body.
+//! [`BodyFingerprintLayer`](crate::layer::BodyFingerprintLayer) add the body.
 //!
 //! ```
 //! use tower_redlock::layer::RequestFingerprint;
@@ -41,7 +41,7 @@ impl RequestFingerprint {
     }
 
     /// The SHA-256 of `request`'s method, path and query, its caller (its
-    /// [`Principal`](super::Principal), or else a hash of its `Authorization` header), and
+    /// [`Principal`](crate::layer::Principal), or else a hash of its `Authorization` header), and
     /// `body` (the whole body, or the part of it you want to count).
     pub fn of<B>(request: &http::Request<B>, body: &[u8]) -> Self {
         let mut h = Sha256::new();

@@ -1,0 +1,30 @@
+//! Idempotent replay, in its own room: the completion record (its format and the policy of
+//! what is kept), storing it before the lock is released, the request fingerprint (with
+//! the caller's identity) and the body-fingerprint layer. The lock layer's future and
+//! body hand over to it when [`RedlockLayer::replay`](crate::RedlockLayer::replay) is on.
+//!
+//! ```text
+//! first request  -> lock -> handler -> 201 -> record stored under the lock key -> release
+//! retry          -> SET NX finds the record (a quorum agreeing) -> 201 replayed, no handler
+//! other request  -> same key, other fingerprint -> 422
+//! ```
+//!
+//! ```no_run
+//! # #[cfg(feature = "axum")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tower_redlock::layer::Header;
+//! use tower_redlock::{Redlock, RedlockLayer};
+//!
+//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key").required())
+//!     .fencing(false)
+//!     .replay(Duration::from_secs(24 * 60 * 60));
+//! # let _ = layer; Ok(()) }
+//! ```
+
+pub(crate) mod body_fingerprint;
+pub(crate) mod completion;
+pub(crate) mod fingerprint;
+pub(crate) mod principal;
+pub(crate) mod record;
