@@ -63,12 +63,12 @@ impl Redlock {
     /// One attempt: the algorithm's steps 1 to 5 (CONTRIBUTING.md, "The algorithm").
     pub(super) async fn attempt(
         &self,
-        resource: &Arc<Resource>,
-        ttl: Duration,
+        target: &Target,
         outer: Option<Instant>,
         attempt: u32,
-        replay: bool,
     ) -> Result<Lock, Failure> {
+        let Target { resource, ttl, .. } = target;
+        let ttl = *ttl;
         let value: Arc<str> = new_value(self.inner.waiters.id())?.into();
         // If this future is dropped while the SETs are out, release in the background.
         let mut pending = PendingRelease {
@@ -88,9 +88,7 @@ impl Redlock {
             held_by_others,
             record,
             fencing: phase_one,
-        } = self
-            .set_round(resource, &value, ttl, start, outer, replay)
-            .await;
+        } = self.set_round(target, &value, ttl, start, outer).await;
         let nodes = round.tally.nodes();
         let stragglers = round.stragglers.take();
         let mut outcome = if let Some(record) = record {
@@ -194,13 +192,13 @@ impl Redlock {
     /// fencing counter when fencing is on).
     async fn set_round(
         &self,
-        resource: &Resource,
+        target: &Target,
         value: &str,
         ttl: Duration,
         start: Instant,
         outer: Option<Instant>,
-        replay: bool,
     ) -> SetRound {
+        let resource = &target.resource;
         let ttl_ms = super::ttl_ms(ttl);
         let keys = [&*resource.key, &*resource.counter_key];
         let args = [Arg::Bytes(value.as_bytes()), Arg::Int(ttl_ms)];
@@ -210,7 +208,7 @@ impl Redlock {
                 keys: &keys,
                 args: &args,
             })
-        } else if replay {
+        } else if target.accepts == Accepts::LockOrRecord {
             Request::Script(Invocation {
                 script: &ACQUIRE_OR_REPLAY_SCRIPT,
                 keys: &keys[..1],
@@ -280,13 +278,11 @@ impl Redlock {
     /// [`retry_inner`](Self::retry_inner), observed (see [`observed`](Self::observed)).
     pub(super) async fn retry(
         &self,
-        resource: &Arc<Resource>,
-        ttl: Duration,
+        target: &Target,
         budget: Budget,
-        replay: bool,
     ) -> Result<Lock, (Failure, u32)> {
-        let acquisition = self.retry_inner(resource, ttl, budget, replay);
-        self.observed(resource, acquisition).await
+        let acquisition = self.retry_inner(target, budget);
+        self.observed(&target.resource, acquisition).await
     }
 
     /// Runs `acquisition` of `resource` in a `redlock.acquire` span that records the
@@ -317,13 +313,8 @@ impl Redlock {
     /// client's queue for the name (see `crate::waiters`): woken by the release, or after
     /// a jittered pause; other failures sleep a jittered pause. No wait outlasts the
     /// budget's waiting time: once it is spent, the attempts left go without pauses.
-    async fn retry_inner(
-        &self,
-        resource: &Arc<Resource>,
-        ttl: Duration,
-        budget: Budget,
-        replay: bool,
-    ) -> Result<Lock, (Failure, u32)> {
+    async fn retry_inner(&self, target: &Target, budget: Budget) -> Result<Lock, (Failure, u32)> {
+        let resource = &target.resource;
         let Budget {
             attempts: max_attempts,
             deadline,
@@ -346,7 +337,7 @@ impl Redlock {
             if let Some(t) = &ticket {
                 t.attempting();
             }
-            let failure = match self.attempt(resource, ttl, outer, attempt, replay).await {
+            let failure = match self.attempt(target, outer, attempt).await {
                 Ok(lock) => {
                     if let Some(t) = ticket {
                         // The next waiter waits for this lock's release.
@@ -440,6 +431,23 @@ impl Redlock {
     pub(crate) fn retry_pause(&self) -> Duration {
         jittered(self.inner.retry_delay, self.inner.retry_jitter)
     }
+}
+
+/// What an acquisition is after: a name's keys, for how long, and what may answer it.
+pub(crate) struct Target {
+    pub(crate) resource: Arc<Resource>,
+    pub(crate) ttl: Duration,
+    pub(crate) accepts: Accepts,
+}
+
+/// What an acquisition takes for an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Accepts {
+    /// The lock only.
+    Lock,
+    /// The lock, or the completion record stored under its key (the layer's replay): the
+    /// record comes back as `Failure::Replay`.
+    LockOrRecord,
 }
 
 /// What bounds a retried acquisition.

@@ -47,7 +47,7 @@ pub(crate) mod spans;
 #[cfg(feature = "tls-rustls")]
 mod tls;
 
-use acquire::Budget;
+use acquire::{Accepts, Budget, Target};
 pub use builder::RedlockBuilder;
 pub use health::{Health, Inspection, NodeHealth, NodeStatus};
 pub use node_config::NodeConfig;
@@ -185,7 +185,7 @@ impl Redlock {
         name: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<Lock, LockError> {
-        let resource = self.resource(name.as_ref(), ttl)?;
+        let target = self.target(name.as_ref(), ttl, Accepts::Lock)?;
         let now = Instant::now();
         let budget = match self.inner.retry_deadline {
             Some(d) => Budget {
@@ -199,7 +199,7 @@ impl Redlock {
                 now,
             ),
         };
-        self.retry(&resource, ttl, budget, false)
+        self.retry(&target, budget)
             .await
             .map_err(|(f, n)| f.into_error(n))
     }
@@ -213,8 +213,8 @@ impl Redlock {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lock, LockError> {
-        let resource = self.resource(name.as_ref(), ttl)?;
-        self.retry(&resource, ttl, Budget::until(deadline), false)
+        let target = self.target(name.as_ref(), ttl, Accepts::Lock)?;
+        self.retry(&target, Budget::until(deadline))
             .await
             .map_err(|(f, n)| f.into_error(n))
     }
@@ -230,12 +230,12 @@ impl Redlock {
         name: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<Lock, LockError> {
-        let resource = self.resource(name.as_ref(), ttl)?;
+        let target = self.target(name.as_ref(), ttl, Accepts::Lock)?;
         let attempt = async {
-            let result = self.attempt(&resource, ttl, None, 1, false).await;
+            let result = self.attempt(&target, None, 1).await;
             result.map_err(|f| (f, 1))
         };
-        self.observed(&resource, attempt)
+        self.observed(&target.resource, attempt)
             .await
             .map_err(|(f, attempts)| f.into_error(attempts))
     }
@@ -273,14 +273,16 @@ impl Redlock {
         ttl: Duration,
         deadline: Option<Instant>,
     ) -> Result<Lock, Refusal> {
-        let resource = self.resource(name, ttl).map_err(Refusal::Error)?;
+        let target = self
+            .target(name, ttl, Accepts::LockOrRecord)
+            .map_err(Refusal::Error)?;
         let budget = deadline.map_or_else(Budget::once, Budget::until);
-        self.retry(&resource, ttl, budget, true).await.map_err(
-            |(failure, attempts)| match failure {
+        self.retry(&target, budget)
+            .await
+            .map_err(|(failure, attempts)| match failure {
                 Failure::Replay { record, .. } => Refusal::Replay(record.0),
                 other => Refusal::Error(other.into_error(attempts)),
-            },
-        )
+            })
     }
 
     /// How a guard keeps its locks alive (builder settings).
@@ -299,6 +301,15 @@ impl Redlock {
             inner: Arc::downgrade(&self.inner),
             fencing: self.fencing,
         }
+    }
+
+    /// What acquiring `name` for `ttl`, taking `accepts` for an answer, is after.
+    fn target(&self, name: &[u8], ttl: Duration, accepts: Accepts) -> Result<Target, LockError> {
+        Ok(Target {
+            resource: self.resource(name, ttl)?,
+            ttl,
+            accepts,
+        })
     }
 
     fn resource(&self, name: &[u8], ttl: Duration) -> Result<Arc<Resource>, LockError> {
