@@ -35,7 +35,7 @@ pin_project! {
             body: B,
             held: Option<LockGuard>,
         },
-        Rejection {
+        Fixed {
             data: Option<Bytes>,
             trailers: Option<Box<HeaderMap>>,
         },
@@ -65,24 +65,21 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    pub(crate) fn rejection(data: Bytes) -> Self {
-        Self::replayed(data, None)
-    }
-
-    /// A rejection's answer, with the trailers of a replayed gRPC reply.
-    pub(crate) fn answer(answer: Answer, trailers: Option<HeaderMap>) -> Self {
+    /// A rejection's answer (the default body, or a hook's).
+    pub(crate) fn answer(answer: Answer) -> Self {
         match answer {
-            Answer::Data(data) => Self::replayed(data, trailers),
+            Answer::Data(data) => Self::fixed(data, None),
             Answer::Boxed(body) => Self {
                 kind: Kind::Hook { body: Some(body) },
             },
         }
     }
 
-    /// A stored response's body and trailers.
-    pub(crate) fn replayed(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+    /// Bytes known in full, and the trailers of a gRPC reply if any: a rejection's default
+    /// body, a replayed response's, or a response collected for its record.
+    pub(crate) fn fixed(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self {
-            kind: Kind::Rejection {
+            kind: Kind::Fixed {
                 data: (!data.is_empty()).then_some(data),
                 trailers: trailers.map(Box::new),
             },
@@ -109,7 +106,7 @@ impl<B> ResponseBody<B> {
     pub fn holds_lock(&self) -> bool {
         match &self.kind {
             Kind::Inner { held, .. } => held.is_some(),
-            Kind::Rejection { .. } | Kind::Hook { .. } => false,
+            Kind::Fixed { .. } | Kind::Hook { .. } => false,
             Kind::Recording { rec, .. } => !rec.finished,
         }
     }
@@ -122,7 +119,7 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
                 .debug_struct("ResponseBody::Inner")
                 .field("holds_lock", &held.is_some())
                 .finish_non_exhaustive(),
-            Kind::Rejection { data, trailers } => f
+            Kind::Fixed { data, trailers } => f
                 .debug_struct("ResponseBody::Rejection")
                 .field("len", &data.as_ref().map_or(0, Bytes::len))
                 .field("trailers", &trailers.is_some())
@@ -161,7 +158,7 @@ where
                 }
                 Poll::Ready(frame)
             }
-            KindProj::Rejection { data, trailers } => Poll::Ready(match data.take() {
+            KindProj::Fixed { data, trailers } => Poll::Ready(match data.take() {
                 Some(d) => Some(Ok(Frame::data(B::Data::from(d)))),
                 None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
             }),
@@ -245,7 +242,7 @@ where
         match &self.kind {
             // While the lock is held, ask to be polled once more so the end is seen.
             Kind::Inner { body, held } => held.is_none() && body.is_end_stream(),
-            Kind::Rejection { data, trailers } => data.is_none() && trailers.is_none(),
+            Kind::Fixed { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Recording { rec, .. } => rec.finished,
             Kind::Hook { body } => body.as_ref().is_none_or(|b| b.is_end_stream()),
         }
@@ -254,7 +251,7 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body, .. } | Kind::Recording { body, .. } => body.size_hint(),
-            Kind::Rejection { data, .. } => {
+            Kind::Fixed { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Hook { body } => body

@@ -31,6 +31,7 @@ use super::rejection_hook::Answer;
 use super::replay::completion::{GrpcRecorder, store_then_release};
 use super::replay::fingerprint::Fingerprint;
 use super::replay::record::{self, ReplayPolicy};
+use super::replay::{self};
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
 use crate::guard::LockGuard;
@@ -112,6 +113,9 @@ pin_project! {
         },
         Rejected {
             response: Response<Answer>,
+        },
+        Replayed {
+            response: Response<Bytes>,
             trailers: Option<http::HeaderMap>,
         },
         Recording {
@@ -148,10 +152,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
 
     pub(crate) fn rejected(response: Response<Answer>) -> Self {
         Self {
-            state: State::Rejected {
-                response,
-                trailers: None,
-            },
+            state: State::Rejected { response },
         }
     }
 
@@ -170,6 +171,7 @@ impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
             State::Calling { .. } => "calling",
             State::Releasing { .. } => "releasing",
             State::Rejected { .. } => "rejected",
+            State::Replayed { .. } => "replayed",
             State::Recording { .. } => "recording",
             State::Completing { .. } => "completing",
             State::Done => "done",
@@ -213,6 +215,7 @@ where
                     released(state.as_mut())
                 }
                 StateProj::Rejected { .. } => rejected(state.as_mut()),
+                StateProj::Replayed { .. } => replayed(state.as_mut()),
                 StateProj::Recording { body, buf, .. } => {
                     let end = ready!(collect(body, buf, cx));
                     recorded(state.as_mut(), end)
@@ -261,34 +264,17 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                 let rejection = Rejection::from_lock_error(error, ctx.protocol).with_name(name);
                 State::Rejected {
                     response: ctx.config.respond(rejection, &call.head()),
-                    trailers: None,
                 }
             }
-            Err(Denied::Replay(record)) => match record::decode(&record) {
-                Ok(record) if record.fingerprint == ctx.fingerprint => {
-                    crate::metrics::replayed();
-                    let (response, trailers) = record.into_response();
-                    State::Rejected {
-                        response: response.map(Answer::Data),
-                        trailers,
-                    }
+            // The name's work is done: the replay room says what the request gets.
+            Err(Denied::Replay(record)) => {
+                match replay::answer(&record, &ctx.fingerprint, ctx.protocol) {
+                    Ok((response, trailers)) => State::Replayed { response, trailers },
+                    Err(rejection) => State::Rejected {
+                        response: ctx.config.respond(rejection, &call.head()),
+                    },
                 }
-                Ok(_) => State::Rejected {
-                    response: ctx
-                        .config
-                        .respond(Rejection::key_reused(ctx.protocol), &call.head()),
-                    trailers: None,
-                },
-                Err(error) => {
-                    tracing::warn!(%error, "redlock layer found a completion record it cannot read");
-                    State::Rejected {
-                        response: ctx
-                            .config
-                            .respond(Rejection::unreadable_record(ctx.protocol), &call.head()),
-                        trailers: None,
-                    }
-                }
-            },
+            }
         };
         state.set(next);
     }
@@ -375,16 +361,23 @@ fn released<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
     guard.disarm();
     Step::Ready(match output {
         Output::Inner(output) => output.map(|res| wrap(res, None)),
-        Output::Rejection(response) => Ok(response.map(|a| ResponseBody::answer(a, None))),
+        Output::Rejection(response) => Ok(response.map(ResponseBody::answer)),
         Output::Ready(response) => Ok(response),
     })
 }
 
+fn replayed<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
+    match state.as_mut().project_replace(State::Done) {
+        StateOwned::Replayed { response, trailers } => {
+            Step::Ready(Ok(response.map(|data| ResponseBody::fixed(data, trailers))))
+        }
+        _ => Step::Next,
+    }
+}
+
 fn rejected<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
     match state.as_mut().project_replace(State::Done) {
-        StateOwned::Rejected { response, trailers } => Step::Ready(Ok(
-            response.map(|answer| ResponseBody::answer(answer, trailers))
-        )),
+        StateOwned::Rejected { response } => Step::Ready(Ok(response.map(ResponseBody::answer))),
         _ => Step::Next,
     }
 }
@@ -468,7 +461,7 @@ fn recorded<F, B: Body, E>(mut state: StatePin<'_, F, B, E>, complete: bool) -> 
             None,
         )
     });
-    let response = Response::from_parts(parts, ResponseBody::rejection(Bytes::from(buf)));
+    let response = Response::from_parts(parts, ResponseBody::fixed(Bytes::from(buf), None));
     match (policy, record) {
         (Some(policy), Some(Some(record))) => {
             state.set(completing(guard, &ctx, record, policy, response));

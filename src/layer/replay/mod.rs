@@ -28,3 +28,31 @@ pub(crate) mod completion;
 pub(crate) mod fingerprint;
 pub(crate) mod principal;
 pub(crate) mod record;
+
+use bytes::Bytes;
+use http::{HeaderMap, Response};
+
+use crate::layer::reject::{Protocol, Rejection};
+use fingerprint::Fingerprint;
+
+/// What a request gets for the completion `record` found under its key: the stored
+/// response (and trailers, for a gRPC reply) when it was recorded for the same request
+/// (`fingerprint`), else 422 (the key was used for another request), or 503 when the record
+/// cannot be read.
+pub(crate) fn answer(
+    record: &[u8],
+    fingerprint: &Fingerprint,
+    protocol: Protocol,
+) -> Result<(Response<Bytes>, Option<HeaderMap>), Rejection> {
+    match record::decode(record) {
+        Ok(record) if record.fingerprint == *fingerprint => {
+            crate::metrics::replayed();
+            Ok(record.into_response())
+        }
+        Ok(_) => Err(Rejection::key_reused(protocol)),
+        Err(error) => {
+            tracing::warn!(%error, "redlock layer found a completion record it cannot read");
+            Err(Rejection::unreadable_record(protocol))
+        }
+    }
+}
