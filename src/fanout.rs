@@ -24,7 +24,7 @@ use futures_util::task::AtomicWaker;
 use futures_util::{Stream, StreamExt};
 use redis::Value;
 
-use crate::error::{Failure, NodeError, NodeFailure};
+use crate::error::{LockError, NodeError, NodeFailure};
 use crate::landing::{Landing, LandingState};
 use crate::node::{Answer, Node, Sending, Start, Started, Waiting, Writes};
 use crate::quorum::{Decision, NodeMask, Outcome, Tally};
@@ -47,12 +47,13 @@ impl Round {
     }
 
     /// The failure of a round that did not reach its quorum because nodes failed.
-    pub(crate) fn no_quorum(self) -> Failure {
-        Failure::NoQuorum {
+    pub(crate) fn no_quorum(self) -> LockError {
+        LockError::NoQuorum {
             needed: self.tally.quorum(),
             reached: self.tally.successes(),
             held_elsewhere: self.tally.held_elsewhere(),
             failures: self.failures,
+            attempts: 1,
         }
     }
 }

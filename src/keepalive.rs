@@ -35,7 +35,7 @@ use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
 use crate::client::{Redlock, WeakRedlock};
-use crate::error::Failure;
+use crate::error::LockError;
 use crate::keepalive_inbox::KeepAlive;
 use crate::keepalive_inbox::{Inbox, Start};
 use crate::quorum::later;
@@ -139,7 +139,7 @@ fn due(hold_end: Option<Instant>, next: Instant) -> Instant {
 
 /// What a piece of the driver's work came to: an extension of a lock with its result, or
 /// `None` for a finished release.
-type Done = Option<(u64, Entry, Result<(), Failure>)>;
+type Done = Option<(u64, Entry, Result<(), LockError>)>;
 
 type Work = Pin<Box<dyn Future<Output = Done> + Send>>;
 
@@ -310,7 +310,7 @@ fn extended(
     redlock: &Redlock,
     id: u64,
     mut entry: Entry,
-    result: Result<(), Failure>,
+    result: Result<(), LockError>,
     queue: &mut Queue,
 ) -> Option<Work> {
     if entry.shared.lost_reason().is_some() {
@@ -335,7 +335,7 @@ fn extended(
                 queue.schedule(id, entry, at);
                 return None;
             }
-            let error = failure.into_error(entry.attempts);
+            let error = failure.with_attempts(entry.attempts);
             let lock = redlock.shown_name(entry.lock.name());
             entry.span.in_scope(|| {
                 tracing::warn!(%lock, %error, "redlock guard lost its lock");

@@ -16,7 +16,7 @@ use tracing::Instrument;
 use super::Redlock;
 use super::release::Wake;
 use super::spans::{Operation, elapsed_us};
-use crate::error::{Failure, RecordBytes};
+use crate::error::{LockError, RecordBytes};
 use crate::fanout::{self, Round};
 use crate::fencing::{self, PhaseOne};
 use crate::quorum::later;
@@ -43,19 +43,64 @@ struct SetRound {
     fencing: PhaseOne,
 }
 
+/// What one attempt came to.
+#[derive(Debug)]
+pub(super) enum Attempt {
+    /// The lock is held.
+    Held(Lock),
+    /// The name's work is done: a quorum of nodes hold its completion record (only for an
+    /// acquisition that accepts one, [`Accepts::LockOrRecord`]).
+    Record(RecordBytes),
+    /// No lock: why (its attempt count still 1), and whether another client, not this
+    /// one, holds the name somewhere (only the nodes can tell of that holder's release).
+    Missed { error: LockError, by_others: bool },
+}
+
+impl Attempt {
+    /// A miss that says nothing of other clients.
+    fn missed(error: LockError) -> Self {
+        Self::Missed {
+            error,
+            by_others: false,
+        }
+    }
+
+    /// The outcome of an acquisition that made `attempts` attempts and ended with this.
+    pub(super) fn finish(self, attempts: u32) -> Result<Acquired, LockError> {
+        match self {
+            Self::Held(lock) => Ok(Acquired::Lock(lock)),
+            Self::Record(record) => Ok(Acquired::Record { record, attempts }),
+            Self::Missed { error, .. } => Err(error.with_attempts(attempts)),
+        }
+    }
+}
+
+/// What an acquisition got.
+#[derive(Debug)]
+pub(crate) enum Acquired {
+    /// The lock.
+    Lock(Lock),
+    /// The name's completion record (with [`Accepts::LockOrRecord`] only): the layer
+    /// replays it.
+    Record { record: RecordBytes, attempts: u32 },
+}
+
 /// Why a `SET NX PX` round did not reach its quorum: busy when a quorum answered and
 /// some said another client holds the lock, short of nodes otherwise.
-fn set_failure(round: Round, retry_after: Option<Duration>, by_others: bool) -> Failure {
+fn set_failure(round: Round, retry_after: Option<Duration>, by_others: bool) -> Attempt {
     let tally = &round.tally;
     if tally.is_busy() {
-        Failure::Busy {
-            held_elsewhere: tally.held_elsewhere(),
-            nodes: tally.nodes(),
-            retry_after,
+        Attempt::Missed {
+            error: LockError::Busy {
+                held_elsewhere: tally.held_elsewhere(),
+                nodes: tally.nodes(),
+                retry_after,
+                attempts: 1,
+            },
             by_others,
         }
     } else {
-        round.no_quorum()
+        Attempt::missed(round.no_quorum())
     }
 }
 
@@ -66,10 +111,13 @@ impl Redlock {
         target: &Target,
         outer: Option<Instant>,
         attempt: u32,
-    ) -> Result<Lock, Failure> {
+    ) -> Attempt {
         let Target { resource, ttl, .. } = target;
         let ttl = *ttl;
-        let value: Arc<str> = new_value(self.inner.waiters.id())?.into();
+        let value: Arc<str> = match new_value(self.inner.waiters.id()) {
+            Ok(value) => value.into(),
+            Err(error) => return Attempt::missed(error),
+        };
         // If this future is dropped while the SETs are out, release in the background.
         let mut pending = PendingRelease {
             redlock: self,
@@ -93,9 +141,18 @@ impl Redlock {
         let stragglers = round.stragglers.take();
         let mut outcome = if let Some(record) = record {
             // The name's work is done: hand back its record (our SETs are released below).
-            Err(Failure::Replay {
-                record: RecordBytes(record),
-                nodes,
+            // An acquisition that wants the lock only finds the name held.
+            Err(match target.accepts {
+                Accepts::LockOrRecord => Attempt::Record(RecordBytes(record)),
+                Accepts::Lock => Attempt::Missed {
+                    error: LockError::Busy {
+                        held_elsewhere: 1,
+                        nodes,
+                        retry_after: None,
+                        attempts: 1,
+                    },
+                    by_others: true,
+                },
             })
         } else if round.reached() {
             Ok(None)
@@ -108,7 +165,10 @@ impl Redlock {
             && quorum::validity(ttl, start.elapsed(), drift).is_some()
         {
             let deadline = self.call_deadline(start, ttl, outer);
-            outcome = self.fence(resource, &value, &phase_one, deadline).await;
+            outcome = self
+                .fence(resource, &value, &phase_one, deadline)
+                .await
+                .map_err(Attempt::missed);
         }
         // 4. Held only with a quorum and validity left.
         let elapsed = start.elapsed();
@@ -124,7 +184,7 @@ impl Redlock {
                 pending.value = None;
                 // The SETs still out land in the background, on every node that answers.
                 let landing = stragglers.map(fanout::Stragglers::land);
-                return Ok(Lock {
+                return Attempt::Held(Lock {
                     resource: Arc::clone(resource),
                     value,
                     started: start,
@@ -137,8 +197,12 @@ impl Redlock {
                     landing,
                 });
             }
-            (Ok(_), _) => Failure::ValidityExhausted { elapsed, ttl },
-            (Err(failure), _) => failure,
+            (Ok(_), _) => Attempt::missed(LockError::ValidityExhausted {
+                elapsed,
+                ttl,
+                attempts: 1,
+            }),
+            (Err(missed), _) => missed,
         };
         // 5. Failed: release on every node, including those that failed or did not answer
         // in time (their SET may have run while the reply was lost).
@@ -153,7 +217,7 @@ impl Redlock {
         .await;
         pending.value = None;
         tracing::debug!(nodes = self.inner.nodes.len(), failure = ?outcome, "redlock attempt failed");
-        Err(outcome)
+        outcome
     }
 
     /// Fencing phase 2 with the number phase 1 read: the number, or why it could not be
@@ -164,7 +228,7 @@ impl Redlock {
         value: &str,
         phase_one: &PhaseOne,
         deadline: Instant,
-    ) -> Result<Option<u64>, Failure> {
+    ) -> Result<Option<u64>, LockError> {
         let token = phase_one.token();
         let keys = [&*resource.key, &*resource.counter_key];
         let retention_ms = super::ttl_ms(self.inner.fencing_retention);
@@ -280,7 +344,7 @@ impl Redlock {
         &self,
         target: &Target,
         budget: Budget,
-    ) -> Result<Lock, (Failure, u32)> {
+    ) -> Result<Acquired, LockError> {
         let acquisition = self.retry_inner(target, budget);
         self.observed(&target.resource, acquisition).await
     }
@@ -290,14 +354,15 @@ impl Redlock {
     pub(super) async fn observed(
         &self,
         resource: &Resource,
-        acquisition: impl Future<Output = Result<Lock, (Failure, u32)>>,
-    ) -> Result<Lock, (Failure, u32)> {
+        acquisition: impl Future<Output = Result<Acquired, LockError>>,
+    ) -> Result<Acquired, LockError> {
         let span = self.span(Operation::Acquire, &resource.name);
         let start = Instant::now();
         let result = acquisition.instrument(span.clone()).await;
         let (attempts, outcome) = match &result {
-            Ok(lock) => (lock.attempts, "acquired"),
-            Err((failure, attempts)) => (*attempts, failure.outcome()),
+            Ok(Acquired::Lock(lock)) => (lock.attempts, "acquired"),
+            Ok(Acquired::Record { attempts, .. }) => (*attempts, "replayed"),
+            Err(error) => (error.attempts().unwrap_or(1), error.outcome()),
         };
         crate::metrics::acquired(outcome, start.elapsed().as_secs_f64());
         if !span.is_disabled() {
@@ -313,7 +378,7 @@ impl Redlock {
     /// client's queue for the name (see `crate::waiters`): woken by the release, or after
     /// a jittered pause; other failures sleep a jittered pause. No wait outlasts the
     /// budget's waiting time: once it is spent, the attempts left go without pauses.
-    async fn retry_inner(&self, target: &Target, budget: Budget) -> Result<Lock, (Failure, u32)> {
+    async fn retry_inner(&self, target: &Target, budget: Budget) -> Result<Acquired, LockError> {
         let resource = &target.resource;
         let Budget {
             attempts: max_attempts,
@@ -330,48 +395,47 @@ impl Redlock {
             ticket = Some(t);
         }
         let mut attempt = 1;
-        let mut previous: Option<Failure> = None;
+        let mut previous: Option<LockError> = None;
         loop {
             // A deadline that passed while queued still leaves one honest attempt.
             let outer = deadline.filter(|d| attempt > 1 || Instant::now() < *d);
             if let Some(t) = &ticket {
                 t.attempting();
             }
-            let failure = match self.attempt(target, outer, attempt).await {
-                Ok(lock) => {
+            let (failure, by_others) = match self.attempt(target, outer, attempt).await {
+                Attempt::Held(lock) => {
                     if let Some(t) = ticket {
                         // The next waiter waits for this lock's release.
                         t.acquired(lock.valid_until);
                     }
-                    return Ok(lock);
+                    return Ok(Acquired::Lock(lock));
                 }
-                Err(f) => f,
+                Attempt::Record(record) => {
+                    if let Some(t) = &ticket {
+                        // The waiters behind need not wait for a release: there is a record.
+                        t.done();
+                    }
+                    return Ok(Acquired::Record {
+                        record,
+                        attempts: attempt,
+                    });
+                }
+                Attempt::Missed { error, by_others } => (error, by_others),
             };
             if past(deadline) && failure.cut_by_deadline() {
                 // The deadline cut the last attempt short: the attempt before says more.
-                return Err((previous.unwrap_or(failure), attempt));
+                return Err(previous.unwrap_or(failure).with_attempts(attempt));
             }
             if !failure.is_retryable() || attempt >= max_attempts {
-                if let (Failure::Replay { .. }, Some(t)) = (&failure, &ticket) {
-                    // The waiters behind need not wait for a release: there is a record.
-                    t.done();
-                }
-                return Err((failure, attempt));
+                return Err(failure.with_attempts(attempt));
             }
             match (&failure, &ticket) {
                 // Waiting means waiting: a head that will hear the release sleeps until
                 // then, or until the holder's key expires, instead of short polls that
                 // spend its attempts; one that will not hear it polls.
-                (
-                    Failure::Busy {
-                        retry_after,
-                        by_others,
-                        ..
-                    },
-                    Some(t),
-                ) => {
+                (LockError::Busy { retry_after, .. }, Some(t)) => {
                     t.busy(*retry_after);
-                    if *by_others && !t.subscribed() {
+                    if by_others && !t.subscribed() {
                         // Only the nodes can tell of another client's release: subscribe,
                         // then try again at once (a release before that told nobody).
                         t.subscribe(&self.inner.nodes, self.inner.node_timeout)
@@ -382,15 +446,8 @@ impl Redlock {
                         t.wait(self.retry_pause(), waits_until).await;
                     }
                 }
-                (
-                    Failure::Busy {
-                        by_others,
-                        retry_after,
-                        ..
-                    },
-                    None,
-                ) => {
-                    let t = self.queue_up(resource, *by_others).await;
+                (LockError::Busy { retry_after, .. }, None) => {
+                    let t = self.queue_up(resource, by_others).await;
                     t.busy(*retry_after);
                     if !t.is_head() {
                         t.wait(self.retry_pause(), waits_until).await;
@@ -410,7 +467,7 @@ impl Redlock {
                 }
             }
             if past(deadline) {
-                return Err((failure, attempt));
+                return Err(failure.with_attempts(attempt));
             }
             previous = Some(failure);
             attempt += 1;
@@ -446,7 +503,7 @@ pub(crate) enum Accepts {
     /// The lock only.
     Lock,
     /// The lock, or the completion record stored under its key (the layer's replay): the
-    /// record comes back as `Failure::Replay`.
+    /// record comes back as [`Acquired::Record`].
     LockOrRecord,
 }
 

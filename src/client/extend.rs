@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use super::spans::{Operation, elapsed_us};
 use super::{Redlock, check_ttl, ttl_ms};
-use crate::error::Failure;
+use crate::error::LockError;
 use crate::fanout;
 use crate::quorum::later;
 use crate::quorum::{self, Outcome};
@@ -28,7 +28,11 @@ use crate::token::Lock;
 
 impl Redlock {
     /// One extension attempt (see [`Redlock::extend`]), in a `redlock.extend` span.
-    pub(crate) async fn extend_once(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Failure> {
+    pub(crate) async fn extend_once(
+        &self,
+        lock: &mut Lock,
+        ttl: Duration,
+    ) -> Result<(), LockError> {
         let span = self.span(Operation::Extend, lock.name());
         let start = Instant::now();
         let result = self.extend_inner(lock, ttl).instrument(span.clone()).await;
@@ -38,24 +42,25 @@ impl Redlock {
                 "outcome",
                 result
                     .as_ref()
-                    .map_or_else(Failure::outcome, |()| "extended"),
+                    .map_or_else(LockError::outcome, |()| "extended"),
             );
         }
         result
     }
 
-    async fn extend_inner(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Failure> {
-        check_ttl(ttl, self.inner.node_timeout).map_err(crate::LockError::from)?;
+    async fn extend_inner(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
+        check_ttl(ttl, self.inner.node_timeout).map_err(LockError::from)?;
         self.note_ttl(ttl);
         let ttl = Duration::from_millis(ttl_ms(ttl));
         let start = Instant::now();
         if start >= lock.valid_until {
             // The validity ran out: another client may have held the lock since, so the
             // hold cannot be continued, even if our keys are still there.
-            return Err(Failure::NotHeld {
+            return Err(LockError::NotHeld {
                 held_on: 0,
                 needed: self.quorum(),
                 failures: Vec::new(),
+                attempts: 1,
             });
         }
         let keys = [lock.key()];
@@ -97,14 +102,19 @@ impl Redlock {
                     lock.ttl = ttl;
                     Ok(())
                 }
-                _ => Err(Failure::ValidityExhausted { elapsed, ttl }),
+                _ => Err(LockError::ValidityExhausted {
+                    elapsed,
+                    ttl,
+                    attempts: 1,
+                }),
             };
         }
         if not_held > 0 && not_held >= round.failures.len() {
-            Err(Failure::NotHeld {
+            Err(LockError::NotHeld {
                 held_on: round.tally.successes(),
                 needed: round.tally.quorum(),
                 failures: round.failures,
+                attempts: 1,
             })
         } else {
             Err(round.no_quorum())

@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::error::{ConfigError, Failure, LockError};
+use crate::error::{ConfigError, LockError};
 use crate::quorum::{self, later};
 use crate::token::{Lock, Resource, keys_for};
 
@@ -47,6 +47,7 @@ pub(crate) mod spans;
 #[cfg(feature = "tls-rustls")]
 mod tls;
 
+pub(crate) use acquire::Acquired;
 use acquire::{Accepts, Budget, Target};
 pub use builder::RedlockBuilder;
 pub use health::{Health, Inspection, NodeHealth, NodeStatus};
@@ -199,9 +200,7 @@ impl Redlock {
                 now,
             ),
         };
-        self.retry(&target, budget)
-            .await
-            .map_err(|(f, n)| f.into_error(n))
+        self.lock_only(self.retry(&target, budget).await)
     }
 
     /// Acquires `name` with `ttl`, retrying with the jittered delay until `deadline`
@@ -214,9 +213,7 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Lock, LockError> {
         let target = self.target(name.as_ref(), ttl, Accepts::Lock)?;
-        self.retry(&target, Budget::until(deadline))
-            .await
-            .map_err(|(f, n)| f.into_error(n))
+        self.lock_only(self.retry(&target, Budget::until(deadline)).await)
     }
 
     /// Makes one attempt to acquire `name` with the default TTL.
@@ -231,13 +228,8 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<Lock, LockError> {
         let target = self.target(name.as_ref(), ttl, Accepts::Lock)?;
-        let attempt = async {
-            let result = self.attempt(&target, None, 1).await;
-            result.map_err(|f| (f, 1))
-        };
-        self.observed(&target.resource, attempt)
-            .await
-            .map_err(|(f, attempts)| f.into_error(attempts))
+        let attempt = async { self.attempt(&target, None, 1).await.finish(1) };
+        self.lock_only(self.observed(&target.resource, attempt).await)
     }
 
     /// Releases `lock` on every node: deletes the key only where it still holds the lock's
@@ -259,30 +251,35 @@ impl Redlock {
     /// and with [`LockError::ValidityExhausted`] when the quorum came too late. A failed
     /// extension leaves the lock's deadline as it was.
     pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
-        self.extend_once(lock, ttl)
-            .await
-            .map_err(|f| f.into_error(1))
+        self.extend_once(lock, ttl).await
     }
 
     /// Acquires `name` for the layer's replay: one attempt, or (with a `deadline`) waiting
-    /// until then. A completion record found under the key comes back as
-    /// [`Refusal::Replay`] instead of a lock.
+    /// until then. A completion record that a quorum of nodes hold under the key comes
+    /// back as [`Acquired::Record`] instead of a lock.
     pub(crate) async fn acquire_or_replay(
         &self,
         name: &[u8],
         ttl: Duration,
         deadline: Option<Instant>,
-    ) -> Result<Lock, Refusal> {
-        let target = self
-            .target(name, ttl, Accepts::LockOrRecord)
-            .map_err(Refusal::Error)?;
+    ) -> Result<Acquired, LockError> {
+        let target = self.target(name, ttl, Accepts::LockOrRecord)?;
         let budget = deadline.map_or_else(Budget::once, Budget::until);
-        self.retry(&target, budget)
-            .await
-            .map_err(|(failure, attempts)| match failure {
-                Failure::Replay { record, .. } => Refusal::Replay(record.0),
-                other => Refusal::Error(other.into_error(attempts)),
-            })
+        self.retry(&target, budget).await
+    }
+
+    /// The lock of an acquisition that takes nothing else for an answer
+    /// ([`Accepts::Lock`]: a record it finds makes the name busy, so none comes back).
+    fn lock_only(&self, acquired: Result<Acquired, LockError>) -> Result<Lock, LockError> {
+        match acquired? {
+            Acquired::Lock(lock) => Ok(lock),
+            Acquired::Record { attempts, .. } => Err(LockError::Busy {
+                held_elsewhere: self.quorum(),
+                nodes: self.node_count(),
+                retry_after: None,
+                attempts,
+            }),
+        }
     }
 
     /// How a guard keeps its locks alive (builder settings).
@@ -347,15 +344,6 @@ impl Redlock {
         let deadline = later(Instant::now(), self.inner.node_timeout).min(later(start, usable));
         outer.map_or(deadline, |o| o.min(deadline))
     }
-}
-
-/// Why [`Redlock::acquire_or_replay`] gave no lock.
-#[derive(Debug)]
-pub(crate) enum Refusal {
-    /// The lock could not be had.
-    Error(LockError),
-    /// The name's work is done: its completion record.
-    Replay(Vec<u8>),
 }
 
 /// A [`Redlock`] that does not keep the client alive.

@@ -115,42 +115,6 @@ impl LockError {
     }
 }
 
-/// Why one round of node calls (an acquire or extend attempt) failed, before the number
-/// of attempts is known: [`into_error`](Self::into_error) makes the [`LockError`].
-#[derive(Debug)]
-pub(crate) enum Failure {
-    Busy {
-        held_elsewhere: usize,
-        nodes: usize,
-        retry_after: Option<Duration>,
-        /// Whether another client holds the key somewhere (otherwise only this client
-        /// does, whose release wakes its own waiters).
-        by_others: bool,
-    },
-    NoQuorum {
-        needed: usize,
-        reached: usize,
-        held_elsewhere: usize,
-        failures: Vec<NodeFailure>,
-    },
-    ValidityExhausted {
-        elapsed: Duration,
-        ttl: Duration,
-    },
-    NotHeld {
-        held_on: usize,
-        needed: usize,
-        failures: Vec<NodeFailure>,
-    },
-    /// The name's work is done: a node holds its completion record (the layer's replay).
-    Replay {
-        record: RecordBytes,
-        nodes: usize,
-    },
-    /// Not about the nodes (a bad name or setting, the random generator).
-    Other(LockError),
-}
-
 /// A stored response (the layer's completion record), kept out of `Debug` output and so
 /// out of logs: it holds a response body.
 pub(crate) struct RecordBytes(pub(crate) Vec<u8>);
@@ -161,25 +125,31 @@ impl fmt::Debug for RecordBytes {
     }
 }
 
-impl Failure {
-    /// The outcome field of a span that ended with this failure.
+/// What the crate needs of an error inside: attempts are counted by the retry loop, which
+/// stamps the final count ([`with_attempts`](LockError::with_attempts)); an attempt builds
+/// its error with 1.
+impl LockError {
+    /// This error, from an operation that made `n` attempts.
+    pub(crate) fn with_attempts(mut self, n: u32) -> Self {
+        match &mut self {
+            Self::Busy { attempts, .. }
+            | Self::NoQuorum { attempts, .. }
+            | Self::ValidityExhausted { attempts, .. }
+            | Self::NotHeld { attempts, .. } => *attempts = n,
+            Self::InvalidName { .. } | Self::Config(_) | Self::Entropy(_) => {}
+        }
+        self
+    }
+
+    /// The outcome field of a span that ended with this error.
     pub(crate) fn outcome(&self) -> &'static str {
         match self {
             Self::Busy { .. } => "busy",
             Self::NoQuorum { .. } => "no_quorum",
             Self::ValidityExhausted { .. } => "validity_exhausted",
             Self::NotHeld { .. } => "not_held",
-            Self::Replay { .. } => "replayed",
-            Self::Other(_) => "error",
+            Self::InvalidName { .. } | Self::Config(_) | Self::Entropy(_) => "error",
         }
-    }
-
-    /// Whether another attempt can help.
-    pub(crate) fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Self::Busy { .. } | Self::NoQuorum { .. } | Self::ValidityExhausted { .. }
-        )
     }
 
     /// How long until the nodes the restart quarantine kept out of this attempt are back:
@@ -202,64 +172,6 @@ impl Failure {
     pub(crate) fn cut_by_deadline(&self) -> bool {
         matches!(self, Self::NoQuorum { failures, .. }
             if failures.iter().all(|f| f.error == NodeError::Timeout))
-    }
-
-    /// The error of an operation that made `attempts` attempts and failed with this.
-    pub(crate) fn into_error(self, attempts: u32) -> LockError {
-        match self {
-            Self::Busy {
-                held_elsewhere,
-                nodes,
-                retry_after,
-                ..
-            } => LockError::Busy {
-                held_elsewhere,
-                nodes,
-                retry_after,
-                attempts,
-            },
-            Self::NoQuorum {
-                needed,
-                reached,
-                held_elsewhere,
-                failures,
-            } => LockError::NoQuorum {
-                needed,
-                reached,
-                held_elsewhere,
-                failures,
-                attempts,
-            },
-            Self::ValidityExhausted { elapsed, ttl } => LockError::ValidityExhausted {
-                elapsed,
-                ttl,
-                attempts,
-            },
-            Self::NotHeld {
-                held_on,
-                needed,
-                failures,
-            } => LockError::NotHeld {
-                held_on,
-                needed,
-                failures,
-                attempts,
-            },
-            // Outside the layer's replay, a record is a key held by someone else.
-            Self::Replay { nodes, .. } => LockError::Busy {
-                held_elsewhere: 1,
-                nodes,
-                retry_after: None,
-                attempts,
-            },
-            Self::Other(e) => e,
-        }
-    }
-}
-
-impl From<LockError> for Failure {
-    fn from(e: LockError) -> Self {
-        Self::Other(e)
     }
 }
 

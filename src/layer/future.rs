@@ -32,10 +32,10 @@ use super::replay::completion::{GrpcRecorder, store_then_release};
 use super::replay::fingerprint::Fingerprint;
 use super::replay::record::{self, ReplayPolicy};
 use super::replay::{self};
-use crate::client::{Redlock, Released};
+use crate::client::{Acquired, Redlock, Released};
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::token::{Lock, LockToken, LostReason};
+use crate::token::{LockToken, LostReason};
 
 /// The request and the service that answers it, waiting for the lock.
 pub(crate) trait PendingCall<F>: Send {
@@ -49,14 +49,12 @@ pub(crate) trait PendingCall<F>: Send {
 pub(crate) type CallFn<F> = Box<dyn PendingCall<F>>;
 
 /// Acquires the lock.
-pub(crate) type AcquireFuture = BoxFuture<'static, Result<Lock, Denied>>;
+pub(crate) type AcquireFuture = BoxFuture<'static, Result<Acquired, Denied>>;
 
-/// Why a request got no lock.
-pub(crate) enum Denied {
-    /// The lock error, and the name for the rejection.
-    Error(LockError, Vec<u8>),
-    /// The name's work is done: its completion record (replay).
-    Replay(Vec<u8>),
+/// Why a request got no lock: the error, and the name for the rejection.
+pub(crate) struct Denied {
+    pub(crate) error: LockError,
+    pub(crate) name: Vec<u8>,
 }
 
 pin_project! {
@@ -236,10 +234,13 @@ where
 type StatePin<'a, F, B, E> = Pin<&'a mut State<F, B, E>>;
 
 /// The lock is held: call the inner service. Or it is not: reject.
-fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Denied>) -> Step<B, E> {
+fn acquired<F, B, E>(
+    mut state: StatePin<'_, F, B, E>,
+    result: Result<Acquired, Denied>,
+) -> Step<B, E> {
     if let StateOwned::Acquiring { call, ctx, .. } = state.as_mut().project_replace(State::Done) {
         let next = match result {
-            Ok(lock) => {
+            Ok(Acquired::Lock(lock)) => {
                 let guard = if ctx.config.auto_extend {
                     ctx.redlock.guard(lock)
                 } else {
@@ -259,7 +260,7 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                     ctx,
                 }
             }
-            Err(Denied::Error(error, name)) => {
+            Err(Denied { error, name }) => {
                 log_rejected(&ctx.redlock, &error, &name);
                 let rejection = Rejection::from_lock_error(error, ctx.protocol).with_name(name);
                 State::Rejected {
@@ -267,8 +268,8 @@ fn acquired<F, B, E>(mut state: StatePin<'_, F, B, E>, result: Result<Lock, Deni
                 }
             }
             // The name's work is done: the replay room says what the request gets.
-            Err(Denied::Replay(record)) => {
-                match replay::answer(&record, &ctx.fingerprint, ctx.protocol) {
+            Ok(Acquired::Record { record, .. }) => {
+                match replay::answer(&record.0, &ctx.fingerprint, ctx.protocol) {
                     Ok((response, trailers)) => State::Replayed { response, trailers },
                     Err(rejection) => State::Rejected {
                         response: ctx.config.respond(rejection, &call.head()),

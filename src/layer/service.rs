@@ -32,10 +32,10 @@ use super::extract::ExtractLockName;
 use super::future::{Ctx, Denied, PendingCall, ResponseFuture};
 use super::reject::{Protocol, Rejection};
 use super::replay::fingerprint;
-use crate::client::{Redlock, Refusal};
+use crate::client::{Acquired, Redlock};
 use crate::error::LockError;
 use crate::quorum::later;
-use crate::token::{Lock, LockToken};
+use crate::token::LockToken;
 
 /// Holds a quorum lock, named by the extractor, while the inner service runs. Created by
 /// [`RedlockLayer`](crate::RedlockLayer).
@@ -74,7 +74,7 @@ impl<S, E> RedlockService<S, E> {
 }
 
 /// Acquires the lock per the busy policy (with replay: or finds the name's record).
-async fn acquire(redlock: Redlock, name: Vec<u8>, config: Arc<Config>) -> Result<Lock, Denied> {
+async fn acquire(redlock: Redlock, name: Vec<u8>, config: Arc<Config>) -> Result<Acquired, Denied> {
     let ttl = config.ttl.unwrap_or_else(|| redlock.ttl());
     let replay = config.replay.is_some();
     let attempt = |deadline: Option<Instant>| {
@@ -85,17 +85,17 @@ async fn acquire(redlock: Redlock, name: Vec<u8>, config: Arc<Config>) -> Result
                 (false, None) => redlock
                     .try_lock_with_ttl(name, ttl)
                     .await
-                    .map_err(Refusal::Error),
+                    .map(Acquired::Lock),
                 (false, Some(deadline)) => redlock
                     .lock_until(name, ttl, deadline)
                     .await
-                    .map_err(Refusal::Error),
+                    .map(Acquired::Lock),
             }
         }
     };
     let first = attempt(None).await;
     let result = match (&first, &config.busy) {
-        (Err(Refusal::Error(LockError::Busy { .. })), BusyPolicy::Wait { timeout, waiters }) => {
+        (Err(LockError::Busy { .. }), BusyPolicy::Wait { timeout, waiters }) => {
             // Beyond the bound on waiting requests: reject at once.
             match Arc::clone(waiters).try_acquire_owned() {
                 Ok(_permit) => attempt(Some(later(Instant::now(), *timeout))).await,
@@ -104,10 +104,7 @@ async fn acquire(redlock: Redlock, name: Vec<u8>, config: Arc<Config>) -> Result
         }
         _ => first,
     };
-    result.map_err(|refusal| match refusal {
-        Refusal::Error(error) => Denied::Error(error, name),
-        Refusal::Replay(record) => Denied::Replay(record),
-    })
+    result.map_err(|error| Denied { error, name })
 }
 
 impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for RedlockService<S, E>
