@@ -491,8 +491,9 @@ impl RedlockBuilder {
         })
     }
 
-    /// Checks every setting and creates the nodes (without I/O): the settings of a client.
-    pub(super) fn validate(self) -> Result<Settings, ConfigError> {
+    /// Checks every setting but the nodes' own (see [`nodes`](Self::nodes)): the fencing
+    /// retention to use when they are sound.
+    fn validate(&self) -> Result<Duration, ConfigError> {
         let n = self.nodes.len();
         if n == 0 {
             return Err(ConfigError::NoNodes);
@@ -539,15 +540,14 @@ impl RedlockBuilder {
                 fraction: self.extend_fraction,
             });
         }
-        let max_ttl_ms = Arc::new(AtomicU64::new(ttl_ms(self.ttl)));
-        let settings = NodeSettings {
-            connect_timeout: self.connect_timeout,
-            reconnect_after_timeouts: self.reconnect_after_timeouts,
-            quarantine: self.restart_quarantine,
-            max_ttl_ms: Arc::clone(&max_ttl_ms),
-            servers: Arc::default(),
-        };
-        let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(n);
+        Ok(fencing_retention)
+    }
+
+    /// The nodes, each from its configuration (a URL, a client, a sentinel set or a
+    /// cluster), sharing `settings`; refuses a node listed twice, and TLS settings without
+    /// a `rediss://` node. Nothing connects yet.
+    fn nodes(&self, settings: &NodeSettings) -> Result<Vec<Arc<Node>>, ConfigError> {
+        let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(self.nodes.len());
         let mut any_tls = false;
         for config in &self.nodes {
             let (label, connector) = if let Some(seeds) = config.as_cluster() {
@@ -578,11 +578,22 @@ impl RedlockBuilder {
         self.tls.check(any_tls)?;
         #[cfg(not(feature = "tls-rustls"))]
         let _ = any_tls;
-        if tokio::runtime::Handle::try_current().is_ok() {
-            for node in &nodes {
-                node.kick();
-            }
-        }
+        Ok(nodes)
+    }
+
+    /// The client's settings and nodes, once every setting is checked.
+    pub(super) fn settings(self) -> Result<Settings, ConfigError> {
+        let fencing_retention = self.validate()?;
+        let max_ttl_ms = Arc::new(AtomicU64::new(ttl_ms(self.ttl)));
+        let node_settings = NodeSettings {
+            connect_timeout: self.connect_timeout,
+            reconnect_after_timeouts: self.reconnect_after_timeouts,
+            quarantine: self.restart_quarantine,
+            max_ttl_ms: Arc::clone(&max_ttl_ms),
+            servers: Arc::default(),
+        };
+        let nodes = self.nodes(&node_settings)?;
+        let n = nodes.len();
         Ok(Settings {
             nodes: nodes.into(),
             ttl: self.ttl,

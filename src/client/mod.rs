@@ -93,7 +93,13 @@ impl RedlockBuilder {
     /// tokio runtime, connecting to every node starts in the background at once (failures
     /// are logged and retried with backoff); otherwise on the first operation.
     pub fn build(self) -> Result<Redlock, ConfigError> {
-        let settings = self.validate()?;
+        let settings = self.settings()?;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Connecting starts at once, in the background.
+            for node in settings.nodes.iter() {
+                node.kick();
+            }
+        }
         Ok(Redlock {
             fencing: settings.fencing,
             inner: Arc::new(settings),
