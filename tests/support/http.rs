@@ -42,6 +42,16 @@ pub struct Reply {
     pub body: String,
 }
 
+impl Reply {
+    /// Whether the layer answered from a completion record (`idempotent-replayed`).
+    #[allow(dead_code)] // not every test binary replays
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_some()
+    }
+}
+
 pub async fn send(client: &HttpClient, req: http::Request<Body>) -> Reply {
     let res = client.request(req).await.expect("request");
     let (parts, body) = res.into_parts();
