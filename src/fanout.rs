@@ -317,9 +317,10 @@ impl Stream for Calls {
 }
 
 /// Polls every call in `pending` until one has its answer: takes it out and returns it.
-/// A call polled with `gated` wakes the task through the gate; one that holds its node's
-/// release turn is polled with `cx`, so that its answer hands the turn on at once (the
-/// releases queued behind it may be what other rounds wait for).
+/// A call polled with `gated` wakes the task through the gate; one that may hold its
+/// node's release turn until it is polled (a release not on our own connection, whose
+/// reader hands the turn on by itself) is polled with `cx`, so that its answer hands the
+/// turn on at once (the releases queued behind it may be what other rounds wait for).
 fn poll_pending(
     pending: &mut Vec<(usize, Pending)>,
     call: &Arc<Call>,
@@ -342,13 +343,11 @@ fn poll_pending(
 }
 
 impl Pending {
-    /// Whether the call holds (or may come to hold) its node's release turn.
+    /// Whether the call may hold its node's release turn until it is polled: a release
+    /// still running (waiting for a connection, or on a redis-rs connection). A started
+    /// call's turn is handed on by its connection as the answer is read.
     fn holds_turn(&self, call: &Call) -> bool {
-        match self {
-            Self::Started(started) => started.holds_turn(),
-            Self::Queued(_) => false,
-            Self::Running(_) => call.is_release(),
-        }
+        matches!(self, Self::Running(_)) && call.is_release()
     }
 
     fn poll(&mut self, call: &Arc<Call>, cx: &mut Context<'_>) -> Poll<Result<Value, NodeError>> {

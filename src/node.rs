@@ -216,9 +216,6 @@ pub(crate) struct Started {
     generation: u64,
     wire: wire::Wire,
     reply: wire::Reply,
-    /// Whether this is a release holding its node's turn (the connection hands the turn
-    /// on as it reads the answer).
-    holds_turn: bool,
 }
 
 /// What a [`Started`] call came to.
@@ -231,11 +228,6 @@ pub(crate) enum Answer {
 }
 
 impl Started {
-    /// Whether this is a release holding its node's turn (see the `batch` module).
-    pub(crate) fn holds_turn(&self) -> bool {
-        self.holds_turn
-    }
-
     /// Polls for the answer to `call` (the call this was started with).
     pub(crate) fn poll_answer(&mut self, call: &Arc<Call>, cx: &mut Context<'_>) -> Poll<Answer> {
         let first = ready!(Pin::new(&mut self.reply).poll(cx));
@@ -865,7 +857,6 @@ impl Node {
         turn: Option<batch::Turn>,
         writes: wire::Writes,
     ) -> Started {
-        let holds_turn = turn.is_some();
         let reply = match turn {
             Some(turn) => wire.request_then(call.packed(), writes, Box::new(turn)),
             None => wire.request(call.packed(), writes),
@@ -875,7 +866,6 @@ impl Node {
             generation,
             reply,
             wire: wire.clone(),
-            holds_turn,
         }
     }
 
