@@ -301,10 +301,17 @@ impl Node {
                 deadline: lone.deadline,
             };
             let answer = self.call_now(&lone.call, sending, None, || {});
-            tokio::time::timeout_at(limit, answer)
+            match tokio::time::timeout_at(limit, answer)
                 .await
                 .unwrap_or(Err(NodeError::Timeout))
-                .map(|answer| vec![Ok(answer)])
+            {
+                // Not sent, or no answer: as for a batch.
+                Err(error) if error == NodeError::Timeout || error.breaks_connection() => {
+                    Err(error)
+                }
+                // The node's answer for that key, an error among them (it was sent).
+                answer => Ok(vec![answer]),
+            }
         } else {
             let calls: Vec<&Call> = batch.iter().map(|q| &*q.call).collect();
             tokio::time::timeout_at(limit, async {
