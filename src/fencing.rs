@@ -3,11 +3,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::error::NodeError;
-use crate::fanout::{self, Round};
+use crate::error::{LockError, NodeError};
 use crate::node::Node;
 use crate::quorum::{NodeMask, Outcome};
+use crate::round::{Kind, Plan, Round};
 use crate::scripts::{Arg, FENCE_SCRIPT, FenceRead, Invocation, Request, parse_flag};
+use crate::votes::Votes;
 
 /// What phase 1 learned across the nodes of one attempt: the highest counter among the
 /// nodes that granted, and the nodes that did not (phase 2 skips them: the lock is not
@@ -39,35 +40,68 @@ impl PhaseOne {
     }
 }
 
-/// Phase 2: raises the name's counter to `token` on every node that may hold the lock,
-/// only where the lock key still holds `value`, and keeps the counter for `retention_ms`.
-/// `keys` are the lock key and the counter key.
+/// What phase 2 writes: the fencing number, under the name's counter key, on the nodes
+/// where the lock key still holds the acquisition's value.
+pub(crate) struct PhaseTwo<'a> {
+    /// The lock key and the counter key.
+    pub(crate) keys: [&'a [u8]; 2],
+    /// The acquisition's value.
+    pub(crate) value: &'a [u8],
+    pub(crate) token: u64,
+    /// How long the counter is kept, in ms.
+    pub(crate) retention_ms: u64,
+}
+
+/// Phase 2: raises the name's counter to the token on every node that may hold the lock
+/// (not those `phase_one` saw refuse), by `deadline`. The round, once a quorum recorded
+/// the number (the calls still out may land); otherwise why the number could not be
+/// recorded.
 pub(crate) async fn phase_two(
-    nodes: &Arc<[Arc<Node>]>,
-    keys: &[&[u8]; 2],
-    value: &[u8],
-    token: u64,
-    retention_ms: u64,
+    nodes: &[Arc<Node>],
+    write: &PhaseTwo<'_>,
+    phase_one: &PhaseOne,
     deadline: Instant,
-    refused: NodeMask,
-) -> Round {
-    let args = [Arg::Bytes(value), Arg::Int(token), Arg::Int(retention_ms)];
+) -> Result<Round, LockError> {
+    let args = [
+        Arg::Bytes(write.value),
+        Arg::Int(write.token),
+        Arg::Int(write.retention_ms),
+    ];
     let request = Request::Script(Invocation {
         script: &FENCE_SCRIPT,
-        keys,
+        keys: &write.keys,
         args: &args,
     });
-    fanout::decide(
-        nodes,
-        &request,
+    let skip = phase_one.refused;
+    let plan = Plan {
+        skip,
         deadline,
-        |i| !refused.contains(i),
-        |_, reply| match parse_flag(reply?)? {
-            true => Ok(Outcome::Granted),
-            false => Err(NodeError::LockLost),
-        },
-    )
-    .await
+        kind: Kind::Decide,
+    };
+    let mut round = Round::send(nodes, &request, plan);
+    let mut votes = Votes::new(nodes.len());
+    for _ in (0..nodes.len()).filter(|i| skip.contains(*i)) {
+        // The lock is not ours there.
+        votes.skipped();
+    }
+    while votes.undecided() {
+        round.wake_after(votes.to_decide());
+        let Some((i, reply)) = round.next().await else {
+            break;
+        };
+        let outcome = reply
+            .and_then(parse_flag)
+            .and_then(|recorded| match recorded {
+                true => Ok(Outcome::Granted),
+                false => Err(NodeError::LockLost),
+            });
+        votes.count(nodes[i].label(), outcome);
+    }
+    if votes.reached() {
+        Ok(round)
+    } else {
+        Err(votes.no_quorum())
+    }
 }
 
 #[cfg(test)]

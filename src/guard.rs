@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use crate::client::{Redlock, Released};
+use crate::client::{Deletion, Redlock, Released, Wake};
 use crate::error::LockError;
 use crate::keepalive;
 use crate::keepalive_inbox::KeepAlive;
@@ -199,14 +199,8 @@ impl Drop for LockGuard {
             let shared = self.token.shared();
             shared.mark_lost(LostReason::Released);
             let lock = &shared.lock;
-            self.redlock.release_in_background(
-                Arc::clone(&lock.resource),
-                Arc::clone(&lock.value),
-                lock.ttl,
-                lock.foreign,
-                lock.landing.clone(),
-                crate::client::Wake::OnSent,
-            );
+            self.redlock
+                .release_in_background(Deletion::of(lock, Wake::OnSent));
         }
     }
 }

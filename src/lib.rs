@@ -122,7 +122,6 @@
 mod client;
 pub mod defaults;
 mod error;
-mod fanout;
 pub mod fencing;
 mod guard;
 mod keepalive;
@@ -132,9 +131,11 @@ pub mod layer;
 pub mod metrics;
 mod node;
 pub mod quorum;
+mod round;
 mod scripts;
 mod sentinel;
 mod token;
+mod votes;
 mod waiters;
 
 #[cfg(feature = "axum")]

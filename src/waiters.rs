@@ -159,15 +159,9 @@ impl Waiters {
         self.registry().queues.contains_key(key)
     }
 
-    /// Queues up for `key`; with `subscribe`, also makes sure every reachable node will
-    /// tell about its release (see [`Ticket::subscribe`]).
-    pub(crate) async fn join(
-        self: &Arc<Self>,
-        key: &[u8],
-        nodes: &[Arc<Node>],
-        timeout: Duration,
-        subscribe: bool,
-    ) -> Ticket {
+    /// Queues up for `key` (see [`Ticket::subscribe`] to hear of releases by other
+    /// clients too).
+    pub(crate) fn join(self: &Arc<Self>, key: &[u8]) -> Ticket {
         let notify = Arc::new(Notify::new());
         let id = {
             let mut reg = self.registry();
@@ -178,17 +172,13 @@ impl Waiters {
             id
         };
         crate::metrics::gauge(crate::metrics::Gauge::Waiting, true);
-        let ticket = Ticket {
+        Ticket {
             waiters: Arc::clone(self),
             key: key.into(),
             id,
             notify,
             acquired: None,
-        };
-        if subscribe {
-            ticket.subscribe(nodes, timeout).await;
         }
-        ticket
     }
 
     /// Subscribes `key`'s queue to the key's channel on every node, unless it is already,

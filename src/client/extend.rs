@@ -20,11 +20,11 @@ use tracing::Instrument;
 use super::spans::{Operation, elapsed_us};
 use super::{Redlock, check_ttl, ttl_ms};
 use crate::error::LockError;
-use crate::fanout;
-use crate::quorum::later;
-use crate::quorum::{self, Outcome};
+use crate::quorum::{self, NodeMask, Outcome, later};
+use crate::round::{Kind, Plan, Round};
 use crate::scripts::{Arg, EXTEND_SCRIPT, Invocation, Request, parse_flag};
 use crate::token::Lock;
+use crate::votes::Votes;
 
 impl Redlock {
     /// One extension attempt (see [`Redlock::extend`]), in a `redlock.extend` span.
@@ -63,6 +63,35 @@ impl Redlock {
                 attempts: 1,
             });
         }
+        let round = self.extend_round(lock, ttl, start).await?;
+        // The extension lands on the nodes that had not answered yet, too.
+        round.land().await;
+        let elapsed = start.elapsed();
+        let drift = quorum::drift(ttl, self.inner.drift_factor);
+        match quorum::validity(ttl, elapsed, drift) {
+            Some(validity) if validity > self.inner.min_validity => {
+                lock.started = start;
+                lock.valid_until = later(start, validity);
+                lock.ttl = ttl;
+                Ok(())
+            }
+            _ => Err(LockError::ValidityExhausted {
+                elapsed,
+                ttl,
+                attempts: 1,
+            }),
+        }
+    }
+
+    /// Compare-and-pexpire of `lock` to `ttl` on every node, until a quorum extended it
+    /// (the round, its calls still out) or it cannot: not held when as many nodes said
+    /// so as failed, short of nodes otherwise.
+    async fn extend_round(
+        &self,
+        lock: &Lock,
+        ttl: Duration,
+        start: Instant,
+    ) -> Result<Round, LockError> {
         let keys = [lock.key()];
         let args = [Arg::Bytes(lock.value().as_bytes()), Arg::Int(ttl_ms(ttl))];
         let request = Request::Script(Invocation {
@@ -70,54 +99,42 @@ impl Redlock {
             keys: &keys,
             args: &args,
         });
-        // The extension must take effect within the current validity.
-        let deadline = self.call_deadline(start, ttl, Some(lock.valid_until));
+        let plan = Plan {
+            skip: NodeMask::default(),
+            // The extension must take effect within the current validity.
+            deadline: self.call_deadline(start, ttl, Some(lock.valid_until)),
+            kind: Kind::Decide,
+        };
+        let nodes = &self.inner.nodes;
+        let mut round = Round::send(nodes, &request, plan);
+        let mut votes = Votes::new(nodes.len());
         let mut not_held = 0;
-        let mut round = fanout::decide(
-            &self.inner.nodes,
-            &request,
-            deadline,
-            |_| true,
-            |_, reply| {
-                if parse_flag(reply?)? {
-                    Ok(Outcome::Granted)
-                } else {
-                    not_held += 1;
-                    Ok(Outcome::Failed)
-                }
-            },
-        )
-        .await;
-        let elapsed = start.elapsed();
-        let drift = quorum::drift(ttl, self.inner.drift_factor);
-        if round.reached() {
-            if let Some(stragglers) = round.stragglers.take() {
-                // The extension lands on the nodes that had not answered yet, too.
-                stragglers.land();
-            }
-            return match quorum::validity(ttl, elapsed, drift) {
-                Some(validity) if validity > self.inner.min_validity => {
-                    lock.started = start;
-                    lock.valid_until = later(start, validity);
-                    lock.ttl = ttl;
-                    Ok(())
-                }
-                _ => Err(LockError::ValidityExhausted {
-                    elapsed,
-                    ttl,
-                    attempts: 1,
-                }),
+        while votes.undecided() {
+            round.wake_after(votes.to_decide());
+            let Some((i, reply)) = round.next().await else {
+                break;
             };
+            let outcome = reply.and_then(parse_flag).map(|extended| {
+                not_held += usize::from(!extended);
+                if extended {
+                    Outcome::Granted
+                } else {
+                    Outcome::Failed
+                }
+            });
+            votes.count(nodes[i].label(), outcome);
         }
-        if not_held > 0 && not_held >= round.failures.len() {
+        if votes.reached() {
+            Ok(round)
+        } else if not_held > 0 && not_held >= votes.failures.len() {
             Err(LockError::NotHeld {
-                held_on: round.tally.successes(),
-                needed: round.tally.quorum(),
-                failures: round.failures,
+                held_on: votes.tally.successes(),
+                needed: votes.tally.quorum(),
+                failures: votes.failures,
                 attempts: 1,
             })
         } else {
-            Err(round.no_quorum())
+            Err(votes.no_quorum())
         }
     }
 }

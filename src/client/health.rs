@@ -23,8 +23,8 @@ use futures_util::future::join_all;
 
 use super::Redlock;
 use crate::error::{LockError, NodeError, NodeFailure};
-use crate::fanout;
 use crate::quorum::{NodeMask, later};
+use crate::round::{Kind, Plan, Round};
 use crate::scripts::{Arg, INSPECT_SCRIPT, Invocation, Request, parse_inspect};
 
 /// The state of one node, from [`Redlock::health`].
@@ -211,26 +211,30 @@ impl Redlock {
             record_on: 0,
             failures: Vec::new(),
         };
-        let nodes = &self.inner.nodes;
-        out.failures = fanout::everywhere(
-            nodes,
-            &request,
+        let plan = Plan {
+            skip: NodeMask::default(),
             deadline,
-            NodeMask::default(),
-            None,
-            |_, reply| {
-                let seen = parse_inspect(reply)?;
-                if seen.held {
-                    out.held_on += 1;
-                    out.remaining = out.remaining.max(seen.pttl);
+            kind: Kind::Everywhere { after: None },
+        };
+        let nodes = &self.inner.nodes;
+        let mut round = Round::send(nodes, &request, plan);
+        loop {
+            round.wake_after(round.out());
+            let Some((i, reply)) = round.next().await else {
+                break;
+            };
+            match reply.and_then(parse_inspect) {
+                Ok(seen) => {
+                    if seen.held {
+                        out.held_on += 1;
+                        out.remaining = out.remaining.max(seen.pttl);
+                    }
+                    out.record_on += usize::from(seen.record);
+                    out.fencing = out.fencing.max(seen.counter);
                 }
-                out.record_on += usize::from(seen.record);
-                out.fencing = out.fencing.max(seen.counter);
-                Ok(())
-            },
-            || {},
-        )
-        .await;
+                Err(error) => out.failures.push(NodeFailure::new(nodes[i].label(), error)),
+            }
+        }
         Ok(out)
     }
 }

@@ -43,17 +43,19 @@ mod extend;
 mod health;
 mod node_config;
 mod release;
+mod retry;
 pub(crate) mod spans;
 #[cfg(feature = "tls-rustls")]
 mod tls;
 
 pub(crate) use acquire::Acquired;
-use acquire::{Accepts, Budget, Target};
+use acquire::{Accepts, Target};
 pub use builder::RedlockBuilder;
 pub use health::{Health, Inspection, NodeHealth, NodeStatus};
 pub use node_config::NodeConfig;
 pub use release::Released;
-pub(crate) use release::Wake;
+pub(crate) use release::{Deletion, Wake};
+use retry::Budget;
 
 use crate::keepalive_inbox::{Guards, KeepAlive};
 use builder::{Settings, check_retention, check_ttl, ttl_ms};

@@ -15,15 +15,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redis::Value;
 use tracing::Instrument;
 
 use super::Redlock;
 use super::spans::{Operation, elapsed_us};
-use crate::error::NodeFailure;
-use crate::fanout;
+use crate::error::{NodeError, NodeFailure};
 use crate::landing::Landing;
-use crate::quorum::NodeMask;
-use crate::quorum::later;
+use crate::quorum::{NodeMask, later};
+use crate::round::{Kind, Plan, Round};
 use crate::scripts::{Arg, COMPLETE_SCRIPT, Deleted, Invocation, Request, parse_deleted};
 use crate::token::{Lock, Resource};
 
@@ -68,6 +68,35 @@ pub(crate) enum Wake {
     AtQuorum,
 }
 
+/// What a release deletes: a lock's value at its key, on which nodes, after what, and
+/// whom it wakes.
+#[derive(Debug, Clone)]
+pub(crate) struct Deletion {
+    pub(crate) resource: Arc<Resource>,
+    pub(crate) value: Arc<str>,
+    /// The lock's TTL: no node call waits longer.
+    pub(crate) ttl: Duration,
+    /// The nodes that answered the acquisition with another client's value: skipped.
+    pub(crate) foreign: NodeMask,
+    /// The acquisition's stragglers: a node's delete goes after that node's `SET`.
+    pub(crate) landing: Option<Landing>,
+    pub(crate) wake: Wake,
+}
+
+impl Deletion {
+    /// The release of `lock`, waking this client's waiters as `wake` says.
+    pub(crate) fn of(lock: &Lock, wake: Wake) -> Self {
+        Self {
+            resource: Arc::clone(&lock.resource),
+            value: Arc::clone(&lock.value),
+            ttl: lock.ttl,
+            foreign: lock.foreign,
+            landing: lock.landing.clone(),
+            wake,
+        }
+    }
+}
+
 impl Redlock {
     /// Releases `lock` on every node (see [`Redlock::unlock`]).
     pub(super) async fn release(&self, lock: &Lock) -> Released {
@@ -83,16 +112,7 @@ impl Redlock {
     }
 
     async fn release_lock(&self, lock: &Lock) -> Released {
-        let out = self
-            .release_key(
-                lock.key(),
-                lock.value().as_bytes(),
-                lock.ttl,
-                lock.foreign,
-                lock.landing.as_ref(),
-                Wake::OnSent,
-            )
-            .await;
+        let out = self.release_key(&Deletion::of(lock, Wake::OnSent)).await;
         tracing::debug!(
             released = out.released,
             not_held = out.not_held,
@@ -102,71 +122,83 @@ impl Redlock {
         out
     }
 
-    /// Compare-and-delete of `value` at `key` on every node but those in `foreign` (which
-    /// answered the acquisition with another client's value, so ours never reached them
-    /// and they count as not held), waiting for all answers (each bounded by the per-node
-    /// timeout, or the TTL if shorter). On a node where the acquisition is still
-    /// `landing`, the delete waits for it, so it cannot overtake the `SET`. This client's
-    /// first waiter for the key is woken per `wake`.
-    pub(super) async fn release_key(
-        &self,
-        key: &[u8],
-        value: &[u8],
-        ttl: Duration,
-        foreign: NodeMask,
-        landing: Option<&Landing>,
-        wake: Wake,
-    ) -> Released {
+    /// Compare-and-delete of the deletion's value at its key on every node but the
+    /// foreign ones (which answered the acquisition with another client's value, so ours
+    /// never reached them and they count as not held), waiting for all answers (each
+    /// bounded by the per-node timeout, or the TTL if shorter). On a node where the
+    /// acquisition is still landing, the delete waits for it, so it cannot overtake the
+    /// `SET`. This client's first waiter for the key is woken as the deletion says.
+    pub(super) async fn release_key(&self, deletion: &Deletion) -> Released {
+        let key = &*deletion.resource.key;
         let request = Request::Release {
             key,
-            value,
+            value: deletion.value.as_bytes(),
             id: self.inner.waiters.id(),
         };
-        let deadline = later(Instant::now(), self.inner.node_timeout.min(ttl));
-        let (mut released, mut not_held) = (0, foreign.len());
+        let deadline = later(Instant::now(), self.inner.node_timeout.min(deletion.ttl));
+        let plan = Plan {
+            skip: deletion.foreign,
+            deadline,
+            kind: Kind::Everywhere {
+                after: deletion.landing.as_ref(),
+            },
+        };
         let nodes = &self.inner.nodes;
-        let quorum = self.quorum();
+        let mut round = Round::send(nodes, &request, plan);
+        let mut out = Released {
+            released: 0,
+            not_held: deletion.foreign.len(),
+            failures: Vec::new(),
+        };
         let waiters = &self.inner.waiters;
-        // The waiter woken as the deletes went out.
-        let woken = std::sync::OnceLock::new();
-        let on_reply = |i: usize, reply| {
-            match self.deleted(i, reply)? {
-                true => {
-                    released += 1;
-                    if released == quorum {
-                        // This client's own waiters need not wait for the nodes' messages
-                        // (they ignore this client's).
-                        match (wake, woken.get()) {
-                            (Wake::AtQuorum, _) => drop(waiters.wake(key)),
-                            (Wake::OnSent, Some(Some(id))) => waiters.wake_again(key, *id),
-                            (Wake::OnSent, _) => {}
-                        }
-                    }
+        // Every call has been polled once, so each has handed its delete to its node's
+        // connection unless it waits (for a connection, or for the landing): a `SET` this
+        // client sends to a node afterwards runs after it there.
+        while let Some((i, reply)) = round.ready().await {
+            self.count_deleted(&mut out, i, reply);
+        }
+        let woken = match deletion.wake {
+            Wake::OnSent => waiters.wake(key),
+            Wake::AtQuorum => None,
+        };
+        let quorum = self.quorum();
+        // A release woken as sent does not wake again for a quorum reached by then.
+        let mut told = deletion.wake == Wake::OnSent && out.released >= quorum;
+        loop {
+            if !told && out.released >= quorum {
+                // This client's own waiters need not wait for the nodes' messages (they
+                // ignore this client's).
+                told = true;
+                match (deletion.wake, woken) {
+                    (Wake::AtQuorum, _) => drop(waiters.wake(key)),
+                    (Wake::OnSent, Some(id)) => waiters.wake_again(key, id),
+                    (Wake::OnSent, None) => {}
                 }
-                false => not_held += 1,
             }
-            Ok(())
-        };
-        let on_sent = || {
-            if wake == Wake::OnSent {
-                let _ = woken.set(waiters.wake(key));
-            }
-        };
-        let failures = fanout::everywhere(
-            nodes, &request, deadline, foreign, landing, on_reply, on_sent,
-        )
-        .await;
-        Released {
-            released,
-            not_held,
-            failures,
+            // Every answer is needed: look again once all are in (or at the deadline).
+            round.wake_after(round.out());
+            let Some((i, reply)) = round.next().await else {
+                break;
+            };
+            self.count_deleted(&mut out, i, reply);
+        }
+        out
+    }
+
+    /// Counts node `i`'s answer to a release in `out`.
+    fn count_deleted(&self, out: &mut Released, i: usize, reply: Result<Value, NodeError>) {
+        match reply.and_then(|reply| self.deleted(i, reply)) {
+            Ok(true) => out.released += 1,
+            Ok(false) => out.not_held += 1,
+            Err(error) => out
+                .failures
+                .push(NodeFailure::new(self.inner.nodes[i].label(), error)),
         }
     }
 
     /// Replaces `lock`'s value with `record` for `retention` on every node where the lock
     /// is still ours (the layer's completion record); returns on how many nodes.
     pub(crate) async fn complete(&self, lock: &Lock, record: &[u8], retention: Duration) -> usize {
-        // On the nodes where the acquisition landed late, too.
         let args = [
             Arg::Bytes(lock.value().as_bytes()),
             Arg::Bytes(record),
@@ -177,31 +209,31 @@ impl Redlock {
             keys: &[lock.key()],
             args: &args,
         });
-        let deadline = later(Instant::now(), self.inner.node_timeout);
-        let mut stored = 0;
-        let nodes = &self.inner.nodes;
-        // On the nodes where the acquisition lands late, too.
-        let landing = lock.landing.as_ref();
-        let on_reply = |i: usize, reply| {
-            if self.deleted(i, reply)? {
-                stored += 1;
-            }
-            Ok(())
+        let plan = Plan {
+            skip: lock.foreign,
+            deadline: later(Instant::now(), self.inner.node_timeout),
+            // On the nodes where the acquisition lands late, too.
+            kind: Kind::Everywhere {
+                after: lock.landing.as_ref(),
+            },
         };
-        let failures = fanout::everywhere(
-            nodes,
-            &request,
-            deadline,
-            lock.foreign,
-            landing,
-            on_reply,
-            || {},
-        )
-        .await;
-        for failure in &failures {
-            tracing::debug!(%failure, "redlock completion record not stored on a node");
+        let mut round = Round::send(&self.inner.nodes, &request, plan);
+        let mut stored = 0;
+        loop {
+            round.wake_after(round.out());
+            let Some((i, reply)) = round.next().await else {
+                return stored;
+            };
+            match reply.and_then(|reply| self.deleted(i, reply)) {
+                Ok(true) => stored += 1,
+                Ok(false) => {}
+                Err(error) => tracing::debug!(
+                    node = %self.inner.nodes[i].label(),
+                    %error,
+                    "redlock completion record not stored on a node"
+                ),
+            }
         }
-        stored
     }
 
     /// Whether node `i` did what a [`RELEASE`](crate::scripts) or completion asked (the key
@@ -209,7 +241,7 @@ impl Redlock {
     /// one whose waiters are not told (see [`Node::notifications_refused`]).
     ///
     /// [`Node::notifications_refused`]: crate::node::Node::notifications_refused
-    fn deleted(&self, i: usize, reply: redis::Value) -> Result<bool, crate::error::NodeError> {
+    fn deleted(&self, i: usize, reply: Value) -> Result<bool, NodeError> {
         Ok(match parse_deleted(reply)? {
             Deleted::NotHeld => false,
             Deleted::Told => true,
@@ -222,33 +254,16 @@ impl Redlock {
         })
     }
 
-    /// Spawns a release of `value` on every node, if a tokio runtime is running;
-    /// otherwise the keys expire at the end of their TTL. Never blocks.
-    pub(crate) fn release_in_background(
-        &self,
-        resource: Arc<Resource>,
-        value: Arc<str>,
-        ttl: Duration,
-        foreign: NodeMask,
-        landing: Option<Landing>,
-        wake: Wake,
-    ) {
+    /// Spawns `deletion` (see [`release_key`](Self::release_key)), if a tokio runtime is
+    /// running; otherwise the keys expire at the end of their TTL. Never blocks.
+    pub(crate) fn release_in_background(&self, deletion: Deletion) {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();
                 // The release carries the span of the code that dropped the lock.
-                let span = redlock.span(Operation::Release, &resource.name);
+                let span = redlock.span(Operation::Release, &deletion.resource.name);
                 let release = async move {
-                    redlock
-                        .release_key(
-                            &resource.key,
-                            value.as_bytes(),
-                            ttl,
-                            foreign,
-                            landing.as_ref(),
-                            wake,
-                        )
-                        .await;
+                    redlock.release_key(&deletion).await;
                 };
                 handle.spawn(release.instrument(span));
             }

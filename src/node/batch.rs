@@ -43,11 +43,8 @@ use std::time::Instant;
 use redis::Value;
 use tokio::sync::{Notify, oneshot};
 
-use super::wire::Writes;
-use super::{Node, Sending};
 use crate::error::NodeError;
-use crate::quorum::later;
-use crate::scripts::{self, Call};
+use crate::scripts::Call;
 
 /// The most releases in one script call.
 const MAX_BATCH: usize = 256;
@@ -56,7 +53,7 @@ const MAX_BATCH: usize = 256;
 /// (never lost, never an unbounded queue).
 const MAX_QUEUED: usize = 16 * MAX_BATCH;
 
-/// A node's releases that wait for the one on its way.
+/// A node's releases that wait for the one on its way, and its turn.
 #[derive(Default)]
 pub(super) struct Releases {
     state: Mutex<State>,
@@ -98,19 +95,30 @@ impl State {
 }
 
 /// A release waiting to go out, with where its answer goes.
-struct Queued {
-    call: Arc<Call>,
+pub(super) struct Queued {
+    pub(super) call: Arc<Call>,
     /// When its caller stops waiting: a batch waits for its server until the last one.
-    deadline: Instant,
+    pub(super) deadline: Instant,
     answer: oneshot::Sender<Result<Value, NodeError>>,
 }
 
-/// How a release to a node starts ([`Node::take_turn_or_queue`]).
-pub(crate) enum Release {
+impl Queued {
+    /// Hands the release its answer (its caller may have stopped waiting).
+    pub(super) fn answer(self, answer: Result<Value, NodeError>) {
+        let _ = self.answer.send(answer);
+    }
+}
+
+/// How a release to a node starts ([`Releases::take_turn_or_queue`]).
+pub(super) enum Release {
     /// It takes the node's turn: send it now, alone.
     Turn(Turn),
-    /// It waits for the next batch.
-    Queued(Waiting),
+    /// It waits for the next batch; with `start_sender`, the caller starts the task that
+    /// sends the queue ([`Releases::wait_turn`], then [`Releases::next_batch`]).
+    Queued {
+        waiting: Waiting,
+        start_sender: bool,
+    },
     /// The queue is full (or no task can send it): send it now, alone, without the turn.
     Alone,
 }
@@ -121,13 +129,81 @@ impl Releases {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Up to [`MAX_BATCH`] queued releases, the oldest first.
-    fn take(st: &mut State) -> Vec<Queued> {
-        if st.queue.len() <= MAX_BATCH {
+    /// The node's turn for the release `call` (until `deadline`) if no release is on its
+    /// way to it; otherwise `call` is queued for the next batch, which a task sends once
+    /// the turn is over (or its holder's deadline passed).
+    pub(super) fn take_turn_or_queue(
+        self: &Arc<Self>,
+        call: &Arc<Call>,
+        deadline: Instant,
+    ) -> Release {
+        let mut st = self.state();
+        if !st.sending && !st.turn_taken(Instant::now()) {
+            let id = st.next_turn;
+            st.next_turn = st.next_turn.wrapping_add(1);
+            st.turn = Some(Holder {
+                id,
+                until: deadline,
+            });
+            return Release::Turn(Turn {
+                releases: Arc::clone(self),
+                id,
+            });
+        }
+        if st.queue.len() >= MAX_QUEUED {
+            return Release::Alone;
+        }
+        let start_sender = !st.sending;
+        if start_sender {
+            if tokio::runtime::Handle::try_current().is_err() {
+                return Release::Alone;
+            }
+            st.sending = true;
+        }
+        let (answer, answered) = oneshot::channel();
+        st.queue.push(Queued {
+            call: Arc::clone(call),
+            deadline,
+            answer,
+        });
+        Release::Queued {
+            waiting: Waiting(answered),
+            start_sender,
+        }
+    }
+
+    /// Waits until the turn is over (or its holder's deadline passed): the queue may go.
+    pub(super) async fn wait_turn(&self) {
+        loop {
+            let until = {
+                let mut st = self.state();
+                if !st.turn_taken(Instant::now()) {
+                    return;
+                }
+                st.turn.as_ref().map(|h| h.until)
+            };
+            let Some(until) = until else { return };
+            let until = tokio::time::Instant::from_std(until);
+            tokio::select! {
+                () = self.handed_on.notified() => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    /// The next batch to send: up to [`MAX_BATCH`] queued releases, the oldest first;
+    /// `None` once the queue is empty (the sending task is then over).
+    pub(super) fn next_batch(&self) -> Option<Vec<Queued>> {
+        let mut st = self.state();
+        if st.queue.is_empty() {
+            st.sending = false;
+            return None;
+        }
+        Some(if st.queue.len() <= MAX_BATCH {
             std::mem::take(&mut st.queue)
         } else {
             st.queue.drain(..MAX_BATCH).collect()
-        }
+        })
     }
 
     /// Turn `id` is over (its answer came, or it was given up): the queue may go.
@@ -158,7 +234,7 @@ impl Releases {
 }
 
 /// A release queued for its node's next batch: its answer, once the batch is answered.
-pub(crate) struct Waiting(oneshot::Receiver<Result<Value, NodeError>>);
+pub(super) struct Waiting(oneshot::Receiver<Result<Value, NodeError>>);
 
 impl Future for Waiting {
     type Output = Result<Value, NodeError>;
@@ -178,184 +254,36 @@ impl Future for Waiting {
 /// The node's turn, held by the release on its way to it. It is over when dropped: by the
 /// connection as the answer arrives (our own connection), or with the call (redis-rs's
 /// connections), and at the latest at the release's deadline.
-pub(crate) struct Turn {
-    node: Arc<Node>,
+pub(super) struct Turn {
+    releases: Arc<Releases>,
     id: u64,
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        self.node.releases.hand_on(self.id);
+        self.releases.hand_on(self.id);
     }
 }
 
-impl Node {
-    /// Sends the release `call`: at once if no release is on its way to this node,
-    /// otherwise with the next batch.
-    pub(super) async fn release(
-        self: &Arc<Self>,
-        call: &Arc<Call>,
-        sending: Sending,
-    ) -> Result<Value, NodeError> {
-        match self.take_turn_or_queue(call, sending.deadline) {
-            Release::Turn(turn) => self.call_now(call, sending, Some(turn), || {}).await,
-            Release::Alone => self.call_now(call, sending, None, || {}).await,
-            Release::Queued(waiting) => waiting.await,
-        }
+/// Held by the task that sends a node's queue: gives the queue up if the task is dropped
+/// before it ends (its runtime shut down), so no release waits for it forever.
+pub(super) struct Sender(Option<Arc<Releases>>);
+
+impl Sender {
+    pub(super) fn new(releases: &Arc<Releases>) -> Self {
+        Self(Some(Arc::clone(releases)))
     }
 
-    /// The node's turn for the release `call` (until `deadline`) if no release is on its
-    /// way to it; otherwise `call` is queued for the next batch, which a task sends once the
-    /// turn is over (or its holder's deadline passed).
-    pub(super) fn take_turn_or_queue(
-        self: &Arc<Self>,
-        call: &Arc<Call>,
-        deadline: Instant,
-    ) -> Release {
-        let mut st = self.releases.state();
-        if !st.sending && !st.turn_taken(Instant::now()) {
-            let id = st.next_turn;
-            st.next_turn = st.next_turn.wrapping_add(1);
-            st.turn = Some(Holder {
-                id,
-                until: deadline,
-            });
-            return Release::Turn(Turn {
-                node: Arc::clone(self),
-                id,
-            });
-        }
-        if st.queue.len() >= MAX_QUEUED {
-            return Release::Alone;
-        }
-        if !st.sending {
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                return Release::Alone;
-            };
-            st.sending = true;
-            let node = Arc::clone(self);
-            runtime.spawn(async move {
-                // Dropped before it ends (the runtime shut down), the task gives up the queue.
-                let mut abandoned = Abandoned(Some(Arc::clone(&node)));
-                node.send_queue().await;
-                abandoned.0 = None;
-            });
-        }
-        let (answer, answered) = oneshot::channel();
-        st.queue.push(Queued {
-            call: Arc::clone(call),
-            deadline,
-            answer,
-        });
-        Release::Queued(Waiting(answered))
-    }
-
-    /// The task that sends a node's queued releases: waits until the turn is over (or
-    /// its holder's deadline passed), then sends batches until the queue is empty. It holds
-    /// the node meanwhile: releases that come while it sends queue behind it.
-    async fn send_queue(self: &Arc<Self>) {
-        loop {
-            let until = {
-                let mut st = self.releases.state();
-                if !st.turn_taken(Instant::now()) {
-                    break;
-                }
-                st.turn.as_ref().map(|h| h.until)
-            };
-            let Some(until) = until else { break };
-            let until = tokio::time::Instant::from_std(until);
-            tokio::select! {
-                () = self.releases.handed_on.notified() => {}
-                () = tokio::time::sleep_until(until) => {}
-            }
-        }
-        loop {
-            let batch = {
-                let mut st = self.releases.state();
-                if st.queue.is_empty() {
-                    st.sending = false;
-                    return;
-                }
-                Releases::take(&mut st)
-            };
-            self.send_batch(batch).await;
-        }
-    }
-
-    /// Sends `batch` (one script call for all; a lone release as itself) and hands each
-    /// release its answer. The call waits for the server until the last caller's deadline,
-    /// and at least the connect timeout: a release must reach the node even when its
-    /// caller stopped waiting (during a reconnect, say). A batch that still fails is
-    /// logged, with how many keys stay until their TTL.
-    async fn send_batch(self: &Arc<Self>, batch: Vec<Queued>) {
-        let Some(deadline) = batch.iter().map(|q| q.deadline).max() else {
-            return;
-        };
-        let limit = deadline.max(later(Instant::now(), self.connect_timeout()));
-        let limit = tokio::time::Instant::from_std(limit);
-        let answers = if let [lone] = batch.as_slice() {
-            // This task is the caller: it writes on an idle connection itself.
-            let sending = Sending {
-                acquiring: false,
-                writes: Writes::Caller,
-                deadline: lone.deadline,
-            };
-            let answer = self.call_now(&lone.call, sending, None, || {});
-            match tokio::time::timeout_at(limit, answer)
-                .await
-                .unwrap_or(Err(NodeError::Timeout))
-            {
-                // Not sent, or no answer: as for a batch.
-                Err(error) if error == NodeError::Timeout || error.breaks_connection() => {
-                    Err(error)
-                }
-                // The node's answer for that key, an error among them (it was sent).
-                answer => Ok(vec![answer]),
-            }
-        } else {
-            let calls: Vec<&Call> = batch.iter().map(|q| &*q.call).collect();
-            tokio::time::timeout_at(limit, async {
-                let (mut conn, generation) = self.connection(false).await?;
-                let answers = scripts::release_many(&calls, &mut conn).await;
-                self.answered(generation, answers)
-            })
-            .await
-            .unwrap_or(Err(NodeError::Timeout))
-            .map(|answers| {
-                answers
-                    .into_iter()
-                    .map(|a| a.map_err(NodeError::from))
-                    .collect()
-            })
-        };
-        match answers {
-            Ok(answers) => {
-                for (q, answer) in batch.into_iter().zip(answers) {
-                    let _ = q.answer.send(answer);
-                }
-            }
-            Err(error) => {
-                tracing::warn!(
-                    node = %self.label(),
-                    releases = batch.len(),
-                    %error,
-                    "redlock releases could not be sent to a node: their keys stay until their TTL"
-                );
-                for q in batch {
-                    let _ = q.answer.send(Err(error.clone()));
-                }
-            }
-        }
+    /// The task ended: the queue was sent.
+    pub(super) fn finished(mut self) {
+        self.0 = None;
     }
 }
 
-/// Gives up the node's queue if the task sending it is dropped before it ends.
-struct Abandoned(Option<Arc<Node>>);
-
-impl Drop for Abandoned {
+impl Drop for Sender {
     fn drop(&mut self) {
-        if let Some(node) = self.0.take() {
-            node.releases.abandon();
+        if let Some(releases) = self.0.take() {
+            releases.abandon();
         }
     }
 }

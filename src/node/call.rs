@@ -1,0 +1,371 @@
+//! One command in flight on one node: a [`NodeCall`], whatever carries it. A round starts
+//! one per node and polls them together; each owns what it needs, so it can outlive its
+//! round (a straggler landing in the background).
+//!
+//! ```text
+//! NodeCall::start:  our connection ready ----> Sent (its reply to come) --follow-up--> Running
+//!                   a release, another on its way to the node -> Queued (the batch's answer)
+//!                   anything else -----------> Running (connect, redis-rs, a landing first)
+//! ```
+//!
+//! The hot path (`Sent`) allocates nothing: the command is written at once, or handed to
+//! the connection's task, and the call waits for its reply. A reply that asks for a
+//! follow-up (a script the node no longer has, or the holder's TTL of a taken key) turns
+//! the call into `Running`. Releases to a node that come while one is on its way queue
+//! for its next batch (see the `batch` module, which keeps the queue and the turn; the
+//! task that sends a batch is here).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let lock = redlock.lock("job:1").await?; // one NodeCall per node, polled by one round
+//! redlock.unlock(&lock).await;
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Instant;
+
+use futures_util::future::BoxFuture;
+use redis::Value;
+
+use super::batch::{self, Queued, Release};
+use super::wire::{self, Writes};
+use super::{Conn, Node, Slot};
+use crate::error::NodeError;
+use crate::landing::{Landing, LandingState};
+use crate::quorum::later;
+use crate::scripts::{self, Call};
+
+/// How a round sends its command to a node.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sending {
+    /// Acquire and extend: a quarantined node fails at once (releases go to it too).
+    pub(crate) acquiring: bool,
+    /// Who writes the command on an idle connection of ours.
+    pub(crate) writes: Writes,
+    /// When the round stops waiting: a release holds its node's turn at most that long.
+    pub(crate) deadline: Instant,
+}
+
+/// A call's place among the calls of other rounds to the same node.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Order<'a> {
+    /// The call first waits for the node's call in this earlier round to land (a release
+    /// after a late `SET`).
+    pub(crate) after: Option<&'a Landing>,
+    /// Marked once the call's command is on its node's connection (the landing of this
+    /// round's stragglers).
+    pub(crate) marks: Option<&'a Arc<LandingState>>,
+}
+
+/// One command in flight on one node, from [`NodeCall::start`] to its answer.
+pub(crate) struct NodeCall {
+    node: Arc<Node>,
+    call: Arc<Call>,
+    flight: Flight,
+}
+
+/// Where a call is.
+enum Flight {
+    /// On our own connection of `generation`: its reply is to come.
+    Sent {
+        generation: u64,
+        wire: wire::Wire,
+        reply: wire::Reply,
+    },
+    /// A release queued for its node's next batch.
+    Queued(batch::Waiting),
+    /// Anything else: waiting for a connection, an earlier call's landing or a batch of
+    /// releases, a redis-rs connection, or a follow-up command (rare, so boxed).
+    Running(BoxFuture<'static, Result<Value, NodeError>>),
+}
+
+impl NodeCall {
+    /// Starts `call` on `node`: at once when the node's own connection is ready (and, when
+    /// acquiring, the node is not quarantined), otherwise as a future of its own. It has
+    /// no time limit of its own: its round bounds every call with one deadline, and tells
+    /// the node of a call it gave up on ([`Node::timed_out`]).
+    pub(crate) fn start(
+        node: &Arc<Node>,
+        call: &Arc<Call>,
+        sending: Sending,
+        order: Order<'_>,
+    ) -> Self {
+        let i = node.index;
+        let waits = order.after.filter(|after| !after.has_landed(i));
+        if waits.is_none()
+            && let Some(flight) = node.start_now(call, sending)
+        {
+            if let (Flight::Sent { .. }, Some(marks)) = (&flight, order.marks) {
+                marks.sent(i);
+            }
+            return Self::new(node, call, flight);
+        }
+        let (task_node, task_call) = (Arc::clone(node), Arc::clone(call));
+        let (after, marks) = (waits.cloned(), order.marks.cloned());
+        let running = Box::pin(async move {
+            if let Some(after) = after {
+                after.wait(i, sending.deadline).await;
+            }
+            let on_sent = || {
+                if let Some(marks) = &marks {
+                    marks.sent(i);
+                }
+            };
+            task_node.run(&task_call, sending, on_sent).await
+        });
+        Self::new(node, call, Flight::Running(running))
+    }
+
+    fn new(node: &Arc<Node>, call: &Arc<Call>, flight: Flight) -> Self {
+        Self {
+            node: Arc::clone(node),
+            call: Arc::clone(call),
+            flight,
+        }
+    }
+
+    /// The node's position in its client's list.
+    pub(crate) fn index(&self) -> usize {
+        self.node.index
+    }
+
+    /// The node.
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Whether the call may hold its node's release turn until it is polled: a release
+    /// still running (waiting for a connection, or on a redis-rs connection). A call on
+    /// our own connection has its turn handed on by the connection as the answer is read.
+    pub(crate) fn holds_turn(&self) -> bool {
+        matches!(self.flight, Flight::Running(_)) && self.call.is_release()
+    }
+}
+
+impl Future for NodeCall {
+    type Output = Result<Value, NodeError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match &mut this.flight {
+            Flight::Sent {
+                generation,
+                wire,
+                reply,
+            } => {
+                let first = ready!(Pin::new(reply).poll(cx));
+                if !this.call.needs_more(&first) {
+                    return Poll::Ready(this.node.answered(*generation, first));
+                }
+                let (node, generation) = (Arc::clone(&this.node), *generation);
+                let (call, mut conn) = (Arc::clone(&this.call), Conn::Own(wire.clone()));
+                this.flight = Flight::Running(Box::pin(async move {
+                    let answer = call.finish(first, &mut conn).await;
+                    node.answered(generation, answer)
+                }));
+                Pin::new(this).poll(cx)
+            }
+            Flight::Queued(waiting) => Pin::new(waiting).poll(cx),
+            Flight::Running(running) => running.as_mut().poll(cx),
+        }
+    }
+}
+
+impl Node {
+    /// `call` started without waiting, if the node's own connection is ready (and, when
+    /// acquiring, the node is not quarantined): the command is then on the connection,
+    /// or, for a release while another is on its way to the node, queued for the next
+    /// batch. `None` otherwise: [`run`](Self::run) it.
+    fn start_now(self: &Arc<Self>, call: &Arc<Call>, sending: Sending) -> Option<Flight> {
+        let (wire, generation) = {
+            let mut st = self.state();
+            let wire = match &st.slot {
+                Slot::Ready(Conn::Own(wire)) => wire.clone(),
+                _ => return None,
+            };
+            if sending.acquiring && self.quarantine_left(&mut st).is_some() {
+                return None;
+            }
+            (wire, st.generation)
+        };
+        let turn = if call.is_release() && self.batches_releases() {
+            match self.releases.take_turn_or_queue(call, sending.deadline) {
+                Release::Turn(turn) => Some(turn),
+                Release::Queued {
+                    waiting,
+                    start_sender,
+                } => {
+                    if start_sender {
+                        self.send_batches();
+                    }
+                    return Some(Flight::Queued(waiting));
+                }
+                Release::Alone => None,
+            }
+        } else {
+            None
+        };
+        Some(Self::send_on(&wire, generation, call, turn, sending.writes))
+    }
+
+    /// Runs `call`, waiting for the connection first if need be. With `acquiring`, a
+    /// quarantined node fails at once. A release sent while another is on its way to
+    /// this node goes out with the next batch. `on_sent` runs once the command is on our
+    /// own connection to the node, where any later command goes after it (it never runs
+    /// on redis-rs's connections).
+    async fn run(
+        self: &Arc<Self>,
+        call: &Arc<Call>,
+        sending: Sending,
+        on_sent: impl FnOnce(),
+    ) -> Result<Value, NodeError> {
+        if !(call.is_release() && self.batches_releases()) {
+            return self.call_now(call, sending, None, on_sent).await;
+        }
+        match self.releases.take_turn_or_queue(call, sending.deadline) {
+            Release::Turn(turn) => self.call_now(call, sending, Some(turn), || {}).await,
+            Release::Alone => self.call_now(call, sending, None, || {}).await,
+            Release::Queued {
+                waiting,
+                start_sender,
+            } => {
+                if start_sender {
+                    self.send_batches();
+                }
+                waiting.await
+            }
+        }
+    }
+
+    /// Sends `call` on our own connection `wire` (of `generation`); `turn` if it is a
+    /// release holding the node's turn, which the connection drops (hands on) as it reads
+    /// the answer.
+    fn send_on(
+        wire: &wire::Wire,
+        generation: u64,
+        call: &Call,
+        turn: Option<batch::Turn>,
+        writes: Writes,
+    ) -> Flight {
+        let reply = match turn {
+            Some(turn) => wire.request_then(call.packed(), writes, Box::new(turn)),
+            None => wire.request(call.packed(), writes),
+        };
+        Flight::Sent {
+            generation,
+            reply,
+            wire: wire.clone(),
+        }
+    }
+
+    /// Runs `call` on the current connection at once; `turn` if it is a release holding
+    /// the node's turn; `on_sent` as for [`run`](Self::run).
+    async fn call_now(
+        self: &Arc<Self>,
+        call: &Arc<Call>,
+        sending: Sending,
+        turn: Option<batch::Turn>,
+        on_sent: impl FnOnce(),
+    ) -> Result<Value, NodeError> {
+        let (mut conn, generation) = self.connection(sending.acquiring).await?;
+        if let Conn::Own(wire) = &conn {
+            // The hot path: the command encoded once for the round.
+            let flight = Self::send_on(wire, generation, call, turn, sending.writes);
+            on_sent();
+            return NodeCall::new(self, call, flight).await;
+        }
+        let answer = Box::pin(call.run(&mut conn)).await;
+        drop(turn);
+        self.answered(generation, answer)
+    }
+
+    /// Starts the task that sends this node's queued releases: it waits until the turn is
+    /// over (or its holder's deadline passed), then sends batches until the queue is
+    /// empty, holding the node meanwhile (releases that come while it sends queue behind
+    /// it). Called within a runtime (see [`Release::Queued`]).
+    fn send_batches(self: &Arc<Self>) {
+        let node = Arc::clone(self);
+        tokio::spawn(async move {
+            let sender = batch::Sender::new(&node.releases);
+            node.releases.wait_turn().await;
+            while let Some(queued) = node.releases.next_batch() {
+                node.send_batch(queued).await;
+            }
+            sender.finished();
+        });
+    }
+
+    /// Sends `queued` (one script call for all; a lone release as itself) and hands each
+    /// release its answer. The call waits for the server until the last caller's
+    /// deadline, and at least the connect timeout: a release must reach the node even
+    /// when its caller stopped waiting (during a reconnect, say). A batch that still fails
+    /// is logged, with how many keys stay until their TTL.
+    async fn send_batch(self: &Arc<Self>, queued: Vec<Queued>) {
+        let Some(deadline) = queued.iter().map(|q| q.deadline).max() else {
+            return;
+        };
+        let limit = deadline.max(later(Instant::now(), self.connect_timeout()));
+        let limit = tokio::time::Instant::from_std(limit);
+        let answers = match queued.as_slice() {
+            [lone] => tokio::time::timeout_at(limit, self.send_lone(lone)).await,
+            many => tokio::time::timeout_at(limit, self.send_many(many)).await,
+        };
+        match answers.unwrap_or(Err(NodeError::Timeout)) {
+            Ok(answers) => {
+                for (q, answer) in queued.into_iter().zip(answers) {
+                    q.answer(answer);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(
+                    node = %self.label(),
+                    releases = queued.len(),
+                    %error,
+                    "redlock releases could not be sent to a node: their keys stay until their TTL"
+                );
+                for q in queued {
+                    q.answer(Err(error.clone()));
+                }
+            }
+        }
+    }
+
+    /// A batch of one: the release as itself. Its node's answer for the key (an error
+    /// among them) goes to its caller; a timeout or a broken connection counts as not
+    /// sent, as for a batch.
+    async fn send_lone(
+        self: &Arc<Self>,
+        lone: &Queued,
+    ) -> Result<Vec<Result<Value, NodeError>>, NodeError> {
+        // This task is the caller: it writes on an idle connection itself.
+        let sending = Sending {
+            acquiring: false,
+            writes: Writes::Caller,
+            deadline: lone.deadline,
+        };
+        match self.call_now(&lone.call, sending, None, || {}).await {
+            Err(error) if error == NodeError::Timeout || error.breaks_connection() => Err(error),
+            answer => Ok(vec![answer]),
+        }
+    }
+
+    /// A batch of several: one script call for all.
+    async fn send_many(
+        self: &Arc<Self>,
+        many: &[Queued],
+    ) -> Result<Vec<Result<Value, NodeError>>, NodeError> {
+        let calls: Vec<&Call> = many.iter().map(|q| &*q.call).collect();
+        let (mut conn, generation) = self.connection(false).await?;
+        let answers = scripts::release_many(&calls, &mut conn).await;
+        let answers = self.answered(generation, answers)?;
+        Ok(answers
+            .into_iter()
+            .map(|a| a.map_err(NodeError::from))
+            .collect())
+    }
+}

@@ -1,0 +1,85 @@
+//! A node's health check: `PING` and `INFO replication` in one timed round trip.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let health = redlock.health().await;
+//! println!("{} of {} nodes usable", health.usable(), health.nodes().len());
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use tokio::time::timeout_at;
+
+use super::Node;
+use crate::error::NodeError;
+
+/// The outcome of a health check of one node ([`Node::check`]).
+pub(crate) struct Check {
+    pub(crate) result: Result<(), NodeError>,
+    pub(crate) round_trip: Option<Duration>,
+    pub(crate) version: Option<String>,
+    pub(crate) role: Option<String>,
+}
+
+impl Node {
+    /// A health check within `deadline`: `PING` and `INFO replication` (for the role) in
+    /// one round trip, timed.
+    pub(crate) async fn check(self: &Arc<Self>, deadline: Instant) -> Check {
+        let failed = |error| Check {
+            result: Err(error),
+            round_trip: None,
+            version: self.state().version.clone(),
+            role: None,
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let (mut conn, generation) = match timeout_at(deadline, self.connection(false)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return failed(e),
+            Err(_) => return failed(NodeError::Timeout),
+        };
+        let start = Instant::now();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors()
+            .cmd("PING")
+            .cmd("INFO")
+            .arg("replication");
+        let replies = timeout_at(
+            deadline,
+            pipe.query_async::<Vec<redis::RedisResult<Value>>>(&mut conn),
+        )
+        .await;
+        let round_trip = start.elapsed();
+        let mut replies = match replies {
+            Ok(Ok(replies)) => replies.into_iter(),
+            Ok(Err(e)) => {
+                let e = NodeError::from(e);
+                if e.breaks_connection() {
+                    self.invalidate(generation, &e);
+                }
+                return failed(e);
+            }
+            Err(_) => return failed(NodeError::Timeout),
+        };
+        if let Some(Err(e)) = replies.next() {
+            return failed(NodeError::from(e));
+        }
+        let role = replies
+            .next()
+            .and_then(Result::ok)
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .and_then(|info| {
+                info.lines()
+                    .find_map(|l| l.trim_end().strip_prefix("role:").map(str::to_owned))
+            });
+        Check {
+            result: Ok(()),
+            round_trip: Some(round_trip),
+            version: self.state().version.clone(),
+            role,
+        }
+    }
+}
