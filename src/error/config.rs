@@ -17,82 +17,91 @@ use crate::defaults::{MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RA
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// The node list is empty.
+    /// The node list is empty: pass one URL (a single instance) or an odd number of
+    /// independent masters such as 3 or 5.
     NoNodes,
-    /// The node list has an even number of nodes.
+    /// The node list has an even number of nodes: use one fewer or one more (an even count
+    /// tolerates no more failed nodes than one node fewer).
     EvenNodeCount {
         /// How many nodes were given.
         nodes: usize,
     },
-    /// The same node appears twice, which would let one server count twice towards the quorum.
+    /// The same node appears twice, which would let one server count twice towards the
+    /// quorum: every node must be a distinct, independent Redis master.
     DuplicateNode {
         /// The node, without credentials.
         node: String,
     },
-    /// A node URL could not be parsed or is not supported.
+    /// A node URL could not be parsed or is not supported: expected
+    /// `redis://[user:password@]host:port[/db]`, or `rediss://...` with the `tls-rustls`
+    /// feature.
     InvalidUrl {
         /// The URL, without credentials.
         url: String,
         /// What the parser said.
         reason: String,
     },
-    /// The TLS settings could not be used for a node (unreadable certificates or key).
+    /// The TLS settings could not be used for a node (unreadable certificates or key):
+    /// give PEM certificates, and a PEM private key for the client certificate.
     Tls {
         /// The node (`host:port`).
         node: String,
         /// What went wrong.
         reason: String,
     },
-    /// TLS certificates were given, but no node uses TLS (`rediss://`).
+    /// TLS certificates were given, but no node uses TLS: use `rediss://` URLs.
     TlsWithoutTlsNodes,
-    /// A Sentinel-managed node was given without any sentinel.
+    /// A Sentinel-managed node was given without any sentinel: give their URLs.
     NoSentinels {
         /// The master's name.
         master: String,
     },
     /// A node skips certificate verification (`rediss://...#insecure`) without the
-    /// `tls-insecure` feature.
+    /// `tls-insecure` feature: trust its CA with `tls_root_certificates` instead.
     InsecureTls {
         /// The node (`host:port`).
         node: String,
     },
-    /// The TTL is zero (below one millisecond).
+    /// The TTL is zero (below one millisecond): give a TTL of at least a few seconds.
     ZeroTtl,
-    /// The TTL is above [`MAX_TTL`](crate::defaults::MAX_TTL).
+    /// The TTL is above [`MAX_TTL`](crate::defaults::MAX_TTL): use a shorter TTL and
+    /// extend the lock (a guard does it for you).
     TtlTooLong {
         /// The TTL asked for.
         ttl: Duration,
     },
-    /// The per-node timeout is zero.
+    /// The per-node timeout is zero: give a few tens of milliseconds (the default is 50 ms).
     ZeroNodeTimeout,
     /// The per-node timeout is not far below the TTL: it must be at most
-    /// TTL / [`MIN_TTL_TO_TIMEOUT_RATIO`](crate::defaults::MIN_TTL_TO_TIMEOUT_RATIO).
+    /// TTL / [`MIN_TTL_TO_TIMEOUT_RATIO`](crate::defaults::MIN_TTL_TO_TIMEOUT_RATIO), so
+    /// that a slow node cannot eat the lock's validity: lower the timeout or raise the TTL.
     NodeTimeoutTooLong {
         /// The per-node timeout.
         node_timeout: Duration,
         /// The TTL it was checked against.
         ttl: Duration,
     },
-    /// The clock drift factor is outside `[0, 0.5)`.
+    /// The clock drift factor is outside `[0, 0.5)`: the usual value is 0.01.
     DriftFactorOutOfRange {
         /// The factor asked for.
         drift_factor: f64,
     },
     /// The minimum validity is not below the TTL minus the drift allowance, so no lock could
-    /// ever be granted.
+    /// ever be granted: lower it or raise the TTL.
     MinValidityTooLong {
         /// The minimum validity asked for.
         min_validity: Duration,
         /// The TTL it was checked against.
         ttl: Duration,
     },
-    /// `max_attempts` is zero.
+    /// `max_attempts` is zero: give at least 1 (1 means no retry).
     ZeroAttempts,
-    /// The connect timeout is zero.
+    /// The connect timeout is zero: give at least the time a TCP (and TLS) handshake takes.
     ZeroConnectTimeout,
     /// The fencing retention is shorter than
     /// [`MIN_RETENTION_TO_TTL_RATIO`](crate::defaults::MIN_RETENTION_TO_TTL_RATIO) times the
-    /// TTL: a counter could expire while numbers near it are still in use.
+    /// TTL: a counter could expire while numbers near it are still in use. Raise the
+    /// retention (the default is 24 h) or lower the TTL.
     FencingRetentionTooShort {
         /// The retention asked for.
         retention: Duration,
@@ -100,12 +109,14 @@ pub enum ConfigError {
         ttl: Duration,
     },
     /// The key prefix has a `{` that does not open a non-empty `{...}` within the prefix,
-    /// so a lock key and its fencing counter could land in different hash slots.
+    /// so a lock key and its fencing counter could land in different hash slots: remove
+    /// it, or close it (such as `"{app}:lock:"`).
     KeyPrefixBrace {
         /// The prefix, as text (lossy).
         prefix: String,
     },
-    /// The extension fraction of a guard is outside `(0, 1)`.
+    /// The extension fraction of a guard is outside `(0, 1)`: guards extend their lock
+    /// every TTL × fraction; the usual value is 1/3.
     ExtendFractionOutOfRange {
         /// The fraction asked for.
         fraction: f64,
@@ -115,87 +126,58 @@ pub enum ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::NoNodes => f.write_str(
-                "no Redis nodes given: pass one URL (single instance) or an odd number of \
-                 independent masters such as 3 or 5",
-            ),
-            Self::EvenNodeCount { nodes } => write!(
-                f,
-                "{nodes} nodes given: use an odd number ({} or {}); an even count tolerates no \
-                 more failed nodes than one node fewer",
-                nodes - 1,
-                nodes + 1
-            ),
-            Self::DuplicateNode { node } => write!(
-                f,
-                "node {node} is listed twice: every node must be a distinct, independent Redis master"
-            ),
-            Self::InvalidUrl { url, reason } => write!(
-                f,
-                "invalid Redis URL {url:?}: {reason}; expected redis://[user:password@]host:port[/db] \
-                 or rediss://... (with the `tls-rustls` feature)"
-            ),
-            Self::Tls { node, reason } => write!(
-                f,
-                "the TLS settings cannot be used for node {node}: {reason}; give PEM \
-                 certificates (and a PEM private key for the client certificate)"
-            ),
-            Self::NoSentinels { master } => write!(
-                f,
-                "the Sentinel-managed node {master:?} has no sentinel: give their URLs"
-            ),
-            Self::TlsWithoutTlsNodes => f.write_str(
-                "TLS certificates were given but no node uses TLS: use rediss:// URLs",
-            ),
+            Self::NoNodes => f.write_str("no Redis nodes given"),
+            Self::EvenNodeCount { nodes } => write!(f, "an even number of nodes given ({nodes})"),
+            Self::DuplicateNode { node } => write!(f, "node {node} is listed twice"),
+            Self::InvalidUrl { url, reason } => write!(f, "invalid Redis URL {url:?}: {reason}"),
+            Self::Tls { node, reason } => {
+                write!(
+                    f,
+                    "the TLS settings cannot be used for node {node}: {reason}"
+                )
+            }
+            Self::NoSentinels { master } => {
+                write!(f, "the Sentinel-managed node {master:?} has no sentinel")
+            }
+            Self::TlsWithoutTlsNodes => {
+                f.write_str("TLS certificates were given but no node uses TLS (rediss://)")
+            }
             Self::InsecureTls { node } => write!(
                 f,
-                "node {node} skips TLS certificate verification (#insecure), which needs the \
-                 `tls-insecure` feature: trust its CA with tls_root_certificates instead"
+                "node {node} skips TLS certificate verification without the `tls-insecure` feature"
             ),
-            Self::ZeroTtl => f.write_str("the TTL is zero: give a TTL of at least a few seconds"),
-            Self::TtlTooLong { ttl } => write!(
-                f,
-                "the TTL {ttl:?} is longer than the maximum {MAX_TTL:?}: use a shorter TTL and extend the lock"
-            ),
-            Self::ZeroNodeTimeout => f.write_str(
-                "the per-node timeout is zero: give a few tens of milliseconds (the default is 50 ms)",
-            ),
+            Self::ZeroTtl => f.write_str("the TTL is zero"),
+            Self::TtlTooLong { ttl } => {
+                write!(f, "the TTL {ttl:?} is longer than the maximum {MAX_TTL:?}")
+            }
+            Self::ZeroNodeTimeout => f.write_str("the per-node timeout is zero"),
             Self::NodeTimeoutTooLong { node_timeout, ttl } => write!(
                 f,
-                "the per-node timeout {node_timeout:?} is not far below the TTL {ttl:?}: it must be at \
-                 most TTL / {MIN_TTL_TO_TIMEOUT_RATIO} so that a slow node cannot eat the lock's \
-                 validity; lower the timeout or raise the TTL"
+                "the per-node timeout {node_timeout:?} is above the TTL {ttl:?} / \
+                 {MIN_TTL_TO_TIMEOUT_RATIO}"
             ),
-            Self::DriftFactorOutOfRange { drift_factor } => write!(
-                f,
-                "the drift factor {drift_factor} is outside [0, 0.5): the usual value is 0.01"
-            ),
+            Self::DriftFactorOutOfRange { drift_factor } => {
+                write!(f, "the drift factor {drift_factor} is outside [0, 0.5)")
+            }
             Self::MinValidityTooLong { min_validity, ttl } => write!(
                 f,
-                "the minimum validity {min_validity:?} leaves no room in the TTL {ttl:?} once the \
-                 drift allowance is taken off: lower it or raise the TTL"
+                "the minimum validity {min_validity:?} leaves no room in the TTL {ttl:?} once \
+                 the drift allowance is taken off"
             ),
-            Self::ZeroAttempts => {
-                f.write_str("max_attempts is zero: give at least 1 (1 means no retry)")
-            }
-            Self::ZeroConnectTimeout => f.write_str(
-                "the connect timeout is zero: give at least the time a TCP (and TLS) handshake takes",
-            ),
+            Self::ZeroAttempts => f.write_str("max_attempts is zero"),
+            Self::ZeroConnectTimeout => f.write_str("the connect timeout is zero"),
             Self::FencingRetentionTooShort { retention, ttl } => write!(
                 f,
-                "the fencing retention {retention:?} is shorter than {MIN_RETENTION_TO_TTL_RATIO} \
-                 times the TTL {ttl:?}: raise the retention (the default is 24 h) or lower the TTL"
+                "the fencing retention {retention:?} is shorter than \
+                 {MIN_RETENTION_TO_TTL_RATIO} times the TTL {ttl:?}"
             ),
             Self::KeyPrefixBrace { prefix } => write!(
                 f,
-                "the key prefix {prefix:?} has a '{{' without a non-empty '{{...}}' after it in \
-                 the prefix: remove it, or close it (such as \"{{app}}:lock:\")"
+                "the key prefix {prefix:?} has a '{{' without a non-empty '{{...}}' after it"
             ),
-            Self::ExtendFractionOutOfRange { fraction } => write!(
-                f,
-                "the extension fraction {fraction} is outside (0, 1): guards extend their lock \
-                 every TTL * fraction; the usual value is 1/3"
-            ),
+            Self::ExtendFractionOutOfRange { fraction } => {
+                write!(f, "the extension fraction {fraction} is outside (0, 1)")
+            }
         }
     }
 }

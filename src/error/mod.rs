@@ -1,4 +1,5 @@
-//! Errors: what went wrong, on which node, and what to do about it.
+//! Errors: what went wrong, on which node, and what to do about it. Each message is one
+//! sentence that says what happened; each variant's docs say what to do.
 //!
 //! There are three layers of errors:
 //!
@@ -16,7 +17,7 @@
 //!
 //! let err = Redlock::builder(Vec::<String>::new()).build().unwrap_err();
 //! assert!(matches!(err, ConfigError::NoNodes));
-//! println!("{err}"); // says what happened and what to do
+//! println!("{err}"); // "no Redis nodes given"; the variant's docs say what to do
 //! ```
 
 use std::fmt;
@@ -33,6 +34,10 @@ pub use node::{ErrorDetail, NodeError, NodeFailure};
 #[non_exhaustive]
 pub enum LockError {
     /// Another client holds the lock on enough nodes that no quorum is possible.
+    ///
+    /// Retry after `retry_after` (the layer's 409 and gRPC `ABORTED` say so), or wait
+    /// longer with [`max_attempts`](crate::RedlockBuilder::max_attempts) or
+    /// [`lock_until`](crate::Redlock::lock_until).
     Busy {
         /// On how many nodes another client's value was found (in the last attempt).
         held_elsewhere: usize,
@@ -46,6 +51,13 @@ pub enum LockError {
     },
     /// Too many nodes failed (timeouts, refused connections, Redis errors) to reach the
     /// quorum. Each failure is listed with its node.
+    ///
+    /// Check that a majority of the nodes is up and reachable
+    /// ([`Redlock::health`](crate::Redlock::health) says which are not). Nodes in the
+    /// restart quarantine (they started or restarted less than the longest TTL ago and may
+    /// have lost lock keys) come back by themselves; nodes started empty on purpose (tests,
+    /// demos) can skip it with
+    /// [`restart_quarantine(false)`](crate::RedlockBuilder::restart_quarantine).
     NoQuorum {
         /// How many nodes had to agree.
         needed: usize,
@@ -61,6 +73,8 @@ pub enum LockError {
     },
     /// A quorum was reached, but so late that less than the minimum validity was left of
     /// the TTL once the elapsed time and the drift allowance were taken off.
+    ///
+    /// The nodes are slow for this TTL: raise the TTL, or lower the per-node timeout.
     ValidityExhausted {
         /// How long the attempt took.
         elapsed: Duration,
@@ -187,68 +201,22 @@ impl fmt::Display for LockError {
                 write!(
                     f,
                     "the lock is held by another client on {held_elsewhere} of {nodes} nodes \
-                     (after {attempts} attempt(s))"
+                     (after {attempts} attempt(s)), "
                 )?;
                 match retry_after {
-                    Some(d) => write!(f, "; the holder's key expires in about {d:?}"),
-                    None => f.write_str("; the holder's key has no expiry"),
+                    Some(d) => write!(f, "its key expiring in about {d:?}"),
+                    None => f.write_str("its key without expiry"),
                 }
             }
-            Self::NoQuorum {
-                needed,
-                reached,
-                held_elsewhere,
-                failures,
-                attempts,
-            } => {
-                let quarantined = failures
-                    .iter()
-                    .filter_map(|fail| match fail.error {
-                        NodeError::Quarantined { remaining } => Some(remaining),
-                        _ => None,
-                    })
-                    .max();
-                if let Some(longest) = quarantined
-                    && failures
-                        .iter()
-                        .all(|fail| matches!(fail.error, NodeError::Quarantined { .. }))
-                {
-                    // The cause first: young or restarted nodes, not unreachable ones.
-                    return write!(
-                        f,
-                        "no quorum yet: {} node(s) are in the restart quarantine for up to \
-                         {longest:?} more (they started or restarted less than the longest TTL \
-                         ago and may have lost lock keys); {reached} granted, {needed} needed \
-                         (after {attempts} attempt(s)). Nodes started empty on purpose (tests, \
-                         demos) can skip it with RedlockBuilder::restart_quarantine(false)",
-                        failures.len()
-                    );
-                }
-                write!(
-                    f,
-                    "no quorum: {reached} node(s) granted the lock, {needed} needed"
-                )?;
-                if *held_elsewhere > 0 {
-                    write!(f, ", {held_elsewhere} held by another client")?;
-                }
-                write!(
-                    f,
-                    " (after {attempts} attempt(s)); check that a majority of nodes is up and reachable"
-                )?;
-                for (i, fail) in failures.iter().enumerate() {
-                    f.write_str(if i == 0 { ": " } else { "; " })?;
-                    write!(f, "{fail}")?;
-                }
-                Ok(())
-            }
+            Self::NoQuorum { .. } => self.fmt_no_quorum(f),
             Self::ValidityExhausted {
                 elapsed,
                 ttl,
                 attempts,
             } => write!(
                 f,
-                "the quorum took {elapsed:?} of the TTL {ttl:?}, leaving too little validity \
-                 (after {attempts} attempt(s)); nodes are slow: raise the TTL or lower the per-node timeout"
+                "the quorum took {elapsed:?} of the {ttl:?} TTL, leaving too little validity \
+                 (after {attempts} attempt(s))"
             ),
             Self::NotHeld {
                 held_on,
@@ -258,17 +226,10 @@ impl fmt::Display for LockError {
             } => {
                 write!(
                     f,
-                    "the lock is no longer held: it is ours on {held_on} node(s), {needed} needed \
-                     (after {attempts} attempt(s)); it expired or was taken over: acquire it again"
+                    "the lock is no longer held: ours on {held_on} node(s), {needed} needed \
+                     (after {attempts} attempt(s))"
                 )?;
-                for (i, fail) in failures.iter().enumerate() {
-                    f.write_str(if i == 0 { " (failed: " } else { "; " })?;
-                    write!(f, "{fail}")?;
-                    if i + 1 == failures.len() {
-                        f.write_str(")")?;
-                    }
-                }
-                Ok(())
+                write_failures(f, failures)
             }
             Self::InvalidName { reason } => write!(f, "invalid lock name: {reason}"),
             Self::Config(e) => write!(f, "invalid setting: {e}"),
@@ -278,6 +239,57 @@ impl fmt::Display for LockError {
             ),
         }
     }
+}
+
+impl LockError {
+    /// [`LockError::NoQuorum`]'s message: the quarantine first when it is the only cause.
+    fn fmt_no_quorum(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self::NoQuorum {
+            needed,
+            reached,
+            held_elsewhere,
+            failures,
+            attempts,
+        } = self
+        else {
+            return Ok(());
+        };
+        let quarantined = failures
+            .iter()
+            .map(|fail| match fail.error {
+                NodeError::Quarantined { remaining } => Some(remaining),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .and_then(|left| left.into_iter().max());
+        if let Some(longest) = quarantined {
+            return write!(
+                f,
+                "no quorum yet: {} node(s) are in the restart quarantine for up to {longest:?} \
+                 more, {reached} granted, {needed} needed (after {attempts} attempt(s); nodes \
+                 started empty on purpose can skip it with restart_quarantine(false))",
+                failures.len()
+            );
+        }
+        write!(
+            f,
+            "no quorum: {reached} node(s) granted the lock, {needed} needed"
+        )?;
+        if *held_elsewhere > 0 {
+            write!(f, ", {held_elsewhere} held by another client")?;
+        }
+        write!(f, " (after {attempts} attempt(s))")?;
+        write_failures(f, failures)
+    }
+}
+
+/// `: failure; failure` after a message, when there are failures.
+fn write_failures(f: &mut fmt::Formatter<'_>, failures: &[NodeFailure]) -> fmt::Result {
+    for (i, fail) in failures.iter().enumerate() {
+        f.write_str(if i == 0 { ": " } else { "; " })?;
+        write!(f, "{fail}")?;
+    }
+    Ok(())
 }
 
 impl std::error::Error for LockError {

@@ -35,7 +35,8 @@ pub enum NodeError {
     LockLost,
     /// The node restarted (its run id changed), or it has been up for less than the
     /// longest TTL in use, so it may have lost lock keys that are still valid: it takes
-    /// no part in acquiring or extending until every such lock has expired. See
+    /// no part in acquiring or extending until every such lock has expired (releases still
+    /// go to it). See
     /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine).
     Quarantined {
         /// How much longer the quarantine lasts.
@@ -70,17 +71,14 @@ impl fmt::Display for NodeError {
             Self::Protocol(e) => write!(f, "protocol error (is this a Redis server?): {e}"),
             Self::Quarantined { remaining } => write!(
                 f,
-                "restarted or started recently and may have lost lock keys: kept out of \
-                 acquisitions for another {remaining:?} (releases still go to it)"
+                "in the restart quarantine for another {remaining:?} (it may have lost lock keys)"
             ),
-            Self::SameServer { node } => write!(
-                f,
-                "the same Redis server as node {node} (equal run_id): left out so that the \
-                 server counts once toward the quorum; list each server once"
-            ),
-            Self::LockLost => f.write_str(
-                "the lock key vanished before its fencing number was recorded (expired or data lost)",
-            ),
+            Self::SameServer { node } => {
+                write!(f, "the same Redis server as node {node} (equal run_id)")
+            }
+            Self::LockLost => {
+                f.write_str("the lock key vanished before its fencing number was recorded")
+            }
         }
     }
 }
