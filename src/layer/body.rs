@@ -4,19 +4,19 @@
 //! In body-end release mode ([`RedlockLayer::release_on_body_end`](crate::RedlockLayer::release_on_body_end))
 //! the body holds the lock until the stream ends (its last frame, an error, trailers) or
 //! the body is dropped, and then releases it in the background. With replay on, a gRPC
-//! reply streams through a recorder that holds the lock to the end and, when the reply is
-//! kept, holds the trailers back until its record is stored.
+//! reply streams through the replay room's recording body (`replay::recording`).
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::rejection_hook::{Answer, BoxBody};
-use super::replay::completion::{Finishing, GrpcRecorder};
+use super::replay::completion::GrpcRecorder;
+use super::replay::recording::RecordingBody;
 use crate::guard::LockGuard;
 
 pin_project! {
@@ -41,21 +41,12 @@ pin_project! {
         },
         Recording {
             #[pin]
-            body: B,
-            rec: Box<Recording>,
+            body: RecordingBody<B>,
         },
         Hook {
             body: Option<BoxBody>,
         },
     }
-}
-
-/// A gRPC reply being recorded (boxed: most responses never need it).
-struct Recording {
-    recorder: Option<GrpcRecorder>,
-    finishing: Option<Finishing>,
-    trailers: Option<HeaderMap>,
-    finished: bool,
 }
 
 impl<B> ResponseBody<B> {
@@ -90,13 +81,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn recording(body: B, recorder: GrpcRecorder) -> Self {
         Self {
             kind: Kind::Recording {
-                body,
-                rec: Box::new(Recording {
-                    recorder: Some(recorder),
-                    finishing: None,
-                    trailers: None,
-                    finished: false,
-                }),
+                body: RecordingBody::new(body, recorder),
             },
         }
     }
@@ -107,7 +92,7 @@ impl<B> ResponseBody<B> {
         match &self.kind {
             Kind::Inner { held, .. } => held.is_some(),
             Kind::Fixed { .. } | Kind::Hook { .. } => false,
-            Kind::Recording { rec, .. } => !rec.finished,
+            Kind::Recording { body } => body.holds_lock(),
         }
     }
 }
@@ -124,9 +109,9 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
                 .field("len", &data.as_ref().map_or(0, Bytes::len))
                 .field("trailers", &trailers.is_some())
                 .finish(),
-            Kind::Recording { rec, .. } => f
+            Kind::Recording { body } => f
                 .debug_struct("ResponseBody::Recording")
-                .field("holds_lock", &!rec.finished)
+                .field("holds_lock", &body.holds_lock())
                 .finish_non_exhaustive(),
             Kind::Hook { .. } => f.debug_struct("ResponseBody::Hook").finish_non_exhaustive(),
         }
@@ -146,95 +131,13 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body, held } => {
-                let frame = ready!(body.poll_frame(cx));
-                let last = match &frame {
-                    None | Some(Err(_)) => true,
-                    Some(Ok(f)) => f.is_trailers(),
-                };
-                if last {
-                    // Dropping the guard releases the lock in the background.
-                    held.take();
-                }
-                Poll::Ready(frame)
-            }
+            KindProj::Inner { body, held } => poll_holding(body, held, cx),
             KindProj::Fixed { data, trailers } => Poll::Ready(match data.take() {
                 Some(d) => Some(Ok(Frame::data(B::Data::from(d)))),
                 None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
             }),
-            KindProj::Hook { body } => {
-                let Some(inner) = body.as_mut() else {
-                    return Poll::Ready(None);
-                };
-                match ready!(inner.as_mut().poll_frame(cx)) {
-                    Some(Ok(frame)) => Poll::Ready(Some(Ok(frame.map_data(B::Data::from)))),
-                    Some(Err(error)) => {
-                        tracing::warn!(%error, "the rejection hook's response body failed; ending it");
-                        body.take();
-                        Poll::Ready(None)
-                    }
-                    None => {
-                        body.take();
-                        Poll::Ready(None)
-                    }
-                }
-            }
-            KindProj::Recording { body, rec } => {
-                let Recording {
-                    recorder,
-                    finishing,
-                    trailers,
-                    finished,
-                } = &mut **rec;
-                if *finished {
-                    return Poll::Ready(None);
-                }
-                if let Some(f) = finishing.as_mut() {
-                    // The reply is kept: its trailers wait for the record to be stored.
-                    ready!(f.work.as_mut().poll(cx));
-                    if let Some(mut f) = finishing.take() {
-                        f.guard.disarm();
-                    }
-                    *finished = true;
-                    return Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))));
-                }
-                let end = match ready!(body.poll_frame(cx)) {
-                    Some(Ok(frame)) => match frame.into_trailers() {
-                        Ok(t) => Some(t),
-                        Err(frame) => {
-                            if let (Some(r), Some(data)) = (recorder.as_mut(), frame.data_ref()) {
-                                let chunk = data.chunk();
-                                r.data(chunk, chunk.len() == data.remaining());
-                            }
-                            return Poll::Ready(Some(Ok(frame)));
-                        }
-                    },
-                    None => None,
-                    Some(Err(e)) => {
-                        // No record; dropping the recorder releases in the background.
-                        recorder.take();
-                        return Poll::Ready(Some(Err(e)));
-                    }
-                };
-                match recorder.take().and_then(|r| r.finish(end.as_ref())) {
-                    Some(mut f) => {
-                        // Poll the work now, so it is registered with the waker.
-                        let done = f.work.as_mut().poll(cx).is_ready();
-                        if done {
-                            f.guard.disarm();
-                            *finished = true;
-                            return Poll::Ready(end.map(|t| Ok(Frame::trailers(t))));
-                        }
-                        *finishing = Some(f);
-                        *trailers = end;
-                        Poll::Pending
-                    }
-                    None => {
-                        *finished = true;
-                        Poll::Ready(end.map(|t| Ok(Frame::trailers(t))))
-                    }
-                }
-            }
+            KindProj::Hook { body } => poll_hook(body, cx),
+            KindProj::Recording { body } => body.poll_frame(cx),
         }
     }
 
@@ -243,14 +146,15 @@ where
             // While the lock is held, ask to be polled once more so the end is seen.
             Kind::Inner { body, held } => held.is_none() && body.is_end_stream(),
             Kind::Fixed { data, trailers } => data.is_none() && trailers.is_none(),
-            Kind::Recording { rec, .. } => rec.finished,
+            Kind::Recording { body } => body.is_end_stream(),
             Kind::Hook { body } => body.as_ref().is_none_or(|b| b.is_end_stream()),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body, .. } | Kind::Recording { body, .. } => body.size_hint(),
+            Kind::Inner { body, .. } => body.size_hint(),
+            Kind::Recording { body } => body.size_hint(),
             Kind::Fixed { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
@@ -259,4 +163,45 @@ where
                 .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint()),
         }
     }
+}
+
+/// A body's next frame, as `poll_frame` gives it.
+type NextFrame<D, E> = Poll<Option<Result<Frame<D>, E>>>;
+
+/// The inner body's next frame; its last one (or an error) releases the lock it held.
+fn poll_holding<B: Body>(
+    body: Pin<&mut B>,
+    held: &mut Option<LockGuard>,
+    cx: &mut Context<'_>,
+) -> NextFrame<B::Data, B::Error> {
+    let frame = ready!(body.poll_frame(cx));
+    let last = match &frame {
+        None | Some(Err(_)) => true,
+        Some(Ok(f)) => f.is_trailers(),
+    };
+    if last {
+        // Dropping the guard releases the lock in the background.
+        held.take();
+    }
+    Poll::Ready(frame)
+}
+
+/// A rejection hook's body's next frame; an error ends it (logged: the status is sent).
+fn poll_hook<D: From<Bytes>, E>(
+    body: &mut Option<BoxBody>,
+    cx: &mut Context<'_>,
+) -> NextFrame<D, E> {
+    let Some(inner) = body.as_mut() else {
+        return Poll::Ready(None);
+    };
+    let frame = ready!(inner.as_mut().poll_frame(cx));
+    match frame {
+        Some(Ok(frame)) => return Poll::Ready(Some(Ok(frame.map_data(D::from)))),
+        Some(Err(error)) => {
+            tracing::warn!(%error, "the rejection hook's response body failed; ending it");
+        }
+        None => {}
+    }
+    body.take();
+    Poll::Ready(None)
 }

@@ -8,7 +8,9 @@
 //!
 //! ```text
 //! Acquiring --lock--> Calling --response--> Releasing --> response
+//!     |                  |  \--kept for replay--> Keeping (the replay room) --> response
 //!     |                  |  \--lost (abort on loss)--> Releasing --> 503
+//!     |--record--> Replayed (the replay room's answer) --> stored response / 422
 //!     \--error--> Rejected --> 409 / 503 / 400
 //! Passthrough (no lock name) --> response
 //! ```
@@ -18,7 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::Response;
 use http_body::Body;
@@ -28,9 +30,8 @@ use super::body::ResponseBody;
 use super::config::{Config, ReleaseOn};
 use super::reject::{Protocol, Rejection};
 use super::rejection_hook::Answer;
-use super::replay::completion::{GrpcRecorder, store_then_release};
 use super::replay::fingerprint::Fingerprint;
-use super::replay::record::{self, ReplayPolicy};
+use super::replay::keep::{Keep, KeepFuture};
 use super::replay::{self};
 use crate::client::{Acquired, Redlock, Released};
 use crate::error::LockError;
@@ -81,7 +82,6 @@ pub(crate) struct Ctx {
 enum Output<B, E> {
     Inner(Result<Response<B>, E>),
     Rejection(Response<Answer>),
-    Ready(Response<ResponseBody<B>>),
 }
 
 pin_project! {
@@ -116,18 +116,9 @@ pin_project! {
             response: Response<Bytes>,
             trailers: Option<http::HeaderMap>,
         },
-        Recording {
+        Keeping {
             #[pin]
-            body: B,
-            parts: http::response::Parts,
-            buf: Vec<u8>,
-            guard: LockGuard,
-            ctx: Ctx,
-        },
-        Completing {
-            work: BoxFuture<'static, ()>,
-            guard: LockGuard,
-            response: Response<ResponseBody<B>>,
+            fut: KeepFuture<B>,
         },
         Done,
     }
@@ -170,8 +161,7 @@ impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
             State::Releasing { .. } => "releasing",
             State::Rejected { .. } => "rejected",
             State::Replayed { .. } => "replayed",
-            State::Recording { .. } => "recording",
-            State::Completing { .. } => "completing",
+            State::Keeping { .. } => "keeping for replay",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -214,14 +204,7 @@ where
                 }
                 StateProj::Rejected { .. } => rejected(state.as_mut()),
                 StateProj::Replayed { .. } => replayed(state.as_mut()),
-                StateProj::Recording { body, buf, .. } => {
-                    let end = ready!(collect(body, buf, cx));
-                    recorded(state.as_mut(), end)
-                }
-                StateProj::Completing { work, .. } => {
-                    ready!(work.as_mut().poll(cx));
-                    completed(state.as_mut())
-                }
+                StateProj::Keeping { fut } => Step::Ready(Ok(ready!(fut.poll(cx)))),
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             if let Step::Ready(output) = step {
@@ -282,7 +265,8 @@ fn acquired<F, B, E>(
     Step::Next
 }
 
-/// The inner service answered: release first (default), or hand the lock to the body.
+/// The inner service answered: hand a response to keep over to the replay room, release
+/// first (default), or hand the lock to the body.
 fn called<F, B, E>(mut state: StatePin<'_, F, B, E>, output: Result<Response<B>, E>) -> Step<B, E>
 where
     B: Body,
@@ -290,34 +274,18 @@ where
     let StateOwned::Calling { guard, ctx, .. } = state.as_mut().project_replace(State::Done) else {
         return Step::Next;
     };
-    let config = Arc::clone(&ctx.config);
-    let grpc = ctx.protocol == Protocol::Grpc;
-    let keep = |res: &Response<B>| config.replay.as_ref().filter(|p| p.keeps(res.status()));
+    let policy = ctx.config.replay.as_ref();
     match output {
-        Ok(res) if grpc && let Some(policy) = keep(&res) => {
-            match record::grpc_status(res.headers()) {
-                // A trailers-only reply (an error status): kept or not by its code.
-                Some(code) if policy.keeps_grpc(code) => {
-                    state.set(record(res, guard, ctx, policy));
-                }
-                Some(_) => state.set(releasing(guard, Output::Inner(Ok(res)))),
-                None => {
-                    let (parts, body) = res.into_parts();
-                    let recorder = GrpcRecorder::new(
-                        &parts,
-                        ctx.fingerprint,
-                        policy.clone(),
-                        ctx.redlock.clone(),
-                        guard,
-                    );
-                    let body = ResponseBody::recording(body, recorder);
-                    return Step::Ready(Ok(Response::from_parts(parts, body)));
-                }
-            }
-            Step::Next
-        }
-        Ok(res) if let Some(policy) = keep(&res) => {
-            state.set(record(res, guard, ctx, policy));
+        Ok(res) if let Some(policy) = policy.filter(|p| p.keeps(res.status())) => {
+            let keep = Keep {
+                policy: policy.clone(),
+                redlock: ctx.redlock,
+                fingerprint: ctx.fingerprint,
+                protocol: ctx.protocol,
+            };
+            state.set(State::Keeping {
+                fut: KeepFuture::new(res, guard, keep),
+            });
             Step::Next
         }
         Ok(res) if ctx.config.release == ReleaseOn::BodyEnd => {
@@ -363,7 +331,6 @@ fn released<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
     Step::Ready(match output {
         Output::Inner(output) => output.map(|res| wrap(res, None)),
         Output::Rejection(response) => Ok(response.map(ResponseBody::answer)),
-        Output::Ready(response) => Ok(response),
     })
 }
 
@@ -383,102 +350,6 @@ fn rejected<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
     }
 }
 
-/// A response to keep for replay: collect its body if it is small enough, otherwise keep
-/// status and headers only.
-fn record<F, B: Body, E>(
-    res: Response<B>,
-    guard: LockGuard,
-    ctx: Ctx,
-    policy: &ReplayPolicy,
-) -> State<F, B, E> {
-    let (parts, body) = res.into_parts();
-    let small = body
-        .size_hint()
-        .upper()
-        .and_then(|n| usize::try_from(n).ok())
-        .is_some_and(|n| n <= policy.body_limit());
-    if small {
-        State::Recording {
-            body,
-            parts,
-            buf: Vec::new(),
-            guard,
-            ctx,
-        }
-    } else {
-        let record = policy.encode(&ctx.fingerprint, parts.status, &parts.headers, None, None);
-        let response = Response::from_parts(parts, ResponseBody::inner(body, None));
-        match record {
-            Some(record) => completing(guard, &ctx, record, policy, response),
-            None => {
-                tracing::warn!("redlock layer: too many headers to keep; no completion record");
-                releasing(guard, Output::Ready(response))
-            }
-        }
-    }
-}
-
-/// Reads the whole body into `buf`; `Ready(true)` at its end, `Ready(false)` on an error.
-fn collect<B: Body>(mut body: Pin<&mut B>, buf: &mut Vec<u8>, cx: &mut Context<'_>) -> Poll<bool> {
-    loop {
-        match ready!(body.as_mut().poll_frame(cx)) {
-            None => return Poll::Ready(true),
-            Some(Err(_)) => return Poll::Ready(false),
-            Some(Ok(frame)) => {
-                // HTTP trailers are not kept (gRPC replies are recorded by the body).
-                if let Ok(mut data) = frame.into_data() {
-                    while data.has_remaining() {
-                        let chunk = data.chunk();
-                        buf.extend_from_slice(chunk);
-                        let n = chunk.len();
-                        data.advance(n);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The body is read: store the record (or, after a body error, release without one).
-fn recorded<F, B: Body, E>(mut state: StatePin<'_, F, B, E>, complete: bool) -> Step<B, E> {
-    let StateOwned::Recording {
-        parts,
-        buf,
-        guard,
-        ctx,
-        ..
-    } = state.as_mut().project_replace(State::Done)
-    else {
-        return Step::Next;
-    };
-    let config = Arc::clone(&ctx.config);
-    let policy = config.replay.as_ref();
-    let record = policy.filter(|_| complete).map(|p| {
-        p.encode(
-            &ctx.fingerprint,
-            parts.status,
-            &parts.headers,
-            Some(&buf),
-            None,
-        )
-    });
-    let response = Response::from_parts(parts, ResponseBody::fixed(Bytes::from(buf), None));
-    match (policy, record) {
-        (Some(policy), Some(Some(record))) => {
-            state.set(completing(guard, &ctx, record, policy, response));
-        }
-        (_, record) => {
-            if record.is_some() {
-                tracing::warn!("redlock layer: too many headers to keep; no completion record");
-            } else {
-                tracing::warn!("redlock layer: the response body failed; no completion record");
-            }
-            state.set(releasing(guard, Output::Ready(response)));
-        }
-    }
-    Step::Next
-}
-
 /// Releases the lock, then returns `output`.
 fn releasing<F, B, E>(mut guard: LockGuard, output: Output<B, E>) -> State<F, B, E> {
     State::Releasing {
@@ -486,36 +357,6 @@ fn releasing<F, B, E>(mut guard: LockGuard, output: Output<B, E>) -> State<F, B,
         guard,
         output,
     }
-}
-
-/// Stores `record` where the lock is held, then releases what is left; the response waits.
-fn completing<F, B, E>(
-    mut guard: LockGuard,
-    ctx: &Ctx,
-    record: Vec<u8>,
-    policy: &ReplayPolicy,
-    response: Response<ResponseBody<B>>,
-) -> State<F, B, E> {
-    let work = store_then_release(&mut guard, &ctx.redlock, record, policy.retention());
-    State::Completing {
-        work,
-        guard,
-        response,
-    }
-}
-
-/// The record is stored: return the response.
-fn completed<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
-    let StateOwned::Completing {
-        mut guard,
-        response,
-        ..
-    } = state.as_mut().project_replace(State::Done)
-    else {
-        return Step::Next;
-    };
-    guard.disarm();
-    Step::Ready(Ok(response))
 }
 
 /// Logs why a request did not get its lock: service failures (with each node's cause) at

@@ -26,8 +26,10 @@
 pub(crate) mod body_fingerprint;
 pub(crate) mod completion;
 pub(crate) mod fingerprint;
+pub(crate) mod keep;
 pub(crate) mod principal;
 pub(crate) mod record;
+pub(crate) mod recording;
 
 use bytes::Bytes;
 use http::{HeaderMap, Response};
