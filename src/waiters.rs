@@ -47,24 +47,21 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use futures_util::future::join_all;
-use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender, error::SendError};
+use tokio::sync::mpsc::{self, UnboundedSender, error::SendError};
 use tokio::sync::{Notify, oneshot};
 
 use crate::error::NodeError;
 use crate::node::Node;
 use crate::token::CLIENT_ID_LEN;
 
-/// Shortest wait before reconnecting a pub/sub connection after a failure.
-const BACKOFF_MIN: Duration = Duration::from_millis(10);
-/// Longest wait before reconnecting a pub/sub connection after repeated failures.
-const BACKOFF_MAX: Duration = Duration::from_millis(1_000);
+mod pubsub;
+
+use pubsub::PubSub;
 
 /// The waiters of one client, per lock key, and its pub/sub connections.
 #[derive(Debug)]
@@ -238,7 +235,7 @@ impl Waiters {
         if tx.send(request).is_err() {
             return false;
         }
-        handle.spawn(manage(Arc::downgrade(self), Arc::clone(node), rx));
+        handle.spawn(PubSub::new(Arc::downgrade(self), Arc::clone(node), rx).run());
         *slot = Some(tx);
         true
     }
@@ -441,97 +438,6 @@ impl Drop for Ticket {
     }
 }
 
-/// One node's pub/sub connection: subscribes and unsubscribes keys in the order asked,
-/// hands release messages to the registry, and reconnects (renewing every subscription)
-/// after a failure. Ends when the client is gone.
-async fn manage(waiters: Weak<Waiters>, node: Arc<Node>, mut rx: UnboundedReceiver<Subscription>) {
-    let mut subscribed: HashSet<Box<[u8]>> = HashSet::new();
-    let mut backoff = BACKOFF_MIN;
-    let refused_logged = AtomicBool::new(false);
-    loop {
-        let connected = match node.client() {
-            Some(client) => tokio::time::timeout(node.connect_timeout(), client.get_async_pubsub())
-                .await
-                .map_err(|_| NodeError::Timeout)
-                .and_then(|c| c.map_err(NodeError::from)),
-            None => Err(NodeError::Connection("the master is not known yet".into())),
-        };
-        let (mut sink, mut stream) = match connected {
-            Ok(pubsub) => pubsub.split(),
-            Err(error) => {
-                tracing::debug!(node = %node.label(), %error, "redlock pub/sub connect failed: waiters poll this node");
-                // While down, answer requests at once so no waiter waits on this node.
-                let pause = tokio::time::sleep(backoff);
-                tokio::pin!(pause);
-                loop {
-                    tokio::select! {
-                        () = &mut pause => break,
-                        request = rx.recv() => match request {
-                            None => return,
-                            Some(Subscription::Subscribe(key, reply)) => {
-                                subscribed.insert(key);
-                                let _ = reply.send(Err(error.clone()));
-                            }
-                            Some(Subscription::Unsubscribe(key)) => {
-                                subscribed.remove(&key);
-                            }
-                        },
-                    }
-                }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-                continue;
-            }
-        };
-        if !subscribed.is_empty() {
-            let keys: Vec<&[u8]> = subscribed.iter().map(|k| &**k).collect();
-            if let Err(e) = sink.subscribe(keys).await {
-                log_refused(&node, &NodeError::from(e), &refused_logged);
-            }
-        }
-        backoff = BACKOFF_MIN;
-        match waiters.upgrade() {
-            Some(w) => w.wake_heads(),
-            None => return,
-        }
-        loop {
-            tokio::select! {
-                request = rx.recv() => match request {
-                    None => return,
-                    Some(Subscription::Subscribe(key, reply)) => {
-                        let result = if subscribed.contains(&key) {
-                            Ok(())
-                        } else {
-                            let result = sink.subscribe(&*key).await.map_err(NodeError::from);
-                            subscribed.insert(key);
-                            result
-                        };
-                        if let Err(error) = &result {
-                            log_refused(&node, error, &refused_logged);
-                        }
-                        let _ = reply.send(result);
-                    }
-                    Some(Subscription::Unsubscribe(key)) => {
-                        if subscribed.remove(&key) {
-                            let _ = sink.unsubscribe(&*key).await;
-                        }
-                    }
-                },
-                message = stream.next() => match message {
-                    Some(message) => {
-                        let Some(w) = waiters.upgrade() else { return };
-                        let ours = message.get_payload_bytes() == w.id();
-                        if let (false, Ok(key)) = (ours, message.get_channel::<Vec<u8>>()) {
-                            w.released(&key);
-                        }
-                    }
-                    // The connection broke: reconnect and renew the subscriptions.
-                    None => break,
-                },
-            }
-        }
-    }
-}
-
 /// A random id of 16 hex digits, at the start of this client's lock values and in its
 /// release messages (a fixed one if the OS generator fails, but then no lock value can be
 /// made either).
@@ -543,16 +449,4 @@ fn client_id() -> [u8; CLIENT_ID_LEN] {
         *digit = HEX[usize::try_from((r >> (4 * i)) & 0xf).unwrap_or(0)];
     }
     id
-}
-
-/// Logs, once per connection manager, that a node refused or failed a `SUBSCRIBE`.
-fn log_refused(node: &Node, error: &NodeError, logged: &AtomicBool) {
-    if !logged.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            node = %node.label(),
-            %error,
-            "redlock node refused SUBSCRIBE: waiters fall back to polling it (grant the \
-             client SUBSCRIBE on the lock channels to wake waiters on release)"
-        );
-    }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
-use redis::{AsyncConnectionConfig, Value};
+use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::time::timeout_at;
 
 use super::{BACKOFF_MAX, BACKOFF_MIN, Conn, Connector, Node, Owner, Slot, State, wire};
@@ -127,7 +127,6 @@ impl Node {
             Instant::now(),
             self.settings.connect_timeout,
         ));
-        let quarantine = self.settings.quarantine;
         let client = match &self.connector {
             #[cfg(feature = "cluster")]
             Connector::Cluster(cluster) => {
@@ -151,72 +150,81 @@ impl Node {
                 }
             }
         };
-        let attempt = async {
-            let mut conn = match wire::plain_tcp(&client) {
-                Some((host, port)) => {
-                    let wire = wire::Wire::connect(host, port).await?;
-                    wire::handshake(&wire, client.get_connection_info().redis_settings()).await?;
-                    Conn::Own(wire)
-                }
-                None => {
-                    let config = AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(self.settings.connect_timeout))
-                        .set_response_timeout(None);
-                    Conn::Single(
-                        client
-                            .get_multiplexed_async_connection_with_config(&config)
-                            .await?,
-                    )
-                }
-            };
-            // `INFO server` feeds the restart quarantine and the same-server check; a user
-            // that may not run it can still lock with the quarantine off.
-            // `INFO memory` tells the eviction policy (see `warn_if_evicting`); a server
-            // that refuses it is simply not checked.
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors().cmd("INFO").arg("server");
-            pipe.cmd("INFO").arg("memory");
-            for s in scripts::all() {
-                pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
-            }
-            let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut conn).await?;
-            let mut replies = replies.into_iter();
-            let info = replies.next().unwrap_or(Ok(Value::Nil));
-            let memory = replies.next().and_then(Result::ok);
-            if let Some(failed) = replies.find_map(Result::err) {
-                return Err(failed); // a script could not be loaded
-            }
-            if let Some(memory) = memory.and_then(|v| redis::from_redis_value::<String>(v).ok()) {
-                self.warn_if_evicting(&memory);
-            }
-            let info = match info {
-                Ok(v) => redis::from_redis_value_ref::<String>(&v)?,
-                Err(e) if quarantine => return Err(e),
-                Err(e) => {
-                    tracing::debug!(node = %self.label, error = %e, "redlock node: INFO not allowed; no same-server check");
-                    String::new()
-                }
-            };
-            Ok::<_, redis::RedisError>((conn, ServerInfo::parse(&info)))
-        };
-        match timeout_at(deadline, attempt).await {
+        match timeout_at(deadline, self.handshake(&client)).await {
             Ok(Ok(ok)) => Ok(ok),
-            Ok(Err(e))
-                if quarantine
-                    && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
-                    && e.to_string().to_ascii_lowercase().contains("info") =>
-            {
-                Err(NodeError::Redis(
-                    format!(
-                        "the user may not run INFO, which the restart quarantine needs: grant \
-                         it +info, or turn restart_quarantine off ({e})"
-                    )
-                    .into(),
-                ))
-            }
-            Ok(Err(e)) if !e.is_timeout() => Err(NodeError::from(e)),
-            Ok(Err(_)) | Err(_) => Err(self.connect_timed_out()),
+            Ok(Err(e)) => Err(self.connect_failed(e)),
+            Err(_) => Err(self.connect_timed_out()),
         }
+    }
+
+    /// Connects through `client` and, in one round trip, reads `INFO server` and
+    /// `INFO memory` and loads the scripts.
+    async fn handshake(&self, client: &Client) -> redis::RedisResult<(Conn, ServerInfo)> {
+        let mut conn = match wire::plain_tcp(client) {
+            Some((host, port)) => {
+                let wire = wire::Wire::connect(host, port).await?;
+                wire::handshake(&wire, client.get_connection_info().redis_settings()).await?;
+                Conn::Own(wire)
+            }
+            None => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.settings.connect_timeout))
+                    .set_response_timeout(None);
+                Conn::Single(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                )
+            }
+        };
+        // `INFO server` feeds the restart quarantine and the same-server check; a user that
+        // may not run it can still lock with the quarantine off. `INFO memory` tells the
+        // eviction policy (see `warn_if_evicting`); a server that refuses it is simply not
+        // checked.
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors().cmd("INFO").arg("server");
+        pipe.cmd("INFO").arg("memory");
+        for s in scripts::all() {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
+        }
+        let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut conn).await?;
+        let mut replies = replies.into_iter();
+        let info = replies.next().unwrap_or(Ok(Value::Nil));
+        let memory = replies.next().and_then(Result::ok);
+        if let Some(failed) = replies.find_map(Result::err) {
+            return Err(failed); // a script could not be loaded
+        }
+        if let Some(memory) = memory.and_then(|v| redis::from_redis_value::<String>(v).ok()) {
+            self.warn_if_evicting(&memory);
+        }
+        let info = match info {
+            Ok(v) => redis::from_redis_value_ref::<String>(&v)?,
+            Err(e) if self.settings.quarantine => return Err(e),
+            Err(e) => {
+                tracing::debug!(node = %self.label, error = %e, "redlock node: INFO not allowed; no same-server check");
+                String::new()
+            }
+        };
+        Ok((conn, ServerInfo::parse(&info)))
+    }
+
+    /// The error of a handshake that failed with `e`.
+    fn connect_failed(&self, e: redis::RedisError) -> NodeError {
+        let no_info = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+            && e.to_string().to_ascii_lowercase().contains("info");
+        if self.settings.quarantine && no_info {
+            return NodeError::Redis(
+                format!(
+                    "the user may not run INFO, which the restart quarantine needs: grant it \
+                     +info, or turn restart_quarantine off ({e})"
+                )
+                .into(),
+            );
+        }
+        if e.is_timeout() {
+            return self.connect_timed_out();
+        }
+        NodeError::from(e)
     }
 
     /// Warns, once per node, when `INFO memory` shows a policy that evicts keys: lock keys

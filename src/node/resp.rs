@@ -35,11 +35,14 @@ const MAX_DIGITS: usize = 20;
 
 /// Parses one reply from the start of `buf`: the value and the bytes it used, `None`
 /// when `buf` holds only part of it, or why the bytes are not a RESP2 reply.
-pub(super) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, String> {
+pub(super) fn parse(buf: &[u8]) -> Parsed {
     parse_at(buf, 0, 0)
 }
 
-fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, String> {
+/// A parsed reply and where the next one starts, `None` when incomplete, or why not RESP2.
+type Parsed = Result<Option<(Value, usize)>, String>;
+
+fn parse_at(buf: &[u8], at: usize, depth: usize) -> Parsed {
     let Some((line, next)) = line(buf, at)? else {
         return Ok(None);
     };
@@ -47,57 +50,13 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
         return Err("an empty reply line".into());
     };
     let value = match kind {
-        b'+' => {
-            if rest == b"OK" {
-                Value::Okay
-            } else {
-                Value::SimpleString(String::from_utf8_lossy(rest).into_owned())
-            }
-        }
-        b'-' => {
-            // redis-rs classifies the error (NOSCRIPT, READONLY, WRONGTYPE, ...).
-            redis::parse_redis_value(&buf[at..next]).map_err(|e| e.to_string())?
-        }
+        b'+' if rest == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(String::from_utf8_lossy(rest).into_owned()),
+        // redis-rs classifies the error (NOSCRIPT, READONLY, WRONGTYPE, ...).
+        b'-' => redis::parse_redis_value(&buf[at..next]).map_err(|e| e.to_string())?,
         b':' => Value::Int(integer(rest)?),
-        b'$' => {
-            let len = integer(rest)?;
-            if len < 0 {
-                return Ok(Some((Value::Nil, next)));
-            }
-            let len = usize::try_from(len)
-                .ok()
-                .filter(|&l| l <= MAX_BULK)
-                .ok_or("a bulk string longer than 512 MiB")?;
-            let end = next.saturating_add(len);
-            if buf.len() < end.saturating_add(2) {
-                return Ok(None);
-            }
-            if &buf[end..end + 2] != b"\r\n" {
-                return Err("a bulk string not followed by CRLF".into());
-            }
-            return Ok(Some((Value::BulkString(buf[next..end].to_vec()), end + 2)));
-        }
-        b'*' => {
-            let count = integer(rest)?;
-            if count < 0 {
-                return Ok(Some((Value::Nil, next)));
-            }
-            if depth >= MAX_DEPTH {
-                return Err("arrays nested too deeply".into());
-            }
-            let count = usize::try_from(count).map_err(|_| "an array too long")?;
-            // Never trust the count for the allocation: each item takes at least 3 bytes.
-            let mut items = Vec::with_capacity(count.min((buf.len() - next) / 3));
-            let mut pos = next;
-            for _ in 0..count {
-                let Some((item, used)) = parse_at(buf, pos, depth + 1)? else {
-                    return Ok(None);
-                };
-                items.push(item);
-                pos = used;
-            }
-            return Ok(Some((Value::Array(items), pos)));
-        }
+        b'$' => return bulk(buf, next, integer(rest)?),
+        b'*' => return array(buf, next, integer(rest)?, depth),
         other => {
             return Err(format!(
                 "unexpected reply type byte {:?}",
@@ -106,6 +65,47 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
         }
     };
     Ok(Some((value, next)))
+}
+
+/// A bulk string of `len` bytes starting at `at` (nil when negative).
+fn bulk(buf: &[u8], at: usize, len: i64) -> Parsed {
+    if len < 0 {
+        return Ok(Some((Value::Nil, at)));
+    }
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|&l| l <= MAX_BULK)
+        .ok_or("a bulk string longer than 512 MiB")?;
+    let end = at.saturating_add(len);
+    if buf.len() < end.saturating_add(2) {
+        return Ok(None);
+    }
+    if &buf[end..end + 2] != b"\r\n" {
+        return Err("a bulk string not followed by CRLF".into());
+    }
+    Ok(Some((Value::BulkString(buf[at..end].to_vec()), end + 2)))
+}
+
+/// An array of `count` replies starting at `at` (nil when negative), nested `depth` deep.
+fn array(buf: &[u8], at: usize, count: i64, depth: usize) -> Parsed {
+    if count < 0 {
+        return Ok(Some((Value::Nil, at)));
+    }
+    if depth >= MAX_DEPTH {
+        return Err("arrays nested too deeply".into());
+    }
+    let count = usize::try_from(count).map_err(|_| "an array too long")?;
+    // Never trust the count for the allocation: each item takes at least 3 bytes.
+    let mut items = Vec::with_capacity(count.min((buf.len() - at) / 3));
+    let mut pos = at;
+    for _ in 0..count {
+        let Some((item, used)) = parse_at(buf, pos, depth + 1)? else {
+            return Ok(None);
+        };
+        items.push(item);
+        pos = used;
+    }
+    Ok(Some((Value::Array(items), pos)))
 }
 
 /// The line starting at `at` (without its CRLF) and where the next one starts; `None`

@@ -440,35 +440,12 @@ async fn drive(shared: Arc<Shared>, mut reading: impl AsyncRead + Unpin) {
     // What the task took from `out` and has not fully written yet.
     let mut unwritten: Vec<u8> = Vec::new();
     loop {
-        {
-            let mut st = shared.state();
-            if st.closed || st.broken.is_some() {
-                break;
-            }
-            st.write_asked = false;
-            if unwritten.is_empty() {
-                std::mem::swap(&mut unwritten, &mut st.out);
-            }
-            st.task_writing = !unwritten.is_empty();
+        if !take_out(&shared, &mut unwritten) {
+            break;
         }
-        if !unwritten.is_empty() {
-            match write(&*shared.writing, &unwritten) {
-                Ok(n) => {
-                    unwritten.drain(..n);
-                }
-                Err(why) => {
-                    shared.break_with(why);
-                    break;
-                }
-            }
-            if unwritten.is_empty() {
-                if unwritten.capacity() > MAX_IDLE_BUFFER {
-                    // A large request is out: give its memory back (the buffer goes back
-                    // to `out` at the next swap).
-                    unwritten = Vec::new();
-                }
-                shared.state().task_writing = false;
-            }
+        if let Err(why) = write_some(&shared, &mut unwritten) {
+            shared.break_with(why);
+            break;
         }
         buf.reserve(READ_CHUNK);
         tokio::select! {
@@ -496,6 +473,39 @@ async fn drive(shared: Arc<Shared>, mut reading: impl AsyncRead + Unpin) {
             () = shared.wake.notified() => {}
         }
     }
+}
+
+/// Takes what callers left in `out` into `unwritten` once the last of it is written;
+/// `false` when the connection is closed or broken (the task ends).
+fn take_out(shared: &Shared, unwritten: &mut Vec<u8>) -> bool {
+    let mut st = shared.state();
+    if st.closed || st.broken.is_some() {
+        return false;
+    }
+    st.write_asked = false;
+    if unwritten.is_empty() {
+        std::mem::swap(unwritten, &mut st.out);
+    }
+    st.task_writing = !unwritten.is_empty();
+    true
+}
+
+/// Writes what the socket takes now of `unwritten`.
+fn write_some(shared: &Shared, unwritten: &mut Vec<u8>) -> Result<(), Broken> {
+    if unwritten.is_empty() {
+        return Ok(());
+    }
+    let n = write(&*shared.writing, unwritten)?;
+    unwritten.drain(..n);
+    if unwritten.is_empty() {
+        if unwritten.capacity() > MAX_IDLE_BUFFER {
+            // A large request is out: give its memory back (the buffer goes back to `out`
+            // at the next swap).
+            *unwritten = Vec::new();
+        }
+        shared.state().task_writing = false;
+    }
+    Ok(())
 }
 
 /// Breaks the connection when its task ends.
