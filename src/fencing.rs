@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::error::{LockError, NodeError};
 use crate::node::Node;
 use crate::quorum::{NodeMask, Outcome};
-use crate::round::{Kind, Plan, Round};
+use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{Arg, FENCE_SCRIPT, FenceRead, Invocation, Request, parse_flag};
 use crate::votes::Votes;
 
@@ -76,7 +76,7 @@ pub(crate) async fn phase_two(
     let plan = Plan {
         skip,
         deadline,
-        kind: Kind::Decide,
+        purpose: Purpose::Decide,
     };
     let mut round = Round::send(nodes, &request, plan);
     let mut votes = Votes::new(nodes.len());

@@ -91,7 +91,7 @@ pub(crate) struct Taken {
 }
 
 #[derive(Default)]
-struct State {
+struct InboxState {
     /// Handed in, not yet taken by the driver.
     starts: HashMap<u64, Start>,
     /// The earliest due time in `starts`.
@@ -110,7 +110,7 @@ struct State {
 /// The inbox of one driver, shared by the client's guards.
 #[derive(Default)]
 pub(crate) struct Inbox {
-    state: Mutex<State>,
+    state: Mutex<InboxState>,
     wake: Notify,
 }
 
@@ -125,7 +125,7 @@ impl std::fmt::Debug for Inbox {
 }
 
 impl Inbox {
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, InboxState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -129,6 +129,7 @@ mod keepalive_inbox;
 mod landing;
 pub mod layer;
 pub mod metrics;
+mod name;
 mod node;
 pub mod quorum;
 mod round;

@@ -127,7 +127,7 @@ pub(crate) struct Owner {
     label: String,
 }
 
-enum Slot {
+enum Link {
     /// Never connected yet.
     Idle,
     /// A connect task is running.
@@ -138,8 +138,8 @@ enum Slot {
     Down { error: NodeError, retry_at: Instant },
 }
 
-struct State {
-    slot: Slot,
+struct NodeState {
+    slot: Link,
     /// Increases with every successful connect.
     generation: u64,
     /// When the current connection was made (none before the first).
@@ -162,7 +162,7 @@ pub(crate) struct Node {
     label: String,
     connector: Connector,
     settings: NodeSettings,
-    state: Mutex<State>,
+    state: Mutex<NodeState>,
     changed: Notify,
     consecutive_timeouts: AtomicU32,
     /// The releases waiting to go out together while another is on its way.
@@ -191,8 +191,8 @@ impl Node {
             label,
             connector,
             settings,
-            state: Mutex::new(State {
-                slot: Slot::Idle,
+            state: Mutex::new(NodeState {
+                slot: Link::Idle,
                 generation: 0,
                 connected_at: None,
                 backoff: BACKOFF_MIN,
@@ -236,14 +236,14 @@ impl Node {
         self.settings.connect_timeout
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, NodeState> {
         // The state stays consistent at every point a panic could occur, so a poisoned
         // lock is still usable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// How much longer the node is quarantined, if it is (the state is locked by the caller).
-    fn quarantine_left(&self, st: &mut State) -> Option<Duration> {
+    fn quarantine_left(&self, st: &mut NodeState) -> Option<Duration> {
         let until = st.quarantined_until?;
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -262,17 +262,17 @@ impl Node {
     fn invalidate(&self, generation: u64, why: &NodeError) {
         let old = {
             let mut st = self.state();
-            if st.generation != generation || !matches!(st.slot, Slot::Ready(_)) {
+            if st.generation != generation || !matches!(st.slot, Link::Ready(_)) {
                 return;
             }
             tracing::debug!(node = %self.label, error = %why, "redlock node connection dropped");
-            let down = Slot::Down {
+            let down = Link::Down {
                 error: why.clone(),
                 retry_at: Instant::now(),
             };
             std::mem::replace(&mut st.slot, down)
         };
-        if let Slot::Ready(Conn::Own(wire)) = old {
+        if let Link::Ready(Conn::Own(wire)) = old {
             wire.close();
         }
     }
@@ -386,7 +386,7 @@ mod tests {
             let mut st = node.state();
             st.generation = 1;
             st.connected_at = Some(before + Duration::from_millis(1));
-            st.slot = Slot::Down {
+            st.slot = Link::Down {
                 error: NodeError::Timeout,
                 retry_at: before,
             };

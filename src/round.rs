@@ -50,12 +50,12 @@ pub(crate) struct Plan<'a> {
     pub(crate) skip: NodeMask,
     /// When every call still out is given up.
     pub(crate) deadline: Instant,
-    pub(crate) kind: Kind<'a>,
+    pub(crate) purpose: Purpose<'a>,
 }
 
 /// What a round is for.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Kind<'a> {
+pub(crate) enum Purpose<'a> {
     /// Acquire, fence or extend: decided at a quorum. Quarantined nodes fail at once, and
     /// the calls still out when the round is decided may [`land`](Round::land).
     Decide,
@@ -119,11 +119,11 @@ impl Round {
         let Plan {
             skip,
             deadline,
-            kind,
+            purpose,
         } = plan;
-        let (acquiring, after) = match kind {
-            Kind::Decide => (true, None),
-            Kind::Everywhere { after } => (false, after),
+        let (acquiring, after) = match purpose {
+            Purpose::Decide => (true, None),
+            Purpose::Everywhere { after } => (false, after),
         };
         let writes = if nodes.len().saturating_sub(skip.len()) == 1 {
             Writes::Caller

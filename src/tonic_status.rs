@@ -10,7 +10,7 @@
 //! ```
 
 use crate::error::LockError;
-use crate::layer::{Protocol, Rejection};
+use crate::layer::reject::{Protocol, Rejection};
 
 impl From<LockError> for tonic::Status {
     fn from(e: LockError) -> Self {

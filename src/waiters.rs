@@ -56,8 +56,8 @@ use tokio::sync::mpsc::{self, UnboundedSender, error::SendError};
 use tokio::sync::{Notify, oneshot};
 
 use crate::error::NodeError;
+use crate::name::CLIENT_ID_LEN;
 use crate::node::Node;
-use crate::token::CLIENT_ID_LEN;
 
 mod pubsub;
 

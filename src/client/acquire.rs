@@ -15,13 +15,14 @@ use super::Redlock;
 use super::release::{Deletion, Wake};
 use crate::error::{LockError, NodeError, RecordBytes};
 use crate::fencing::{self, PhaseOne, PhaseTwo};
+use crate::name::{Resource, new_value};
 use crate::quorum::{self, NodeMask, Outcome, later};
-use crate::round::{Kind, Plan, Round};
+use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{
     ACQUIRE_FENCED_SCRIPT, ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, Request,
     parse_acquire,
 };
-use crate::token::{Lock, Resource, new_value};
+use crate::token::Lock;
 use crate::votes::Votes;
 
 /// What the `SET NX PX` replies of one attempt said, node by node.
@@ -324,7 +325,7 @@ impl Redlock {
         let plan = Plan {
             skip: NodeMask::default(),
             deadline,
-            kind: Kind::Decide,
+            purpose: Purpose::Decide,
         };
         let mut round = Round::send(nodes, &request, plan);
         let mut votes = Votes::new(nodes.len());

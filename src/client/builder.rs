@@ -13,51 +13,39 @@
 //! assert!(matches!(err, ConfigError::NodeTimeoutTooLong { .. }));
 //! ```
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use redis::{Client, ConnectionAddr, ConnectionInfo};
-
-use super::node_config::{NodeConfig, Sentinel, redact};
+use super::node_config::NodeConfig;
 use crate::defaults::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_FENCING,
-    DEFAULT_FENCING_RETENTION, DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT,
+    DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT,
     DEFAULT_RECONNECT_AFTER_TIMEOUTS, DEFAULT_RESTART_QUARANTINE, DEFAULT_RETRY_DELAY,
-    DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO,
-    MIN_TTL_TO_TIMEOUT_RATIO,
+    DEFAULT_RETRY_JITTER, DEFAULT_TTL,
 };
-use crate::error::ConfigError;
-use crate::keepalive_inbox::{Guards, KeepAlive};
-use crate::node::{Connector, Node, NodeSettings};
-use crate::quorum;
-use crate::sentinel::SentinelMaster;
-use crate::token::prefix_keeps_tags;
-use crate::waiters::Waiters;
 
 /// Builds a [`Redlock`](crate::Redlock); see [`Redlock::builder`](crate::Redlock::builder). Every setting has a documented default;
 /// [`build`](Self::build) checks them all.
 #[derive(Debug, Clone)]
 pub struct RedlockBuilder {
-    nodes: Vec<NodeConfig>,
-    ttl: Duration,
-    node_timeout: Duration,
-    drift_factor: f64,
-    max_attempts: u32,
-    retry_delay: Duration,
-    retry_jitter: Duration,
-    retry_deadline: Option<Duration>,
-    key_prefix: Vec<u8>,
-    min_validity: Duration,
-    connect_timeout: Duration,
-    reconnect_after_timeouts: u32,
-    extend_fraction: f64,
-    max_hold: Option<Duration>,
-    max_extensions: Option<u32>,
-    fencing: bool,
-    fencing_retention: Option<Duration>,
-    restart_quarantine: bool,
-    log_names: bool,
+    pub(super) nodes: Vec<NodeConfig>,
+    pub(super) ttl: Duration,
+    pub(super) node_timeout: Duration,
+    pub(super) drift_factor: f64,
+    pub(super) max_attempts: u32,
+    pub(super) retry_delay: Duration,
+    pub(super) retry_jitter: Duration,
+    pub(super) retry_deadline: Option<Duration>,
+    pub(super) key_prefix: Vec<u8>,
+    pub(super) min_validity: Duration,
+    pub(super) connect_timeout: Duration,
+    pub(super) reconnect_after_timeouts: u32,
+    pub(super) extend_fraction: f64,
+    pub(super) max_hold: Option<Duration>,
+    pub(super) max_extensions: Option<u32>,
+    pub(super) fencing: bool,
+    pub(super) fencing_retention: Option<Duration>,
+    pub(super) restart_quarantine: bool,
+    pub(super) log_names: bool,
     #[cfg(feature = "tls-rustls")]
     pub(super) tls: super::tls::TlsSettings,
 }
@@ -95,7 +83,7 @@ impl RedlockBuilder {
     }
 
     /// The default TTL of locks ([`DEFAULT_TTL`]). Must be at least 1 ms and at most
-    /// [`MAX_TTL`]; Redis expiries have millisecond precision, so finer parts are dropped.
+    /// [`MAX_TTL`](crate::defaults::MAX_TTL); Redis expiries have millisecond precision, so finer parts are dropped.
     ///
     /// ```
     /// use std::time::Duration;
@@ -114,7 +102,7 @@ impl RedlockBuilder {
     }
 
     /// How long to wait for each node's answer ([`DEFAULT_NODE_TIMEOUT`]). Must be at most
-    /// TTL / [`MIN_TTL_TO_TIMEOUT_RATIO`]. Each call waits at most this long or the
+    /// TTL / [`MIN_TTL_TO_TIMEOUT_RATIO`](crate::defaults::MIN_TTL_TO_TIMEOUT_RATIO). Each call waits at most this long or the
     /// lock's remaining validity, whichever is shorter.
     ///
     /// ```
@@ -388,8 +376,8 @@ impl RedlockBuilder {
     }
 
     /// How long a name's fencing counter lives on after its last fenced acquisition
-    /// (default: [`DEFAULT_FENCING_RETENTION`], 24 hours, or 100 times the TTL if that is
-    /// longer). At least [`MIN_RETENTION_TO_TTL_RATIO`] times the TTL of every fenced lock.
+    /// (default: [`DEFAULT_FENCING_RETENTION`](crate::defaults::DEFAULT_FENCING_RETENTION), 24 hours, or 100 times the TTL if that is
+    /// longer). At least [`MIN_RETENTION_TO_TTL_RATIO`](crate::defaults::MIN_RETENTION_TO_TTL_RATIO) times the TTL of every fenced lock.
     ///
     /// Counters expire so that memory is bounded by the names used within the retention
     /// (about 100 bytes per name and node), not by every name ever used. A name locked
@@ -467,297 +455,4 @@ impl RedlockBuilder {
         self.log_names = on;
         self
     }
-
-    /// The client of a node given by its connection settings: with the builder's TLS
-    /// settings for a `rediss://` node. A node that skips certificate checks (`#insecure`)
-    /// needs the `tls-insecure` feature.
-    fn client(&self, info: ConnectionInfo, label: &str) -> Result<Client, ConfigError> {
-        let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-        if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr()
-            && !cfg!(feature = "tls-insecure")
-        {
-            return Err(ConfigError::InsecureTls {
-                node: label.to_owned(),
-            });
-        }
-        #[cfg(feature = "tls-rustls")]
-        if tls {
-            return self.tls.client(info, label);
-        }
-        let _ = tls;
-        Client::open(info).map_err(|e| ConfigError::InvalidUrl {
-            url: label.to_owned(),
-            reason: e.to_string(),
-        })
-    }
-
-    /// Checks every setting but the nodes' own (see [`nodes`](Self::nodes)): the fencing
-    /// retention to use when they are sound.
-    fn validate(&self) -> Result<Duration, ConfigError> {
-        let n = self.nodes.len();
-        if n == 0 {
-            return Err(ConfigError::NoNodes);
-        }
-        if n.is_multiple_of(2) {
-            return Err(ConfigError::EvenNodeCount { nodes: n });
-        }
-        check_ttl(self.ttl, self.node_timeout)?;
-        if !(0.0..0.5).contains(&self.drift_factor) {
-            return Err(ConfigError::DriftFactorOutOfRange {
-                drift_factor: self.drift_factor,
-            });
-        }
-        if self
-            .min_validity
-            .saturating_add(quorum::drift(self.ttl, self.drift_factor))
-            >= self.ttl
-        {
-            return Err(ConfigError::MinValidityTooLong {
-                min_validity: self.min_validity,
-                ttl: self.ttl,
-            });
-        }
-        if self.max_attempts == 0 {
-            return Err(ConfigError::ZeroAttempts);
-        }
-        let fencing_retention = match self.fencing_retention {
-            Some(retention) => {
-                check_retention(retention, self.ttl)?;
-                retention
-            }
-            None => DEFAULT_FENCING_RETENTION.max(self.ttl.saturating_mul(100)),
-        };
-        if !prefix_keeps_tags(&self.key_prefix) {
-            return Err(ConfigError::KeyPrefixBrace {
-                prefix: String::from_utf8_lossy(&self.key_prefix).into_owned(),
-            });
-        }
-        if self.connect_timeout.is_zero() {
-            return Err(ConfigError::ZeroConnectTimeout);
-        }
-        if !(self.extend_fraction > 0.0 && self.extend_fraction < 1.0) {
-            return Err(ConfigError::ExtendFractionOutOfRange {
-                fraction: self.extend_fraction,
-            });
-        }
-        Ok(fencing_retention)
-    }
-
-    /// The nodes, each from its configuration (a URL, a client, a sentinel set or a
-    /// cluster), sharing `settings`; refuses a node listed twice, and TLS settings without
-    /// a `rediss://` node. Nothing connects yet.
-    fn nodes(&self, settings: &NodeSettings) -> Result<Vec<Arc<Node>>, ConfigError> {
-        let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(self.nodes.len());
-        let mut any_tls = false;
-        for config in &self.nodes {
-            let (label, connector) = if let Some(seeds) = config.as_cluster() {
-                cluster_node(seeds, self.connect_timeout)?
-            } else if let Some(sentinel) = config.as_sentinel() {
-                (
-                    format!("sentinel:{}", sentinel.name),
-                    Connector::Sentinel(Box::new(sentinel_master(sentinel)?)),
-                )
-            } else {
-                let info = config.connection_info()?;
-                any_tls |= matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-                let label = info.addr().to_string();
-                let client = match config.client() {
-                    Some(client) => client.clone(),
-                    None => self.client(info, &label)?,
-                };
-                (label, Connector::Direct(Box::new(client)))
-            };
-            if nodes.iter().any(|other| other.label() == label) {
-                return Err(ConfigError::DuplicateNode { node: label });
-            }
-            let index = nodes.len();
-            let node = Node::new(index, label, connector, settings.clone());
-            nodes.push(Arc::new(node));
-        }
-        #[cfg(feature = "tls-rustls")]
-        self.tls.check(any_tls)?;
-        #[cfg(not(feature = "tls-rustls"))]
-        let _ = any_tls;
-        Ok(nodes)
-    }
-
-    /// The client's settings and nodes, once every setting is checked.
-    pub(super) fn settings(self) -> Result<Settings, ConfigError> {
-        let fencing_retention = self.validate()?;
-        let max_ttl_ms = Arc::new(AtomicU64::new(ttl_ms(self.ttl)));
-        let node_settings = NodeSettings {
-            connect_timeout: self.connect_timeout,
-            reconnect_after_timeouts: self.reconnect_after_timeouts,
-            quarantine: self.restart_quarantine,
-            max_ttl_ms: Arc::clone(&max_ttl_ms),
-            servers: Arc::default(),
-        };
-        let nodes = self.nodes(&node_settings)?;
-        let n = nodes.len();
-        Ok(Settings {
-            nodes: nodes.into(),
-            ttl: self.ttl,
-            node_timeout: self.node_timeout,
-            drift_factor: self.drift_factor,
-            max_attempts: self.max_attempts,
-            retry_delay: self.retry_delay,
-            retry_jitter: self.retry_jitter,
-            retry_deadline: self.retry_deadline,
-            key_prefix: self.key_prefix,
-            log_names: self.log_names,
-            min_validity: self.min_validity,
-            max_ttl_ms,
-            keep_alive: KeepAlive {
-                fraction: self.extend_fraction,
-                max_hold: self.max_hold,
-                max_extensions: self.max_extensions,
-            },
-            fencing: self.fencing,
-            fencing_retention,
-            guards: Guards::default(),
-            waiters: Waiters::new(n, quorum::quorum(n)),
-        })
-    }
-}
-
-/// The checked settings of a client, shared by its clones.
-#[derive(Debug)]
-pub(crate) struct Settings {
-    /// Shared, so that a round's background work can hold the list with one reference.
-    pub(crate) nodes: Arc<[Arc<Node>]>,
-    pub(crate) ttl: Duration,
-    pub(crate) node_timeout: Duration,
-    pub(crate) drift_factor: f64,
-    pub(crate) max_attempts: u32,
-    pub(crate) retry_delay: Duration,
-    pub(crate) retry_jitter: Duration,
-    pub(crate) retry_deadline: Option<Duration>,
-    pub(crate) key_prefix: Vec<u8>,
-    /// Whether spans and logs show lock names (otherwise a hash).
-    pub(crate) log_names: bool,
-    pub(crate) min_validity: Duration,
-    /// The longest TTL used so far, in ms (shared with the nodes, for quarantines).
-    pub(crate) max_ttl_ms: Arc<AtomicU64>,
-    pub(crate) keep_alive: KeepAlive,
-    /// Whether acquisitions get a fencing number unless a handle says otherwise.
-    pub(crate) fencing: bool,
-    /// How long a fencing counter lives after its last fenced acquisition.
-    pub(crate) fencing_retention: Duration,
-    /// The keep-alive driver of this client's guards, while one runs.
-    pub(crate) guards: Guards,
-    /// The tasks waiting for a lock, woken on release.
-    pub(crate) waiters: Arc<Waiters>,
-}
-
-/// Checks a TTL against the limits and the per-node timeout.
-pub(crate) fn check_ttl(ttl: Duration, node_timeout: Duration) -> Result<(), ConfigError> {
-    if ttl.as_millis() == 0 {
-        return Err(ConfigError::ZeroTtl);
-    }
-    if ttl > MAX_TTL {
-        return Err(ConfigError::TtlTooLong { ttl });
-    }
-    if node_timeout.is_zero() {
-        return Err(ConfigError::ZeroNodeTimeout);
-    }
-    if node_timeout
-        .checked_mul(MIN_TTL_TO_TIMEOUT_RATIO)
-        .is_none_or(|t| t > ttl)
-    {
-        return Err(ConfigError::NodeTimeoutTooLong { node_timeout, ttl });
-    }
-    Ok(())
-}
-
-/// Checks a fencing retention against a TTL.
-pub(crate) fn check_retention(retention: Duration, ttl: Duration) -> Result<(), ConfigError> {
-    if ttl
-        .checked_mul(MIN_RETENTION_TO_TTL_RATIO)
-        .is_none_or(|min| retention < min)
-    {
-        return Err(ConfigError::FencingRetentionTooShort { retention, ttl });
-    }
-    Ok(())
-}
-
-/// A TTL in whole milliseconds.
-pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The label and connector of a Redis Cluster node.
-#[cfg(feature = "cluster")]
-fn cluster_node(
-    seeds: &[String],
-    connect_timeout: Duration,
-) -> Result<(String, Connector), ConfigError> {
-    let shown = seeds.first().map(|s| redact(s)).unwrap_or_default();
-    let invalid = |reason: String| ConfigError::InvalidUrl {
-        url: format!("cluster:{shown}"),
-        reason,
-    };
-    let Some(first) = seeds.first() else {
-        return Err(invalid("no seed nodes given".to_owned()));
-    };
-    let client = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
-        .connection_timeout(connect_timeout)
-        .build()
-        .map_err(|e| invalid(e.to_string()))?;
-    let first = first
-        .as_str()
-        .parse::<ConnectionInfo>()
-        .map_err(|e| invalid(e.to_string()))?;
-    Ok((
-        format!("cluster:{}", first.addr()),
-        Connector::Cluster(Box::new(client)),
-    ))
-}
-
-/// Without the `cluster` feature, no `NodeConfig` is a cluster.
-#[cfg(not(feature = "cluster"))]
-fn cluster_node(
-    seeds: &[String],
-    _connect_timeout: Duration,
-) -> Result<(String, Connector), ConfigError> {
-    Err(ConfigError::InvalidUrl {
-        url: format!(
-            "cluster:{}",
-            seeds.first().map(|s| redact(s)).unwrap_or_default()
-        ),
-        reason: "a cluster node needs the `cluster` feature".to_owned(),
-    })
-}
-
-/// The connector of a Sentinel-managed node: clients for its sentinels, and the master's
-/// settings.
-fn sentinel_master(sentinel: &Sentinel) -> Result<SentinelMaster, ConfigError> {
-    if sentinel.sentinels.is_empty() {
-        return Err(ConfigError::NoSentinels {
-            master: sentinel.name.clone(),
-        });
-    }
-    let clients = sentinel
-        .sentinels
-        .iter()
-        .map(|url| {
-            Client::open(url.as_str()).map_err(|e| ConfigError::InvalidUrl {
-                url: redact(url),
-                reason: e.to_string(),
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let template = match &sentinel.master {
-        Some(info) => info.clone(),
-        None => "redis://127.0.0.1:6379"
-            .parse::<ConnectionInfo>()
-            .map_err(|e| ConfigError::InvalidUrl {
-                url: format!("sentinel:{}", sentinel.name),
-                reason: e.to_string(),
-            })?,
-    };
-    Ok(SentinelMaster::new(
-        clients,
-        sentinel.name.clone(),
-        template,
-    ))
 }

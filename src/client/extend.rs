@@ -21,7 +21,7 @@ use super::spans::{Operation, elapsed_us};
 use super::{Redlock, check_ttl, ttl_ms};
 use crate::error::LockError;
 use crate::quorum::{self, NodeMask, Outcome, later};
-use crate::round::{Kind, Plan, Round};
+use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{Arg, EXTEND_SCRIPT, Invocation, Request, parse_flag};
 use crate::token::Lock;
 use crate::votes::Votes;
@@ -103,7 +103,7 @@ impl Redlock {
             skip: NodeMask::default(),
             // The extension must take effect within the current validity.
             deadline: self.call_deadline(start, ttl, Some(lock.valid_until)),
-            kind: Kind::Decide,
+            purpose: Purpose::Decide,
         };
         let nodes = &self.inner.nodes;
         let mut round = Round::send(nodes, &request, plan);

@@ -24,7 +24,7 @@ use futures_util::future::join_all;
 use super::Redlock;
 use crate::error::{LockError, NodeError, NodeFailure};
 use crate::quorum::{NodeMask, later};
-use crate::round::{Kind, Plan, Round};
+use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{Arg, INSPECT_SCRIPT, Invocation, Request, parse_inspect};
 
 /// The state of one node, from [`Redlock::health`].
@@ -214,7 +214,7 @@ impl Redlock {
         let plan = Plan {
             skip: NodeMask::default(),
             deadline,
-            kind: Kind::Everywhere { after: None },
+            purpose: Purpose::Everywhere { after: None },
         };
         let nodes = &self.inner.nodes;
         let mut round = Round::send(nodes, &request, plan);

@@ -34,16 +34,19 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{ConfigError, LockError};
+use crate::name::{Resource, keys_for};
 use crate::quorum::{self, later};
-use crate::token::{Lock, Resource, keys_for};
+use crate::token::Lock;
 
 mod acquire;
 pub(crate) mod builder;
 mod extend;
 mod health;
 mod node_config;
+mod node_list;
 mod release;
 mod retry;
+mod settings;
 pub(crate) mod spans;
 #[cfg(feature = "tls-rustls")]
 mod tls;
@@ -58,7 +61,7 @@ pub(crate) use release::{Deletion, Wake};
 use retry::Budget;
 
 use crate::keepalive_inbox::{Guards, KeepAlive};
-use builder::{Settings, check_retention, check_ttl, ttl_ms};
+use settings::{Settings, check_retention, check_ttl, ttl_ms};
 
 /// A Redlock client over N independent Redis masters (N = 1 is the plain single-instance
 /// lock; 3 or 5 is Redlock proper).

@@ -22,10 +22,11 @@ use super::Redlock;
 use super::spans::{Operation, elapsed_us};
 use crate::error::{NodeError, NodeFailure};
 use crate::landing::Landing;
+use crate::name::Resource;
 use crate::quorum::{NodeMask, later};
-use crate::round::{Kind, Plan, Round};
+use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{Arg, COMPLETE_SCRIPT, Deleted, Invocation, Request, parse_deleted};
-use crate::token::{Lock, Resource};
+use crate::token::Lock;
 
 /// The outcome of [`Redlock::unlock`]: on how many nodes our key was deleted.
 ///
@@ -139,7 +140,7 @@ impl Redlock {
         let plan = Plan {
             skip: deletion.foreign,
             deadline,
-            kind: Kind::Everywhere {
+            purpose: Purpose::Everywhere {
                 after: deletion.landing.as_ref(),
             },
         };
@@ -213,7 +214,7 @@ impl Redlock {
             skip: lock.foreign,
             deadline: later(Instant::now(), self.inner.node_timeout),
             // On the nodes where the acquisition lands late, too.
-            kind: Kind::Everywhere {
+            purpose: Purpose::Everywhere {
                 after: lock.landing.as_ref(),
             },
         };

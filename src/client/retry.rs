@@ -25,8 +25,8 @@ use super::Redlock;
 use super::acquire::{Acquired, Attempt, Target};
 use super::spans::{Operation, elapsed_us};
 use crate::error::LockError;
+use crate::name::Resource;
 use crate::quorum::later;
-use crate::token::Resource;
 use crate::waiters::Ticket;
 
 /// A missed attempt, as the pause before the next sees it.

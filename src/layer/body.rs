@@ -23,13 +23,13 @@ pin_project! {
     /// The body of responses from [`RedlockService`](super::RedlockService).
     pub struct ResponseBody<B> {
         #[pin]
-        kind: Kind<B>,
+        kind: BodyKind<B>,
     }
 }
 
 pin_project! {
-    #[project = KindProj]
-    enum Kind<B> {
+    #[project = BodyKindProj]
+    enum BodyKind<B> {
         Inner {
             #[pin]
             body: B,
@@ -52,7 +52,7 @@ pin_project! {
 impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B, held: Option<LockGuard>) -> Self {
         Self {
-            kind: Kind::Inner { body, held },
+            kind: BodyKind::Inner { body, held },
         }
     }
 
@@ -61,7 +61,7 @@ impl<B> ResponseBody<B> {
         match answer {
             Answer::Data(data) => Self::fixed(data, None),
             Answer::Boxed(body) => Self {
-                kind: Kind::Hook { body: Some(body) },
+                kind: BodyKind::Hook { body: Some(body) },
             },
         }
     }
@@ -70,7 +70,7 @@ impl<B> ResponseBody<B> {
     /// body, a replayed response's, or a response collected for its record.
     pub(crate) fn fixed(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self {
-            kind: Kind::Fixed {
+            kind: BodyKind::Fixed {
                 data: (!data.is_empty()).then_some(data),
                 trailers: trailers.map(Box::new),
             },
@@ -80,7 +80,7 @@ impl<B> ResponseBody<B> {
     /// A gRPC reply that streams through `recorder`.
     pub(crate) fn recording(body: B, recorder: GrpcRecorder) -> Self {
         Self {
-            kind: Kind::Recording {
+            kind: BodyKind::Recording {
                 body: RecordingBody::new(body, recorder),
             },
         }
@@ -90,9 +90,9 @@ impl<B> ResponseBody<B> {
     /// recorded, stream not ended).
     pub fn holds_lock(&self) -> bool {
         match &self.kind {
-            Kind::Inner { held, .. } => held.is_some(),
-            Kind::Fixed { .. } | Kind::Hook { .. } => false,
-            Kind::Recording { body } => body.holds_lock(),
+            BodyKind::Inner { held, .. } => held.is_some(),
+            BodyKind::Fixed { .. } | BodyKind::Hook { .. } => false,
+            BodyKind::Recording { body } => body.holds_lock(),
         }
     }
 }
@@ -100,20 +100,20 @@ impl<B> ResponseBody<B> {
 impl<B> std::fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
-            Kind::Inner { held, .. } => f
+            BodyKind::Inner { held, .. } => f
                 .debug_struct("ResponseBody::Inner")
                 .field("holds_lock", &held.is_some())
                 .finish_non_exhaustive(),
-            Kind::Fixed { data, trailers } => f
+            BodyKind::Fixed { data, trailers } => f
                 .debug_struct("ResponseBody::Rejection")
                 .field("len", &data.as_ref().map_or(0, Bytes::len))
                 .field("trailers", &trailers.is_some())
                 .finish(),
-            Kind::Recording { body } => f
+            BodyKind::Recording { body } => f
                 .debug_struct("ResponseBody::Recording")
                 .field("holds_lock", &body.holds_lock())
                 .finish_non_exhaustive(),
-            Kind::Hook { .. } => f.debug_struct("ResponseBody::Hook").finish_non_exhaustive(),
+            BodyKind::Hook { .. } => f.debug_struct("ResponseBody::Hook").finish_non_exhaustive(),
         }
     }
 }
@@ -131,34 +131,34 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body, held } => poll_holding(body, held, cx),
-            KindProj::Fixed { data, trailers } => Poll::Ready(match data.take() {
+            BodyKindProj::Inner { body, held } => poll_holding(body, held, cx),
+            BodyKindProj::Fixed { data, trailers } => Poll::Ready(match data.take() {
                 Some(d) => Some(Ok(Frame::data(B::Data::from(d)))),
                 None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
             }),
-            KindProj::Hook { body } => poll_hook(body, cx),
-            KindProj::Recording { body } => body.poll_frame(cx),
+            BodyKindProj::Hook { body } => poll_hook(body, cx),
+            BodyKindProj::Recording { body } => body.poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             // While the lock is held, ask to be polled once more so the end is seen.
-            Kind::Inner { body, held } => held.is_none() && body.is_end_stream(),
-            Kind::Fixed { data, trailers } => data.is_none() && trailers.is_none(),
-            Kind::Recording { body } => body.is_end_stream(),
-            Kind::Hook { body } => body.as_ref().is_none_or(|b| b.is_end_stream()),
+            BodyKind::Inner { body, held } => held.is_none() && body.is_end_stream(),
+            BodyKind::Fixed { data, trailers } => data.is_none() && trailers.is_none(),
+            BodyKind::Recording { body } => body.is_end_stream(),
+            BodyKind::Hook { body } => body.as_ref().is_none_or(|b| b.is_end_stream()),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body, .. } => body.size_hint(),
-            Kind::Recording { body } => body.size_hint(),
-            Kind::Fixed { data, .. } => {
+            BodyKind::Inner { body, .. } => body.size_hint(),
+            BodyKind::Recording { body } => body.size_hint(),
+            BodyKind::Fixed { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Kind::Hook { body } => body
+            BodyKind::Hook { body } => body
                 .as_ref()
                 .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint()),
         }

@@ -53,6 +53,7 @@ pub(crate) mod redlock_layer;
 pub mod reject;
 mod rejection_hook;
 pub(crate) mod replay;
+mod scoped;
 mod service;
 
 #[cfg(feature = "tonic")]
@@ -61,8 +62,8 @@ pub use crate::tonic_token::LockTokenExt;
 pub use body::ResponseBody;
 pub use config::WaitPolicy;
 pub use extract::{
-    ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, PerPrincipal,
-    PerRoute, RequestHead, extract_fn,
+    ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, RequestHead,
+    extract_fn,
 };
 pub use future::ResponseFuture;
 pub use grpc_methods::GrpcMethods;
@@ -72,4 +73,5 @@ pub use replay::body_fingerprint::{BodyFingerprint, BodyFingerprintLayer, Prefix
 pub use replay::fingerprint::RequestFingerprint;
 pub use replay::principal::Principal;
 pub use replay::record::{REPLAYED_HEADER, ReplayPolicy};
+pub use scoped::{PerPrincipal, PerRoute};
 pub use service::RedlockService;

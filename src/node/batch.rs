@@ -56,13 +56,13 @@ const MAX_QUEUED: usize = 16 * MAX_BATCH;
 /// A node's releases that wait for the one on its way, and its turn.
 #[derive(Default)]
 pub(super) struct Releases {
-    state: Mutex<State>,
+    state: Mutex<ReleaseQueue>,
     /// Wakes the task that sends the queue: the turn was handed on.
     handed_on: Notify,
 }
 
 #[derive(Default)]
-struct State {
+struct ReleaseQueue {
     /// The release that holds the node's turn (sent alone, its answer still to come).
     turn: Option<Holder>,
     /// The number of the next turn.
@@ -81,7 +81,7 @@ struct Holder {
     until: Instant,
 }
 
-impl State {
+impl ReleaseQueue {
     /// Whether the turn is held by a release that is still within its deadline.
     fn turn_taken(&mut self, now: Instant) -> bool {
         if self.turn.as_ref().is_some_and(|h| now >= h.until) {
@@ -124,7 +124,7 @@ pub(super) enum Release {
 }
 
 impl Releases {
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, ReleaseQueue> {
         // Every change keeps the state consistent, so a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

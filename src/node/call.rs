@@ -34,7 +34,7 @@ use redis::Value;
 
 use super::batch::{self, Queued, Release};
 use super::wire::{self, Writes};
-use super::{Conn, Node, Slot};
+use super::{Conn, Link, Node};
 use crate::error::NodeError;
 use crate::landing::{Landing, LandingState};
 use crate::quorum::later;
@@ -185,7 +185,7 @@ impl Node {
         let (wire, generation) = {
             let mut st = self.state();
             let wire = match &st.slot {
-                Slot::Ready(Conn::Own(wire)) => wire.clone(),
+                Link::Ready(Conn::Own(wire)) => wire.clone(),
                 _ => return None,
             };
             if sending.acquiring && self.quarantine_left(&mut st).is_some() {

@@ -21,7 +21,7 @@ use futures_util::FutureExt;
 use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::time::timeout_at;
 
-use super::{BACKOFF_MAX, BACKOFF_MIN, Conn, Connector, Node, Owner, Slot, State, wire};
+use super::{BACKOFF_MAX, BACKOFF_MIN, Conn, Connector, Link, Node, NodeState, Owner, wire};
 use crate::error::NodeError;
 use crate::scripts;
 
@@ -92,13 +92,13 @@ impl Node {
     /// Must be called within a tokio runtime.
     pub(crate) fn kick(self: &Arc<Self>) {
         let mut st = self.state();
-        if matches!(st.slot, Slot::Idle | Slot::Down { .. }) {
+        if matches!(st.slot, Link::Idle | Link::Down { .. }) {
             self.start_connect(&mut st);
         }
     }
 
-    fn start_connect(self: &Arc<Self>, st: &mut State) {
-        st.slot = Slot::Connecting;
+    fn start_connect(self: &Arc<Self>, st: &mut NodeState) {
+        st.slot = Link::Connecting;
         let node = Arc::clone(self);
         tokio::spawn(async move {
             // Dropped unfinished (the runtime shut down): the node can connect again.
@@ -321,7 +321,7 @@ impl Node {
                     st.same_server_as = None;
                     st.generation += 1;
                     st.connected_at = Some(Instant::now());
-                    st.slot = Slot::Ready(conn);
+                    st.slot = Link::Ready(conn);
                     st.backoff = BACKOFF_MIN;
                     self.consecutive_timeouts.store(0, Ordering::Relaxed);
                 }
@@ -334,7 +334,7 @@ impl Node {
                         );
                     }
                     st.same_server_as = Some(node.clone());
-                    st.slot = Slot::Down {
+                    st.slot = Link::Down {
                         error: NodeError::SameServer { node },
                         retry_at: crate::quorum::later(Instant::now(), BACKOFF_MAX),
                     };
@@ -342,7 +342,7 @@ impl Node {
                 }
                 Err(error) => {
                     tracing::warn!(node = %self.label, %error, retry_in = ?st.backoff, "redlock node connect failed");
-                    st.slot = Slot::Down {
+                    st.slot = Link::Down {
                         error,
                         retry_at: crate::quorum::later(Instant::now(), st.backoff),
                     };
@@ -354,7 +354,7 @@ impl Node {
     }
 
     /// Starts a quarantine if the node restarted or is young (see the module docs).
-    fn quarantine_after_connect(&self, st: &mut State, info: &ServerInfo) {
+    fn quarantine_after_connect(&self, st: &mut NodeState, info: &ServerInfo) {
         let max_ttl = Duration::from_millis(self.settings.max_ttl_ms.load(Ordering::Relaxed));
         let Some((length, cause)) = quarantine_for(st.known_run_id.as_deref(), info, max_ttl)
         else {
@@ -384,8 +384,8 @@ impl Node {
     fn connect_abandoned(&self) {
         {
             let mut st = self.state();
-            if matches!(st.slot, Slot::Connecting) {
-                st.slot = Slot::Down {
+            if matches!(st.slot, Link::Connecting) {
+                st.slot = Link::Down {
                     error: NodeError::Connection(
                         "the connect task was dropped before it finished (its tokio runtime shut down?)"
                             .into(),
@@ -409,16 +409,16 @@ impl Node {
             {
                 let mut st = self.state();
                 match &st.slot {
-                    Slot::Ready(conn) => {
+                    Link::Ready(conn) => {
                         let ready = (conn.clone(), st.generation);
                         if acquiring && let Some(remaining) = self.quarantine_left(&mut st) {
                             return Err(NodeError::Quarantined { remaining });
                         }
                         return Ok(ready);
                     }
-                    Slot::Connecting => {}
-                    Slot::Idle => self.start_connect(&mut st),
-                    Slot::Down { error, retry_at } => {
+                    Link::Connecting => {}
+                    Link::Idle => self.start_connect(&mut st),
+                    Link::Down { error, retry_at } => {
                         if Instant::now() < *retry_at {
                             return Err(error.clone());
                         }

@@ -29,19 +29,25 @@
 //! ```
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
-use redis::{RedisError, RedisResult, Value};
+use redis::{RedisError, Value};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
 use super::resp;
+
+mod open;
+mod slot;
+
+pub(crate) use open::{handshake, plain_tcp};
+
+use slot::Slot;
+pub(crate) use slot::{Replies, Reply, Then};
 
 /// With fewer replies than this still to come, a request wakes the task to write it now;
 /// with more, it waits for the task to write it after handing out the next replies.
@@ -70,7 +76,7 @@ pub(crate) enum Writes {
 #[derive(Clone)]
 pub(crate) struct Wire(Arc<Handle>);
 
-struct Handle(Arc<Shared>);
+struct Handle(Arc<WireShared>);
 
 impl Drop for Handle {
     fn drop(&mut self) {
@@ -100,17 +106,17 @@ impl Writer for OwnedWriteHalf {
     }
 }
 
-struct Shared {
+struct WireShared {
     /// The transport's writing side: the task writes, and so does a caller that finds the
     /// connection idle (under the state lock, with nothing left unwritten).
     writing: Box<dyn Writer>,
-    state: Mutex<State>,
+    state: Mutex<WireState>,
     /// Wakes the task: there is something to write, or it should stop.
     wake: Notify,
 }
 
 #[derive(Default)]
-struct State {
+struct WireState {
     /// Requests not yet handed to the task for writing.
     out: Vec<u8>,
     /// The slot of each reply still to come, in order (a request of n commands has n).
@@ -149,8 +155,8 @@ impl Broken {
     }
 }
 
-impl Shared {
-    fn state(&self) -> MutexGuard<'_, State> {
+impl WireShared {
+    fn state(&self) -> MutexGuard<'_, WireState> {
         // Every change leaves the state consistent, so a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -177,137 +183,6 @@ impl Shared {
     }
 }
 
-/// Where the replies of one request go.
-struct Slot(Mutex<SlotState>);
-
-struct SlotState {
-    /// Replies still to come.
-    expected: usize,
-    got: Got,
-    waker: Option<Waker>,
-    /// Dropped as soon as every reply is in (or the request failed), whether or not the
-    /// caller still polls: see [`Wire::request_then`].
-    then: Option<Then>,
-}
-
-/// What a request holds until its replies are read (see [`Wire::request_then`]).
-pub(crate) type Then = Box<dyn Send>;
-
-enum Got {
-    Nothing,
-    One(Value),
-    Many(Vec<Value>),
-    Failed(RedisError),
-    /// The caller took the result.
-    Taken,
-}
-
-impl Slot {
-    fn new(expected: usize, then: Option<Then>) -> Self {
-        Self(Mutex::new(SlotState {
-            expected,
-            got: Got::Nothing,
-            waker: None,
-            then,
-        }))
-    }
-
-    fn state(&self) -> MutexGuard<'_, SlotState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn deliver(&self, value: Value) {
-        let (waker, then) = {
-            let mut st = self.state();
-            st.expected = st.expected.saturating_sub(1);
-            st.got = match std::mem::replace(&mut st.got, Got::Nothing) {
-                Got::Nothing if st.expected == 0 => Got::One(value),
-                Got::Nothing => Got::Many(vec![value]),
-                Got::Many(mut values) => {
-                    values.push(value);
-                    Got::Many(values)
-                }
-                other => other,
-            };
-            if st.expected == 0 {
-                (st.waker.take(), st.then.take())
-            } else {
-                (None, None)
-            }
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-        drop(then);
-    }
-
-    fn fail(&self, error: RedisError) {
-        let (waker, then) = {
-            let mut st = self.state();
-            st.expected = 0;
-            st.got = Got::Failed(error);
-            (st.waker.take(), st.then.take())
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-        drop(then);
-    }
-}
-
-impl Slot {
-    /// What arrived, once everything has (taking it), or `Pending` with `cx` to wake.
-    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Got> {
-        let mut st = self.state();
-        if st.expected > 0 {
-            match &st.waker {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => st.waker = Some(cx.waker().clone()),
-            }
-            return Poll::Pending;
-        }
-        Poll::Ready(std::mem::replace(&mut st.got, Got::Taken))
-    }
-}
-
-/// The replies to one request, once all have arrived.
-pub(crate) struct Replies(Arc<Slot>);
-
-impl Future for Replies {
-    type Output = RedisResult<Vec<Value>>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.poll_take(cx).map(|got| match got {
-            Got::One(v) => Ok(vec![v]),
-            Got::Many(values) => Ok(values),
-            Got::Failed(e) => Err(e),
-            Got::Nothing => Ok(Vec::new()),
-            Got::Taken => Err(RedisError::from((
-                redis::ErrorKind::Client,
-                "the replies were already taken",
-            ))),
-        })
-    }
-}
-
-/// The reply to a one-command request, with a server error as `Err`.
-pub(crate) struct Reply(Arc<Slot>);
-
-impl Future for Reply {
-    type Output = RedisResult<Value>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.poll_take(cx).map(|got| match got {
-            Got::One(v) => v.extract_error(),
-            Got::Failed(e) => Err(e),
-            Got::Many(_) | Got::Nothing | Got::Taken => Err(RedisError::from((
-                redis::ErrorKind::Client,
-                "not a one-command request",
-            ))),
-        })
-    }
-}
-
 impl Wire {
     /// Connects to `host:port` (no handshake: the caller sends `AUTH` and the like as its
     /// first requests) and starts the connection's task. Must be called within a tokio
@@ -322,9 +197,9 @@ impl Wire {
     /// A connection over a transport: replies are read from `reading`, requests written
     /// to `writing`. Starts the connection's task; must be called within a tokio runtime.
     fn over(reading: impl AsyncRead + Unpin + Send + 'static, writing: impl Writer) -> Self {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(WireShared {
             writing: Box::new(writing),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(WireState::default()),
             wake: Notify::new(),
         });
         tokio::spawn(drive(Arc::clone(&shared), reading));
@@ -430,7 +305,7 @@ impl redis::aio::ConnectionLike for Wire {
 /// The connection's task: reads and hands out replies, writes what callers left in `out`
 /// (outside the lock; a caller writes only while the task holds nothing unwritten), and
 /// closes the socket when every handle is gone.
-async fn drive(shared: Arc<Shared>, mut reading: impl AsyncRead + Unpin) {
+async fn drive(shared: Arc<WireShared>, mut reading: impl AsyncRead + Unpin) {
     // However the task ends (even dropped by a runtime shutting down), requests fail at
     // once from then on, so the node reconnects.
     let _stopped = Stopped(&shared);
@@ -477,7 +352,7 @@ async fn drive(shared: Arc<Shared>, mut reading: impl AsyncRead + Unpin) {
 
 /// Takes what callers left in `out` into `unwritten` once the last of it is written;
 /// `false` when the connection is closed or broken (the task ends).
-fn take_out(shared: &Shared, unwritten: &mut Vec<u8>) -> bool {
+fn take_out(shared: &WireShared, unwritten: &mut Vec<u8>) -> bool {
     let mut st = shared.state();
     if st.closed || st.broken.is_some() {
         return false;
@@ -491,7 +366,7 @@ fn take_out(shared: &Shared, unwritten: &mut Vec<u8>) -> bool {
 }
 
 /// Writes what the socket takes now of `unwritten`.
-fn write_some(shared: &Shared, unwritten: &mut Vec<u8>) -> Result<(), Broken> {
+fn write_some(shared: &WireShared, unwritten: &mut Vec<u8>) -> Result<(), Broken> {
     if unwritten.is_empty() {
         return Ok(());
     }
@@ -509,7 +384,7 @@ fn write_some(shared: &Shared, unwritten: &mut Vec<u8>) -> Result<(), Broken> {
 }
 
 /// Breaks the connection when its task ends.
-struct Stopped<'a>(&'a Shared);
+struct Stopped<'a>(&'a WireShared);
 
 impl Drop for Stopped<'_> {
     fn drop(&mut self) {
@@ -555,7 +430,7 @@ fn next_reply(buf: &[u8], scan: &mut resp::Scan) -> Result<Option<(Value, usize)
 
 /// Hands out every complete reply in `buf` to its request, in order; `scan` is how far
 /// the reply that is still incomplete was read.
-fn hand_out(shared: &Shared, buf: &mut Vec<u8>, scan: &mut resp::Scan) -> Result<(), Broken> {
+fn hand_out(shared: &WireShared, buf: &mut Vec<u8>, scan: &mut resp::Scan) -> Result<(), Broken> {
     let mut used = 0;
     let mut values = Vec::new();
     let mut failed = None;
@@ -594,56 +469,6 @@ fn hand_out(shared: &Shared, buf: &mut Vec<u8>, scan: &mut resp::Scan) -> Result
         slot.deliver(value);
     }
     failed.map_or(Ok(()), Err)
-}
-
-/// The address of `client` when our own connection can serve it: plain TCP speaking RESP2.
-pub(crate) fn plain_tcp(client: &redis::Client) -> Option<(&str, u16)> {
-    let info = client.get_connection_info();
-    match info.addr() {
-        redis::ConnectionAddr::Tcp(host, port)
-            if info.redis_settings().protocol() == redis::ProtocolVersion::RESP2 =>
-        {
-            Some((host.as_str(), *port))
-        }
-        _ => None,
-    }
-}
-
-/// Authenticates and selects the database as `settings` say, in one round trip. A wrong
-/// user or password is `AuthenticationFailed`, without the credentials in the message.
-pub(crate) async fn handshake(
-    wire: &Wire,
-    settings: &redis::RedisConnectionInfo,
-) -> RedisResult<()> {
-    let mut pipe = redis::pipe();
-    let authenticates = settings.password().is_some();
-    if let Some(password) = settings.password() {
-        let auth = pipe.cmd("AUTH");
-        if let Some(user) = settings.username() {
-            auth.arg(user);
-        }
-        auth.arg(password);
-    }
-    if settings.db() != 0 {
-        pipe.cmd("SELECT").arg(settings.db());
-    }
-    if pipe.is_empty() {
-        return Ok(());
-    }
-    let commands = usize::from(authenticates) + usize::from(settings.db() != 0);
-    let replies = wire.pipeline(&pipe.get_packed_pipeline(), commands).await?;
-    for (i, reply) in replies.into_iter().enumerate() {
-        if let Err(e) = reply.extract_error() {
-            if authenticates && i == 0 {
-                return Err(RedisError::from((
-                    redis::ErrorKind::AuthenticationFailed,
-                    "Password authentication failed",
-                )));
-            }
-            return Err(e);
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

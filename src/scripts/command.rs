@@ -63,7 +63,7 @@ impl Request<'_> {
     /// node's call, owned so that calls still in flight can finish after the round.
     pub(crate) fn call(&self) -> Call {
         match self {
-            Self::Script(inv) => inv.call(Kind::Script),
+            Self::Script(inv) => inv.call(CallKind::Script),
             Self::SetNx { key, value, ttl_ms } => {
                 let mut cmd = Packer::new(6, key.len() + value.len());
                 cmd.bytes(b"SET");
@@ -72,7 +72,7 @@ impl Request<'_> {
                 cmd.bytes(b"NX");
                 cmd.bytes(b"PX");
                 cmd.int(*ttl_ms);
-                cmd.call(None, Kind::SetNx { key, value })
+                cmd.call(None, CallKind::SetNx { key, value })
             }
             Self::Release { key, value, id } => {
                 let inv = Invocation {
@@ -81,7 +81,7 @@ impl Request<'_> {
                     args: &[Arg::Bytes(value), Arg::Bytes(id)],
                 };
                 // `EVALSHA sha 1 key value id`: the words at 3, 4 and 5.
-                inv.call(Kind::Release {
+                inv.call(CallKind::Release {
                     key: 3,
                     value: 4,
                     id: 5,
@@ -93,7 +93,7 @@ impl Request<'_> {
 
 /// What a [`Call`] is, with where its typed fields are among its words.
 #[derive(Clone, Copy)]
-enum Kind {
+enum CallKind {
     /// `SET key value NX PX ttl`.
     SetNx { key: usize, value: usize },
     /// A [`RELEASE`](super::lua::RELEASE) of one lock.
@@ -163,7 +163,7 @@ pub(crate) struct Call {
     /// Where each word is in `packed`.
     words: Words,
     /// What the command is, and where its typed fields are among the words.
-    kind: Kind,
+    kind: CallKind,
     /// The same as a redis-rs command, built when first needed (redis-rs's connections and
     /// the rare follow-ups).
     cmd: OnceLock<Cmd>,
@@ -194,13 +194,13 @@ impl Call {
     /// Whether this is a [`RELEASE`](super::lua::RELEASE), which can go out in one
     /// [`release_many`] with others.
     pub(crate) fn is_release(&self) -> bool {
-        matches!(self.kind, Kind::Release { .. })
+        matches!(self.kind, CallKind::Release { .. })
     }
 
     /// A release's key, value and client id.
     fn release(&self) -> Option<[&[u8]; 3]> {
         match self.kind {
-            Kind::Release { key, value, id } => {
+            CallKind::Release { key, value, id } => {
                 Some([self.word(key), self.word(value), self.word(id)])
             }
             _ => None,
@@ -244,7 +244,7 @@ impl Call {
         match self.script {
             Some(script) => eval_instead(self.cmd(), script, conn).await,
             None => {
-                let Kind::SetNx { key, value } = self.kind else {
+                let CallKind::SetNx { key, value } = self.kind else {
                     return first;
                 };
                 let holder = Invocation {
@@ -342,7 +342,7 @@ impl Invocation<'_> {
 
     /// The command packed as RESP ([`cmd`](Self::cmd), without building it first), as a
     /// call of `kind`.
-    fn call(&self, kind: Kind) -> Call {
+    fn call(&self, kind: CallKind) -> Call {
         let size = self
             .words()
             .map(|word| match word {
@@ -409,7 +409,7 @@ impl Packer {
     }
 
     /// The command written, as a call of `kind` to `script` (none for `SET NX PX`).
-    fn call(self, script: Option<&'static Script>, kind: Kind) -> Call {
+    fn call(self, script: Option<&'static Script>, kind: CallKind) -> Call {
         Call {
             packed: self.0,
             words: self.1,
@@ -434,96 +434,5 @@ fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Commands are packed as redis-rs packs them, also binary keys and `u64::MAX`, and
-    /// keep their typed fields: a `SET NX PX`'s key and value, a release's key, value and
-    /// client id, every word for redis-rs, without reading the packed bytes back.
-    #[test]
-    fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
-        let odd: &[u8] = b"a\r\n$3\r\n*\x00\xff";
-        for (key, value, ttl_ms) in [
-            (&b"redlock:{k}"[..], &b"v"[..], 10_000),
-            (odd, &b""[..], u64::MAX),
-            (&b""[..], odd, 0),
-        ] {
-            let call = Request::SetNx { key, value, ttl_ms }.call();
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
-            assert_eq!(call.packed(), cmd.get_packed_command());
-            assert_eq!(call.cmd().get_packed_command(), cmd.get_packed_command());
-            assert!(matches!(call.kind, Kind::SetNx { key: 1, value: 2 }));
-            assert_eq!(
-                (call.word(1), call.word(2), call.word(6)),
-                (key, value, &b""[..])
-            );
-            assert!(!call.is_release() && call.release().is_none());
-
-            let release = Request::Release {
-                key,
-                value,
-                id: odd,
-            }
-            .call();
-            let mut by_hand = redis::cmd("EVALSHA");
-            by_hand
-                .arg(RELEASE_SCRIPT.sha.as_str())
-                .arg(1)
-                .arg(key)
-                .arg(value)
-                .arg(odd);
-            assert_eq!(release.packed(), by_hand.get_packed_command());
-            assert!(release.is_release());
-            assert_eq!(release.release(), Some([key, value, odd]));
-        }
-        let keys: [&[u8]; 2] = [b"redlock:{k}", odd];
-        let args = [
-            Arg::Bytes(odd),
-            Arg::Int(0),
-            Arg::Int(u64::MAX),
-            Arg::Bytes(b""),
-            Arg::Bytes(b"more words than are kept inline"),
-            Arg::Int(7),
-        ];
-        for (keys, args) in [
-            (&keys[..], &args[..]),
-            (&keys[..1], &args[..0]),
-            (&[][..], &args[..4]),
-        ] {
-            let inv = Invocation {
-                script: &RELEASE_MANY_SCRIPT,
-                keys,
-                args,
-            };
-            let call = Request::Script(Invocation { ..inv }).call();
-            let mut by_hand = redis::cmd("EVALSHA");
-            by_hand
-                .arg(RELEASE_MANY_SCRIPT.sha.as_str())
-                .arg(keys.len());
-            for key in keys {
-                by_hand.arg(*key);
-            }
-            for arg in args {
-                match arg {
-                    Arg::Bytes(b) => by_hand.arg(*b),
-                    Arg::Int(n) => by_hand.arg(*n),
-                };
-            }
-            let expected = by_hand.get_packed_command();
-            assert_eq!(Invocation { ..inv }.cmd().get_packed_command(), expected);
-            assert_eq!(call.packed(), expected);
-            assert_eq!(
-                call.cmd().get_packed_command(),
-                expected,
-                "every word, also past 8"
-            );
-            assert_eq!(call.words.len(), 3 + keys.len() + args.len());
-            assert_eq!(call.word(0), b"EVALSHA");
-            assert!(
-                !call.is_release(),
-                "a release is known by its type, not its script"
-            );
-        }
-    }
-}
+#[path = "command_tests.rs"]
+mod tests;

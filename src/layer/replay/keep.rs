@@ -56,15 +56,15 @@ pin_project! {
     /// Stores a kept response's record, releases its lock, then yields the response.
     pub(crate) struct KeepFuture<B> {
         #[pin]
-        state: State<B>,
+        state: KeepState<B>,
         keep: Keep,
     }
 }
 
 pin_project! {
-    #[project = StateProj]
-    #[project_replace = StateOwned]
-    enum State<B> {
+    #[project = KeepProj]
+    #[project_replace = KeepOwned]
+    enum KeepState<B> {
         /// Reading the body of a response small enough to keep whole.
         Collecting {
             #[pin]
@@ -106,7 +106,7 @@ impl<B: Body> KeepFuture<B> {
                         guard,
                     );
                     let body = ResponseBody::recording(body, recorder);
-                    State::Ready {
+                    KeepState::Ready {
                         response: Response::from_parts(parts, body),
                     }
                 }
@@ -126,19 +126,19 @@ impl<B: Body> Future for KeepFuture<B> {
         let mut state = this.state;
         loop {
             let next = match state.as_mut().project() {
-                StateProj::Collecting { body, buf, .. } => {
+                KeepProj::Collecting { body, buf, .. } => {
                     let complete = ready!(collect(body, buf, cx));
-                    match state.as_mut().project_replace(State::Done) {
-                        StateOwned::Collecting {
+                    match state.as_mut().project_replace(KeepState::Done) {
+                        KeepOwned::Collecting {
                             parts, buf, guard, ..
                         } => collected(parts, buf, guard, complete.then_some(&*this.keep)),
-                        _ => State::Done,
+                        _ => KeepState::Done,
                     }
                 }
-                StateProj::Finishing { work, .. } => {
+                KeepProj::Finishing { work, .. } => {
                     ready!(work.as_mut().poll(cx));
-                    match state.as_mut().project_replace(State::Done) {
-                        StateOwned::Finishing {
+                    match state.as_mut().project_replace(KeepState::Done) {
+                        KeepOwned::Finishing {
                             mut guard,
                             response,
                             ..
@@ -146,14 +146,14 @@ impl<B: Body> Future for KeepFuture<B> {
                             guard.disarm();
                             return Poll::Ready(response);
                         }
-                        _ => State::Done,
+                        _ => KeepState::Done,
                     }
                 }
-                StateProj::Ready { .. } => match state.as_mut().project_replace(State::Done) {
-                    StateOwned::Ready { response } => return Poll::Ready(response),
-                    _ => State::Done,
+                KeepProj::Ready { .. } => match state.as_mut().project_replace(KeepState::Done) {
+                    KeepOwned::Ready { response } => return Poll::Ready(response),
+                    _ => KeepState::Done,
                 },
-                StateProj::Done => panic!("KeepFuture polled after completion"),
+                KeepProj::Done => panic!("KeepFuture polled after completion"),
             };
             state.set(next);
         }
@@ -162,7 +162,7 @@ impl<B: Body> Future for KeepFuture<B> {
 
 /// A response to keep whole: its body is read if it is small enough, otherwise only
 /// status and headers are kept.
-fn whole<B: Body>(res: Response<B>, guard: LockGuard, keep: &Keep) -> State<B> {
+fn whole<B: Body>(res: Response<B>, guard: LockGuard, keep: &Keep) -> KeepState<B> {
     let (parts, body) = res.into_parts();
     let small = body
         .size_hint()
@@ -170,7 +170,7 @@ fn whole<B: Body>(res: Response<B>, guard: LockGuard, keep: &Keep) -> State<B> {
         .and_then(|n| usize::try_from(n).ok())
         .is_some_and(|n| n <= keep.policy.body_limit());
     if small {
-        return State::Collecting {
+        return KeepState::Collecting {
             body,
             parts,
             buf: Vec::new(),
@@ -213,7 +213,7 @@ fn collect<B: Body>(mut body: Pin<&mut B>, buf: &mut Vec<u8>, cx: &mut Context<'
 
 /// The body is read (`keep` is `None` after a body error): store the record, or release
 /// without one.
-fn collected<B>(parts: Parts, buf: Vec<u8>, guard: LockGuard, keep: Option<&Keep>) -> State<B> {
+fn collected<B>(parts: Parts, buf: Vec<u8>, guard: LockGuard, keep: Option<&Keep>) -> KeepState<B> {
     let record = keep.map(|k| {
         k.policy.encode(
             &k.fingerprint,
@@ -243,9 +243,9 @@ fn store<B>(
     keep: &Keep,
     record: Vec<u8>,
     response: Response<ResponseBody<B>>,
-) -> State<B> {
+) -> KeepState<B> {
     let work = store_then_release(&mut guard, &keep.redlock, record, keep.policy.retention());
-    State::Finishing {
+    KeepState::Finishing {
         work,
         guard,
         response,
@@ -253,8 +253,8 @@ fn store<B>(
 }
 
 /// Only releases (nothing to keep after all).
-fn release<B>(mut guard: LockGuard, response: Response<ResponseBody<B>>) -> State<B> {
-    State::Finishing {
+fn release<B>(mut guard: LockGuard, response: Response<ResponseBody<B>>) -> KeepState<B> {
+    KeepState::Finishing {
         work: guard.release_future().map(drop).boxed(),
         guard,
         response,

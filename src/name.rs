@@ -1,0 +1,206 @@
+//! Lock names, their Redis keys, and lock values.
+//!
+//! A lock name is any non-empty byte string. Its Redis key is `{prefix}{name}`; a name
+//! longer than [`MAX_NAME_LEN`] bytes is replaced by `#sha256:` and the hex SHA-256 of the
+//! name, so untrusted input (a header, a path segment) cannot make huge keys.
+//!
+//! Each acquisition gets a fresh value: the client's id (16 hex digits, random per
+//! [`Redlock`](crate::Redlock), so that a client waiting for a name can tell its own locks
+//! from other clients') and [`VALUE_LEN`] bytes from the operating system's CSPRNG, all
+//! hex-encoded. Only the holder knows it, so only the holder can extend or release the
+//! lock; a downstream store can also use it for compare-and-set.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use tower_redlock::Redlock;
+//!
+//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let lock = redlock.lock("invoice:42").await?;
+//! assert_eq!(lock.name(), b"invoice:42");
+//! assert_eq!(lock.value().len(), 16 + 2 * tower_redlock::defaults::VALUE_LEN);
+//! redlock.unlock(&lock).await;
+//! # Ok(()) }
+//! ```
+
+use sha2::{Digest, Sha256};
+
+use crate::defaults::{MAX_NAME_LEN, VALUE_LEN};
+use crate::error::LockError;
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn hex_into(out: &mut Vec<u8>, bytes: &[u8]) {
+    for b in bytes {
+        out.push(HEX[usize::from(b >> 4)]);
+        out.push(HEX[usize::from(b & 0x0f)]);
+    }
+}
+
+/// The Redis keys of one lock name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Keys {
+    /// `{prefix}{{name}}`: the name (or its hash) is the key's hash tag.
+    pub(crate) lock: Vec<u8>,
+    /// `{prefix}#fence{{name}}`: the fencing counter, in the lock key's hash slot.
+    pub(crate) counter: Vec<u8>,
+}
+
+/// The Redis keys for `name` under `prefix`; an error for an empty name.
+///
+/// The name goes between braces, so it is the hash tag of both the lock key and the
+/// counter key: in a Redis Cluster they share a slot, whatever the name holds. A name
+/// longer than [`MAX_NAME_LEN`] bytes, or starting with `}` (which would make the tag
+/// empty), is replaced by `#sha256:` and its hex SHA-256.
+pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
+    if name.is_empty() {
+        return Err(LockError::InvalidName {
+            reason: "the name is empty",
+        });
+    }
+    let hashed = || {
+        let mut out = Vec::with_capacity(8 + 64);
+        out.extend_from_slice(b"#sha256:");
+        hex_into(&mut out, &Sha256::digest(name));
+        out
+    };
+    let part = if name.len() <= MAX_NAME_LEN && !name.starts_with(b"}") {
+        name.to_vec()
+    } else {
+        hashed()
+    };
+    let tagged = |infix: &[u8]| {
+        let mut key = Vec::with_capacity(prefix.len() + infix.len() + part.len() + 2);
+        key.extend_from_slice(prefix);
+        key.extend_from_slice(infix);
+        key.push(b'{');
+        key.extend_from_slice(&part);
+        key.push(b'}');
+        key
+    };
+    Ok(Keys {
+        lock: tagged(b""),
+        counter: tagged(b"#fence"),
+    })
+}
+
+/// Whether lock and counter keys under `prefix` share their hash tag: the prefix has no
+/// `{`, or its first `{` is closed by a `}` within the prefix with something between.
+pub(crate) fn prefix_keeps_tags(prefix: &[u8]) -> bool {
+    match prefix.iter().position(|b| *b == b'{') {
+        None => true,
+        Some(open) => prefix
+            .get(open + 1..)
+            .and_then(|rest| rest.iter().position(|b| *b == b'}'))
+            .is_some_and(|len| len > 0),
+    }
+}
+
+/// A fresh lock value: the client's `id` (16 hex digits), then [`VALUE_LEN`] bytes from the
+/// OS CSPRNG, hex-encoded.
+pub(crate) fn new_value(id: &[u8; CLIENT_ID_LEN]) -> Result<String, LockError> {
+    let mut raw = [0u8; VALUE_LEN];
+    getrandom::fill(&mut raw).map_err(|e| LockError::Entropy(e.to_string()))?;
+    let mut out = Vec::with_capacity(CLIENT_ID_LEN + 2 * VALUE_LEN);
+    out.extend_from_slice(id);
+    hex_into(&mut out, &raw);
+    // Hex digits are ASCII, so this cannot fail; map rather than unwrap all the same.
+    String::from_utf8(out).map_err(|e| LockError::Entropy(e.to_string()))
+}
+
+/// The length of a client's id at the start of its lock values (hex digits).
+pub(crate) const CLIENT_ID_LEN: usize = 16;
+
+/// A resource's name and its Redis keys.
+#[derive(Debug)]
+pub(crate) struct Resource {
+    pub(crate) name: Box<[u8]>,
+    /// The lock key.
+    pub(crate) key: Box<[u8]>,
+    /// The fencing counter's key.
+    pub(crate) counter_key: Box<[u8]>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn lock_key(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+        keys_for(prefix, name).map(|k| k.lock).unwrap_or_default()
+    }
+
+    /// The hash tag of a key, as Redis Cluster computes it (the whole key without one).
+    fn hash_tag(key: &[u8]) -> &[u8] {
+        if let Some(open) = key.iter().position(|b| *b == b'{')
+            && let Some(len) = key[open + 1..].iter().position(|b| *b == b'}')
+            && len > 0
+        {
+            return &key[open + 1..open + 1 + len];
+        }
+        key
+    }
+
+    #[test]
+    fn short_names_are_the_hash_tag_of_both_keys() {
+        let keys = keys_for(b"p:", b"abc").ok();
+        assert_eq!(
+            keys.as_ref().map(|k| k.lock.as_slice()),
+            Some(&b"p:{abc}"[..])
+        );
+        assert_eq!(keys.map(|k| k.counter), Some(b"p:#fence{abc}".to_vec()));
+        let exact = vec![b'x'; MAX_NAME_LEN];
+        assert_eq!(lock_key(b"", &exact).len(), MAX_NAME_LEN + 2);
+    }
+
+    #[test]
+    fn lock_and_counter_keys_share_a_slot_whatever_the_name_or_prefix() {
+        for prefix in [&b"redlock:"[..], b"{app}:", b"a}b:", b""] {
+            assert!(prefix_keeps_tags(prefix));
+            for name in [&b"order:42"[..], b"a}b", b"}x", b"{y}", b"{}", b"x{"] {
+                let Ok(k) = keys_for(prefix, name) else {
+                    panic!("{name:?} is a valid name")
+                };
+                assert_eq!(
+                    hash_tag(&k.lock),
+                    hash_tag(&k.counter),
+                    "{prefix:?} {name:?}"
+                );
+                assert_ne!(k.lock, k.counter);
+            }
+        }
+        assert!(!prefix_keeps_tags(b"a{b:"));
+        assert!(!prefix_keeps_tags(b"a{}b:"));
+    }
+
+    #[test]
+    fn long_names_are_hashed_to_a_fixed_size() {
+        let a = lock_key(b"p:", &vec![b'a'; MAX_NAME_LEN + 1]);
+        let b = lock_key(b"p:", &vec![b'a'; 1_000_000]);
+        let c = lock_key(b"p:", &vec![b'b'; 1_000_000]);
+        assert_eq!(a.len(), 2 + 2 + 8 + 64);
+        assert_eq!(b.len(), a.len());
+        assert!(b.starts_with(b"p:{#sha256:"));
+        assert_ne!(a, b);
+        assert_ne!(b, c);
+    }
+
+    #[test]
+    fn empty_names_are_rejected() {
+        assert!(matches!(
+            keys_for(b"p:", b""),
+            Err(LockError::InvalidName { .. })
+        ));
+    }
+
+    #[test]
+    fn values_are_the_client_id_and_hex_of_20_random_bytes_and_unique() {
+        let mut seen = HashSet::new();
+        for _ in 0..100_000 {
+            let v = new_value(b"0123456789abcdef").unwrap_or_default();
+            assert_eq!(v.len(), CLIENT_ID_LEN + 2 * VALUE_LEN);
+            assert!(v.starts_with("0123456789abcdef"));
+            assert!(v.bytes().all(|b| b.is_ascii_hexdigit()));
+            assert!(seen.insert(v));
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Where the replies of one request go: a small shared slot the connection's task fills
+//! in order and the caller waits on ([`Reply`], [`Replies`]). A caller that stops waiting
+//! leaves its slot; the reply is dropped when it arrives. What a request holds until its
+//! replies are read ([`Then`], a release's turn) is dropped as they arrive, whether or not
+//! the caller still polls.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! let lock = redlock.lock("invoice:42").await?; // the SET's reply comes through a slot
+//! redlock.unlock(&lock).await;
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use redis::{RedisError, RedisResult, Value};
+
+/// Where the replies of one request go.
+pub(super) struct Slot(Mutex<SlotState>);
+
+struct SlotState {
+    /// Replies still to come.
+    expected: usize,
+    got: Got,
+    waker: Option<Waker>,
+    /// Dropped as soon as every reply is in (or the request failed), whether or not the
+    /// caller still polls: see [`Wire::request_then`].
+    then: Option<Then>,
+}
+
+/// What a request holds until its replies are read (see [`Wire::request_then`]).
+pub(crate) type Then = Box<dyn Send>;
+
+enum Got {
+    Nothing,
+    One(Value),
+    Many(Vec<Value>),
+    Failed(RedisError),
+    /// The caller took the result.
+    Taken,
+}
+
+impl Slot {
+    pub(super) fn new(expected: usize, then: Option<Then>) -> Self {
+        Self(Mutex::new(SlotState {
+            expected,
+            got: Got::Nothing,
+            waker: None,
+            then,
+        }))
+    }
+
+    fn state(&self) -> MutexGuard<'_, SlotState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One more reply arrived.
+    pub(super) fn deliver(&self, value: Value) {
+        let (waker, then) = {
+            let mut st = self.state();
+            st.expected = st.expected.saturating_sub(1);
+            st.got = match std::mem::replace(&mut st.got, Got::Nothing) {
+                Got::Nothing if st.expected == 0 => Got::One(value),
+                Got::Nothing => Got::Many(vec![value]),
+                Got::Many(mut values) => {
+                    values.push(value);
+                    Got::Many(values)
+                }
+                other => other,
+            };
+            if st.expected == 0 {
+                (st.waker.take(), st.then.take())
+            } else {
+                (None, None)
+            }
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        drop(then);
+    }
+
+    /// The request failed (the connection broke).
+    pub(super) fn fail(&self, error: RedisError) {
+        let (waker, then) = {
+            let mut st = self.state();
+            st.expected = 0;
+            st.got = Got::Failed(error);
+            (st.waker.take(), st.then.take())
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        drop(then);
+    }
+}
+
+impl Slot {
+    /// What arrived, once everything has (taking it), or `Pending` with `cx` to wake.
+    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Got> {
+        let mut st = self.state();
+        if st.expected > 0 {
+            match &st.waker {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => st.waker = Some(cx.waker().clone()),
+            }
+            return Poll::Pending;
+        }
+        Poll::Ready(std::mem::replace(&mut st.got, Got::Taken))
+    }
+}
+
+/// The replies to one request, once all have arrived.
+pub(crate) struct Replies(pub(super) Arc<Slot>);
+
+impl Future for Replies {
+    type Output = RedisResult<Vec<Value>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.poll_take(cx).map(|got| match got {
+            Got::One(v) => Ok(vec![v]),
+            Got::Many(values) => Ok(values),
+            Got::Failed(e) => Err(e),
+            Got::Nothing => Ok(Vec::new()),
+            Got::Taken => Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "the replies were already taken",
+            ))),
+        })
+    }
+}
+
+/// The reply to a one-command request, with a server error as `Err`.
+pub(crate) struct Reply(pub(super) Arc<Slot>);
+
+impl Future for Reply {
+    type Output = RedisResult<Value>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.poll_take(cx).map(|got| match got {
+            Got::One(v) => v.extract_error(),
+            Got::Failed(e) => Err(e),
+            Got::Many(_) | Got::Nothing | Got::Taken => Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "not a one-command request",
+            ))),
+        })
+    }
+}

@@ -1,0 +1,94 @@
+//! The commands packed as redis-rs packs them, their words kept as ranges, and the
+//! batched release.
+
+use super::*;
+
+/// Commands are packed as redis-rs packs them, also binary keys and `u64::MAX`, and
+/// keep their typed fields: a `SET NX PX`'s key and value, a release's key, value and
+/// client id, every word for redis-rs, without reading the packed bytes back.
+#[test]
+fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
+    let odd: &[u8] = b"a\r\n$3\r\n*\x00\xff";
+    for (key, value, ttl_ms) in [
+        (&b"redlock:{k}"[..], &b"v"[..], 10_000),
+        (odd, &b""[..], u64::MAX),
+        (&b""[..], odd, 0),
+    ] {
+        let call = Request::SetNx { key, value, ttl_ms }.call();
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
+        assert_eq!(call.packed(), cmd.get_packed_command());
+        assert_eq!(call.cmd().get_packed_command(), cmd.get_packed_command());
+        assert!(matches!(call.kind, CallKind::SetNx { key: 1, value: 2 }));
+        assert_eq!(
+            (call.word(1), call.word(2), call.word(6)),
+            (key, value, &b""[..])
+        );
+        assert!(!call.is_release() && call.release().is_none());
+
+        let release = Request::Release {
+            key,
+            value,
+            id: odd,
+        }
+        .call();
+        let mut by_hand = redis::cmd("EVALSHA");
+        by_hand
+            .arg(RELEASE_SCRIPT.sha.as_str())
+            .arg(1)
+            .arg(key)
+            .arg(value)
+            .arg(odd);
+        assert_eq!(release.packed(), by_hand.get_packed_command());
+        assert!(release.is_release());
+        assert_eq!(release.release(), Some([key, value, odd]));
+    }
+    let keys: [&[u8]; 2] = [b"redlock:{k}", odd];
+    let args = [
+        Arg::Bytes(odd),
+        Arg::Int(0),
+        Arg::Int(u64::MAX),
+        Arg::Bytes(b""),
+        Arg::Bytes(b"more words than are kept inline"),
+        Arg::Int(7),
+    ];
+    for (keys, args) in [
+        (&keys[..], &args[..]),
+        (&keys[..1], &args[..0]),
+        (&[][..], &args[..4]),
+    ] {
+        let inv = Invocation {
+            script: &RELEASE_MANY_SCRIPT,
+            keys,
+            args,
+        };
+        let call = Request::Script(Invocation { ..inv }).call();
+        let mut by_hand = redis::cmd("EVALSHA");
+        by_hand
+            .arg(RELEASE_MANY_SCRIPT.sha.as_str())
+            .arg(keys.len());
+        for key in keys {
+            by_hand.arg(*key);
+        }
+        for arg in args {
+            match arg {
+                Arg::Bytes(b) => by_hand.arg(*b),
+                Arg::Int(n) => by_hand.arg(*n),
+            };
+        }
+        let expected = by_hand.get_packed_command();
+        assert_eq!(Invocation { ..inv }.cmd().get_packed_command(), expected);
+        assert_eq!(call.packed(), expected);
+        assert_eq!(
+            call.cmd().get_packed_command(),
+            expected,
+            "every word, also past 8"
+        );
+        assert_eq!(call.words.len(), 3 + keys.len() + args.len());
+        assert_eq!(call.word(0), b"EVALSHA");
+        assert!(
+            !call.is_release(),
+            "a release is known by its type, not its script"
+        );
+    }
+}
