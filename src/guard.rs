@@ -95,7 +95,7 @@ impl LockGuard {
         let shared = Shared::new(lock);
         let keep_alive =
             keep_alive.and_then(|policy| keepalive::start(&redlock, Arc::clone(&shared), policy));
-        crate::metrics::gauge(crate::metrics::Gauge::HeldLocks, true);
+        crate::metrics::gauge(crate::metrics::Gauge::HeldLocks, crate::metrics::Move::Up);
         Self {
             redlock,
             token: LockToken::from_shared(shared),
@@ -193,7 +193,7 @@ impl std::ops::Deref for LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        crate::metrics::gauge(crate::metrics::Gauge::HeldLocks, false);
+        crate::metrics::gauge(crate::metrics::Gauge::HeldLocks, crate::metrics::Move::Down);
         self.stop_extending();
         if !self.released {
             let shared = self.token.shared();

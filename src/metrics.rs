@@ -69,8 +69,15 @@ pub(crate) enum Gauge {
     QuarantinedNodes,
 }
 
-/// Moves `gauge` up (`true`) or down by one.
-pub(crate) fn gauge(gauge: Gauge, up: bool) {
+/// Which way a gauge moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Move {
+    Up,
+    Down,
+}
+
+/// Moves `gauge` up or down by one.
+pub(crate) fn gauge(gauge: Gauge, to: Move) {
     #[cfg(feature = "metrics")]
     {
         let name = match gauge {
@@ -78,12 +85,11 @@ pub(crate) fn gauge(gauge: Gauge, up: bool) {
             Gauge::Waiting => "redlock_waiting",
             Gauge::QuarantinedNodes => "redlock_quarantined_nodes",
         };
-        if up {
-            metrics::gauge!(name).increment(1.0);
-        } else {
-            metrics::gauge!(name).decrement(1.0);
+        match to {
+            Move::Up => metrics::gauge!(name).increment(1.0),
+            Move::Down => metrics::gauge!(name).decrement(1.0),
         }
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (gauge, up);
+    let _ = (gauge, to);
 }

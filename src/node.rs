@@ -42,8 +42,7 @@ mod connect;
 mod resp;
 mod wire;
 
-pub(crate) use call::{NodeCall, Order, Sending};
-pub(crate) use wire::Writes;
+pub(crate) use call::{NodeCall, Sending};
 
 use crate::error::NodeError;
 use crate::sentinel::SentinelMaster;
@@ -248,7 +247,10 @@ impl Node {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             st.quarantined_until = None;
-            crate::metrics::gauge(crate::metrics::Gauge::QuarantinedNodes, false);
+            crate::metrics::gauge(
+                crate::metrics::Gauge::QuarantinedNodes,
+                crate::metrics::Move::Down,
+            );
             tracing::info!(node = %self.label, "redlock node quarantine over: it takes part in acquisitions again");
             return None;
         }

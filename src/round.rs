@@ -35,7 +35,7 @@ use redis::Value;
 
 use crate::error::NodeError;
 use crate::landing::{Landing, LandingState};
-use crate::node::{Node, NodeCall, Order, Sending, Writes};
+use crate::node::{Node, NodeCall, Sending};
 use crate::quorum::NodeMask;
 use crate::scripts::Request;
 
@@ -125,19 +125,12 @@ impl Round {
             Purpose::Decide => (true, None),
             Purpose::Everywhere { after } => (false, after),
         };
-        let writes = if nodes.len().saturating_sub(skip.len()) == 1 {
-            Writes::Caller
-        } else {
-            Writes::Task
-        };
-        let sending = Sending {
-            acquiring,
-            writes,
-            deadline,
-        };
         let landing = acquiring
             .then(|| LandingState::new(NodeMask::matching(nodes.len(), |i| !skip.contains(i))));
-        let order = Order {
+        let sending = Sending {
+            acquiring,
+            nodes: nodes.len().saturating_sub(skip.len()),
+            deadline,
             after: after.filter(|after| !after.is_done()),
             marks: landing.as_ref(),
         };
@@ -145,7 +138,7 @@ impl Round {
         let calls = nodes
             .iter()
             .filter(|node| !skip.contains(node.index()))
-            .map(|node| NodeCall::start(node, &call, sending, order))
+            .map(|node| NodeCall::start(node, &call, &sending))
             .collect();
         Self::of(calls, deadline, landing)
     }

@@ -168,7 +168,7 @@ impl Waiters {
             queue.order.push_back((id, Arc::clone(&notify)));
             id
         };
-        crate::metrics::gauge(crate::metrics::Gauge::Waiting, true);
+        crate::metrics::gauge(crate::metrics::Gauge::Waiting, crate::metrics::Move::Up);
         Ticket {
             waiters: Arc::clone(self),
             key: key.into(),
@@ -433,7 +433,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        crate::metrics::gauge(crate::metrics::Gauge::Waiting, false);
+        crate::metrics::gauge(crate::metrics::Gauge::Waiting, crate::metrics::Move::Down);
         self.waiters.leave(&self.key, self.id, self.acquired);
     }
 }

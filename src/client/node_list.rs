@@ -51,7 +51,7 @@ impl RedlockBuilder {
     /// a `rediss://` node. Nothing connects yet.
     pub(super) fn nodes(&self, settings: &NodeSettings) -> Result<Vec<Arc<Node>>, ConfigError> {
         let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(self.nodes.len());
-        let mut any_tls = false;
+        let mut tls_nodes = 0;
         for config in &self.nodes {
             let (label, connector) = if let Some(seeds) = config.as_cluster() {
                 cluster_node(seeds, self.connect_timeout)?
@@ -62,7 +62,7 @@ impl RedlockBuilder {
                 )
             } else {
                 let info = config.connection_info()?;
-                any_tls |= matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+                tls_nodes += usize::from(matches!(info.addr(), ConnectionAddr::TcpTls { .. }));
                 let label = info.addr().to_string();
                 let client = match config.client() {
                     Some(client) => client.clone(),
@@ -78,9 +78,9 @@ impl RedlockBuilder {
             nodes.push(Arc::new(node));
         }
         #[cfg(feature = "tls-rustls")]
-        self.tls.check(any_tls)?;
+        self.tls.check(tls_nodes)?;
         #[cfg(not(feature = "tls-rustls"))]
-        let _ = any_tls;
+        let _ = tls_nodes;
         Ok(nodes)
     }
 }

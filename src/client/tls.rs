@@ -95,8 +95,8 @@ impl TlsSettings {
 
     /// Refuses certificates given for a client without any `rediss://` node: they would
     /// silently do nothing.
-    pub(crate) fn check(&self, any_tls: bool) -> Result<(), ConfigError> {
-        if !any_tls && (self.root.is_some() || self.client.is_some()) {
+    pub(crate) fn check(&self, tls_nodes: usize) -> Result<(), ConfigError> {
+        if tls_nodes == 0 && (self.root.is_some() || self.client.is_some()) {
             return Err(ConfigError::TlsWithoutTlsNodes);
         }
         Ok(())

@@ -42,24 +42,44 @@ use crate::scripts::{self, Call};
 
 /// How a round sends its command to a node.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Sending {
+pub(crate) struct Sending<'a> {
     /// Acquire and extend: a quarantined node fails at once (releases go to it too).
     pub(crate) acquiring: bool,
-    /// Who writes the command on an idle connection of ours.
-    pub(crate) writes: Writes,
+    /// How many nodes the round sends to: to one, the caller writes the command itself on
+    /// an idle connection (no task hop); to several, their connections' tasks write it
+    /// side by side.
+    pub(crate) nodes: usize,
     /// When the round stops waiting: a release holds its node's turn at most that long.
     pub(crate) deadline: Instant,
-}
-
-/// A call's place among the calls of other rounds to the same node.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Order<'a> {
     /// The call first waits for the node's call in this earlier round to land (a release
     /// after a late `SET`).
     pub(crate) after: Option<&'a Landing>,
     /// Marked once the call's command is on its node's connection (the landing of this
     /// round's stragglers).
     pub(crate) marks: Option<&'a Arc<LandingState>>,
+}
+
+/// How a node sends one call (what [`Sending`] says, for one node).
+#[derive(Debug, Clone, Copy)]
+struct How {
+    acquiring: bool,
+    /// Who writes the command on an idle connection of ours.
+    writes: Writes,
+    deadline: Instant,
+}
+
+impl Sending<'_> {
+    fn how(&self) -> How {
+        How {
+            acquiring: self.acquiring,
+            writes: if self.nodes == 1 {
+                Writes::Caller
+            } else {
+                Writes::Task
+            },
+            deadline: self.deadline,
+        }
+    }
 }
 
 /// One command in flight on one node, from [`NodeCall::start`] to its answer.
@@ -89,34 +109,30 @@ impl NodeCall {
     /// acquiring, the node is not quarantined), otherwise as a future of its own. It has
     /// no time limit of its own: its round bounds every call with one deadline, and tells
     /// the node of a call it gave up on ([`Node::timed_out`]).
-    pub(crate) fn start(
-        node: &Arc<Node>,
-        call: &Arc<Call>,
-        sending: Sending,
-        order: Order<'_>,
-    ) -> Self {
+    pub(crate) fn start(node: &Arc<Node>, call: &Arc<Call>, sending: &Sending<'_>) -> Self {
         let i = node.index;
-        let waits = order.after.filter(|after| !after.has_landed(i));
+        let waits = sending.after.filter(|after| !after.has_landed(i));
+        let how = sending.how();
         if waits.is_none()
-            && let Some(flight) = node.start_now(call, sending)
+            && let Some(flight) = node.start_now(call, how)
         {
-            if let (Flight::Sent { .. }, Some(marks)) = (&flight, order.marks) {
+            if let (Flight::Sent { .. }, Some(marks)) = (&flight, sending.marks) {
                 marks.sent(i);
             }
             return Self::new(node, call, flight);
         }
         let (task_node, task_call) = (Arc::clone(node), Arc::clone(call));
-        let (after, marks) = (waits.cloned(), order.marks.cloned());
+        let (after, marks) = (waits.cloned(), sending.marks.cloned());
         let running = Box::pin(async move {
             if let Some(after) = after {
-                after.wait(i, sending.deadline).await;
+                after.wait(i, how.deadline).await;
             }
             let on_sent = || {
                 if let Some(marks) = &marks {
                     marks.sent(i);
                 }
             };
-            task_node.run(&task_call, sending, on_sent).await
+            task_node.run(&task_call, how, on_sent).await
         });
         Self::new(node, call, Flight::Running(running))
     }
@@ -181,7 +197,7 @@ impl Node {
     /// acquiring, the node is not quarantined): the command is then on the connection,
     /// or, for a release while another is on its way to the node, queued for the next
     /// batch. `None` otherwise: [`run`](Self::run) it.
-    fn start_now(self: &Arc<Self>, call: &Arc<Call>, sending: Sending) -> Option<Flight> {
+    fn start_now(self: &Arc<Self>, call: &Arc<Call>, sending: How) -> Option<Flight> {
         let (wire, generation) = {
             let mut st = self.state();
             let wire = match &st.slot {
@@ -221,7 +237,7 @@ impl Node {
     async fn run(
         self: &Arc<Self>,
         call: &Arc<Call>,
-        sending: Sending,
+        sending: How,
         on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
         if !(call.is_release() && self.batches_releases()) {
@@ -268,7 +284,7 @@ impl Node {
     async fn call_now(
         self: &Arc<Self>,
         call: &Arc<Call>,
-        sending: Sending,
+        sending: How,
         turn: Option<batch::Turn>,
         on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
@@ -343,7 +359,7 @@ impl Node {
         lone: &Queued,
     ) -> Result<Vec<Result<Value, NodeError>>, NodeError> {
         // This task is the caller: it writes on an idle connection itself.
-        let sending = Sending {
+        let sending = How {
             acquiring: false,
             writes: Writes::Caller,
             deadline: lone.deadline,

@@ -362,7 +362,10 @@ impl Node {
         };
         let until = crate::quorum::later(Instant::now(), length);
         if st.quarantined_until.is_none() {
-            crate::metrics::gauge(crate::metrics::Gauge::QuarantinedNodes, true);
+            crate::metrics::gauge(
+                crate::metrics::Gauge::QuarantinedNodes,
+                crate::metrics::Move::Up,
+            );
         }
         st.quarantined_until = Some(st.quarantined_until.map_or(until, |u| u.max(until)));
         match cause {

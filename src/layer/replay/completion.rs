@@ -90,7 +90,9 @@ impl GrpcRecorder {
 
     /// A data frame went by. A frame that is not one contiguous chunk, or that takes the
     /// reply past the size limit, ends the recording (the lock is still held to the end).
-    pub(crate) fn data(&mut self, chunk: &[u8], contiguous: bool) {
+    pub(crate) fn data(&mut self, data: &impl bytes::Buf) {
+        let chunk = data.chunk();
+        let contiguous = chunk.len() == data.remaining();
         let limit = self.policy.body_limit();
         if let Some(buf) = &mut self.buf {
             if contiguous && buf.len().saturating_add(chunk.len()) <= limit {

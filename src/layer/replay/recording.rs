@@ -23,7 +23,6 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Buf;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -122,8 +121,7 @@ impl<B: Body> Body for RecordingBody<B> {
                 Ok(trailers) => rec.end(Some(trailers), cx),
                 Err(frame) => {
                     if let (Some(r), Some(data)) = (rec.recorder.as_mut(), frame.data_ref()) {
-                        let chunk = data.chunk();
-                        r.data(chunk, chunk.len() == data.remaining());
+                        r.data(data);
                     }
                     Poll::Ready(Some(Ok(frame)))
                 }
