@@ -11,6 +11,7 @@
 //! | `redlock_hold_seconds` | histogram | | from acquisition to release |
 //! | `redlock_lost_total` | counter | `reason`: `extend_failed`, `max_hold`, `max_extensions`, `keep_alive_stopped` | guarded locks lost before their release |
 //! | `redlock_replayed_total` | counter | | requests the layer answered from a completion record |
+//! | `redlock_fenced_total` | counter | `rounds`: `1` (a quorum accepted the proposal), `2` (phase 2 ran) | fenced acquisitions that got their number, by round trips |
 //! | `redlock_held_locks` | gauge | | guarded locks held now (guards, and the layer's locks) |
 //! | `redlock_waiting` | gauge | | lock calls waiting in a queue for a busy name |
 //! | `redlock_quarantined_nodes` | gauge | | nodes in the restart quarantine (as last seen by a call) |
@@ -53,6 +54,14 @@ pub(crate) fn lost(reason: &'static str) {
     metrics::counter!("redlock_lost_total", "reason" => reason).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = reason;
+}
+
+/// Counts a fenced acquisition that got its number in `rounds` round trips (`"1"`, `"2"`).
+pub(crate) fn fenced(rounds: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("redlock_fenced_total", "rounds" => rounds).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = rounds;
 }
 
 /// Counts a request answered from a completion record.

@@ -14,7 +14,7 @@ use redis::Value;
 use super::Redlock;
 use super::release::{Deletion, Wake};
 use crate::error::{LockError, NodeError, RecordBytes};
-use crate::fencing::{self, PhaseOne, PhaseTwo};
+use crate::fencing::{self, Number, PhaseOne, PhaseTwo};
 use crate::name::{Resource, new_value};
 use crate::quorum::{self, NodeMask, Outcome, later};
 use crate::round::{Plan, Purpose, Round};
@@ -26,7 +26,6 @@ use crate::token::Lock;
 use crate::votes::Votes;
 
 /// What the `SET NX PX` replies of one attempt said, node by node.
-#[derive(Default)]
 struct SetReplies {
     /// The nodes that answered that another client holds the key.
     foreign: NodeMask,
@@ -40,6 +39,17 @@ struct SetReplies {
 }
 
 impl SetReplies {
+    /// No reply yet, to an attempt that proposes `proposal` as its fencing number.
+    fn new(proposal: u64) -> Self {
+        Self {
+            foreign: NodeMask::default(),
+            records: Vec::new(),
+            retry_after: None,
+            held_by_others: false,
+            fencing: PhaseOne::new(proposal),
+        }
+    }
+
     /// Takes node `i`'s reply: what it means for the quorum, or why the node failed.
     fn take(&mut self, i: usize, reply: Result<Value, NodeError>) -> Result<Outcome, NodeError> {
         let outcome = reply.and_then(parse_acquire).and_then(|r| match r {
@@ -174,16 +184,31 @@ impl Redlock {
         let (round, votes, replies) = self.set_round(target, value, ttl, deadline).await;
         let foreign = replies.foreign;
         let missed = |attempt| Miss { attempt, foreign };
+        if let Some(highest) = replies.fencing.highest() {
+            self.inner.clock.saw(highest);
+        }
         let phase_one = self.granted(target, votes, replies).map_err(missed)?;
-        // Fencing phase 2: record the number on the nodes we hold, while we hold them.
         let mut fence = None;
-        if let Some(phase_one) =
-            phase_one.filter(|_| quorum::validity(ttl, start.elapsed(), drift).is_some())
-        {
-            let token = self
-                .fence(&target.resource, value, &phase_one, deadline)
-                .await;
-            fence = Some(token.map_err(|error| missed(Attempt::missed(error)))?);
+        if let Some(phase_one) = phase_one {
+            let number = phase_one.number(self.quorum());
+            let recorded = match number {
+                Number::Accepted(n) => Some(n),
+                // Fencing phase 2: record the number on the nodes we hold, while we hold them.
+                Number::Raise(n) if quorum::validity(ttl, start.elapsed(), drift).is_some() => {
+                    let fenced = self.fence(&target.resource, value, &phase_one, n, deadline);
+                    Some(
+                        fenced
+                            .await
+                            .map_err(|error| missed(Attempt::missed(error)))?,
+                    )
+                }
+                Number::Raise(_) => None,
+            };
+            if let Some(n) = recorded {
+                self.inner.clock.saw(n);
+                fencing::count(number);
+            }
+            fence = recorded;
         }
         // 4. Held only with a quorum and validity left.
         let elapsed = start.elapsed();
@@ -266,16 +291,16 @@ impl Redlock {
         })
     }
 
-    /// Fencing phase 2 with the number phase 1 read: the number, or why it could not be
-    /// recorded on a quorum.
+    /// Fencing phase 2: records `token` (one above every counter phase 1 read) on the
+    /// nodes that granted: the number, or why it could not be recorded on a quorum.
     async fn fence(
         &self,
         resource: &Resource,
         value: &str,
         phase_one: &PhaseOne,
+        token: u64,
         deadline: Instant,
     ) -> Result<u64, LockError> {
-        let token = phase_one.token();
         let write = PhaseTwo {
             keys: [&*resource.key, &*resource.counter_key],
             value: value.as_bytes(),
@@ -301,7 +326,20 @@ impl Redlock {
         let resource = &target.resource;
         let ttl_ms = super::ttl_ms(ttl);
         let keys = [&*resource.key, &*resource.counter_key];
-        let args = [Arg::Bytes(value.as_bytes()), Arg::Int(ttl_ms)];
+        let proposal = if self.fencing {
+            self.inner.clock.propose()
+        } else {
+            0
+        };
+        let retention_ms = super::ttl_ms(self.inner.fencing_retention);
+        let args = [
+            Arg::Bytes(value.as_bytes()),
+            Arg::Int(ttl_ms),
+            Arg::Int(proposal),
+            Arg::Int(retention_ms),
+            // A missing counter counts as the node's clock minus half the TTL.
+            Arg::Int(ttl_ms.saturating_mul(500)),
+        ];
         let request = if self.fencing {
             Request::Script(Invocation {
                 script: &ACQUIRE_FENCED_SCRIPT,
@@ -312,7 +350,7 @@ impl Redlock {
             Request::Script(Invocation {
                 script: &ACQUIRE_OR_REPLAY_SCRIPT,
                 keys: &keys[..1],
-                args: &args,
+                args: &args[..2],
             })
         } else {
             Request::SetNx {
@@ -329,7 +367,7 @@ impl Redlock {
         };
         let mut round = Round::send(nodes, &request, plan);
         let mut votes = Votes::new(nodes.len());
-        let mut replies = SetReplies::default();
+        let mut replies = SetReplies::new(proposal);
         // Once a node answers with a completion record, every answer is awaited: the
         // nodes that answered with it need no release afterwards.
         while votes.undecided() || !replies.records.is_empty() {

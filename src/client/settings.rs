@@ -18,6 +18,7 @@ use crate::defaults::{
     DEFAULT_FENCING_RETENTION, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO,
 };
 use crate::error::ConfigError;
+use crate::fencing::Clock;
 use crate::keepalive_inbox::{Guards, KeepAlive};
 use crate::name::prefix_keeps_tags;
 use crate::node::{Node, NodeSettings};
@@ -110,6 +111,7 @@ impl RedlockBuilder {
             },
             fencing: self.fencing,
             fencing_retention,
+            clock: Clock::default(),
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
         })
@@ -139,6 +141,8 @@ pub(crate) struct Settings {
     pub(crate) fencing: bool,
     /// How long a fencing counter lives after its last fenced acquisition.
     pub(crate) fencing_retention: Duration,
+    /// Where this client's fencing proposals come from.
+    pub(crate) clock: Clock,
     /// The keep-alive driver of this client's guards, while one runs.
     pub(crate) guards: Guards,
     /// The tasks waiting for a lock, woken on release.

@@ -61,56 +61,84 @@ end
     };
 }
 
-/// Phase 1 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the name's counter
-/// key, `ARGV[1]` = value, `ARGV[2]` = TTL in ms.
-///
-/// `SET NX PX` as a script (`{0, pttl}` when the key exists, `{2, record}` when it holds a
-/// completion record, see [`ACQUIRE_OR_REPLAY`]), and on success also returns
-/// the node's counter for the name (`""` if it has none) and the server's clock (`TIME`:
-/// seconds, microseconds): `{1, counter, seconds, microseconds}`. The client seeds a missing or lost counter from the clock; all arithmetic happens in
-/// the client, on 64-bit integers (Lua numbers are doubles). The counter is read before
-/// the `SET`, so a wrong-type counter key fails the call before it writes anything.
-pub(super) const ACQUIRE_FENCED: &str = concat!(
-    held_or_record!(),
-    r#"
-local counter = redis.call('GET', KEYS[2]) or ''
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local t = redis.call('TIME')
-return {1, counter, t[1], t[2]}
-"#
-);
-
-/// Phase 2 of a fenced acquisition. `KEYS[1]` = lock key, `KEYS[2]` = the name's counter
-/// key, `ARGV[1]` = value, `ARGV[2]` = the fencing number (decimal, no leading zeros),
-/// `ARGV[3]` = the retention in ms.
-///
-/// Only while the lock key still holds our value: raises the counter to the fencing number
-/// (`counter = max(counter, token)`), gives it the retention as its TTL, and returns 1;
-/// otherwise returns 0 and changes nothing. Numbers are compared as decimal strings (length
-/// first, then digit by digit), so any 64-bit value compares exactly.
-pub(super) const FENCE: &str = r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-local cur = redis.call('GET', KEYS[2])
-local new = ARGV[2]
-local raise = not cur or #cur < #new
-if cur and #cur == #new then
+/// A Lua function `below(cur, new)`: whether the decimal number `cur` (no leading zeros;
+/// `''`, a missing counter, counts as 0) is below `new`. Numbers are compared as decimal
+/// strings (length first, then digit by digit), so any 64-bit value compares exactly (Lua
+/// numbers are doubles).
+macro_rules! below {
+    () => {
+        r#"
+local function below(cur, new)
+  if #cur ~= #new then
+    return #cur < #new
+  end
   for i = 1, #new do
     local a, b = string.byte(cur, i), string.byte(new, i)
     if a ~= b then
-      raise = a < b
-      break
+      return a < b
     end
   end
+  return false
 end
-if raise then
-  redis.call('SET', KEYS[2], new, 'PX', ARGV[3])
+"#
+    };
+}
+
+/// Phase 1 of a fenced acquisition, with the client's proposed number. `KEYS[1]` = lock
+/// key, `KEYS[2]` = the name's counter key, `ARGV[1]` = value, `ARGV[2]` = TTL in ms,
+/// `ARGV[3]` = the proposal (decimal, no leading zeros), `ARGV[4]` = the counter's
+/// retention in ms, `ARGV[5]` = the seed margin in microseconds (half the TTL).
+///
+/// `SET NX PX` as a script (`{0, pttl, ours}` when the key exists, `{2, record}` when it
+/// holds a completion record, see [`ACQUIRE_OR_REPLAY`]). On success, the name's counter
+/// is compared with the proposal; a missing counter (a new name, an expired or lost one)
+/// counts as the node's clock (`TIME`, in microseconds) minus the margin. When it is below
+/// the proposal, the counter becomes the proposal (with the retention as its TTL) and the
+/// answer is `{1, 1}` (accepted); otherwise nothing more is written and the answer is
+/// `{1, 0, counter}`. The counter is read before the `SET`, so a wrong-type counter key
+/// fails the call before it writes anything. The clock reading is exact in a Lua double
+/// (about 1.8e15 microseconds, below 2^53).
+pub(super) const ACQUIRE_FENCED: &str = concat!(
+    below!(),
+    held_or_record!(),
+    r#"
+local counter = redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if not counter then
+  local t = redis.call('TIME')
+  local seed = tonumber(t[1]) * 1000000 + tonumber(t[2]) - tonumber(ARGV[5])
+  counter = seed > 0 and string.format('%.0f', seed) or ''
+end
+if below(counter, ARGV[3]) then
+  redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+  return {1, 1}
+end
+return {1, 0, counter}
+"#
+);
+
+/// Phase 2 of a fenced acquisition (when a quorum did not accept the proposal).
+/// `KEYS[1]` = lock key, `KEYS[2]` = the name's counter key, `ARGV[1]` = value, `ARGV[2]`
+/// = the fencing number (decimal, no leading zeros), `ARGV[3]` = the retention in ms.
+///
+/// Only while the lock key still holds our value: raises the counter to the fencing number
+/// (`counter = max(counter, token)`), gives it the retention as its TTL, and returns 1;
+/// otherwise returns 0 and changes nothing.
+pub(super) const FENCE: &str = concat!(
+    below!(),
+    r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local cur = redis.call('GET', KEYS[2]) or ''
+if below(cur, ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 else
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 return 1
-"#;
+"#
+);
 
 /// The marker that starts every completion record stored under a lock key (lock values
 /// are hex, so they never start with it).

@@ -71,13 +71,13 @@ pub(crate) enum AcquireReply {
     Record(Vec<u8>),
 }
 
-/// What phase 1 of fencing read on a node that granted the lock.
+/// What phase 1 of fencing did on a node that granted the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FenceRead {
-    /// The node's counter for the name, if it has one.
-    pub(crate) counter: Option<u64>,
-    /// The node's clock (`TIME`) in microseconds.
-    pub(crate) clock_us: u64,
+pub(crate) enum FenceRead {
+    /// The node's counter was below the proposal: it is the proposal now.
+    Accepted,
+    /// The node's counter was at or above the proposal, and is left as it is.
+    Above(u64),
 }
 
 /// Parses the reply to an acquisition: `OK` (set) or the holder's PTTL from [`HOLDER_TTL`](super::lua::HOLDER_TTL)
@@ -92,17 +92,13 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
         other => return Err(bad(&other)),
     };
     match items.as_slice() {
-        [Value::Int(1), counter, secs, micros] => {
-            let counter = match counter {
-                Value::BulkString(b) if b.is_empty() => None,
-                other => Some(decimal(other).ok_or_else(|| bad(&items))?),
-            };
-            let clock_us = decimal(secs)
-                .zip(decimal(micros))
-                .and_then(|(s, us)| s.checked_mul(1_000_000)?.checked_add(us))
-                .ok_or_else(|| bad(&items))?;
+        [Value::Int(1), Value::Int(1)] => Ok(AcquireReply::Won {
+            fence: Some(FenceRead::Accepted),
+        }),
+        [Value::Int(1), Value::Int(0), counter] => {
+            let counter = decimal(counter).ok_or_else(|| bad(&items))?;
             Ok(AcquireReply::Won {
-                fence: Some(FenceRead { counter, clock_us }),
+                fence: Some(FenceRead::Above(counter)),
             })
         }
         [Value::Int(0), Value::Int(pttl), Value::Int(ours)] => Ok(AcquireReply::HeldElsewhere {
@@ -222,28 +218,24 @@ mod tests {
             parse_acquire(Value::Nil),
             Err(NodeError::Protocol(_))
         ));
-        let fenced = Value::Array(vec![Value::Int(1), bulk("17"), bulk("2"), bulk("5")]);
+        let above = Value::Array(vec![Value::Int(1), Value::Int(0), bulk("17")]);
         assert_eq!(
-            parse_acquire(fenced).ok(),
+            parse_acquire(above).ok(),
             Some(AcquireReply::Won {
-                fence: Some(FenceRead {
-                    counter: Some(17),
-                    clock_us: 2_000_005
-                })
+                fence: Some(FenceRead::Above(17))
             })
         );
-        let fresh = Value::Array(vec![Value::Int(1), bulk(""), bulk("2"), bulk("5")]);
-        assert!(matches!(
-            parse_acquire(fresh),
-            Ok(AcquireReply::Won {
-                fence: Some(FenceRead { counter: None, .. })
+        let accepted = Value::Array(vec![Value::Int(1), Value::Int(1)]);
+        assert_eq!(
+            parse_acquire(accepted).ok(),
+            Some(AcquireReply::Won {
+                fence: Some(FenceRead::Accepted)
             })
-        ));
-        let garbage = Value::Array(vec![Value::Int(1), bulk("-3"), bulk("2"), bulk("5")]);
-        assert!(matches!(
-            parse_acquire(garbage),
-            Err(NodeError::Protocol(_))
-        ));
+        );
+        for garbage in [bulk("-3"), bulk(""), Value::Nil] {
+            let reply = Value::Array(vec![Value::Int(1), Value::Int(0), garbage]);
+            assert!(matches!(parse_acquire(reply), Err(NodeError::Protocol(_))));
+        }
         assert!(matches!(
             parse_flag(Value::Okay),
             Err(NodeError::Protocol(_))
