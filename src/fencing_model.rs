@@ -1,0 +1,630 @@
+//! A model check of the fencing protocol of `docs/fencing.md`: a small system of nodes
+//! and clients whose every step (a script running on a node, a reply arriving or getting
+//! lost, a client deciding, a lock key expiring early, a node restarting empty, the clock
+//! ticking) is chosen by a seeded random scheduler, over many runs. The clients decide with
+//! the crate's own code ([`PhaseOne`], [`proposal`]) and the nodes follow the scripts'
+//! rules ([`accepts`], and the clock seed of a missing counter), so the check covers the
+//! protocol as shipped, not a copy.
+//!
+//! What it asserts, for every pair of acquisitions that returned a number:
+//! - **real-time order**: one that started after another returned has a higher number;
+//! - **lock order** (the proof's claim): if on some node whose counter holds A's number
+//!   B's `SET` ran after A's, and the node did not restart in between, `t_B > t_A`.
+//!
+//! Clients' and nodes' clocks are skewed (every clock within `skew` of real time), and
+//! proposals therefore often lose to counters: both the one-round path and phase 2 run.
+//! Restarts follow the quarantine rules (a restarted node grants nothing for the longest
+//! TTL) and attempts hold only within their validity (the TTL); the lost-counter case is
+//! the only one that needs the clocks, and its scopes keep every clock within a quarter
+//! of the TTL of real time, the assumption the proof states.
+//!
+//! `cargo test --lib fencing::model` runs a short check (seconds);
+//! `FENCING_MODEL_RUNS=2000000 cargo test --release --lib fencing::model` a long one.
+//! The mutant tests check that the check fails when the protocol is broken.
+
+use super::{Number, PhaseOne, accepts, proposal};
+use crate::quorum::quorum;
+use crate::scripts::FenceRead;
+
+/// The rules under check: the node's acceptance and the client's choice of number.
+#[derive(Clone, Copy)]
+struct Rules {
+    accepts: fn(u64, u64) -> bool,
+    number: fn(&PhaseOne, usize) -> Number,
+}
+
+/// The protocol as shipped.
+const SHIPPED: Rules = Rules {
+    accepts,
+    number: PhaseOne::number,
+};
+
+/// The size of a model and its adversary.
+#[derive(Debug, Clone, Copy)]
+struct Scope {
+    nodes: usize,
+    clients: usize,
+    /// Acquisitions per client.
+    acquisitions: usize,
+    /// Node restarts (each loses every key) per run.
+    restarts: usize,
+    /// Lock keys that vanish early (a clock jump on the node) per run.
+    expiries: usize,
+    /// Microseconds per tick of real time.
+    tick_us: u64,
+    /// How far any clock may be from real time, in microseconds.
+    skew_us: u64,
+    /// The TTL in ticks: an attempt holds only if it decided within it, and a restarted
+    /// node grants nothing for that long.
+    ttl_ticks: u64,
+    /// Steps per run at most.
+    steps: usize,
+}
+
+/// Small scopes: without restarts the clocks may be far off (only liveness suffers);
+/// with restarts every clock stays within a quarter of the TTL of real time.
+const SCOPES: [Scope; 3] = [
+    Scope {
+        nodes: 3,
+        clients: 2,
+        acquisitions: 3,
+        restarts: 0,
+        expiries: 2,
+        tick_us: 10,
+        skew_us: 40,
+        ttl_ticks: 6,
+        steps: 400,
+    },
+    Scope {
+        nodes: 5,
+        clients: 3,
+        acquisitions: 2,
+        restarts: 0,
+        expiries: 3,
+        tick_us: 1,
+        skew_us: 5,
+        ttl_ticks: 8,
+        steps: 600,
+    },
+    Scope {
+        nodes: 3,
+        clients: 2,
+        acquisitions: 3,
+        restarts: 2,
+        expiries: 1,
+        tick_us: 100,
+        skew_us: 20,
+        ttl_ticks: 4,
+        steps: 400,
+    },
+];
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % u64::try_from(n.max(1)).unwrap_or(1)).unwrap_or(0)
+    }
+}
+
+/// One node.
+#[derive(Debug, Clone, Default)]
+struct Node {
+    /// The attempt whose key is set.
+    lock: Option<usize>,
+    counter: Option<u64>,
+    skew: i64,
+    /// Grants nothing before this tick (the restart quarantine).
+    quarantined_until: u64,
+    /// The steps at which it restarted.
+    restarts: Vec<u64>,
+}
+
+/// A request of an attempt to one node, as far as it got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Req<R> {
+    /// Sent, not run yet.
+    Out,
+    /// Run; its reply is on its way.
+    Reply(R),
+    /// Answered, or lost.
+    Closed,
+}
+
+/// A node's answer to phase 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum One {
+    Granted(FenceRead),
+    Refused,
+}
+
+/// Where an attempt is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    One,
+    Two(u64),
+    Over,
+}
+
+/// One acquisition attempt.
+#[derive(Debug)]
+struct Attempt {
+    client: usize,
+    started_tick: u64,
+    started_step: u64,
+    phase_one: PhaseOne,
+    granted: usize,
+    one: Vec<Req<One>>,
+    two: Vec<Req<bool>>,
+    recorded: usize,
+    stage: Stage,
+    /// `(node, step)` of each `SET` it made.
+    sets: Vec<(usize, u64)>,
+    /// `(node, step, value)` of each counter write it made.
+    writes: Vec<(usize, u64, u64)>,
+    /// The nodes whose grant it took, and whether each accepted the proposal.
+    used: Vec<(usize, bool)>,
+    /// Its number and the step it returned at.
+    result: Option<(u64, u64)>,
+}
+
+/// How many of `reqs` are still out (not run, or their reply on its way).
+fn out<R: PartialEq>(reqs: &[Req<R>]) -> usize {
+    reqs.iter().filter(|r| **r != Req::Closed).count()
+}
+
+/// The system and what happened in it.
+struct World {
+    scope: Scope,
+    rules: Rules,
+    rng: Rng,
+    nodes: Vec<Node>,
+    /// Per client: its clock's skew, the highest number seen, acquisitions left, and
+    /// its attempt in progress.
+    clients: Vec<(i64, u64, usize, Option<usize>)>,
+    attempts: Vec<Attempt>,
+    tick: u64,
+    step: u64,
+    restarts: usize,
+    expiries: usize,
+}
+
+/// A step the scheduler may take.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Tick,
+    Start(usize),
+    RunOne(usize, usize),
+    RunTwo(usize, usize),
+    Deliver(usize, usize, bool),
+    Lose(usize, usize, bool),
+    Decide(usize),
+    Expire(usize),
+    Restart(usize),
+}
+
+impl World {
+    fn new(scope: Scope, rules: Rules, seed: u64) -> Self {
+        let mut rng = Rng(seed | 1);
+        let skew = |rng: &mut Rng| {
+            let span = scope.skew_us * 2 + 1;
+            i64::try_from(rng.next() % span).unwrap_or(0)
+                - i64::try_from(scope.skew_us).unwrap_or(0)
+        };
+        let nodes = (0..scope.nodes)
+            .map(|_| Node {
+                skew: skew(&mut rng),
+                ..Node::default()
+            })
+            .collect();
+        let clients = (0..scope.clients)
+            .map(|_| (skew(&mut rng), 0, scope.acquisitions, None))
+            .collect();
+        Self {
+            scope,
+            rules,
+            rng,
+            nodes,
+            clients,
+            attempts: Vec::new(),
+            tick: 1,
+            step: 0,
+            restarts: 0,
+            expiries: 0,
+        }
+    }
+
+    /// A clock `skew` off real time, in microseconds (real time starts far from 0).
+    fn clock(&self, skew: i64) -> u64 {
+        let real = 1_000_000 + self.tick * self.scope.tick_us;
+        real.saturating_add_signed(skew)
+    }
+
+    fn quorum(&self) -> usize {
+        quorum(self.scope.nodes)
+    }
+
+    /// Every step possible now.
+    fn steps(&self) -> Vec<Step> {
+        // Time passes, but not so fast that no attempt decides within its TTL.
+        let mut out = if self.step.is_multiple_of(3) {
+            vec![Step::Tick]
+        } else {
+            Vec::new()
+        };
+        for (c, client) in self.clients.iter().enumerate() {
+            if client.3.is_none() && client.2 > 0 {
+                out.push(Step::Start(c));
+            }
+        }
+        for (a, attempt) in self.attempts.iter().enumerate() {
+            for (i, req) in attempt.one.iter().enumerate() {
+                match req {
+                    Req::Out => out.push(Step::RunOne(a, i)),
+                    Req::Reply(_) => {
+                        out.push(Step::Deliver(a, i, false));
+                        out.push(Step::Lose(a, i, false));
+                    }
+                    Req::Closed => {}
+                }
+            }
+            for (i, req) in attempt.two.iter().enumerate() {
+                match req {
+                    Req::Out => out.push(Step::RunTwo(a, i)),
+                    Req::Reply(_) => {
+                        out.push(Step::Deliver(a, i, true));
+                        out.push(Step::Lose(a, i, true));
+                    }
+                    Req::Closed => {}
+                }
+            }
+            if attempt.stage != Stage::Over {
+                out.push(Step::Decide(a));
+            }
+        }
+        for (i, node) in self.nodes.iter().enumerate() {
+            if node.lock.is_some() && self.expiries < self.scope.expiries {
+                out.push(Step::Expire(i));
+            }
+            if self.restarts < self.scope.restarts {
+                out.push(Step::Restart(i));
+            }
+        }
+        if out.is_empty() {
+            out.push(Step::Tick);
+        }
+        out
+    }
+
+    fn take(&mut self, step: Step) -> Result<(), String> {
+        self.step += 1;
+        match step {
+            Step::Tick => self.tick += 1,
+            Step::Start(c) => self.start(c),
+            Step::RunOne(a, i) => self.run_one(a, i),
+            Step::RunTwo(a, i) => self.run_two(a, i),
+            Step::Deliver(a, i, two) => self.deliver(a, i, two),
+            Step::Lose(a, i, two) => self.close(a, i, two),
+            Step::Decide(a) => return self.decide(a),
+            Step::Expire(i) => {
+                self.expiries += 1;
+                self.nodes[i].lock = None;
+            }
+            Step::Restart(i) => {
+                self.restarts += 1;
+                let until = self.tick + self.scope.ttl_ticks;
+                let node = &mut self.nodes[i];
+                node.lock = None;
+                node.counter = None;
+                node.quarantined_until = until;
+                node.restarts.push(self.step);
+            }
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, c: usize) {
+        let (skew, highest, _, _) = self.clients[c];
+        let p = proposal(self.clock(skew), highest);
+        let a = self.attempts.len();
+        self.attempts.push(Attempt {
+            client: c,
+            started_tick: self.tick,
+            started_step: self.step,
+            phase_one: PhaseOne::new(p),
+            granted: 0,
+            one: vec![Req::Out; self.scope.nodes],
+            two: vec![Req::Closed; self.scope.nodes],
+            recorded: 0,
+            stage: Stage::One,
+            sets: Vec::new(),
+            writes: Vec::new(),
+            used: Vec::new(),
+            result: None,
+        });
+        self.clients[c].2 -= 1;
+        self.clients[c].3 = Some(a);
+    }
+
+    /// The phase-1 script on node `i` (ACQUIRE_FENCED).
+    fn run_one(&mut self, a: usize, i: usize) {
+        let now = self.clock(self.nodes[i].skew);
+        let (tick, step) = (self.tick, self.step);
+        let margin = self.scope.ttl_ticks * self.scope.tick_us / 2;
+        let node = &mut self.nodes[i];
+        let attempt = &mut self.attempts[a];
+        let reply = if node.lock.is_some() || tick < node.quarantined_until {
+            One::Refused
+        } else {
+            node.lock = Some(a);
+            attempt.sets.push((i, step));
+            let counter = node.counter.unwrap_or(now.saturating_sub(margin));
+            let p = attempt.phase_one.proposal();
+            if (self.rules.accepts)(counter, p) {
+                node.counter = Some(p);
+                attempt.writes.push((i, step, p));
+                One::Granted(FenceRead::Accepted)
+            } else {
+                One::Granted(FenceRead::Above(counter))
+            }
+        };
+        if attempt.stage == Stage::Over && node.lock == Some(a) {
+            // A late SET: the attempt's release waits for it to land, then deletes it.
+            node.lock = None;
+        }
+        attempt.one[i] = Req::Reply(reply);
+    }
+
+    /// The phase-2 script on node `i` (FENCE).
+    fn run_two(&mut self, a: usize, i: usize) {
+        let step = self.step;
+        let node = &mut self.nodes[i];
+        let attempt = &mut self.attempts[a];
+        let Stage::Two(t) = attempt.stage else {
+            // Phase 2 of an attempt that is over already: it runs all the same.
+            attempt.two[i] = Req::Closed;
+            return;
+        };
+        let ours = node.lock == Some(a);
+        if ours {
+            let raised = node.counter.map_or(t, |c| c.max(t));
+            node.counter = Some(raised);
+            attempt.writes.push((i, step, raised));
+        }
+        attempt.two[i] = Req::Reply(ours);
+    }
+
+    fn deliver(&mut self, a: usize, i: usize, two: bool) {
+        let client = self.attempts[a].client;
+        let attempt = &mut self.attempts[a];
+        if two {
+            if let Req::Reply(true) = attempt.two[i] {
+                attempt.recorded += 1;
+            }
+            attempt.two[i] = Req::Closed;
+            return;
+        }
+        if let Req::Reply(One::Granted(read)) = attempt.one[i]
+            && attempt.stage == Stage::One
+        {
+            if attempt.phase_one.granted(read).is_ok() {
+                attempt.granted += 1;
+                attempt.used.push((i, read == FenceRead::Accepted));
+            }
+            if let Some(h) = attempt.phase_one.highest() {
+                self.clients[client].1 = self.clients[client].1.max(h);
+            }
+        }
+        self.attempts[a].one[i] = Req::Closed;
+    }
+
+    fn close(&mut self, a: usize, i: usize, two: bool) {
+        let attempt = &mut self.attempts[a];
+        if two {
+            attempt.two[i] = Req::Closed;
+        } else {
+            attempt.one[i] = Req::Closed;
+        }
+    }
+
+    /// The client decides, if it can: phase 1 with a quorum granted (or none left to
+    /// come), phase 2 with a quorum recorded (or too few left to come).
+    fn decide(&mut self, a: usize) -> Result<(), String> {
+        let q = self.quorum();
+        let late = self.tick >= self.attempts[a].started_tick + self.scope.ttl_ticks;
+        let attempt = &self.attempts[a];
+        match attempt.stage {
+            Stage::One if attempt.granted >= q && !late => {
+                match (self.rules.number)(&attempt.phase_one, q) {
+                    Number::Accepted(n) => return self.returned(a, n),
+                    Number::Raise(t) => {
+                        let attempt = &mut self.attempts[a];
+                        attempt.stage = Stage::Two(t);
+                        for (i, req) in attempt.one.iter().enumerate() {
+                            // Every node but those that refused (unanswered ones too).
+                            if !matches!(req, Req::Reply(One::Refused)) {
+                                attempt.two[i] = Req::Out;
+                            }
+                        }
+                    }
+                }
+            }
+            Stage::Two(t) if attempt.recorded >= q && !late => return self.returned(a, t),
+            Stage::One | Stage::Two(_) if late || out(&attempt.one) + out(&attempt.two) == 0 => {
+                self.fail(a);
+            }
+            Stage::Two(_) if attempt.recorded + out(&attempt.two) < q => self.fail(a),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The attempt failed: released everywhere (at once: a late release only makes the
+    /// adversary weaker), and its client goes on.
+    fn fail(&mut self, a: usize) {
+        for node in &mut self.nodes {
+            if node.lock == Some(a) {
+                node.lock = None;
+            }
+        }
+        let attempt = &mut self.attempts[a];
+        attempt.stage = Stage::Over;
+        let c = attempt.client;
+        self.clients[c].3 = None;
+    }
+
+    /// Attempt `a` returned the lock with number `n`: check it against every other
+    /// returned acquisition, then the holder releases.
+    fn returned(&mut self, a: usize, n: u64) -> Result<(), String> {
+        self.attempts[a].result = Some((n, self.step));
+        let c = self.attempts[a].client;
+        self.clients[c].1 = self.clients[c].1.max(n);
+        for b in 0..self.attempts.len() {
+            if b != a {
+                self.check(b, a)?;
+                self.check(a, b)?;
+            }
+        }
+        self.fail(a);
+        Ok(())
+    }
+
+    /// The two properties for returned acquisitions `x` then `y`.
+    fn check(&self, x: usize, y: usize) -> Result<(), String> {
+        let (Some((nx, returned_x)), Some((ny, _))) =
+            (self.attempts[x].result, self.attempts[y].result)
+        else {
+            return Ok(());
+        };
+        if returned_x < self.attempts[y].started_step && ny <= nx {
+            return Err(format!(
+                "real-time order: attempt {y} started after attempt {x} returned {nx}, got {ny}"
+            ));
+        }
+        // The nodes `y`'s number is bound by: those that accepted its proposal when the
+        // proposal is its number, else every node whose grant it took.
+        let (y_attempt, fast) = (
+            &self.attempts[y],
+            ny == self.attempts[y].phase_one.proposal(),
+        );
+        let bound = |node: usize| {
+            y_attempt
+                .used
+                .iter()
+                .any(|&(i, accepted)| i == node && (accepted || !fast))
+        };
+        for &(node, wrote, value) in &self.attempts[x].writes {
+            if value < nx || !bound(node) {
+                continue; // an accepted proposal that did not become the number
+            }
+            let set_after = y_attempt
+                .sets
+                .iter()
+                .any(|&(i, set)| i == node && set > wrote);
+            let restarted = self.nodes[node].restarts.iter().any(|&r| r > wrote);
+            if set_after && !restarted && ny <= nx {
+                return Err(format!(
+                    "lock order: on node {node} attempt {y} set its key after attempt {x} \
+                     recorded {nx} there, and got {ny}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `runs` random schedules per scope with `rules`: the first violation found.
+fn explore(rules: Rules, runs: u64) -> Result<(), String> {
+    for (k, scope) in SCOPES.iter().enumerate() {
+        for run in 0..runs {
+            let seed = (run + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (k as u64);
+            let mut world = World::new(*scope, rules, seed);
+            for _ in 0..scope.steps {
+                let steps = world.steps();
+                let pick = world.rng.below(steps.len());
+                world
+                    .take(steps[pick])
+                    .map_err(|e| format!("{e} (scope {k}, seed {seed:#x})"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs per scope: `FENCING_MODEL_RUNS`, or a short check.
+fn runs() -> u64 {
+    std::env::var("FENCING_MODEL_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3_000)
+}
+
+#[test]
+fn numbers_increase_in_real_time_and_lock_order() {
+    if let Err(violation) = explore(SHIPPED, runs()) {
+        panic!("{violation}");
+    }
+}
+
+#[test]
+fn both_paths_run_in_the_model() {
+    // The check means something only if proposals are both accepted and refused.
+    let (mut fast, mut slow) = (0, 0);
+    for (scope, seed) in SCOPES
+        .iter()
+        .flat_map(|s| (1..300).map(move |seed| (*s, seed)))
+    {
+        let mut world = World::new(scope, SHIPPED, seed);
+        for _ in 0..scope.steps {
+            let steps = world.steps();
+            let pick = world.rng.below(steps.len());
+            let _ = world.take(steps[pick]);
+        }
+        for attempt in &world.attempts {
+            match attempt.result {
+                Some((n, _)) if n == attempt.phase_one.proposal() => fast += 1,
+                Some(_) => slow += 1,
+                None => {}
+            }
+        }
+    }
+    assert!(
+        fast > 500 && slow > 50,
+        "one round: {fast}, phase 2: {slow}"
+    );
+}
+
+#[test]
+fn the_check_catches_a_node_that_accepts_its_own_counter() {
+    let mutant = Rules {
+        accepts: |counter, proposal| counter <= proposal,
+        ..SHIPPED
+    };
+    assert!(
+        explore(mutant, runs()).is_err(),
+        "the mutant passed the check"
+    );
+}
+
+#[test]
+fn the_check_catches_a_client_that_takes_its_proposal_without_a_quorum() {
+    let mutant = Rules {
+        number: |phase_one, quorum| match phase_one.accepted {
+            0 => phase_one.number(quorum),
+            _ => Number::Accepted(phase_one.proposal()),
+        },
+        ..SHIPPED
+    };
+    assert!(
+        explore(mutant, runs()).is_err(),
+        "the mutant passed the check"
+    );
+}
