@@ -746,8 +746,9 @@ async fn a_flushed_script_cache_falls_back_to_eval() {
             .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
             .and_then(|n| n.trim().parse::<u32>().ok())
             .expect("number_of_cached_scripts");
-        // The fenced acquire, the fencing step and the release.
-        recached += usize::from(scripts == 3);
+        // The fenced acquire and the release (and phase 2 of fencing, when it ran: the
+        // proposal is usually accepted in one round trip).
+        recached += usize::from(scripts >= 2);
     }
     assert!(
         recached >= 2,

@@ -124,6 +124,100 @@ async fn a_lost_counter_falls_back_to_the_clock() {
     assert!(u128::from(token(&lock)) <= now_us + 1);
 }
 
+/// How many `EVALSHA` calls node `i` has run (the acquire, fencing and release scripts).
+async fn evalsha_calls(cluster: &Cluster, i: usize) -> u64 {
+    let mut conn = cluster.raw(i).await;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO commandstats");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `EVALSHA` calls per node while `work` runs, once every call has landed.
+async fn evalsha_during<F: std::future::Future<Output = ()>>(
+    cluster: &Cluster,
+    work: F,
+) -> Vec<u64> {
+    let mut before = Vec::new();
+    for i in 0..cluster.nodes.len() {
+        before.push(evalsha_calls(cluster, i).await);
+    }
+    work.await;
+    let mut calls = Vec::new();
+    for (i, b) in before.iter().enumerate() {
+        calls.push(evalsha_calls(cluster, i).await - b);
+    }
+    calls
+}
+
+/// A fresh name's proposal is accepted by every node: one round trip, no phase 2, and the
+/// number is the client's clock in microseconds.
+#[tokio::test]
+async fn a_fenced_acquisition_takes_one_round_trip() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    support::warm(&redlock).await;
+    let lock = std::sync::Mutex::new(None);
+    let calls = evalsha_during(&cluster, async {
+        let held = redlock.lock("one-trip").await.expect("lock");
+        *lock.lock().expect("lock slot") = Some(held);
+    })
+    .await;
+    let lock = lock.into_inner().expect("lock slot").expect("locked");
+    assert!(calls.iter().all(|c| *c <= 1), "phase 2 ran: {calls:?}");
+    assert!(calls.iter().filter(|c| **c == 1).count() >= 2, "{calls:?}");
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_micros();
+    let number = u128::from(token(&lock));
+    assert!(
+        number <= now_us && number + 60_000_000 > now_us,
+        "{number} vs {now_us}"
+    );
+    for i in 0..3 {
+        let counter = counter_on(&cluster, i, "one-trip").await;
+        assert!(
+            counter.is_none_or(|c| c == token(&lock)),
+            "node {i}: {counter:?}"
+        );
+    }
+    redlock.unlock(&lock).await;
+}
+
+/// Counters above the client's clock refuse its proposal: phase 2 records one above them,
+/// and from then on the client proposes above what it saw, in one round trip again.
+#[tokio::test]
+async fn a_refused_proposal_takes_phase_two_once_then_the_clock_catches_up() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    support::warm(&redlock).await;
+    seed_counters(&cluster, "ahead", FAR_FUTURE).await;
+    let mut tokens = Vec::new();
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        let slot = std::sync::Mutex::new(None);
+        let calls = evalsha_during(&cluster, async {
+            *slot.lock().expect("slot") = Some(redlock.lock("ahead").await.expect("lock"));
+        })
+        .await;
+        let lock = slot.into_inner().expect("slot").expect("locked");
+        tokens.push(token(&lock));
+        rounds.push(calls.into_iter().max().unwrap_or(0));
+        redlock.unlock(&lock).await;
+    }
+    assert_eq!(tokens[0], FAR_FUTURE + 1, "one above the counters");
+    assert_strictly_increasing(&tokens);
+    assert_eq!(rounds, [2, 1, 1], "phase 2 only for the first acquisition");
+}
+
 /// The counterexample of docs/fencing.md: with the maximum of per-node `INCR`s, the 21st
 /// number is below the 20th; with the max-register, every number is above the one before.
 /// The counters start far above the clock, so only phase 2 can make the numbers grow.
