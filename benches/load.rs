@@ -246,6 +246,21 @@ struct Snapshot {
     cpu_us: f64,
     allocs: u64,
     redis_us: f64,
+    /// Fenced acquisitions so far: settled in one round trip, and with phase 2.
+    fenced: (u64, u64),
+}
+
+impl Snapshot {
+    /// The share (%) of the fenced acquisitions between `self` and `end` that needed
+    /// phase 2; NaN without fenced acquisitions.
+    fn phase_two_share(&self, end: &Snapshot) -> f64 {
+        let one = end.fenced.0 - self.fenced.0;
+        let two = end.fenced.1 - self.fenced.1;
+        if one + two == 0 {
+            return f64::NAN;
+        }
+        100.0 * two as f64 / (one + two) as f64
+    }
 }
 
 /// The start of a timed phase: Redis first, then the process (so that our INFO calls
@@ -259,6 +274,7 @@ async fn snapshot_start(conns: &mut [MultiplexedConnection]) -> Snapshot {
         cpu_us,
         allocs,
         redis_us,
+        fenced: tower_redlock::fencing::rounds(),
     }
 }
 
@@ -267,11 +283,13 @@ async fn snapshot_end(conns: &mut [MultiplexedConnection]) -> Snapshot {
     let at = Instant::now();
     let cpu_us = process_cpu_us();
     let allocs = ALLOCS.load(Ordering::Relaxed);
+    let fenced = tower_redlock::fencing::rounds();
     Snapshot {
         at,
         cpu_us,
         allocs,
         redis_us: redis_cpu_us(conns).await,
+        fenced,
     }
 }
 
@@ -291,6 +309,8 @@ struct Metrics {
     allocs: f64,
     /// W3: the share of critical sections entered by the task that left the one before.
     same_holder: f64,
+    /// The share (%) of fenced acquisitions that needed phase 2 (NaN when unfenced).
+    phase_two: f64,
     errors: u64,
     overlaps: u64,
 }
@@ -420,6 +440,7 @@ async fn run_pairs(
         client_cpu: (end.cpu_us - start.cpu_us) / done,
         redis_cpu: (end.redis_us - start.redis_us) / done,
         allocs: (end.allocs - start.allocs) as f64 / done,
+        phase_two: start.phase_two_share(&end),
         errors,
         ..Metrics::default()
     }
@@ -531,6 +552,7 @@ async fn run_contend(
         redis_cpu: (end.redis_us - start.redis_us) / done,
         allocs: (end.allocs - start.allocs) as f64 / done,
         same_holder: 100.0 * again as f64 / done,
+        phase_two: start.phase_two_share(&end),
         errors,
         overlaps: overlaps.load(Ordering::SeqCst),
     }
@@ -822,7 +844,58 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
             let _ = writeln!(w);
         }
     }
+    write_fencing(w, cells);
     out
+}
+
+/// The cost of fencing: how often phase 2 ran, and fenced against unfenced tower-redlock
+/// (per repeat, median over the repeats), with throughput also against rslock.
+fn write_fencing(w: &mut String, cells: &[Cell]) {
+    const PLAIN: usize = 0;
+    const FENCED: usize = 2;
+    let _ = writeln!(
+        w,
+        "\n## Fencing\n\nThe share of fenced acquisitions that needed phase 2 (a second \
+         round trip, when a quorum did not accept the proposed number), and fenced ÷ \
+         unfenced tower-redlock from the same repeats (below 1 is better, except \
+         throughput).\n\n\
+         | workload | N | phase 2 % | fenced ÷ rslock throughput ↑ | fenced ÷ unfenced throughput ↑ | lock p50 ↓ | handoff ↓ | Redis CPU ↓ |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|"
+    );
+    let vs = |cell: &Cell, field: fn(&Metrics) -> f64| {
+        median(
+            &mut cell
+                .runs
+                .iter()
+                .map(|r| field(&r[FENCED]) / field(&r[PLAIN]))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let show = |v: f64| {
+        if v.is_nan() {
+            "—".to_owned()
+        } else {
+            format!("{v:.2}")
+        }
+    };
+    for cell in cells {
+        let handoff = match cell.workload {
+            Workload::W3 => vs(cell, |m| m.handoff),
+            _ => f64::NAN,
+        };
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            cell.workload.title(),
+            cell.nodes,
+            show(cell.median(FENCED, |m| m.phase_two)),
+            show(cell.ratio(FENCED, |m| m.throughput)),
+            show(vs(cell, |m| m.throughput)),
+            show(vs(cell, |m| m.lock_p50)),
+            show(handoff),
+            show(vs(cell, |m| m.redis_cpu)),
+        );
+    }
 }
 
 fn main() {
