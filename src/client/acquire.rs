@@ -16,6 +16,7 @@ use super::release::{Deletion, Wake};
 use crate::error::{LockError, NodeError, RecordBytes};
 use crate::fencing::{self, Number, PhaseOne, PhaseTwo};
 use crate::name::{Resource, new_value};
+use crate::node::Node;
 use crate::quorum::{self, NodeMask, Outcome, later};
 use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{
@@ -190,25 +191,11 @@ impl Redlock {
         let phase_one = self.granted(target, votes, replies).map_err(missed)?;
         let mut fence = None;
         if let Some(phase_one) = phase_one {
-            let number = phase_one.number(self.quorum());
-            let recorded = match number {
-                Number::Accepted(n) => Some(n),
-                // Fencing phase 2: record the number on the nodes we hold, while we hold them.
-                Number::Raise(n) if quorum::validity(ttl, start.elapsed(), drift).is_some() => {
-                    let fenced = self.fence(&target.resource, value, &phase_one, n, deadline);
-                    Some(
-                        fenced
-                            .await
-                            .map_err(|error| missed(Attempt::missed(error)))?,
-                    )
-                }
-                Number::Raise(_) => None,
-            };
-            if let Some(n) = recorded {
-                self.inner.clock.saw(n);
-                fencing::count(number);
-            }
-            fence = recorded;
+            let left = quorum::validity(ttl, start.elapsed(), drift);
+            fence = self
+                .number(&target.resource, value, &phase_one, left, deadline)
+                .await
+                .map_err(|error| missed(Attempt::missed(error)))?;
         }
         // 4. Held only with a quorum and validity left.
         let elapsed = start.elapsed();
@@ -291,6 +278,31 @@ impl Redlock {
         })
     }
 
+    /// The fencing number of an attempt that got its quorum: the proposal when a quorum
+    /// accepted it; otherwise, while validity is `left`, the number phase 2 recorded.
+    /// `None` when phase 2 was needed but no validity was left (step 4 then gives up).
+    async fn number(
+        &self,
+        resource: &Resource,
+        value: &str,
+        phase_one: &PhaseOne,
+        left: Option<Duration>,
+        deadline: Instant,
+    ) -> Result<Option<u64>, LockError> {
+        let number = phase_one.number(self.quorum());
+        let recorded = match number {
+            Number::Accepted(n) => n,
+            // Fencing phase 2: record the number on the nodes we hold, while we hold them.
+            Number::Raise(n) if left.is_some() => {
+                self.fence(resource, value, phase_one, n, deadline).await?
+            }
+            Number::Raise(_) => return Ok(None),
+        };
+        self.inner.clock.saw(recorded);
+        fencing::count(number);
+        Ok(Some(recorded))
+    }
+
     /// Fencing phase 2: records `token` (one above every counter phase 1 read) on the
     /// nodes that granted: the number, or why it could not be recorded on a quorum.
     async fn fence(
@@ -365,21 +377,29 @@ impl Redlock {
             deadline,
             purpose: Purpose::Decide,
         };
-        let mut round = Round::send(nodes, &request, plan);
-        let mut votes = Votes::new(nodes.len());
-        let mut replies = SetReplies::new(proposal);
-        // Once a node answers with a completion record, every answer is awaited: the
-        // nodes that answered with it need no release afterwards.
-        while votes.undecided() || !replies.records.is_empty() {
-            round.wake_after(votes.to_decide());
-            let Some((i, reply)) = round.next().await else {
-                break;
-            };
-            let outcome = replies.take(i, reply);
-            votes.count(nodes[i].label(), outcome);
-        }
-        (round, votes, replies)
+        let round = Round::send(nodes, &request, plan);
+        count_set_round(nodes, round, SetReplies::new(proposal)).await
     }
+}
+
+/// Takes the answers of a `SET NX PX` round until the outcome is certain; once a node
+/// answered with a completion record, every answer (the nodes that answered with it need
+/// no release afterwards).
+async fn count_set_round(
+    nodes: &[Arc<Node>],
+    mut round: Round,
+    mut replies: SetReplies,
+) -> (Round, Votes, SetReplies) {
+    let mut votes = Votes::new(nodes.len());
+    while votes.undecided() || !replies.records.is_empty() {
+        round.wake_after(votes.to_decide());
+        let Some((i, reply)) = round.next().await else {
+            break;
+        };
+        let outcome = replies.take(i, reply);
+        votes.count(nodes[i].label(), outcome);
+    }
+    (round, votes, replies)
 }
 
 /// What an acquisition is after: a name's keys, for how long, and what may answer it.

@@ -210,18 +210,9 @@ impl Node {
             (wire, st.generation)
         };
         let turn = if call.is_release() && self.batches_releases() {
-            match self.releases.take_turn_or_queue(call, sending.deadline) {
-                Release::Turn(turn) => Some(turn),
-                Release::Queued {
-                    waiting,
-                    start_sender,
-                } => {
-                    if start_sender {
-                        self.send_batches();
-                    }
-                    return Some(Flight::Queued(waiting));
-                }
-                Release::Alone => None,
+            match self.release_turn(call, sending.deadline) {
+                Ok(turn) => turn,
+                Err(waiting) => return Some(Flight::Queued(waiting)),
             }
         } else {
             None
@@ -243,9 +234,23 @@ impl Node {
         if !(call.is_release() && self.batches_releases()) {
             return self.call_now(call, sending, None, on_sent).await;
         }
-        match self.releases.take_turn_or_queue(call, sending.deadline) {
-            Release::Turn(turn) => self.call_now(call, sending, Some(turn), || {}).await,
-            Release::Alone => self.call_now(call, sending, None, || {}).await,
+        match self.release_turn(call, sending.deadline) {
+            Ok(turn) => self.call_now(call, sending, turn, || {}).await,
+            Err(waiting) => waiting.await,
+        }
+    }
+
+    /// Where a release goes at this node: `Ok` to send it now, holding the node's turn
+    /// (or, with `None`, alone); `Err` with its answer to come once it is queued for the
+    /// next batch (starting the task that sends batches when it is the first to wait).
+    fn release_turn(
+        self: &Arc<Self>,
+        call: &Arc<Call>,
+        deadline: Instant,
+    ) -> Result<Option<batch::Turn>, batch::Waiting> {
+        match self.releases.take_turn_or_queue(call, deadline) {
+            Release::Turn(turn) => Ok(Some(turn)),
+            Release::Alone => Ok(None),
             Release::Queued {
                 waiting,
                 start_sender,
@@ -253,7 +258,7 @@ impl Node {
                 if start_sender {
                     self.send_batches();
                 }
-                waiting.await
+                Err(waiting)
             }
         }
     }
