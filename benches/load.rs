@@ -574,11 +574,16 @@ impl Cell {
     }
 
     fn ratio(&self, lib: usize, field: fn(&Metrics) -> f64) -> f64 {
+        self.ratio_to(lib, RSLOCK, field)
+    }
+
+    /// `lib` ÷ `base` per repeat, median over the repeats.
+    fn ratio_to(&self, lib: usize, base: usize, field: fn(&Metrics) -> f64) -> f64 {
         median(
             &mut self
                 .runs
                 .iter()
-                .map(|r| field(&r[lib]) / field(&r[RSLOCK]))
+                .map(|r| field(&r[lib]) / field(&r[base]))
                 .collect::<Vec<_>>(),
         )
     }
@@ -862,15 +867,7 @@ fn write_fencing(w: &mut String, cells: &[Cell]) {
          | workload | N | phase 2 % | fenced ÷ rslock throughput ↑ | fenced ÷ unfenced throughput ↑ | lock p50 ↓ | handoff ↓ | Redis CPU ↓ |\n\
          |---|---|---:|---:|---:|---:|---:|---:|"
     );
-    let vs = |cell: &Cell, field: fn(&Metrics) -> f64| {
-        median(
-            &mut cell
-                .runs
-                .iter()
-                .map(|r| field(&r[FENCED]) / field(&r[PLAIN]))
-                .collect::<Vec<_>>(),
-        )
-    };
+    let vs = |cell: &Cell, field: fn(&Metrics) -> f64| cell.ratio_to(FENCED, PLAIN, field);
     let show = |v: f64| {
         if v.is_nan() {
             "—".to_owned()

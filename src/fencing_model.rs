@@ -176,6 +176,22 @@ struct Attempt {
     result: Option<(u64, u64)>,
 }
 
+/// The steps open to the requests `reqs` of attempt `a` (phase 2's with `two`): to run
+/// one that is out, and to deliver or lose one whose reply is on its way.
+fn req_steps<R>(reqs: &[Req<R>], a: usize, two: bool, out: &mut Vec<Step>) {
+    for (i, req) in reqs.iter().enumerate() {
+        match req {
+            Req::Out if two => out.push(Step::RunTwo(a, i)),
+            Req::Out => out.push(Step::RunOne(a, i)),
+            Req::Reply(_) => {
+                out.push(Step::Deliver(a, i, two));
+                out.push(Step::Lose(a, i, two));
+            }
+            Req::Closed => {}
+        }
+    }
+}
+
 /// How many of `reqs` are still out (not run, or their reply on its way).
 fn out<R: PartialEq>(reqs: &[Req<R>]) -> usize {
     reqs.iter().filter(|r| **r != Req::Closed).count()
@@ -266,26 +282,8 @@ impl World {
             }
         }
         for (a, attempt) in self.attempts.iter().enumerate() {
-            for (i, req) in attempt.one.iter().enumerate() {
-                match req {
-                    Req::Out => out.push(Step::RunOne(a, i)),
-                    Req::Reply(_) => {
-                        out.push(Step::Deliver(a, i, false));
-                        out.push(Step::Lose(a, i, false));
-                    }
-                    Req::Closed => {}
-                }
-            }
-            for (i, req) in attempt.two.iter().enumerate() {
-                match req {
-                    Req::Out => out.push(Step::RunTwo(a, i)),
-                    Req::Reply(_) => {
-                        out.push(Step::Deliver(a, i, true));
-                        out.push(Step::Lose(a, i, true));
-                    }
-                    Req::Closed => {}
-                }
-            }
+            req_steps(&attempt.one, a, false, &mut out);
+            req_steps(&attempt.two, a, true, &mut out);
             if attempt.stage != Stage::Over {
                 out.push(Step::Decide(a));
             }

@@ -124,22 +124,6 @@ async fn a_lost_counter_falls_back_to_the_clock() {
     assert!(u128::from(token(&lock)) <= now_us + 1);
 }
 
-/// How many `EVALSHA` calls node `i` has run (the acquire, fencing and release scripts).
-async fn evalsha_calls(cluster: &Cluster, i: usize) -> u64 {
-    let mut conn = cluster.raw(i).await;
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO commandstats");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// `EVALSHA` calls per node while `work` runs, once every call has landed.
 async fn evalsha_during<F: std::future::Future<Output = ()>>(
     cluster: &Cluster,
@@ -147,12 +131,12 @@ async fn evalsha_during<F: std::future::Future<Output = ()>>(
 ) -> Vec<u64> {
     let mut before = Vec::new();
     for i in 0..cluster.nodes.len() {
-        before.push(evalsha_calls(cluster, i).await);
+        before.push(cluster.command_calls(i, "evalsha").await);
     }
     work.await;
     let mut calls = Vec::new();
     for (i, b) in before.iter().enumerate() {
-        calls.push(evalsha_calls(cluster, i).await - b);
+        calls.push(cluster.command_calls(i, "evalsha").await - b);
     }
     calls
 }
