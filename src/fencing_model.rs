@@ -154,6 +154,19 @@ enum Stage {
     Over,
 }
 
+/// One client.
+#[derive(Debug, Clone, Copy)]
+struct Client {
+    /// How far its clock is from real time, in microseconds.
+    skew: i64,
+    /// The highest number it has seen (its hybrid clock's floor).
+    highest: u64,
+    /// Acquisitions it has still to start.
+    left: usize,
+    /// Its attempt in progress.
+    attempt: Option<usize>,
+}
+
 /// One acquisition attempt.
 #[derive(Debug)]
 struct Attempt {
@@ -161,7 +174,6 @@ struct Attempt {
     started_tick: u64,
     started_step: u64,
     phase_one: PhaseOne,
-    granted: usize,
     one: Vec<Req<One>>,
     two: Vec<Req<bool>>,
     recorded: usize,
@@ -203,9 +215,7 @@ struct World {
     rules: Rules,
     rng: Rng,
     nodes: Vec<Node>,
-    /// Per client: its clock's skew, the highest number seen, acquisitions left, and
-    /// its attempt in progress.
-    clients: Vec<(i64, u64, usize, Option<usize>)>,
+    clients: Vec<Client>,
     attempts: Vec<Attempt>,
     tick: u64,
     step: u64,
@@ -242,7 +252,12 @@ impl World {
             })
             .collect();
         let clients = (0..scope.clients)
-            .map(|_| (skew(&mut rng), 0, scope.acquisitions, None))
+            .map(|_| Client {
+                skew: skew(&mut rng),
+                highest: 0,
+                left: scope.acquisitions,
+                attempt: None,
+            })
             .collect();
         Self {
             scope,
@@ -277,7 +292,7 @@ impl World {
             Vec::new()
         };
         for (c, client) in self.clients.iter().enumerate() {
-            if client.3.is_none() && client.2 > 0 {
+            if client.attempt.is_none() && client.left > 0 {
                 out.push(Step::Start(c));
             }
         }
@@ -330,7 +345,7 @@ impl World {
     }
 
     fn start(&mut self, c: usize) {
-        let (skew, highest, _, _) = self.clients[c];
+        let Client { skew, highest, .. } = self.clients[c];
         let p = proposal(self.clock(skew), highest);
         let a = self.attempts.len();
         self.attempts.push(Attempt {
@@ -338,7 +353,6 @@ impl World {
             started_tick: self.tick,
             started_step: self.step,
             phase_one: PhaseOne::new(p),
-            granted: 0,
             one: vec![Req::Out; self.scope.nodes],
             two: vec![Req::Closed; self.scope.nodes],
             recorded: 0,
@@ -348,8 +362,8 @@ impl World {
             used: Vec::new(),
             result: None,
         });
-        self.clients[c].2 -= 1;
-        self.clients[c].3 = Some(a);
+        self.clients[c].left -= 1;
+        self.clients[c].attempt = Some(a);
     }
 
     /// The phase-1 script on node `i` (ACQUIRE_FENCED).
@@ -414,11 +428,10 @@ impl World {
             && attempt.stage == Stage::One
         {
             if attempt.phase_one.granted(read).is_ok() {
-                attempt.granted += 1;
                 attempt.used.push((i, read == FenceRead::Accepted));
             }
             if let Some(h) = attempt.phase_one.highest() {
-                self.clients[client].1 = self.clients[client].1.max(h);
+                self.clients[client].highest = self.clients[client].highest.max(h);
             }
         }
         self.attempts[a].one[i] = Req::Closed;
@@ -440,7 +453,7 @@ impl World {
         let late = self.tick >= self.attempts[a].started_tick + self.scope.ttl_ticks;
         let attempt = &self.attempts[a];
         match attempt.stage {
-            Stage::One if attempt.granted >= q && !late => {
+            Stage::One if attempt.used.len() >= q && !late => {
                 match (self.rules.number)(&attempt.phase_one, q) {
                     Number::Accepted(n) => return self.returned(a, n),
                     Number::Raise(t) => {
@@ -476,7 +489,7 @@ impl World {
         let attempt = &mut self.attempts[a];
         attempt.stage = Stage::Over;
         let c = attempt.client;
-        self.clients[c].3 = None;
+        self.clients[c].attempt = None;
     }
 
     /// Attempt `a` returned the lock with number `n`: check it against every other
@@ -484,7 +497,7 @@ impl World {
     fn returned(&mut self, a: usize, n: u64) -> Result<(), String> {
         self.attempts[a].result = Some((n, self.step));
         let c = self.attempts[a].client;
-        self.clients[c].1 = self.clients[c].1.max(n);
+        self.clients[c].highest = self.clients[c].highest.max(n);
         for b in 0..self.attempts.len() {
             if b != a {
                 self.check(b, a)?;
