@@ -265,6 +265,13 @@ impl Wire {
         Reply(self.send(packed, 1, writes, None))
     }
 
+    /// Sends `commands` commands at once, as [`request`](Self::request) sends one: their
+    /// replies as one array (a reply of one command as itself), or the first server error
+    /// among them as `Err`, as redis-rs answers a pipeline.
+    pub(crate) fn request_all(&self, packed: &[u8], commands: usize, writes: Writes) -> Reply {
+        Reply(self.send(packed, commands, writes, None))
+    }
+
     /// Like [`request`](Self::request), and drops `then` as soon as the reply is read (or
     /// the request fails), even if the caller no longer polls the reply: a release's turn
     /// on the node goes on with the answer, not with the caller.

@@ -372,3 +372,38 @@ async fn a_closed_connection_writes_nothing_more() {
         "the straggling SET was written after the close"
     );
 }
+
+/// A request of several commands (a fenced acquisition's pipeline) gets all its replies
+/// as one array, whatever reads they come in, and the request after it gets the next
+/// reply; a server error among them fails that request alone.
+#[tokio::test]
+async fn a_request_of_several_commands_gets_its_replies_together() {
+    let (wire, server) = in_memory(1 << 20);
+    let three = [set("a", b"1"), set("b", b"2"), set("c", b"3")].concat();
+    let pipeline = wire.request_all(&three, 3, Writes::Caller);
+    let failing = wire.request_all(&three, 3, Writes::Caller);
+    let next = wire.request(b"*1\r\n$4\r\nPING\r\n", Writes::Caller);
+    // The first request's replies split across reads, one of them with the second's.
+    server.send(b"+OK\r\n:1").await;
+    server.send(b"\r\n:1\r\n+OK\r\n-WRONGTYPE bad\r\n").await;
+    let first = tokio::time::timeout(PATIENCE, pipeline).await;
+    assert_eq!(
+        first.ok().and_then(Result::ok),
+        Some(Value::Array(vec![
+            Value::Okay,
+            Value::Int(1),
+            Value::Int(1)
+        ]))
+    );
+    server.send(b":0\r\n+PONG\r\n").await;
+    let second = tokio::time::timeout(PATIENCE, failing).await;
+    assert!(
+        second.is_ok_and(|r| r.is_err_and(|e| e.code() == Some("WRONGTYPE"))),
+        "the server's error fails the request"
+    );
+    let after = tokio::time::timeout(PATIENCE, next).await;
+    assert_eq!(
+        after.ok().and_then(Result::ok),
+        Some(Value::SimpleString("PONG".into()))
+    );
+}

@@ -134,7 +134,9 @@ impl Future for Replies {
     }
 }
 
-/// The reply to a one-command request, with a server error as `Err`.
+/// The reply to a request, with a server error as `Err`: a one-command request's reply,
+/// or the replies of several commands as one array (the first server error among them
+/// as `Err`).
 pub(crate) struct Reply(pub(super) Arc<Slot>);
 
 impl Future for Reply {
@@ -143,10 +145,15 @@ impl Future for Reply {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.0.poll_take(cx).map(|got| match got {
             Got::One(v) => v.extract_error(),
+            Got::Many(values) => values
+                .into_iter()
+                .map(Value::extract_error)
+                .collect::<RedisResult<Vec<Value>>>()
+                .map(Value::Array),
             Got::Failed(e) => Err(e),
-            Got::Many(_) | Got::Nothing | Got::Taken => Err(RedisError::from((
+            Got::Nothing | Got::Taken => Err(RedisError::from((
                 redis::ErrorKind::Client,
-                "not a one-command request",
+                "a request of no command, or its reply was already taken",
             ))),
         })
     }
