@@ -8,13 +8,15 @@ use crate::error::{LockError, NodeError};
 use crate::node::Node;
 use crate::quorum::{NodeMask, Outcome};
 use crate::round::{Plan, Purpose, Round};
-use crate::scripts::{Arg, FENCE_SCRIPT, FenceRead, Invocation, Request, parse_flag};
+use crate::scripts::{
+    Arg, FENCE_SCRIPT, FenceRead, INSPECT_SCRIPT, Invocation, MAX_NUMBER, Request, parse_flag,
+    parse_inspect,
+};
 use crate::votes::Votes;
 
-/// A node's answer to a proposal, as the phase-1 script decides it: the proposal `p` is
-/// accepted only where the name's counter (missing counts as 0) is strictly below it.
-/// (The script compares decimal strings; this is the same rule on integers, for the
-/// model check.)
+/// A node's answer to a proposal, as phase 1's `ZADD GT CH` decides it: the proposal `p`
+/// is accepted only where the name's counter (missing counts as 0) is strictly below it.
+/// (The node compares scores; this is the same rule on integers, for the model check.)
 #[cfg(test)]
 pub(crate) fn accepts(counter: u64, proposal: u64) -> bool {
     counter < proposal
@@ -22,8 +24,8 @@ pub(crate) fn accepts(counter: u64, proposal: u64) -> bool {
 
 /// The proposals of one client: a hybrid logical clock. A proposal is the wall clock in
 /// microseconds, but never below one above the highest number this client has seen (its
-/// own numbers, and the counters nodes answered with): a client whose clock is behind the
-/// others' numbers catches up after one acquisition that needed phase 2.
+/// own numbers, and the counters it read): a client whose clock is behind the others'
+/// numbers catches up after one acquisition that needed phase 2.
 #[derive(Debug, Default)]
 pub(crate) struct Clock {
     highest: AtomicU64,
@@ -50,14 +52,17 @@ pub(crate) fn proposal(wall_us: u64, highest: u64) -> u64 {
     wall_us.max(highest.saturating_add(1))
 }
 
-/// What phase 1 learned across the nodes of one attempt: how many granting nodes accepted
-/// the proposal, the highest counter of those that did not, and the nodes that did not
-/// grant (phase 2 skips them: the lock is not ours there).
+/// What phase 1 learned across the nodes of one attempt: the nodes that granted and how
+/// many of them accepted the proposal, the nodes that answered otherwise (phase 2 skips
+/// them: the lock is not ours there), and, once read (when too few accepted), the highest
+/// counter.
 #[derive(Debug)]
 pub(crate) struct PhaseOne {
     proposal: u64,
     accepted: usize,
-    /// The highest counter at or above the proposal that a granting node answered with.
+    /// The nodes whose grant was counted: the counters are read there.
+    granted: NodeMask,
+    /// The highest counter read after phase 1 (see [`read_counters`]).
     highest: Option<u64>,
     pub(crate) refused: NodeMask,
 }
@@ -78,6 +83,7 @@ impl PhaseOne {
         Self {
             proposal,
             accepted: 0,
+            granted: NodeMask::default(),
             highest: None,
             refused: NodeMask::default(),
         }
@@ -89,33 +95,45 @@ impl PhaseOne {
         self.proposal
     }
 
-    /// Takes a granting node's answer to the proposal.
-    pub(crate) fn granted(&mut self, read: FenceRead) -> Result<(), NodeError> {
-        match read {
-            FenceRead::Accepted => self.accepted += 1,
-            FenceRead::Above(u64::MAX) => {
-                return Err(NodeError::Protocol(
-                    "the fencing counter is at its maximum and cannot grow".into(),
-                ));
-            }
-            FenceRead::Above(counter) => self.highest = self.highest.max(Some(counter)),
+    /// Takes the answer of node `i`, which granted, to the proposal.
+    pub(crate) fn granted(&mut self, i: usize, read: FenceRead) {
+        self.granted.insert(i);
+        if read == FenceRead::Accepted {
+            self.accepted += 1;
         }
+    }
+
+    /// Whether `quorum` granting nodes accepted the proposal: the number is then the
+    /// proposal, and nothing needs to be read.
+    pub(crate) fn accepted_by(&self, quorum: usize) -> bool {
+        self.accepted >= quorum
+    }
+
+    /// Takes a counter read after phase 1 on a node that granted (`None`: it has none).
+    /// A counter at [`MAX_NUMBER`] fails the node: no number above it can be recorded.
+    pub(crate) fn read(&mut self, counter: Option<u64>) -> Result<(), NodeError> {
+        if counter.is_some_and(|c| c >= MAX_NUMBER) {
+            return Err(NodeError::Protocol(
+                "the fencing counter is at its maximum (2^53) and cannot grow".into(),
+            ));
+        }
+        self.highest = self.highest.max(counter);
         Ok(())
     }
 
-    /// The highest counter a node answered with, if one was at or above the proposal.
+    /// The highest counter read, if any.
     pub(crate) fn highest(&self) -> Option<u64> {
         self.highest
     }
 
     /// The number, once `quorum` nodes granted: the proposal when at least `quorum` of
-    /// them accepted it, otherwise one above every counter read (the accepting nodes hold
-    /// the proposal now, the others their counter).
+    /// them accepted it, otherwise (after [`read_counters`]) one above every counter read
+    /// and above the proposal.
     pub(crate) fn number(&self, quorum: usize) -> Number {
-        if self.accepted >= quorum {
+        if self.accepted_by(quorum) {
             Number::Accepted(self.proposal)
         } else {
-            // `granted` keeps every counter below u64::MAX.
+            // `read` keeps every counter below MAX_NUMBER.
             Number::Raise(
                 self.highest
                     .unwrap_or(0)
@@ -123,6 +141,53 @@ impl PhaseOne {
                     .saturating_add(1),
             )
         }
+    }
+}
+
+/// When too few nodes accepted the proposal: reads the name's counter (`keys`: lock key
+/// and counter key) on the nodes whose grant phase 1 counted, by `deadline`, into
+/// `phase_one`, until a quorum answered; otherwise why too few did. Each read runs after
+/// the node set this attempt's key (it answered that it did), which is all the proof needs
+/// of it.
+pub(crate) async fn read_counters(
+    nodes: &[Arc<Node>],
+    keys: [&[u8]; 2],
+    phase_one: &mut PhaseOne,
+    deadline: Instant,
+) -> Result<(), LockError> {
+    let args: [Arg<'_>; 0] = [];
+    let request = Request::Script(Invocation {
+        script: &INSPECT_SCRIPT,
+        keys: &keys,
+        args: &args,
+    });
+    let granted = phase_one.granted;
+    let skip = NodeMask::matching(nodes.len(), |i| !granted.contains(i));
+    let plan = Plan {
+        skip,
+        deadline,
+        purpose: Purpose::Decide,
+    };
+    let mut round = Round::send(nodes, &request, plan);
+    let mut votes = Votes::new(nodes.len());
+    for _ in (0..nodes.len()).filter(|i| skip.contains(*i)) {
+        votes.skipped();
+    }
+    while votes.undecided() {
+        round.wake_after(votes.to_decide());
+        let Some((i, reply)) = round.next().await else {
+            break;
+        };
+        let outcome = reply
+            .and_then(parse_inspect)
+            .and_then(|seen| phase_one.read(seen.counter))
+            .map(|()| Outcome::Granted);
+        votes.count(nodes[i].label(), outcome);
+    }
+    if votes.reached() {
+        Ok(())
+    } else {
+        Err(votes.no_quorum())
     }
 }
 
@@ -228,14 +293,19 @@ mod tests {
     #[test]
     fn the_number_is_the_proposal_only_with_a_quorum_of_acceptances() {
         let mut p = PhaseOne::new(100);
-        assert!(p.granted(FenceRead::Accepted).is_ok());
-        assert!(p.granted(FenceRead::Accepted).is_ok());
+        p.granted(0, FenceRead::Accepted);
+        p.granted(1, FenceRead::Refused);
+        p.granted(3, FenceRead::Accepted);
+        assert_eq!(p.granted, NodeMask::matching(4, |i| i != 2));
         assert_eq!(p.number(2), Number::Accepted(100));
         assert_eq!(p.number(3), Number::Raise(101));
-        assert!(p.granted(FenceRead::Above(250)).is_ok());
+        assert!(p.read(Some(250)).is_ok());
+        assert!(p.read(None).is_ok());
         assert_eq!(p.number(3), Number::Raise(251));
-        assert!(p.granted(FenceRead::Above(u64::MAX)).is_err());
-        assert_eq!(p.highest(), Some(250));
+        assert!(p.read(Some(MAX_NUMBER)).is_err());
+        assert!(p.read(Some(MAX_NUMBER - 1)).is_ok());
+        assert_eq!(p.number(3), Number::Raise(MAX_NUMBER));
+        assert_eq!(p.highest(), Some(MAX_NUMBER - 1));
     }
 
     #[test]

@@ -41,7 +41,8 @@ fn hex_into(out: &mut Vec<u8>, bytes: &[u8]) {
 pub(crate) struct Keys {
     /// `{prefix}{{name}}`: the name (or its hash) is the key's hash tag.
     pub(crate) lock: Vec<u8>,
-    /// `{prefix}#fence{{name}}`: the fencing counter, in the lock key's hash slot.
+    /// `{prefix}#fencing{{name}}`: the fencing counter (a sorted set), in the lock key's
+    /// hash slot.
     pub(crate) counter: Vec<u8>,
 }
 
@@ -79,7 +80,7 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
     };
     Ok(Keys {
         lock: tagged(b""),
-        counter: tagged(b"#fence"),
+        counter: tagged(b"#fencing"),
     })
 }
 
@@ -147,7 +148,7 @@ mod tests {
             keys.as_ref().map(|k| k.lock.as_slice()),
             Some(&b"p:{abc}"[..])
         );
-        assert_eq!(keys.map(|k| k.counter), Some(b"p:#fence{abc}".to_vec()));
+        assert_eq!(keys.map(|k| k.counter), Some(b"p:#fencing{abc}".to_vec()));
         let exact = vec![b'x'; MAX_NAME_LEN];
         assert_eq!(lock_key(b"", &exact).len(), MAX_NAME_LEN + 2);
     }

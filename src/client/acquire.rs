@@ -20,8 +20,7 @@ use crate::node::Node;
 use crate::quorum::{self, NodeMask, Outcome, later};
 use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{
-    ACQUIRE_FENCED_SCRIPT, ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, Request,
-    parse_acquire,
+    ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, MAX_NUMBER, Request, parse_acquire,
 };
 use crate::token::Lock;
 use crate::votes::Votes;
@@ -53,21 +52,23 @@ impl SetReplies {
 
     /// Takes node `i`'s reply: what it means for the quorum, or why the node failed.
     fn take(&mut self, i: usize, reply: Result<Value, NodeError>) -> Result<Outcome, NodeError> {
-        let outcome = reply.and_then(parse_acquire).and_then(|r| match r {
-            AcquireReply::Won { fence: None } => Ok(Outcome::Granted),
-            AcquireReply::Won { fence: Some(read) } => {
-                self.fencing.granted(read).map(|()| Outcome::Granted)
+        let outcome = reply.and_then(parse_acquire).map(|r| match r {
+            AcquireReply::Won { fence } => {
+                if let Some(read) = fence {
+                    self.fencing.granted(i, read);
+                }
+                Outcome::Granted
             }
             AcquireReply::HeldElsewhere { pttl, ours } => {
                 self.retry_after = self.retry_after.max(pttl);
                 self.held_by_others |= !ours;
                 self.foreign.insert(i);
-                Ok(Outcome::HeldElsewhere)
+                Outcome::HeldElsewhere
             }
             AcquireReply::Record(r) => {
                 self.records.push(r);
                 self.foreign.insert(i);
-                Ok(Outcome::HeldElsewhere)
+                Outcome::HeldElsewhere
             }
         });
         if !matches!(outcome, Ok(Outcome::Granted)) {
@@ -185,15 +186,12 @@ impl Redlock {
         let (round, votes, replies) = self.set_round(target, value, ttl, deadline).await;
         let foreign = replies.foreign;
         let missed = |attempt| Miss { attempt, foreign };
-        if let Some(highest) = replies.fencing.highest() {
-            self.inner.clock.saw(highest);
-        }
         let phase_one = self.granted(target, votes, replies).map_err(missed)?;
         let mut fence = None;
-        if let Some(phase_one) = phase_one {
+        if let Some(mut phase_one) = phase_one {
             let left = quorum::validity(ttl, start.elapsed(), drift);
             fence = self
-                .number(&target.resource, value, &phase_one, left, deadline)
+                .number(&target.resource, value, &mut phase_one, left, deadline)
                 .await
                 .map_err(|error| missed(Attempt::missed(error)))?;
         }
@@ -229,8 +227,8 @@ impl Redlock {
         })
     }
 
-    /// Whether the `SET NX PX` round got the lock: with fencing on, what phase 1 read (for
-    /// phase 2). Otherwise the attempt's outcome: the name's completion record (when
+    /// Whether the `SET NX PX` round got the lock: with fencing on, what phase 1 learned
+    /// (for the number). Otherwise the attempt's outcome: the name's completion record (when
     /// `target` accepts one), busy when a quorum answered and some said another client
     /// holds the lock, short of nodes otherwise.
     #[expect(
@@ -279,32 +277,41 @@ impl Redlock {
     }
 
     /// The fencing number of an attempt that got its quorum: the proposal when a quorum
-    /// accepted it; otherwise, while validity is `left`, the number phase 2 recorded.
-    /// `None` when phase 2 was needed but no validity was left (step 4 then gives up).
+    /// accepted it; otherwise, while validity is `left`, the counters are read and phase 2
+    /// records one above them all. `None` when that was needed but no validity was left
+    /// (step 4 then gives up).
     async fn number(
         &self,
         resource: &Resource,
         value: &str,
-        phase_one: &PhaseOne,
+        phase_one: &mut PhaseOne,
         left: Option<Duration>,
         deadline: Instant,
     ) -> Result<Option<u64>, LockError> {
-        let number = phase_one.number(self.quorum());
+        let quorum = self.quorum();
+        if !phase_one.accepted_by(quorum) {
+            if left.is_none() {
+                return Ok(None);
+            }
+            let keys = [&*resource.key, &*resource.counter_key];
+            fencing::read_counters(&self.inner.nodes, keys, phase_one, deadline).await?;
+            if let Some(highest) = phase_one.highest() {
+                self.inner.clock.saw(highest);
+            }
+        }
+        let number = phase_one.number(quorum);
         let recorded = match number {
             Number::Accepted(n) => n,
             // Fencing phase 2: record the number on the nodes we hold, while we hold them.
-            Number::Raise(n) if left.is_some() => {
-                self.fence(resource, value, phase_one, n, deadline).await?
-            }
-            Number::Raise(_) => return Ok(None),
+            Number::Raise(n) => self.fence(resource, value, phase_one, n, deadline).await?,
         };
         self.inner.clock.saw(recorded);
         fencing::count(number);
         Ok(Some(recorded))
     }
 
-    /// Fencing phase 2: records `token` (one above every counter phase 1 read) on the
-    /// nodes that granted: the number, or why it could not be recorded on a quorum.
+    /// Fencing phase 2: records `token` (one above every counter read) on the nodes that
+    /// granted: the number, or why it could not be recorded on a quorum.
     async fn fence(
         &self,
         resource: &Resource,
@@ -325,9 +332,10 @@ impl Redlock {
         Ok(token)
     }
 
-    /// Step 2: `SET NX PX` on every node at once (as a script that also reads the
-    /// fencing counter when fencing is on), until the outcome is certain or `deadline`.
-    /// The round (its calls still out), the votes, and what the replies said.
+    /// Step 2: `SET NX PX` on every node at once (with fencing on, followed by the
+    /// proposal's `ZADD GT CH` and `PEXPIRE` on the name's counter), until the outcome is
+    /// certain or `deadline`. The round (its calls still out), the votes, and what the
+    /// replies said.
     async fn set_round(
         &self,
         target: &Target,
@@ -339,30 +347,27 @@ impl Redlock {
         let ttl_ms = super::ttl_ms(ttl);
         let keys = [&*resource.key, &*resource.counter_key];
         let proposal = if self.fencing {
-            self.inner.clock.propose()
+            // Below the largest number a counter holds exactly, so that one above the
+            // proposal still is one (a counter at that largest number fails the read).
+            self.inner.clock.propose().min(MAX_NUMBER - 1)
         } else {
             0
         };
-        let retention_ms = super::ttl_ms(self.inner.fencing_retention);
-        let args = [
-            Arg::Bytes(value.as_bytes()),
-            Arg::Int(ttl_ms),
-            Arg::Int(proposal),
-            Arg::Int(retention_ms),
-            // A missing counter counts as the node's clock minus half the TTL.
-            Arg::Int(ttl_ms.saturating_mul(500)),
-        ];
+        let args = [Arg::Bytes(value.as_bytes()), Arg::Int(ttl_ms)];
         let request = if self.fencing {
-            Request::Script(Invocation {
-                script: &ACQUIRE_FENCED_SCRIPT,
-                keys: &keys,
-                args: &args,
-            })
+            Request::FencedSetNx {
+                key: &resource.key,
+                counter: &resource.counter_key,
+                value: value.as_bytes(),
+                ttl_ms,
+                proposal,
+                retention_ms: super::ttl_ms(self.inner.fencing_retention),
+            }
         } else if target.accepts == Accepts::LockOrRecord {
             Request::Script(Invocation {
                 script: &ACQUIRE_OR_REPLAY_SCRIPT,
                 keys: &keys[..1],
-                args: &args[..2],
+                args: &args,
             })
         } else {
             Request::SetNx {

@@ -275,7 +275,7 @@ impl Node {
     ) -> Flight {
         let reply = match turn {
             Some(turn) => wire.request_then(call.packed(), writes, Box::new(turn)),
-            None => wire.request(call.packed(), writes),
+            None => wire.request_all(call.packed(), call.commands(), writes),
         };
         Flight::Sent {
             generation,

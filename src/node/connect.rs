@@ -229,9 +229,10 @@ impl Node {
 
     /// Warns, once per node, when `INFO memory` shows a policy that evicts keys: lock keys
     /// and fencing counters must stay until they expire. An evicted lock key lets a second
-    /// client take a lock that is still held; an evicted counter lets fencing numbers go
-    /// back (the node's clock seeds a missing one). Only `noeviction` is safe: the
-    /// `volatile-*` policies evict keys with a TTL, which is every key of ours.
+    /// client take a lock that is still held; an evicted counter leaves the next fencing
+    /// number to a client's clock alone, which may be behind the lost one. Only
+    /// `noeviction` is safe: the `volatile-*` policies evict keys with a TTL, which is
+    /// every key of ours.
     fn warn_if_evicting(&self, memory: &str) {
         let policy = memory
             .lines()

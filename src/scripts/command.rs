@@ -1,8 +1,10 @@
-//! The commands a round sends: a script call or `SET NX PX`, packed as RESP once per round
-//! for every node ([`Call`]), the `NOSCRIPT` fallback to `EVAL`, and the batched release.
+//! The commands a round sends: a script call, `SET NX PX`, or the fenced acquisition's
+//! `SET NX PX` + `ZADD GT CH` + `PEXPIRE`, packed as RESP once per round for every node
+//! ([`Call`]), the `NOSCRIPT` fallback to `EVAL`, and the batched release.
 //!
 //! ```text
 //! Request::Script(RELEASE, keys, args)  ->  Call { packed: "*5\r\n$7\r\nEVALSHA\r\n..." }
+//! Request::FencedSetNx { .. }           ->  Call { packed: "*6\r\n$3\r\nSET..*6\r\n$4\r\nZADD..", 3 replies }
 //! ```
 //!
 //! ```no_run
@@ -20,7 +22,9 @@ use std::sync::OnceLock;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
 
-use super::lua::{HOLDER_TTL_SCRIPT, RELEASE_MANY_SCRIPT, RELEASE_SCRIPT, Script};
+use super::lua::{
+    HELD_OR_RECORD_SCRIPT, HOLDER_TTL_SCRIPT, RELEASE_MANY_SCRIPT, RELEASE_SCRIPT, Script,
+};
 use super::reply::key_answer;
 
 /// One argument of a script call.
@@ -48,6 +52,21 @@ pub(crate) enum Request<'a> {
         value: &'a [u8],
         ttl_ms: u64,
     },
+    /// A fenced acquisition (phase 1, `docs/fencing.md`): `SET key value NX PX ttl`, then
+    /// `ZADD counter GT CH proposal n` (the name's counter is the score of the member `n`
+    /// of a sorted set: raised to the proposal only if below it, answering 1 when it was),
+    /// then `PEXPIRE counter retention`, pipelined as one request with three replies. No
+    /// script: a script's `redis.call`s cost the node several times the commands sent on
+    /// their own. Where the key is taken, [`HELD_OR_RECORD`](super::lua::HELD_OR_RECORD)
+    /// follows, for the holder's TTL or the completion record.
+    FencedSetNx {
+        key: &'a [u8],
+        counter: &'a [u8],
+        value: &'a [u8],
+        ttl_ms: u64,
+        proposal: u64,
+        retention_ms: u64,
+    },
     /// The release of one lock ([`RELEASE`](super::lua::RELEASE)): `key` deleted where it
     /// holds `value`, the waiters told with this client's `id`. A node may send it
     /// together with others ([`release_many`]).
@@ -74,6 +93,35 @@ impl Request<'_> {
                 cmd.int(*ttl_ms);
                 cmd.call(None, CallKind::SetNx { key, value })
             }
+            Self::FencedSetNx {
+                key,
+                counter,
+                value,
+                ttl_ms,
+                proposal,
+                retention_ms,
+            } => {
+                let size = key.len() + value.len() + 2 * counter.len();
+                let mut cmd = Packer::new(6, size);
+                cmd.bytes(b"SET");
+                let key = cmd.bytes(key);
+                let value = cmd.bytes(value);
+                cmd.bytes(b"NX");
+                cmd.bytes(b"PX");
+                cmd.int(*ttl_ms);
+                cmd.next_command(6);
+                cmd.bytes(b"ZADD");
+                cmd.bytes(counter);
+                cmd.bytes(b"GT");
+                cmd.bytes(b"CH");
+                cmd.int(*proposal);
+                cmd.bytes(COUNTER_MEMBER);
+                cmd.next_command(3);
+                cmd.bytes(b"PEXPIRE");
+                cmd.bytes(counter);
+                cmd.int(*retention_ms);
+                cmd.call(None, CallKind::FencedSetNx { key, value })
+            }
             Self::Release { key, value, id } => {
                 let inv = Invocation {
                     script: &RELEASE_SCRIPT,
@@ -91,20 +139,36 @@ impl Request<'_> {
     }
 }
 
+/// The member of a name's counter (a sorted set): its score is the counter.
+pub(crate) const COUNTER_MEMBER: &[u8] = b"n";
+
 /// What a [`Call`] is, with where its typed fields are among its words.
 #[derive(Clone, Copy)]
 enum CallKind {
     /// `SET key value NX PX ttl`.
     SetNx { key: usize, value: usize },
+    /// `SET key value NX PX ttl`, `ZADD counter GT CH proposal n`, `PEXPIRE counter
+    /// retention`: three commands.
+    FencedSetNx { key: usize, value: usize },
     /// A [`RELEASE`](super::lua::RELEASE) of one lock.
     Release { key: usize, value: usize, id: usize },
     /// Any other script call.
     Script,
 }
 
+impl CallKind {
+    /// Where each command after the first starts among the words (none for one command).
+    fn command_starts(self) -> &'static [usize] {
+        match self {
+            Self::FencedSetNx { .. } => &[6, 12],
+            _ => &[],
+        }
+    }
+}
+
 /// The most words a command keeps the place of without allocating (every command a
-/// round sends has at most 8: `EVALSHA sha 2 key counter value number retention`).
-const INLINE_WORDS: usize = 8;
+/// round sends has at most 15: the fenced acquisition's three commands).
+const INLINE_WORDS: usize = 16;
 
 /// Where each word of a packed command is: kept as the command is written, so nothing
 /// has to read the packed bytes back.
@@ -180,7 +244,26 @@ impl Call {
             .unwrap_or_default()
     }
 
-    /// The command for redis-rs.
+    /// How many commands the call sends (each has its reply).
+    pub(crate) fn commands(&self) -> usize {
+        self.kind.command_starts().len() + 1
+    }
+
+    /// The commands for redis-rs, as a pipeline (a call of several commands).
+    fn pipeline(&self) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        let starts = self.kind.command_starts();
+        let ends = starts.iter().copied().chain([self.words.len()]);
+        for (start, end) in [0].into_iter().chain(starts.iter().copied()).zip(ends) {
+            let cmd = pipe.cmd(std::str::from_utf8(self.word(start)).unwrap_or_default());
+            for i in start + 1..end {
+                cmd.arg(self.word(i));
+            }
+        }
+        pipe
+    }
+
+    /// The command for redis-rs (a call of one command).
     fn cmd(&self) -> &Cmd {
         self.cmd.get_or_init(|| {
             let mut cmd = Cmd::new();
@@ -216,7 +299,12 @@ impl Call {
     /// sent again with `EVAL`; a `SET NX PX` that finds the key taken asks for the
     /// holder's TTL ([`HOLDER_TTL`](super::lua::HOLDER_TTL)).
     pub(crate) async fn run<C: ConnectionLike>(&self, conn: &mut C) -> redis::RedisResult<Value> {
-        let first = self.cmd().query_async::<Value>(conn).await;
+        let first = if self.commands() == 1 {
+            self.cmd().query_async::<Value>(conn).await
+        } else {
+            let replies = self.pipeline().query_async::<Vec<Value>>(conn).await;
+            replies.map(Value::Array)
+        };
         self.finish(first, conn).await
     }
 
@@ -226,6 +314,10 @@ impl Call {
         match (self.script, first) {
             (Some(_), Err(e)) => no_script(e),
             (None, Ok(Value::Nil)) => true,
+            (None, Ok(Value::Array(replies))) => {
+                matches!(self.kind, CallKind::FencedSetNx { .. })
+                    && matches!(replies.first(), Some(Value::Nil))
+            }
             _ => false,
         }
     }
@@ -241,20 +333,18 @@ impl Call {
         if !self.needs_more(&first) {
             return first;
         }
-        match self.script {
-            Some(script) => eval_instead(self.cmd(), script, conn).await,
-            None => {
-                let CallKind::SetNx { key, value } = self.kind else {
-                    return first;
-                };
-                let holder = Invocation {
-                    script: &HOLDER_TTL_SCRIPT,
-                    keys: &[self.word(key)],
-                    args: &[Arg::Bytes(self.word(value))],
-                };
-                run_script(&holder.cmd(), &HOLDER_TTL_SCRIPT, conn).await
-            }
-        }
+        let (script, key, value) = match (self.script, self.kind) {
+            (Some(script), _) => return eval_instead(self.cmd(), script, conn).await,
+            (None, CallKind::SetNx { key, value }) => (&*HOLDER_TTL_SCRIPT, key, value),
+            (None, CallKind::FencedSetNx { key, value }) => (&*HELD_OR_RECORD_SCRIPT, key, value),
+            _ => return first,
+        };
+        let holder = Invocation {
+            script,
+            keys: &[self.word(key)],
+            args: &[Arg::Bytes(self.word(value))],
+        };
+        run_script(&holder.cmd(), script, conn).await
     }
 }
 
@@ -406,6 +496,13 @@ impl Packer {
 
     fn int(&mut self, n: u64) -> usize {
         self.bytes(digits(n, &mut [0; 20]))
+    }
+
+    /// Starts the next command of a pipeline, of `count` words.
+    fn next_command(&mut self, count: usize) {
+        self.0.push(b'*');
+        self.0.extend_from_slice(digits(count as u64, &mut [0; 20]));
+        self.0.extend_from_slice(b"\r\n");
     }
 
     /// The command written, as a call of `kind` to `script` (none for `SET NX PX`).

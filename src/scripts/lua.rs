@@ -9,7 +9,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! // The scripts are internal; every operation runs one of them.
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-//! let lock = redlock.lock("invoice:42").await?; // SET NX PX (or ACQUIRE_FENCED)
+//! let lock = redlock.lock("invoice:42").await?; // SET NX PX (+ ZADD GT CH when fenced)
 //! redlock.unlock(&lock).await; // RELEASE, or RELEASE_MANY with others
 //! # Ok(()) }
 //! ```
@@ -36,7 +36,7 @@ impl Script {
 /// to retry) and whether the holder is this client. `KEYS[1]` = lock key, `ARGV[1]` = our
 /// value. Returns `{0, pttl, ours}`: the PTTL in ms (-1 without expiry, -2 if the key is gone
 /// by now), and 1 when the value there starts with the client id ours starts with. The `GET` fails with `WRONGTYPE` on a key of another type, which
-/// surfaces as a clear per-node error, as with the fenced script.
+/// surfaces as a clear per-node error.
 pub(super) const HOLDER_TTL: &str = r#"
 local held = redis.call('GET', KEYS[1])
 local ours = held and string.sub(held, 1, 16) == string.sub(ARGV[1], 1, 16) and 1 or 0
@@ -61,84 +61,34 @@ end
     };
 }
 
-/// A Lua function `below(cur, new)`: whether the decimal number `cur` (no leading zeros;
-/// `''`, a missing counter, counts as 0) is below `new`. Numbers are compared as decimal
-/// strings (length first, then digit by digit), so any 64-bit value compares exactly (Lua
-/// numbers are doubles).
-macro_rules! below {
-    () => {
-        r#"
-local function below(cur, new)
-  if #cur ~= #new then
-    return #cur < #new
-  end
-  for i = 1, #new do
-    local a, b = string.byte(cur, i), string.byte(new, i)
-    if a ~= b then
-      return a < b
-    end
-  end
-  return false
-end
-"#
-    };
-}
-
-/// Phase 1 of a fenced acquisition, with the client's proposed number. `KEYS[1]` = lock
-/// key, `KEYS[2]` = the name's counter key, `ARGV[1]` = value, `ARGV[2]` = TTL in ms,
-/// `ARGV[3]` = the proposal (decimal, no leading zeros), `ARGV[4]` = the counter's
-/// retention in ms, `ARGV[5]` = the seed margin in microseconds (half the TTL).
-///
-/// `SET NX PX` as a script (`{0, pttl, ours}` when the key exists, `{2, record}` when it
-/// holds a completion record, see [`ACQUIRE_OR_REPLAY`]). On success, the name's counter
-/// is compared with the proposal; a missing counter (a new name, an expired or lost one)
-/// counts as the node's clock (`TIME`, in microseconds) minus the margin. When it is below
-/// the proposal, the counter becomes the proposal (with the retention as its TTL) and the
-/// answer is `{1, 1}` (accepted); otherwise nothing more is written and the answer is
-/// `{1, 0, counter}`. The counter is read before the `SET`, so a wrong-type counter key
-/// fails the call before it writes anything. The clock reading is exact in a Lua double
-/// (about 1.8e15 microseconds, below 2^53).
-pub(super) const ACQUIRE_FENCED: &str = concat!(
-    below!(),
+/// The busy path of a fenced acquisition ([`Request::FencedSetNx`](super::Request)),
+/// whose `SET NX PX` found the key taken: `{2, record}` for a completion record
+/// ([`RECORD_MARKER`]), `{0, pttl, ours}` for another holder, as [`ACQUIRE_OR_REPLAY`]
+/// answers; `{0, -2, 0}` when the key is gone by now. `KEYS[1]` = lock key, `ARGV[1]` =
+/// our value.
+pub(super) const HELD_OR_RECORD: &str = concat!(
     held_or_record!(),
     r#"
-local counter = redis.call('GET', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if not counter then
-  local t = redis.call('TIME')
-  local seed = tonumber(t[1]) * 1000000 + tonumber(t[2]) - tonumber(ARGV[5])
-  counter = seed > 0 and string.format('%.0f', seed) or ''
-end
-if below(counter, ARGV[3]) then
-  redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-  return {1, 1}
-end
-return {1, 0, counter}
+return {0, -2, 0}
 "#
 );
 
 /// Phase 2 of a fenced acquisition (when a quorum did not accept the proposal).
-/// `KEYS[1]` = lock key, `KEYS[2]` = the name's counter key, `ARGV[1]` = value, `ARGV[2]`
-/// = the fencing number (decimal, no leading zeros), `ARGV[3]` = the retention in ms.
+/// `KEYS[1]` = lock key, `KEYS[2]` = the name's counter (a sorted set whose member `n`
+/// scores the number), `ARGV[1]` = value, `ARGV[2]` = the fencing number (decimal),
+/// `ARGV[3]` = the retention in ms.
 ///
 /// Only while the lock key still holds our value: raises the counter to the fencing number
-/// (`counter = max(counter, token)`), gives it the retention as its TTL, and returns 1;
-/// otherwise returns 0 and changes nothing.
-pub(super) const FENCE: &str = concat!(
-    below!(),
-    r#"
+/// (`ZADD GT`: `counter = max(counter, token)`), gives it the retention as its TTL, and
+/// returns 1; otherwise returns 0 and changes nothing.
+pub(super) const FENCE: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-local cur = redis.call('GET', KEYS[2]) or ''
-if below(cur, ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-else
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-end
+redis.call('ZADD', KEYS[2], 'GT', ARGV[2], 'n')
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1
-"#
-);
+"#;
 
 /// The marker that starts every completion record stored under a lock key (lock values
 /// are hex, so they never start with it).
@@ -230,7 +180,9 @@ return 0
 
 /// Inspection of a name, never reading out the value. `KEYS[1]` = lock key, `KEYS[2]` =
 /// the name's fencing counter. Returns `{kind, pttl, counter}`: kind 0 (no key), 1 (a
-/// lock) or 2 (a completion record); the key's PTTL; the counter (`""` if none).
+/// lock) or 2 (a completion record); the key's PTTL; the counter, as the node formats a
+/// sorted set's score (`""` if none). Fencing also reads the counters with it, when a
+/// quorum did not accept a proposal.
 pub(super) const INSPECT: &str = r#"
 local v = redis.call('GET', KEYS[1])
 local kind = 0
@@ -240,15 +192,15 @@ if v then
     kind = 2
   end
 end
-return {kind, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or ''}
+return {kind, redis.call('PTTL', KEYS[1]), redis.call('ZSCORE', KEYS[2], 'n') or ''}
 "#;
 
 pub(crate) static HOLDER_TTL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER_TTL));
 pub(crate) static ACQUIRE_OR_REPLAY_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_OR_REPLAY));
 pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE));
-pub(crate) static ACQUIRE_FENCED_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(ACQUIRE_FENCED));
+pub(crate) static HELD_OR_RECORD_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(HELD_OR_RECORD));
 pub(crate) static FENCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 pub(crate) static RELEASE_MANY_SCRIPT: LazyLock<Script> =
@@ -262,7 +214,7 @@ pub(crate) fn all() -> [&'static Script; 9] {
         &HOLDER_TTL_SCRIPT,
         &ACQUIRE_OR_REPLAY_SCRIPT,
         &COMPLETE_SCRIPT,
-        &ACQUIRE_FENCED_SCRIPT,
+        &HELD_OR_RECORD_SCRIPT,
         &FENCE_SCRIPT,
         &RELEASE_SCRIPT,
         &RELEASE_MANY_SCRIPT,

@@ -2,7 +2,9 @@
 //! ([`command`]), and the parsing of their replies ([`reply`]).
 //!
 //! Each script is loaded with `SCRIPT LOAD` when a node connects and then run with
-//! `EVALSHA`, so an operation is one round trip. If a node answers `NOSCRIPT` (its script
+//! `EVALSHA`, so an operation is one round trip. The hot paths send plain commands
+//! instead: `SET NX PX` for a lock, with `ZADD GT CH` and `PEXPIRE` pipelined behind it
+//! when fenced. If a node answers `NOSCRIPT` (its script
 //! cache was flushed), the call falls back to `EVAL`, which also caches the script again.
 //!
 //! ```text
@@ -15,9 +17,10 @@ mod reply;
 
 pub(crate) use command::{Arg, Call, Invocation, Request, release_many};
 pub(crate) use lua::{
-    ACQUIRE_FENCED_SCRIPT, ACQUIRE_OR_REPLAY_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT,
-    INSPECT_SCRIPT, RECORD_MARKER, all,
+    ACQUIRE_OR_REPLAY_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT, INSPECT_SCRIPT,
+    RECORD_MARKER, all,
 };
 pub(crate) use reply::{
-    AcquireReply, Deleted, FenceRead, parse_acquire, parse_deleted, parse_flag, parse_inspect,
+    AcquireReply, Deleted, FenceRead, MAX_NUMBER, parse_acquire, parse_deleted, parse_flag,
+    parse_inspect,
 };

@@ -2,7 +2,7 @@
 //! needs: granted or held elsewhere, released or not, what a node holds for a name.
 //!
 //! ```text
-//! {1, "41", 1732483200, 123456}  ->  AcquireReply::Won { fence: counter 41, clock }
+//! [OK, 1, 1] (SET, ZADD GT CH, PEXPIRE) ->  AcquireReply::Won { fence: Accepted }
 //! {0, 2500, 1}                   ->  AcquireReply::HeldElsewhere { pttl: 2.5 s, ours }
 //! 1 / 0 / "ERR ... publish ..."  ->  Deleted::Told / NotHeld / Untold(message)
 //! ```
@@ -46,8 +46,8 @@ pub(crate) fn parse_inspect(v: Value) -> Result<Inspected, NodeError> {
         return Err(bad());
     };
     let counter = match counter {
-        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()),
-        _ => None,
+        Value::BulkString(b) if b.is_empty() => None,
+        score => Some(counter_score(score).ok_or_else(bad)?),
     };
     Ok(Inspected {
         held: *kind != 0,
@@ -57,12 +57,12 @@ pub(crate) fn parse_inspect(v: Value) -> Result<Inspected, NodeError> {
     })
 }
 
-/// What a node answered to an acquisition: `SET NX PX` (then [`HOLDER_TTL`](super::lua::HOLDER_TTL)) or
-/// [`ACQUIRE_FENCED`](super::lua::ACQUIRE_FENCED).
+/// What a node answered to an acquisition: `SET NX PX` (then [`HOLDER_TTL`](super::lua::HOLDER_TTL)),
+/// [`ACQUIRE_OR_REPLAY`](super::lua::ACQUIRE_OR_REPLAY), or a fenced acquisition's
+/// pipeline (then [`HELD_OR_RECORD`](super::lua::HELD_OR_RECORD)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    /// The key was set. With fencing: the node's counter for the name (`None` if it has
-    /// none) and its clock in microseconds; without, neither.
+    /// The key was set; with fencing, whether the node accepted the proposal.
     Won { fence: Option<FenceRead> },
     /// Another value is stored under the key; `pttl` is its remaining TTL, if it has one;
     /// `ours` when the value is one of this client's (starts with its id).
@@ -74,14 +74,16 @@ pub(crate) enum AcquireReply {
 /// What phase 1 of fencing did on a node that granted the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FenceRead {
-    /// The node's counter was below the proposal: it is the proposal now.
+    /// The node's counter was below the proposal (or missing): it is the proposal now.
     Accepted,
     /// The node's counter was at or above the proposal, and is left as it is.
-    Above(u64),
+    Refused,
 }
 
-/// Parses the reply to an acquisition: `OK` (set) or the holder's PTTL from [`HOLDER_TTL`](super::lua::HOLDER_TTL)
-/// for `SET NX PX`, an array for [`ACQUIRE_FENCED`](super::lua::ACQUIRE_FENCED).
+/// Parses the reply to an acquisition: `OK` (set) or the holder's PTTL from
+/// [`HOLDER_TTL`](super::lua::HOLDER_TTL) for `SET NX PX`; `[OK, changed, 1]` for a fenced
+/// acquisition that set the key (`changed`: the `ZADD GT CH`'s answer, 1 when the proposal
+/// was accepted); otherwise the scripts' arrays.
 pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
     let bad = |what: &dyn std::fmt::Debug| {
         NodeError::Protocol(format!("unexpected reply to the acquire command: {what:?}").into())
@@ -92,15 +94,13 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
         other => return Err(bad(&other)),
     };
     match items.as_slice() {
-        [Value::Int(1), Value::Int(1)] => Ok(AcquireReply::Won {
-            fence: Some(FenceRead::Accepted),
+        [Value::Okay, Value::Int(changed @ (0 | 1)), Value::Int(_)] => Ok(AcquireReply::Won {
+            fence: Some(if *changed == 1 {
+                FenceRead::Accepted
+            } else {
+                FenceRead::Refused
+            }),
         }),
-        [Value::Int(1), Value::Int(0), counter] => {
-            let counter = decimal(counter).ok_or_else(|| bad(&items))?;
-            Ok(AcquireReply::Won {
-                fence: Some(FenceRead::Above(counter)),
-            })
-        }
         [Value::Int(0), Value::Int(pttl), Value::Int(ours)] => Ok(AcquireReply::HeldElsewhere {
             pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
             ours: *ours == 1,
@@ -150,13 +150,30 @@ fn unexpected_flag(other: &Value) -> NodeError {
     NodeError::Protocol(format!("unexpected reply to a compare-and-set script: {other:?}").into())
 }
 
-/// A non-negative decimal integer sent as a bulk string (or an integer).
-fn decimal(v: &Value) -> Option<u64> {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::Int(n) => u64::try_from(*n).ok(),
-        _ => None,
+/// The largest fencing number a counter holds exactly: a sorted set's score is a double,
+/// exact for every integer up to 2^53 (about 9.0e15; the clock in microseconds is about
+/// 1.8e15 in 2026).
+pub(crate) const MAX_NUMBER: u64 = 1 << 53;
+
+/// A counter as the node formats a score (`"1764115200000000"`, or a form with an
+/// exponent): a whole number from 0 to [`MAX_NUMBER`], or `None`.
+fn counter_score(v: &Value) -> Option<u64> {
+    let text = match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?,
+        Value::Int(n) => return u64::try_from(*n).ok().filter(|n| *n <= MAX_NUMBER),
+        _ => return None,
+    };
+    if let Ok(n) = text.parse::<u64>() {
+        return (n <= MAX_NUMBER).then_some(n);
     }
+    let x: f64 = text.parse().ok()?;
+    let exact = x.is_finite() && x >= 0.0 && x.fract() == 0.0 && x <= MAX_NUMBER as f64;
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a whole number from 0 to 2^53, checked above"
+    )]
+    exact.then_some(x as u64)
 }
 
 /// One key's answer in a [`RELEASE_MANY`](super::lua::RELEASE_MANY) reply: `{message}` is the error the key's
@@ -218,27 +235,54 @@ mod tests {
             parse_acquire(Value::Nil),
             Err(NodeError::Protocol(_))
         ));
-        let above = Value::Array(vec![Value::Int(1), Value::Int(0), bulk("17")]);
+        let fenced = |changed| Value::Array(vec![Value::Okay, Value::Int(changed), Value::Int(1)]);
         assert_eq!(
-            parse_acquire(above).ok(),
+            parse_acquire(fenced(0)).ok(),
             Some(AcquireReply::Won {
-                fence: Some(FenceRead::Above(17))
+                fence: Some(FenceRead::Refused)
             })
         );
-        let accepted = Value::Array(vec![Value::Int(1), Value::Int(1)]);
         assert_eq!(
-            parse_acquire(accepted).ok(),
+            parse_acquire(fenced(1)).ok(),
             Some(AcquireReply::Won {
                 fence: Some(FenceRead::Accepted)
             })
         );
-        for garbage in [bulk("-3"), bulk(""), Value::Nil] {
-            let reply = Value::Array(vec![Value::Int(1), Value::Int(0), garbage]);
-            assert!(matches!(parse_acquire(reply), Err(NodeError::Protocol(_))));
+        for garbage in [fenced(2), fenced(-1), Value::Array(vec![Value::Okay])] {
+            assert!(matches!(
+                parse_acquire(garbage),
+                Err(NodeError::Protocol(_))
+            ));
         }
         assert!(matches!(
             parse_flag(Value::Okay),
             Err(NodeError::Protocol(_))
         ));
+    }
+
+    #[test]
+    fn counters_are_read_in_every_form_a_node_writes_a_score() {
+        for (text, n) in [
+            ("0", Some(0)),
+            ("1764115200000000", Some(1_764_115_200_000_000)),
+            ("1.7641152e+15", Some(1_764_115_200_000_000)),
+            ("9007199254740992", Some(MAX_NUMBER)),
+            ("9007199254740993", None),
+            ("1e+17", None),
+            ("-1", None),
+            ("1.5", None),
+            ("inf", None),
+            ("nan", None),
+            ("", None),
+        ] {
+            assert_eq!(counter_score(&bulk(text)), n, "{text:?}");
+        }
+        let inspected = |counter| {
+            parse_inspect(Value::Array(vec![Value::Int(1), Value::Int(10), counter]))
+                .map(|i| i.counter)
+        };
+        assert_eq!(inspected(bulk("")).ok(), Some(None));
+        assert_eq!(inspected(bulk("42")).ok(), Some(Some(42)));
+        assert!(matches!(inspected(bulk("x")), Err(NodeError::Protocol(_))));
     }
 }
