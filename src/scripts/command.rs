@@ -101,7 +101,8 @@ impl Request<'_> {
                 proposal,
                 retention_ms,
             } => {
-                let size = key.len() + value.len() + 2 * counter.len();
+                // Room for all three commands' words and headers.
+                let size = key.len() + value.len() + 2 * counter.len() + 9 * 16 + 2 * 8;
                 let mut cmd = Packer::new(6, size);
                 cmd.bytes(b"SET");
                 let key = cmd.bytes(key);

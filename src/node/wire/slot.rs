@@ -65,7 +65,11 @@ impl Slot {
             st.expected = st.expected.saturating_sub(1);
             st.got = match std::mem::replace(&mut st.got, Got::Nothing) {
                 Got::Nothing if st.expected == 0 => Got::One(value),
-                Got::Nothing => Got::Many(vec![value]),
+                Got::Nothing => {
+                    let mut values = Vec::with_capacity(st.expected + 1);
+                    values.push(value);
+                    Got::Many(values)
+                }
                 Got::Many(mut values) => {
                     values.push(value);
                     Got::Many(values)
@@ -145,11 +149,13 @@ impl Future for Reply {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.0.poll_take(cx).map(|got| match got {
             Got::One(v) => v.extract_error(),
-            Got::Many(values) => values
-                .into_iter()
-                .map(Value::extract_error)
-                .collect::<RedisResult<Vec<Value>>>()
-                .map(Value::Array),
+            Got::Many(mut values) => match values
+                .iter()
+                .position(|v| matches!(v, Value::ServerError(_)))
+            {
+                Some(at) => values.swap_remove(at).extract_error(),
+                None => Ok(Value::Array(values)),
+            },
             Got::Failed(e) => Err(e),
             Got::Nothing | Got::Taken => Err(RedisError::from((
                 redis::ErrorKind::Client,
