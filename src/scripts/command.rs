@@ -16,7 +16,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::ops::Range;
 use std::sync::OnceLock;
 
 use redis::aio::ConnectionLike;
@@ -25,6 +24,7 @@ use redis::{Cmd, Value};
 use super::lua::{
     HELD_OR_RECORD_SCRIPT, HOLDER_TTL_SCRIPT, RELEASE_MANY_SCRIPT, RELEASE_SCRIPT, Script,
 };
+use super::pack::{Packer, Words};
 use super::reply::key_answer;
 
 /// One argument of a script call.
@@ -91,7 +91,7 @@ impl Request<'_> {
                 cmd.bytes(b"NX");
                 cmd.bytes(b"PX");
                 cmd.int(*ttl_ms);
-                cmd.call(None, CallKind::SetNx { key, value })
+                Call::of(cmd, None, CallKind::SetNx { key, value })
             }
             Self::FencedSetNx {
                 key,
@@ -121,7 +121,7 @@ impl Request<'_> {
                 cmd.bytes(b"PEXPIRE");
                 cmd.bytes(counter);
                 cmd.int(*retention_ms);
-                cmd.call(None, CallKind::FencedSetNx { key, value })
+                Call::of(cmd, None, CallKind::FencedSetNx { key, value })
             }
             Self::Release { key, value, id } => {
                 let inv = Invocation {
@@ -167,59 +167,6 @@ impl CallKind {
     }
 }
 
-/// The most words a command keeps the place of without allocating (every command a
-/// round sends has at most 15: the fenced acquisition's three commands).
-const INLINE_WORDS: usize = 16;
-
-/// Where each word of a packed command is: kept as the command is written, so nothing
-/// has to read the packed bytes back.
-#[derive(Clone)]
-enum Words {
-    Inline([Range<u32>; INLINE_WORDS], u8),
-    Heap(Vec<Range<usize>>),
-}
-
-impl Words {
-    fn push(&mut self, word: Range<usize>) {
-        match self {
-            Self::Inline(places, n) => {
-                let at = usize::from(*n);
-                match (u32::try_from(word.start), u32::try_from(word.end)) {
-                    (Ok(start), Ok(end)) if at < INLINE_WORDS => {
-                        places[at] = start..end;
-                        *n += 1;
-                    }
-                    _ => {
-                        let mut all: Vec<Range<usize>> = places[..at]
-                            .iter()
-                            .map(|r| r.start as usize..r.end as usize)
-                            .collect();
-                        all.push(word);
-                        *self = Self::Heap(all);
-                    }
-                }
-            }
-            Self::Heap(all) => all.push(word),
-        }
-    }
-
-    fn get(&self, i: usize) -> Option<Range<usize>> {
-        match self {
-            Self::Inline(places, n) => places[..usize::from(*n)]
-                .get(i)
-                .map(|r| r.start as usize..r.end as usize),
-            Self::Heap(all) => all.get(i).cloned(),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Self::Inline(_, n) => usize::from(*n),
-            Self::Heap(all) => all.len(),
-        }
-    }
-}
-
 /// One round's command, owned: a script's `EVALSHA` (with the script, for the `EVAL`
 /// fallback) or `SET key value NX PX ttl`, packed, with where its words are.
 pub(crate) struct Call {
@@ -237,6 +184,19 @@ pub(crate) struct Call {
 }
 
 impl Call {
+    /// The commands `packer` wrote, as a call of `kind` to `script` (none for plain
+    /// commands).
+    fn of(packer: Packer, script: Option<&'static Script>, kind: CallKind) -> Self {
+        let (packed, words) = packer.finish();
+        Self {
+            packed,
+            words,
+            kind,
+            cmd: OnceLock::new(),
+            script,
+        }
+    }
+
     /// Word `i` of the command.
     fn word(&self, i: usize) -> &[u8] {
         self.words
@@ -448,7 +408,7 @@ impl Invocation<'_> {
                 Arg::Int(n) => cmd.int(n),
             };
         }
-        cmd.call(Some(self.script), kind)
+        Call::of(cmd, Some(self.script), kind)
     }
 
     /// The command: `EVALSHA sha numkeys keys... args...`.
@@ -461,73 +421,6 @@ impl Invocation<'_> {
             };
         }
         cmd
-    }
-}
-
-/// Writes a command as RESP, an array of bulk strings, straight into one buffer: what
-/// `redis::Cmd::get_packed_command` gives, without building a `Cmd` first. It notes where
-/// each word goes.
-struct Packer(Vec<u8>, Words);
-
-impl Packer {
-    /// A command of `count` arguments whose own bytes come to about `size`.
-    fn new(count: usize, size: usize) -> Self {
-        let mut buf = Vec::with_capacity(
-            size.saturating_add(count.saturating_mul(16))
-                .saturating_add(16),
-        );
-        buf.push(b'*');
-        buf.extend_from_slice(digits(count as u64, &mut [0; 20]));
-        buf.extend_from_slice(b"\r\n");
-        Self(buf, Words::Inline(Default::default(), 0))
-    }
-
-    /// Writes `arg` as the next word; its index among the words.
-    fn bytes(&mut self, arg: &[u8]) -> usize {
-        self.0.push(b'$');
-        self.0
-            .extend_from_slice(digits(arg.len() as u64, &mut [0; 20]));
-        self.0.extend_from_slice(b"\r\n");
-        let start = self.0.len();
-        self.0.extend_from_slice(arg);
-        self.1.push(start..self.0.len());
-        self.0.extend_from_slice(b"\r\n");
-        self.1.len() - 1
-    }
-
-    fn int(&mut self, n: u64) -> usize {
-        self.bytes(digits(n, &mut [0; 20]))
-    }
-
-    /// Starts the next command of a pipeline, of `count` words.
-    fn next_command(&mut self, count: usize) {
-        self.0.push(b'*');
-        self.0.extend_from_slice(digits(count as u64, &mut [0; 20]));
-        self.0.extend_from_slice(b"\r\n");
-    }
-
-    /// The command written, as a call of `kind` to `script` (none for `SET NX PX`).
-    fn call(self, script: Option<&'static Script>, kind: CallKind) -> Call {
-        Call {
-            packed: self.0,
-            words: self.1,
-            kind,
-            cmd: OnceLock::new(),
-            script,
-        }
-    }
-}
-
-/// `n` in decimal digits, written to the end of `buf`.
-fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[at..];
-        }
     }
 }
 

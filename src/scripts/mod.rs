@@ -13,6 +13,7 @@
 
 mod command;
 mod lua;
+mod pack;
 mod reply;
 
 pub(crate) use command::{Arg, Call, Invocation, Request, release_many};
