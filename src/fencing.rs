@@ -4,6 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use redis::Value;
+
 use crate::error::{LockError, NodeError};
 use crate::node::Node;
 use crate::quorum::{NodeMask, Outcome};
@@ -177,12 +179,32 @@ pub(crate) async fn read_counters(
     });
     let granted = phase_one.granted;
     let skip = NodeMask::matching(nodes.len(), |i| !granted.contains(i));
+    let take = |reply: Value| {
+        let seen = parse_inspect(reply)?;
+        phase_one.read(seen.counter).map(|()| Outcome::Granted)
+    };
+    // The reads that did not answer in time need not land.
+    quorum_round(nodes, &request, skip, deadline, take)
+        .await
+        .map(drop)
+}
+
+/// Sends `request` to every node but `skip` and counts their answers (`take`) until a
+/// quorum answered [`Outcome::Granted`] or too few still can, by `deadline`: the round,
+/// or why there was no quorum. The skipped nodes count as refusing.
+async fn quorum_round(
+    nodes: &[Arc<Node>],
+    request: &Request<'_>,
+    skip: NodeMask,
+    deadline: Instant,
+    mut take: impl FnMut(Value) -> Result<Outcome, NodeError>,
+) -> Result<Round, LockError> {
     let plan = Plan {
         skip,
         deadline,
         purpose: Purpose::Decide,
     };
-    let mut round = Round::send(nodes, &request, plan);
+    let mut round = Round::send(nodes, request, plan);
     let mut votes = Votes::new(nodes.len());
     for _ in (0..nodes.len()).filter(|i| skip.contains(*i)) {
         votes.skipped();
@@ -192,14 +214,10 @@ pub(crate) async fn read_counters(
         let Some((i, reply)) = round.next().await else {
             break;
         };
-        let outcome = reply
-            .and_then(parse_inspect)
-            .and_then(|seen| phase_one.read(seen.counter))
-            .map(|()| Outcome::Granted);
-        votes.count(nodes[i].label(), outcome);
+        votes.count(nodes[i].label(), reply.and_then(&mut take));
     }
     if votes.reached() {
-        Ok(())
+        Ok(round)
     } else {
         Err(votes.no_quorum())
     }
@@ -264,36 +282,12 @@ pub(crate) async fn phase_two(
         keys: &write.keys,
         args: &args,
     });
-    let skip = phase_one.refused;
-    let plan = Plan {
-        skip,
-        deadline,
-        purpose: Purpose::Decide,
+    // The nodes that refused: the lock is not ours there.
+    let take = |reply: Value| match parse_flag(reply)? {
+        true => Ok(Outcome::Granted),
+        false => Err(NodeError::LockLost),
     };
-    let mut round = Round::send(nodes, &request, plan);
-    let mut votes = Votes::new(nodes.len());
-    for _ in (0..nodes.len()).filter(|i| skip.contains(*i)) {
-        // The lock is not ours there.
-        votes.skipped();
-    }
-    while votes.undecided() {
-        round.wake_after(votes.to_decide());
-        let Some((i, reply)) = round.next().await else {
-            break;
-        };
-        let outcome = reply
-            .and_then(parse_flag)
-            .and_then(|recorded| match recorded {
-                true => Ok(Outcome::Granted),
-                false => Err(NodeError::LockLost),
-            });
-        votes.count(nodes[i].label(), outcome);
-    }
-    if votes.reached() {
-        Ok(round)
-    } else {
-        Err(votes.no_quorum())
-    }
+    quorum_round(nodes, &request, phase_one.refused, deadline, take).await
 }
 
 #[cfg(test)]

@@ -84,13 +84,7 @@ impl Request<'_> {
         match self {
             Self::Script(inv) => inv.call(CallKind::Script),
             Self::SetNx { key, value, ttl_ms } => {
-                let mut cmd = Packer::new(6, key.len() + value.len());
-                cmd.bytes(b"SET");
-                let key = cmd.bytes(key);
-                let value = cmd.bytes(value);
-                cmd.bytes(b"NX");
-                cmd.bytes(b"PX");
-                cmd.int(*ttl_ms);
+                let (cmd, key, value) = set_nx(key, value, *ttl_ms, 0);
                 Call::of(cmd, None, CallKind::SetNx { key, value })
             }
             Self::FencedSetNx {
@@ -101,15 +95,9 @@ impl Request<'_> {
                 proposal,
                 retention_ms,
             } => {
-                // Room for all three commands' words and headers.
-                let size = key.len() + value.len() + 2 * counter.len() + 9 * 16 + 2 * 8;
-                let mut cmd = Packer::new(6, size);
-                cmd.bytes(b"SET");
-                let key = cmd.bytes(key);
-                let value = cmd.bytes(value);
-                cmd.bytes(b"NX");
-                cmd.bytes(b"PX");
-                cmd.int(*ttl_ms);
+                // Room for the other two commands' words and headers.
+                let more = 2 * counter.len() + 9 * 16 + 2 * 8;
+                let (mut cmd, key, value) = set_nx(key, value, *ttl_ms, more);
                 cmd.next_command(6);
                 cmd.bytes(b"ZADD");
                 cmd.bytes(counter);
@@ -138,6 +126,19 @@ impl Request<'_> {
             }
         }
     }
+}
+
+/// `SET key value NX PX ttl` packed, with room for `more` bytes after it; where its key
+/// and value are among the words.
+fn set_nx(key: &[u8], value: &[u8], ttl_ms: u64, more: usize) -> (Packer, usize, usize) {
+    let mut cmd = Packer::new(6, key.len() + value.len() + more);
+    cmd.bytes(b"SET");
+    let key = cmd.bytes(key);
+    let value = cmd.bytes(value);
+    cmd.bytes(b"NX");
+    cmd.bytes(b"PX");
+    cmd.int(ttl_ms);
+    (cmd, key, value)
 }
 
 /// The member of a name's counter (a sorted set): its score is the counter.
