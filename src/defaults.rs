@@ -53,7 +53,7 @@ pub const DEFAULT_RECONNECT_AFTER_TIMEOUTS: u32 = 3;
 /// TTL: a third.
 pub const DEFAULT_EXTEND_FRACTION: f64 = 1.0 / 3.0;
 /// Fencing numbers are on by default: every acquisition carries one (see
-/// [`crate::fencing`]), at the cost of a second round trip.
+/// [`crate::fencing`]), in the same round trip, for two more commands per node.
 pub const DEFAULT_FENCING: bool = true;
 /// Default retention of a name's fencing counter after its last fenced acquisition:
 /// 24 hours, or 100 times the client's TTL if that is longer (see

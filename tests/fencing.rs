@@ -605,6 +605,39 @@ async fn numbers_keep_increasing_before_and_after_the_counter_expires() {
     assert_strictly_increasing(&tokens);
 }
 
+/// A retention of `Duration::MAX` (keep counters "for ever") works: counters are kept 100
+/// years, the longest expiry the nodes take.
+#[tokio::test]
+async fn an_endless_retention_keeps_counters_a_hundred_years() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls())
+        .fencing_retention(Duration::MAX)
+        .build()
+        .expect("build");
+    let lock = redlock.lock("forever").await.expect("lock");
+    redlock.unlock(&lock).await;
+    let hundred_years_ms = 100 * 365 * 24 * 3600 * 1000_i64;
+    for i in 0..3 {
+        // A node beyond the quorum may take a moment to get its commands.
+        let left = || async {
+            let mut conn = cluster.raw(i).await;
+            let left: i64 = conn.pttl(counter_key("forever")).await.expect("PTTL");
+            left
+        };
+        support::wait_for(
+            "the counter on every node",
+            Duration::from_secs(5),
+            || async { left().await != -2 },
+        )
+        .await;
+        let left = left().await;
+        assert!(
+            left > hundred_years_ms - 60_000 && left <= hundred_years_ms,
+            "node {i}: {left} ms"
+        );
+    }
+}
+
 #[test]
 fn retention_and_prefix_settings_are_checked() {
     let url = ["redis://127.0.0.1:1"];

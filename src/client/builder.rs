@@ -380,11 +380,13 @@ impl RedlockBuilder {
     /// longer). At least [`MIN_RETENTION_TO_TTL_RATIO`](crate::defaults::MIN_RETENTION_TO_TTL_RATIO) times the TTL of every fenced lock.
     ///
     /// Counters expire so that memory is bounded by the names used within the retention
-    /// (about 100 bytes per name and node), not by every name ever used. A name locked
-    /// again after its counter expired gets a number seeded from the nodes' clocks, which
-    /// is above every earlier number as long as the nodes' clocks agree to within the
-    /// retention; see [`crate::fencing`] for the exact condition. 24 hours leaves room for
-    /// clocks that drift for hours without NTP, and for outages and maintenance windows.
+    /// (about 165 bytes per name and node), not by every name ever used. A name locked
+    /// again after its counter expired gets a number from the client's clock, which is
+    /// above every earlier number as long as the clients' clocks agree to within about half
+    /// the retention; see [`crate::fencing`] for the exact condition. 24 hours leaves room
+    /// for clocks that drift for hours without NTP, and for outages and maintenance
+    /// windows. A retention over 100 years (`Duration::MAX`, say) keeps counters 100 years,
+    /// the longest expiry every Redis server takes.
     ///
     /// ```
     /// use std::time::Duration;

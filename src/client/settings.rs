@@ -58,7 +58,8 @@ impl RedlockBuilder {
         let fencing_retention = match self.fencing_retention {
             Some(retention) => {
                 check_retention(retention, self.ttl)?;
-                retention
+                // A node refuses an expiry past the largest time it can represent.
+                retention.min(LONGEST_RETENTION)
             }
             None => DEFAULT_FENCING_RETENTION.max(self.ttl.saturating_mul(100)),
         };
@@ -179,6 +180,10 @@ pub(crate) fn check_retention(retention: Duration, ttl: Duration) -> Result<(), 
     }
     Ok(())
 }
+
+/// The longest fencing retention sent to the nodes: 100 years (a `PEXPIRE` of
+/// `Duration::MAX` is refused: "invalid expire time").
+const LONGEST_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
 /// A TTL in whole milliseconds.
 pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
