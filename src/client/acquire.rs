@@ -189,9 +189,14 @@ impl Redlock {
         let phase_one = self.granted(target, votes, replies).map_err(missed)?;
         let mut fence = None;
         if let Some(mut phase_one) = phase_one {
-            let left = quorum::validity(ttl, start.elapsed(), drift);
+            let budget = Budget {
+                start,
+                ttl,
+                drift,
+                outer,
+            };
             fence = self
-                .number(&target.resource, value, &mut phase_one, left, deadline)
+                .number(&target.resource, value, &mut phase_one, &budget)
                 .await
                 .map_err(|error| missed(Attempt::missed(error)))?;
         }
@@ -277,24 +282,25 @@ impl Redlock {
     }
 
     /// The fencing number of an attempt that got its quorum: the proposal when a quorum
-    /// accepted it; otherwise, while validity is `left`, the counters are read and phase 2
-    /// records one above them all. `None` when that was needed but no validity was left
-    /// (step 4 then gives up).
+    /// accepted it; otherwise, while the attempt has validity left, the counters are read
+    /// and phase 2 records one above them all, each round with the per-node timeout of
+    /// its own (within the validity). `None` when that was needed but no validity was
+    /// left (step 4 then gives up).
     async fn number(
         &self,
         resource: &Resource,
         value: &str,
         phase_one: &mut PhaseOne,
-        left: Option<Duration>,
-        deadline: Instant,
+        budget: &Budget,
     ) -> Result<Option<u64>, LockError> {
         let quorum = self.quorum();
+        let deadline = || self.call_deadline(budget.start, budget.ttl, budget.outer);
         if !phase_one.accepted_by(quorum) {
-            if left.is_none() {
+            if quorum::validity(budget.ttl, budget.start.elapsed(), budget.drift).is_none() {
                 return Ok(None);
             }
             let keys = [&*resource.key, &*resource.counter_key];
-            fencing::read_counters(&self.inner.nodes, keys, phase_one, deadline).await?;
+            fencing::read_counters(&self.inner.nodes, keys, phase_one, deadline()).await?;
             if let Some(highest) = phase_one.highest() {
                 self.inner.clock.saw(highest);
             }
@@ -303,7 +309,7 @@ impl Redlock {
         let recorded = match number {
             Number::Accepted(n) => n,
             // Fencing phase 2: record the number on the nodes we hold, while we hold them.
-            Number::Raise(n) => self.fence(resource, value, phase_one, n, deadline).await?,
+            Number::Raise(n) => self.fence(resource, value, phase_one, n, deadline()).await?,
         };
         self.inner.clock.saw(recorded);
         fencing::count(number);
@@ -405,6 +411,15 @@ async fn count_set_round(
         votes.count(nodes[i].label(), outcome);
     }
     (round, votes, replies)
+}
+
+/// The time of one attempt: when it started, its TTL and drift allowance (its validity),
+/// and the caller's own deadline, if any.
+struct Budget {
+    start: Instant,
+    ttl: Duration,
+    drift: Duration,
+    outer: Option<Instant>,
 }
 
 /// What an acquisition is after: a name's keys, for how long, and what may answer it.
