@@ -309,7 +309,10 @@ impl Redlock {
         let recorded = match number {
             Number::Accepted(n) => n,
             // Fencing phase 2: record the number on the nodes we hold, while we hold them.
-            Number::Raise(n) => self.fence(resource, value, phase_one, n, deadline()).await?,
+            Number::Raise(n) => {
+                self.fence(resource, value, phase_one, n, deadline())
+                    .await?
+            }
         };
         self.inner.clock.saw(recorded);
         fencing::count(number);
