@@ -1,12 +1,13 @@
 #![doc = include_str!("../docs/fencing.md")]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
 use crate::error::{LockError, NodeError};
+use crate::name::SLOTS;
 use crate::node::Node;
 use crate::quorum::{NodeMask, Outcome};
 use crate::round::{Plan, Purpose, Round};
@@ -59,6 +60,49 @@ impl Clock {
     /// This client saw the number `n` (its own, or a node's counter).
     pub(crate) fn saw(&self, n: u64) {
         self.highest.fetch_max(n, Ordering::Relaxed);
+    }
+}
+
+/// When this client last trimmed each slot's counters. The counters of a slot's names
+/// share one sorted set, whose expiry every fenced acquisition in the slot renews; the
+/// counters in it that were not raised within the retention are removed by the next
+/// acquisition in the slot, by each client at most once per half retention
+/// (`ZREMRANGEBYSCORE` below its proposal minus the retention: numbers are microseconds of
+/// some clock).
+#[derive(Debug)]
+pub(crate) struct Trims {
+    started: Instant,
+    /// Per slot: the second since `started`, plus one, of this client's last trim there (0:
+    /// never).
+    last: Box<[AtomicU32]>,
+}
+
+impl Default for Trims {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            last: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+}
+
+impl Trims {
+    /// Whether this client trims slot `slot`'s counters now: never yet, or not for
+    /// `every` (at least a second). Marks the slot trimmed when so.
+    pub(crate) fn due(&self, slot: u16, every: Duration) -> bool {
+        let Some(cell) = self.last.get(usize::from(slot)) else {
+            return false;
+        };
+        let now = u32::try_from(self.started.elapsed().as_secs())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1);
+        let every = u32::try_from(every.as_secs()).unwrap_or(u32::MAX).max(1);
+        let last = cell.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < every {
+            return false;
+        }
+        cell.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 }
 
@@ -250,6 +294,16 @@ pub fn rounds() -> (u64, u64) {
     )
 }
 
+/// The key of the sorted set that holds `name`'s fencing counter under the key prefix
+/// `prefix`, and its member whose score is the counter (the name's lock key); `None` for an
+/// empty name. Not part of the API: for tests and tools that look at the counters.
+#[doc(hidden)]
+pub fn counter_of(prefix: &[u8], name: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    crate::name::keys_for(prefix, name)
+        .ok()
+        .map(|keys| (keys.counter, keys.lock))
+}
+
 /// What phase 2 writes: the fencing number, under the name's counter key, on the nodes
 /// where the lock key still holds the acquisition's value.
 pub(crate) struct PhaseTwo<'a> {
@@ -328,6 +382,16 @@ mod tests {
         // Within one microsecond too, every proposal is new.
         let many: Vec<u64> = (0..1_000).map(|_| clock.propose()).collect();
         assert!(many.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn each_slot_is_trimmed_once_per_period() {
+        let trims = Trims::default();
+        let day = Duration::from_secs(86_400);
+        assert!(trims.due(7, day), "never trimmed yet");
+        assert!(!trims.due(7, day), "trimmed a moment ago");
+        assert!(trims.due(8, day), "another slot");
+        assert!(!trims.due(u16::MAX, day), "no such slot");
     }
 
     #[test]

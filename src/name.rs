@@ -27,6 +27,10 @@ use sha2::{Digest, Sha256};
 use crate::defaults::{MAX_NAME_LEN, VALUE_LEN};
 use crate::error::LockError;
 
+mod slot;
+
+pub(crate) use slot::SLOTS;
+
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 fn hex_into(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -41,17 +45,20 @@ fn hex_into(out: &mut Vec<u8>, bytes: &[u8]) {
 pub(crate) struct Keys {
     /// `{prefix}{{name}}`: the name (or its hash) is the key's hash tag.
     pub(crate) lock: Vec<u8>,
-    /// `{prefix}#fencing{{name}}`: the fencing counter (a sorted set), in the lock key's
-    /// hash slot.
+    /// The lock key's hash slot.
+    pub(crate) slot: u16,
+    /// `{prefix}#fencing{{tag}}`: the sorted set that holds the fencing counters of the
+    /// names of the lock key's slot (each name's counter is the score of its lock key),
+    /// in that same slot.
     pub(crate) counter: Vec<u8>,
 }
 
 /// The Redis keys for `name` under `prefix`; an error for an empty name.
 ///
-/// The name goes between braces, so it is the hash tag of both the lock key and the
-/// counter key: in a Redis Cluster they share a slot, whatever the name holds. A name
-/// longer than [`MAX_NAME_LEN`] bytes, or starting with `}` (which would make the tag
-/// empty), is replaced by `#sha256:` and its hex SHA-256.
+/// The name goes between braces, so it is the hash tag of the lock key; the counter key's
+/// tag puts it in the same slot: in a Redis Cluster they share a shard, whatever the name
+/// holds. A name longer than [`MAX_NAME_LEN`] bytes, or starting with `}` (which would make
+/// the tag empty), is replaced by `#sha256:` and its hex SHA-256.
 pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
     if name.is_empty() {
         return Err(LockError::InvalidName {
@@ -69,18 +76,23 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
     } else {
         hashed()
     };
-    let tagged = |infix: &[u8]| {
-        let mut key = Vec::with_capacity(prefix.len() + infix.len() + part.len() + 2);
+    let tagged = |infix: &[u8], tag: &[u8]| {
+        let mut key = Vec::with_capacity(prefix.len() + infix.len() + tag.len() + 2);
         key.extend_from_slice(prefix);
         key.extend_from_slice(infix);
         key.push(b'{');
-        key.extend_from_slice(&part);
+        key.extend_from_slice(tag);
         key.push(b'}');
         key
     };
+    let lock = tagged(b"", &part);
+    let slot = slot::slot(&lock);
+    // With a prefix that has a tag of its own, that tag decides both keys' slot.
+    let counter = tagged(b"#fencing", &slot::tag(slot));
     Ok(Keys {
-        lock: tagged(b""),
-        counter: tagged(b"#fencing"),
+        lock,
+        slot,
+        counter,
     })
 }
 
@@ -117,8 +129,10 @@ pub(crate) struct Resource {
     pub(crate) name: Box<[u8]>,
     /// The lock key.
     pub(crate) key: Box<[u8]>,
-    /// The fencing counter's key.
+    /// The key of the sorted set that holds the fencing counter (the lock key's score).
     pub(crate) counter_key: Box<[u8]>,
+    /// The lock key's hash slot.
+    pub(crate) slot: u16,
 }
 
 #[cfg(test)]
@@ -130,25 +144,16 @@ mod tests {
         keys_for(prefix, name).map(|k| k.lock).unwrap_or_default()
     }
 
-    /// The hash tag of a key, as Redis Cluster computes it (the whole key without one).
-    fn hash_tag(key: &[u8]) -> &[u8] {
-        if let Some(open) = key.iter().position(|b| *b == b'{')
-            && let Some(len) = key[open + 1..].iter().position(|b| *b == b'}')
-            && len > 0
-        {
-            return &key[open + 1..open + 1 + len];
-        }
-        key
-    }
-
     #[test]
-    fn short_names_are_the_hash_tag_of_both_keys() {
+    fn short_names_are_the_hash_tag_of_the_lock_key() {
         let keys = keys_for(b"p:", b"abc").ok();
         assert_eq!(
             keys.as_ref().map(|k| k.lock.as_slice()),
             Some(&b"p:{abc}"[..])
         );
-        assert_eq!(keys.map(|k| k.counter), Some(b"p:#fencing{abc}".to_vec()));
+        // "abc" is in slot 7638, as is "8586", the smallest number there.
+        assert_eq!(keys.as_ref().map(|k| k.slot), Some(7638));
+        assert_eq!(keys.map(|k| k.counter), Some(b"p:#fencing{8586}".to_vec()));
         let exact = vec![b'x'; MAX_NAME_LEN];
         assert_eq!(lock_key(b"", &exact).len(), MAX_NAME_LEN + 2);
     }
@@ -161,11 +166,8 @@ mod tests {
                 let Ok(k) = keys_for(prefix, name) else {
                     panic!("{name:?} is a valid name")
                 };
-                assert_eq!(
-                    hash_tag(&k.lock),
-                    hash_tag(&k.counter),
-                    "{prefix:?} {name:?}"
-                );
+                assert_eq!(slot::slot(&k.lock), k.slot, "{prefix:?} {name:?}");
+                assert_eq!(slot::slot(&k.counter), k.slot, "{prefix:?} {name:?}");
                 assert_ne!(k.lock, k.counter);
             }
         }

@@ -364,13 +364,18 @@ impl Redlock {
         };
         let args = [Arg::Bytes(value.as_bytes()), Arg::Int(ttl_ms)];
         let request = if self.fencing {
+            let retention = self.inner.fencing_retention;
+            // Counters below the proposal minus the retention were not raised within it.
+            let trims = self.inner.trims.due(resource.slot, retention / 2);
+            let retention_us = u64::try_from(retention.as_micros()).unwrap_or(u64::MAX);
             Request::FencedSetNx {
                 key: &resource.key,
-                counter: &resource.counter_key,
+                counters: &resource.counter_key,
                 value: value.as_bytes(),
                 ttl_ms,
                 proposal,
-                retention_ms: super::ttl_ms(self.inner.fencing_retention),
+                retention_ms: super::ttl_ms(retention),
+                trim_below: trims.then(|| proposal.saturating_sub(retention_us)),
             }
         } else if target.accepts == Accepts::LockOrRecord {
             Request::Script(Invocation {

@@ -18,7 +18,7 @@ use crate::defaults::{
     DEFAULT_FENCING_RETENTION, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO,
 };
 use crate::error::ConfigError;
-use crate::fencing::Clock;
+use crate::fencing::{Clock, Trims};
 use crate::keepalive_inbox::{Guards, KeepAlive};
 use crate::name::prefix_keeps_tags;
 use crate::node::{Node, NodeSettings};
@@ -113,6 +113,7 @@ impl RedlockBuilder {
             fencing: self.fencing,
             fencing_retention,
             clock: Clock::default(),
+            trims: Trims::default(),
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
         })
@@ -144,6 +145,8 @@ pub(crate) struct Settings {
     pub(crate) fencing_retention: Duration,
     /// Where this client's fencing proposals come from.
     pub(crate) clock: Clock,
+    /// When this client last trimmed each slot's fencing counters.
+    pub(crate) trims: Trims,
     /// The keep-alive driver of this client's guards, while one runs.
     pub(crate) guards: Guards,
     /// The tasks waiting for a lock, woken on release.

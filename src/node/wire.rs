@@ -266,8 +266,8 @@ impl Wire {
     }
 
     /// Sends `commands` commands at once, as [`request`](Self::request) sends one: their
-    /// replies as one array (a reply of one command as itself), or the first server error
-    /// among them as `Err`, as redis-rs answers a pipeline.
+    /// replies as one array, server errors among them as values (a reply of one command as
+    /// itself).
     pub(crate) fn request_all(&self, packed: &[u8], commands: usize, writes: Writes) -> Reply {
         Reply(self.send(packed, commands, writes, None))
     }

@@ -53,19 +53,22 @@ pub(crate) enum Request<'a> {
         ttl_ms: u64,
     },
     /// A fenced acquisition (phase 1, `docs/fencing.md`): `SET key value NX PX ttl`, then
-    /// `ZADD counter GT CH proposal n` (the name's counter is the score of the member `n`
-    /// of a sorted set: raised to the proposal only if below it, answering 1 when it was),
-    /// then `PEXPIRE counter retention`, pipelined as one request with three replies. No
-    /// script: a script's `redis.call`s cost the node several times the commands sent on
-    /// their own. Where the key is taken, [`HELD_OR_RECORD`](super::lua::HELD_OR_RECORD)
-    /// follows, for the holder's TTL or the completion record.
+    /// `ZADD counters GT CH proposal key` (the name's counter is its lock key's score in
+    /// the sorted set of its slot's counters: raised to the proposal only if below it,
+    /// answering 1 when it was), then `PEXPIRE counters retention`, and, with `trim_below`,
+    /// `ZREMRANGEBYSCORE counters -inf (trim_below` (the counters not raised within the
+    /// retention), pipelined as one request with a reply each. No script: a script's
+    /// `redis.call`s cost the node several times the commands sent on their own. Where the
+    /// key is taken, [`HELD_OR_RECORD`](super::lua::HELD_OR_RECORD) follows, for the
+    /// holder's TTL or the completion record.
     FencedSetNx {
         key: &'a [u8],
-        counter: &'a [u8],
+        counters: &'a [u8],
         value: &'a [u8],
         ttl_ms: u64,
         proposal: u64,
         retention_ms: u64,
+        trim_below: Option<u64>,
     },
     /// The release of one lock ([`RELEASE`](super::lua::RELEASE)): `key` deleted where it
     /// holds `value`, the waiters told with this client's `id`. A node may send it
@@ -88,28 +91,39 @@ impl Request<'_> {
                 Call::of(cmd, None, CallKind::SetNx { key, value })
             }
             Self::FencedSetNx {
-                key,
-                counter,
+                key: lock_key,
+                counters,
                 value,
                 ttl_ms,
                 proposal,
                 retention_ms,
+                trim_below,
             } => {
-                // Room for the other two commands' words and headers.
-                let more = 2 * counter.len() + 9 * 16 + 2 * 8;
-                let (mut cmd, key, value) = set_nx(key, value, *ttl_ms, more);
+                // Room for the other commands' words and headers.
+                let more = 3 * counters.len() + lock_key.len() + 13 * 16 + 3 * 8;
+                let (mut cmd, key, value) = set_nx(lock_key, value, *ttl_ms, more);
                 cmd.next_command(6);
                 cmd.bytes(b"ZADD");
-                cmd.bytes(counter);
+                cmd.bytes(counters);
                 cmd.bytes(b"GT");
                 cmd.bytes(b"CH");
                 cmd.int(*proposal);
-                cmd.bytes(COUNTER_MEMBER);
+                cmd.bytes(lock_key);
                 cmd.next_command(3);
                 cmd.bytes(b"PEXPIRE");
-                cmd.bytes(counter);
+                cmd.bytes(counters);
                 cmd.int(*retention_ms);
-                Call::of(cmd, None, CallKind::FencedSetNx { key, value })
+                if let Some(below) = trim_below {
+                    cmd.next_command(4);
+                    cmd.bytes(b"ZREMRANGEBYSCORE");
+                    cmd.bytes(counters);
+                    cmd.bytes(b"-inf");
+                    let mut exclusive = vec![b'('];
+                    exclusive.extend_from_slice(&below.to_string().into_bytes());
+                    cmd.bytes(&exclusive);
+                }
+                let trims = trim_below.is_some();
+                Call::of(cmd, None, CallKind::FencedSetNx { key, value, trims })
             }
             Self::Release { key, value, id } => {
                 let inv = Invocation {
@@ -141,17 +155,18 @@ fn set_nx(key: &[u8], value: &[u8], ttl_ms: u64, more: usize) -> (Packer, usize,
     (cmd, key, value)
 }
 
-/// The member of a name's counter (a sorted set): its score is the counter.
-pub(crate) const COUNTER_MEMBER: &[u8] = b"n";
-
 /// What a [`Call`] is, with where its typed fields are among its words.
 #[derive(Clone, Copy)]
 enum CallKind {
     /// `SET key value NX PX ttl`.
     SetNx { key: usize, value: usize },
-    /// `SET key value NX PX ttl`, `ZADD counter GT CH proposal n`, `PEXPIRE counter
-    /// retention`: three commands.
-    FencedSetNx { key: usize, value: usize },
+    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal key`, `PEXPIRE counters
+    /// retention`, and, when it `trims`, `ZREMRANGEBYSCORE counters -inf (below`.
+    FencedSetNx {
+        key: usize,
+        value: usize,
+        trims: bool,
+    },
     /// A [`RELEASE`](super::lua::RELEASE) of one lock.
     Release { key: usize, value: usize, id: usize },
     /// Any other script call.
@@ -162,7 +177,8 @@ impl CallKind {
     /// Where each command after the first starts among the words (none for one command).
     fn command_starts(self) -> &'static [usize] {
         match self {
-            Self::FencedSetNx { .. } => &[6, 12],
+            Self::FencedSetNx { trims: false, .. } => &[6, 12],
+            Self::FencedSetNx { trims: true, .. } => &[6, 12, 15],
             _ => &[],
         }
     }
@@ -211,9 +227,11 @@ impl Call {
         self.kind.command_starts().len() + 1
     }
 
-    /// The commands for redis-rs, as a pipeline (a call of several commands).
+    /// The commands for redis-rs, as a pipeline (a call of several commands) whose errors
+    /// come back as values, as on our own connection.
     fn pipeline(&self) -> redis::Pipeline {
         let mut pipe = redis::pipe();
+        pipe.ignore_errors();
         let starts = self.kind.command_starts();
         let ends = starts.iter().copied().chain([self.words.len()]);
         for (start, end) in [0].into_iter().chain(starts.iter().copied()).zip(ends) {
@@ -298,7 +316,9 @@ impl Call {
         let (script, key, value) = match (self.script, self.kind) {
             (Some(script), _) => return eval_instead(self.cmd(), script, conn).await,
             (None, CallKind::SetNx { key, value }) => (&*HOLDER_TTL_SCRIPT, key, value),
-            (None, CallKind::FencedSetNx { key, value }) => (&*HELD_OR_RECORD_SCRIPT, key, value),
+            (None, CallKind::FencedSetNx { key, value, .. }) => {
+                (&*HELD_OR_RECORD_SCRIPT, key, value)
+            }
             _ => return first,
         };
         let holder = Invocation {

@@ -93,48 +93,62 @@ fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
     }
 }
 
-/// A fenced acquisition is three commands in one request, packed as redis-rs packs the
-/// same pipeline, with its key and value kept for the busy path's follow-up.
+/// A fenced acquisition is three commands in one request (four when it trims), packed as
+/// redis-rs packs the same pipeline, with its key and value kept for the busy path's
+/// follow-up.
 #[test]
-fn a_fenced_acquisition_is_packed_as_a_pipeline_of_three_commands() {
-    let (key, counter, value) = (&b"redlock:{k}"[..], &b"redlock:#fencing{k}"[..], &b"v"[..]);
-    let call = Request::FencedSetNx {
-        key,
-        counter,
-        value,
-        ttl_ms: 10_000,
-        proposal: 1_764_115_200_000_000,
-        retention_ms: u64::MAX,
+fn a_fenced_acquisition_is_packed_as_a_pipeline() {
+    let (key, counters, value) = (&b"redlock:{k}"[..], &b"redlock:#fencing{3}"[..], &b"v"[..]);
+    for trim_below in [None, Some(17)] {
+        let call = Request::FencedSetNx {
+            key,
+            counters,
+            value,
+            ttl_ms: 10_000,
+            proposal: 1_764_115_200_000_000,
+            retention_ms: u64::MAX,
+            trim_below,
+        }
+        .call();
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(10_000);
+        pipe.cmd("ZADD")
+            .arg(counters)
+            .arg("GT")
+            .arg("CH")
+            .arg(1_764_115_200_000_000_u64)
+            .arg(key);
+        pipe.cmd("PEXPIRE").arg(counters).arg(u64::MAX);
+        if trim_below.is_some() {
+            pipe.cmd("ZREMRANGEBYSCORE")
+                .arg(counters)
+                .arg("-inf")
+                .arg("(17");
+        }
+        assert_eq!(call.packed(), pipe.get_packed_pipeline());
+        assert_eq!(
+            call.pipeline().get_packed_pipeline(),
+            pipe.get_packed_pipeline()
+        );
+        assert_eq!(call.commands(), 3 + usize::from(trim_below.is_some()));
+        assert!(matches!(
+            call.kind,
+            CallKind::FencedSetNx {
+                key: 1,
+                value: 2,
+                ..
+            }
+        ));
+        assert_eq!((call.word(1), call.word(2)), (key, value));
+        assert!(!call.is_release());
+        // Only a refused `SET` (its reply first) asks for the holder.
+        let replies = |first| Ok(Value::Array(vec![first, Value::Int(1), Value::Int(1)]));
+        assert!(call.needs_more(&replies(Value::Nil)));
+        assert!(!call.needs_more(&replies(Value::Okay)));
     }
-    .call();
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
-        .arg(key)
-        .arg(value)
-        .arg("NX")
-        .arg("PX")
-        .arg(10_000);
-    pipe.cmd("ZADD")
-        .arg(counter)
-        .arg("GT")
-        .arg("CH")
-        .arg(1_764_115_200_000_000_u64)
-        .arg("n");
-    pipe.cmd("PEXPIRE").arg(counter).arg(u64::MAX);
-    assert_eq!(call.packed(), pipe.get_packed_pipeline());
-    assert_eq!(
-        call.pipeline().get_packed_pipeline(),
-        pipe.get_packed_pipeline()
-    );
-    assert_eq!(call.commands(), 3);
-    assert!(matches!(
-        call.kind,
-        CallKind::FencedSetNx { key: 1, value: 2 }
-    ));
-    assert_eq!((call.word(1), call.word(2)), (key, value));
-    assert!(!call.is_release());
-    // Only a refused `SET` (its reply first) asks for the holder.
-    let replies = |first| Ok(Value::Array(vec![first, Value::Int(1), Value::Int(1)]));
-    assert!(call.needs_more(&replies(Value::Nil)));
-    assert!(!call.needs_more(&replies(Value::Okay)));
 }

@@ -18,7 +18,8 @@
 use std::ops::Range;
 
 /// The most words a command keeps the place of without allocating (every command a
-/// round sends has at most 15: the fenced acquisition's three commands).
+/// round sends has at most 15, the fenced acquisition's three commands, but for the rare
+/// one that also trims its counters).
 const INLINE_WORDS: usize = 16;
 
 /// Where each word of a packed command is: kept as the command is written, so nothing

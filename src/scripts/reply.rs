@@ -81,20 +81,48 @@ pub(crate) enum FenceRead {
 }
 
 /// Parses the reply to an acquisition: `OK` (set) or the holder's PTTL from
-/// [`HOLDER_TTL`](super::lua::HOLDER_TTL) for `SET NX PX`; `[OK, changed, 1]` for a fenced
-/// acquisition that set the key (`changed`: the `ZADD GT CH`'s answer, 1 when the proposal
-/// was accepted); otherwise the scripts' arrays.
+/// [`HOLDER_TTL`](super::lua::HOLDER_TTL) for `SET NX PX`; `[OK, changed, 1]` (and the
+/// number of counters trimmed, when it trimmed) for a fenced acquisition that set the key
+/// (`changed`: the `ZADD GT CH`'s answer, 1 when the proposal was accepted); otherwise the
+/// scripts' arrays.
 pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
     let bad = |what: &dyn std::fmt::Debug| {
         NodeError::Protocol(format!("unexpected reply to the acquire command: {what:?}").into())
     };
-    let items = match v {
+    let mut items = match v {
         Value::Okay => return Ok(AcquireReply::Won { fence: None }),
         Value::Array(items) => items,
         other => return Err(bad(&other)),
     };
+    if let [Value::Okay | Value::Nil | Value::ServerError(_), ..] = items.as_slice() {
+        // A fenced acquisition's pipeline: an error of its first three commands fails the
+        // node; one of the trim only leaves the set untrimmed until it expires.
+        if let Some(at) = items
+            .iter()
+            .take(3)
+            .position(|v| matches!(v, Value::ServerError(_)))
+        {
+            return Err(match items.swap_remove(at).extract_error() {
+                Err(e) => NodeError::from(e),
+                Ok(other) => bad(&other),
+            });
+        }
+        if let Some(Value::ServerError(e)) = items.get(3) {
+            tracing::warn!(
+                error = %e.details().unwrap_or_default(),
+                "redlock could not trim fencing counters (grant +zremrangebyscore); they stay until their set expires"
+            );
+            items.truncate(3);
+        }
+    }
     match items.as_slice() {
-        [Value::Okay, Value::Int(changed @ (0 | 1)), Value::Int(_)] => Ok(AcquireReply::Won {
+        [Value::Okay, Value::Int(changed @ (0 | 1)), Value::Int(_)]
+        | [
+            Value::Okay,
+            Value::Int(changed @ (0 | 1)),
+            Value::Int(_),
+            Value::Int(_),
+        ] => Ok(AcquireReply::Won {
             fence: Some(if *changed == 1 {
                 FenceRead::Accepted
             } else {
@@ -247,6 +275,38 @@ mod tests {
             Some(AcquireReply::Won {
                 fence: Some(FenceRead::Accepted)
             })
+        );
+        let trimmed = Value::Array(vec![
+            Value::Okay,
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(12),
+        ]);
+        assert_eq!(
+            parse_acquire(trimmed).ok(),
+            Some(AcquireReply::Won {
+                fence: Some(FenceRead::Accepted)
+            })
+        );
+        let error = |text: &[u8]| redis::parse_redis_value(text).unwrap_or(Value::Nil);
+        let failed = Value::Array(vec![
+            Value::Okay,
+            error(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"),
+            Value::Int(1),
+        ]);
+        assert!(matches!(parse_acquire(failed), Err(NodeError::Redis(_))));
+        let untrimmed = Value::Array(vec![
+            Value::Okay,
+            Value::Int(0),
+            Value::Int(1),
+            error(b"-NOPERM no permission\r\n"),
+        ]);
+        assert_eq!(
+            parse_acquire(untrimmed).ok(),
+            Some(AcquireReply::Won {
+                fence: Some(FenceRead::Refused)
+            }),
+            "a trim the node refused fails nothing"
         );
         for garbage in [fenced(2), fenced(-1), Value::Array(vec![Value::Okay])] {
             assert!(matches!(

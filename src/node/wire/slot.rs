@@ -138,9 +138,9 @@ impl Future for Replies {
     }
 }
 
-/// The reply to a request, with a server error as `Err`: a one-command request's reply,
-/// or the replies of several commands as one array (the first server error among them
-/// as `Err`).
+/// The reply to a request: a one-command request's reply, a server error being `Err`; or
+/// the replies of several commands as one array, server errors among them as values (as
+/// a redis-rs pipeline that ignores errors gives them).
 pub(crate) struct Reply(pub(super) Arc<Slot>);
 
 impl Future for Reply {
@@ -149,13 +149,7 @@ impl Future for Reply {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.0.poll_take(cx).map(|got| match got {
             Got::One(v) => v.extract_error(),
-            Got::Many(mut values) => match values
-                .iter()
-                .position(|v| matches!(v, Value::ServerError(_)))
-            {
-                Some(at) => values.swap_remove(at).extract_error(),
-                None => Ok(Value::Array(values)),
-            },
+            Got::Many(values) => Ok(Value::Array(values)),
             Got::Failed(e) => Err(e),
             Got::Nothing | Got::Taken => Err(RedisError::from((
                 redis::ErrorKind::Client,
