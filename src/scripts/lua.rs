@@ -35,11 +35,13 @@ impl Script {
 /// when that finds the key taken, this asks for the holder's remaining TTL (a hint for when
 /// to retry) and whether the holder is this client. `KEYS[1]` = lock key, `ARGV[1]` = our
 /// value. Returns `{0, pttl, ours}`: the PTTL in ms (-1 without expiry, -2 if the key is gone
-/// by now), and 1 when the value there starts with the client id ours starts with. The `GET` fails with `WRONGTYPE` on a key of another type, which
-/// surfaces as a clear per-node error.
+/// by now), and 1 when the value there starts with the client id ours starts with, or when
+/// the key is gone by now (released between the `SET` and this: no other client's). The
+/// `GET` fails with `WRONGTYPE` on a key of another type, which surfaces as a clear
+/// per-node error.
 pub(super) const HOLDER_TTL: &str = r#"
 local held = redis.call('GET', KEYS[1])
-local ours = held and string.sub(held, 1, 16) == string.sub(ARGV[1], 1, 16) and 1 or 0
+local ours = (not held or string.sub(held, 1, 16) == string.sub(ARGV[1], 1, 16)) and 1 or 0
 return {0, redis.call('PTTL', KEYS[1]), ours}
 "#;
 
@@ -64,12 +66,12 @@ end
 /// The busy path of a fenced acquisition ([`Request::FencedSetNx`](super::Request)),
 /// whose `SET NX PX` found the key taken: `{2, record}` for a completion record
 /// ([`RECORD_MARKER`]), `{0, pttl, ours}` for another holder, as [`ACQUIRE_OR_REPLAY`]
-/// answers; `{0, -2, 0}` when the key is gone by now. `KEYS[1]` = lock key, `ARGV[1]` =
-/// our value.
+/// answers; `{0, -2, 1}` when the key is gone by now (released between the `SET` and
+/// this: no other client's). `KEYS[1]` = lock key, `ARGV[1]` = our value.
 pub(super) const HELD_OR_RECORD: &str = concat!(
     held_or_record!(),
     r#"
-return {0, -2, 0}
+return {0, -2, 1}
 "#
 );
 
