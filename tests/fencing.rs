@@ -621,6 +621,49 @@ async fn numbers_keep_increasing_before_and_after_the_counter_expires() {
     assert_strictly_increasing(&tokens);
 }
 
+/// The counters of one slot share a set that every acquisition in the slot keeps alive;
+/// a counter not raised within the retention is trimmed from it by a later acquisition in
+/// the slot, and numbers keep increasing after that.
+#[tokio::test]
+async fn counters_not_raised_within_the_retention_are_trimmed() {
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls())
+        .ttl(Duration::from_millis(500))
+        .node_timeout(Duration::from_millis(50))
+        .fencing_retention(Duration::from_secs(5))
+        .build()
+        .expect("build");
+    // `t` is the hash tag of both lock keys (`redlock:{t}old}`): one slot, one set.
+    let old = redlock.lock("t}old").await.expect("lock");
+    let before = token(&old);
+    redlock.unlock(&old).await;
+    assert_eq!(counter_key("t}old").0, counter_key("t}new").0);
+    assert!(counter_on(&cluster, 0, "t}old").await.is_some());
+    let last = std::sync::atomic::AtomicU64::new(0);
+    support::wait_for(
+        "the old counter to be trimmed on every node",
+        Duration::from_secs(30),
+        || async {
+            let lock = redlock.lock("t}new").await.expect("lock");
+            last.fetch_max(token(&lock), std::sync::atomic::Ordering::Relaxed);
+            redlock.unlock(&lock).await;
+            let mut gone = true;
+            for i in 0..3 {
+                gone &= counter_on(&cluster, i, "t}old").await.is_none();
+            }
+            gone
+        },
+    )
+    .await;
+    assert!(
+        counter_on(&cluster, 0, "t}new").await.is_some(),
+        "the set lives on"
+    );
+    let again = redlock.lock("t}old").await.expect("lock");
+    assert!(token(&again) > before.max(last.into_inner()));
+    redlock.unlock(&again).await;
+}
+
 /// A retention of `Duration::MAX` (keep counters "for ever") works: counters are kept 100
 /// years, the longest expiry the nodes take.
 #[tokio::test]

@@ -366,7 +366,7 @@ impl Redlock {
         let request = if self.fencing {
             let retention = self.inner.fencing_retention;
             // Counters below the proposal minus the retention were not raised within it.
-            let trims = self.inner.trims.due(resource.slot, retention / 2);
+            let trims = self.inner.trims.due(resource.slot);
             let retention_us = u64::try_from(retention.as_micros()).unwrap_or(u64::MAX);
             Request::FencedSetNx {
                 key: &resource.key,

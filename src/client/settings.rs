@@ -113,7 +113,7 @@ impl RedlockBuilder {
             fencing: self.fencing,
             fencing_retention,
             clock: Clock::default(),
-            trims: Trims::default(),
+            trims: Trims::new(fencing_retention / 2),
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
         })
