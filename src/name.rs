@@ -96,8 +96,10 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
     })
 }
 
-/// Whether lock and counter keys under `prefix` share their hash tag: the prefix has no
-/// `{`, or its first `{` is closed by a `}` within the prefix with something between.
+/// Whether lock and counter keys under `prefix` share their slot: the prefix has no `{`
+/// (each key's own tag decides, and the counter key's is chosen for the lock key's slot),
+/// or its first `{` is closed by a `}` within the prefix with something between (the
+/// prefix's tag decides both).
 pub(crate) fn prefix_keeps_tags(prefix: &[u8]) -> bool {
     match prefix.iter().position(|b| *b == b'{') {
         None => true,

@@ -380,7 +380,7 @@ impl RedlockBuilder {
     /// longer). At least [`MIN_RETENTION_TO_TTL_RATIO`](crate::defaults::MIN_RETENTION_TO_TTL_RATIO) times the TTL of every fenced lock.
     ///
     /// Counters expire so that memory is bounded by the names used within the retention
-    /// (about 165 bytes per name and node), not by every name ever used. A name locked
+    /// (about 60 bytes per name and node), not by every name ever used. A name locked
     /// again after its counter expired gets a number from the client's clock, which is
     /// above every earlier number as long as the clients' clocks agree to within about half
     /// the retention; see [`crate::fencing`] for the exact condition. 24 hours leaves room
