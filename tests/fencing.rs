@@ -562,10 +562,13 @@ async fn counters_of_distinct_names_expire_after_the_retention() {
         (20.0..=200.0).contains(&per_name),
         "{per_name} bytes per name"
     );
-    // Back to the baseline within 1%, or 64 KiB: `used_memory` also counts the buffers of
-    // each connected client (some 20 KiB each), and a client that reconnected under load
-    // may leave the server a connection more or less than at the baseline.
-    let tolerance = (baseline / 100).max(64 * 1024);
+    // Back to the baseline within 1%, or 128 KiB: `used_memory` also counts the buffers
+    // of each connected client (some 20 KiB each), a client that reconnected under load
+    // may leave the server a connection more or less than at the baseline, and a server
+    // may shrink its key tables (sized for up to 16,384 counter sets) only a while after
+    // the keys went (Valkey 8.1 was 66 KiB off after a minute; the counters' own memory
+    // was 5 MiB).
+    let tolerance = (baseline / 100).max(128 * 1024);
     let deadline = Instant::now() + retention + Duration::from_secs(60);
     loop {
         let (keys, grown) = (
