@@ -156,5 +156,13 @@ async fn the_documented_metrics_are_recorded() {
         .build()
         .expect("build");
     let _ = quarantined.try_lock("m-5").await;
-    assert_eq!(s.value("redlock_quarantined_nodes"), 3.0);
+    // The attempt is decided once two nodes failed; the health check waits for every node
+    // to connect (and be found young).
+    let _ = quarantined.health().await;
+    wait_for(
+        "every young node quarantined",
+        Duration::from_secs(5),
+        || async { s.value("redlock_quarantined_nodes") == 3.0 },
+    )
+    .await;
 }
