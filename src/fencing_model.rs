@@ -549,6 +549,16 @@ impl World {
         Ok(())
     }
 
+    /// Runs the schedule: the scope's number of random steps, up to the first violation.
+    fn run(mut self) -> Result<Self, String> {
+        for _ in 0..self.scope.steps {
+            let steps = self.steps();
+            let pick = self.rng.below(steps.len());
+            self.take(steps[pick])?;
+        }
+        Ok(self)
+    }
+
     /// The attempt failed: released everywhere (at once: a late release only makes the
     /// adversary weaker), and its client goes on.
     fn fail(&mut self, a: usize) {
@@ -633,14 +643,9 @@ fn explore_in(scopes: &[Scope], rules: Rules, runs: u64) -> Result<(), String> {
     for (k, scope) in scopes.iter().enumerate() {
         for run in 0..runs {
             let seed = (run + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (k as u64);
-            let mut world = World::new(*scope, rules, seed);
-            for _ in 0..scope.steps {
-                let steps = world.steps();
-                let pick = world.rng.below(steps.len());
-                world
-                    .take(steps[pick])
-                    .map_err(|e| format!("{e} (scope {k}, seed {seed:#x})"))?;
-            }
+            World::new(*scope, rules, seed)
+                .run()
+                .map_err(|e| format!("{e} (scope {k}, seed {seed:#x})"))?;
         }
     }
     Ok(())
@@ -669,12 +674,10 @@ fn both_paths_run_in_the_model() {
     for (k, scope) in SCOPES.iter().enumerate() {
         let (fast_before, slow_before) = (fast, slow);
         for seed in 1..1000 {
-            let mut world = World::new(*scope, SHIPPED, seed);
-            for _ in 0..scope.steps {
-                let steps = world.steps();
-                let pick = world.rng.below(steps.len());
-                let _ = world.take(steps[pick]);
-            }
+            let world = match World::new(*scope, SHIPPED, seed).run() {
+                Ok(world) => world,
+                Err(violation) => panic!("{violation} (scope {k}, seed {seed})"),
+            };
             for attempt in &world.attempts {
                 match attempt.result {
                     Some((n, _)) if n == attempt.phase_one.proposal() => fast += 1,

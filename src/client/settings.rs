@@ -145,7 +145,7 @@ pub(crate) struct Settings {
     pub(crate) fencing_retention: Duration,
     /// Where this client's fencing proposals come from.
     pub(crate) clock: Clock,
-    /// When this client last trimmed each slot's fencing counters.
+    /// When this client trims each slot's fencing counters next.
     pub(crate) trims: Trims,
     /// The keep-alive driver of this client's guards, while one runs.
     pub(crate) guards: Guards,

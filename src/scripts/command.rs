@@ -118,9 +118,7 @@ impl Request<'_> {
                     cmd.bytes(b"ZREMRANGEBYSCORE");
                     cmd.bytes(counters);
                     cmd.bytes(b"-inf");
-                    let mut exclusive = vec![b'('];
-                    exclusive.extend_from_slice(&below.to_string().into_bytes());
-                    cmd.bytes(&exclusive);
+                    cmd.bytes(format!("({below}").as_bytes());
                 }
                 let trims = trim_below.is_some();
                 Call::of(cmd, None, CallKind::FencedSetNx { key, value, trims })

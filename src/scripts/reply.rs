@@ -112,17 +112,14 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
                 error = %e.details().unwrap_or_default(),
                 "redlock could not trim fencing counters (grant +zremrangebyscore); they stay until their set expires"
             );
+        }
+        if items.len() == 4 {
+            // The trim's answer (how many counters went) says nothing of the lock.
             items.truncate(3);
         }
     }
     match items.as_slice() {
-        [Value::Okay, Value::Int(changed @ (0 | 1)), Value::Int(_)]
-        | [
-            Value::Okay,
-            Value::Int(changed @ (0 | 1)),
-            Value::Int(_),
-            Value::Int(_),
-        ] => Ok(AcquireReply::Won {
+        [Value::Okay, Value::Int(changed @ (0 | 1)), Value::Int(_)] => Ok(AcquireReply::Won {
             fence: Some(if *changed == 1 {
                 FenceRead::Accepted
             } else {
