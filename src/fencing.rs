@@ -1,13 +1,12 @@
 #![doc = include_str!("../docs/fencing.md")]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
 use crate::error::{LockError, NodeError};
-use crate::name::SLOTS;
 use crate::node::Node;
 use crate::quorum::{NodeMask, Outcome};
 use crate::round::{Plan, Purpose, Round};
@@ -16,6 +15,11 @@ use crate::scripts::{
     parse_inspect,
 };
 use crate::votes::Votes;
+
+#[path = "fencing_upkeep.rs"]
+mod upkeep;
+
+pub(crate) use upkeep::{Upkeep, expiry_ms};
 
 /// A node's answer to a proposal, as phase 1's `ZADD GT CH` decides it: the proposal `p`
 /// is accepted only where the name's counter (missing counts as 0) is strictly below it.
@@ -60,73 +64,6 @@ impl Clock {
     /// This client saw the number `n` (its own, or a node's counter).
     pub(crate) fn saw(&self, n: u64) {
         self.highest.fetch_max(n, Ordering::Relaxed);
-    }
-}
-
-/// When this client trims each slot's counters next. The counters of a slot's names
-/// share one sorted set, whose expiry every fenced acquisition in the slot renews; the
-/// counters in it that were not raised within the retention are removed by an acquisition
-/// in the slot, by each client once per half retention at most (`ZREMRANGEBYSCORE` below
-/// its proposal minus the retention: numbers are microseconds of some client's clock).
-/// A client's first trim of each slot comes at a random time within its first half
-/// retention, so that clients that live shorter than that still trim their share.
-#[derive(Debug)]
-pub(crate) struct Trims {
-    started: Instant,
-    /// Seconds between two trims of a slot by this client (at least 1).
-    every: u32,
-    /// Per slot: the second since `started` from which this client trims it again.
-    next: Box<[AtomicU32]>,
-}
-
-impl Trims {
-    /// Trims once per `every` per slot, the first at a random second within `every`.
-    pub(crate) fn new(every: Duration) -> Self {
-        let every = u32::try_from(every.as_secs()).unwrap_or(u32::MAX).max(1);
-        let mut seed = [0u8; 8];
-        if getrandom::fill(&mut seed).is_err() {
-            // Spread over time all the same (the OS has no entropy to give).
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            seed = u64::try_from(now.as_nanos() % u128::from(u64::MAX))
-                .unwrap_or(1)
-                .to_le_bytes();
-        }
-        let mut x = u64::from_le_bytes(seed) | 1;
-        let next = (0..SLOTS)
-            .map(|_| {
-                // xorshift64: uniform enough to spread first trims.
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                AtomicU32::new(u32::try_from(x % u64::from(every)).unwrap_or(0))
-            })
-            .collect();
-        Self {
-            started: Instant::now(),
-            every,
-            next,
-        }
-    }
-
-    /// Whether this client trims slot `slot`'s counters now; when so, the next trim is
-    /// due a period later.
-    pub(crate) fn due(&self, slot: u16) -> bool {
-        let Some(cell) = self.next.get(usize::from(slot)) else {
-            return false;
-        };
-        let now = u32::try_from(self.started.elapsed().as_secs()).unwrap_or(u32::MAX);
-        let next = cell.load(Ordering::Relaxed);
-        now >= next
-            && cell
-                .compare_exchange(
-                    next,
-                    now.saturating_add(self.every),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
     }
 }
 
@@ -406,19 +343,6 @@ mod tests {
         // Within one microsecond too, every proposal is new.
         let many: Vec<u64> = (0..1_000).map(|_| clock.propose()).collect();
         assert!(many.windows(2).all(|w| w[0] < w[1]));
-    }
-
-    #[test]
-    fn each_slot_is_trimmed_once_per_period_the_first_time_at_random() {
-        let trims = Trims::new(Duration::from_secs(86_400));
-        // About one slot in 86,400 is due in its first second; none twice.
-        let due = (0..SLOTS as u16).filter(|s| trims.due(*s)).count();
-        assert!(due < 20, "{due} slots due at once");
-        assert!(!(0..SLOTS as u16).any(|s| trims.due(s)), "due twice");
-        assert!(!trims.due(u16::MAX), "no such slot");
-        // With a period of a second, every slot is due within it.
-        let fast = Trims::new(Duration::ZERO);
-        assert!((0..SLOTS as u16).all(|s| fast.due(s)));
     }
 
     #[test]

@@ -117,6 +117,9 @@ pub(crate) struct NodeSettings {
     pub(crate) max_ttl_ms: Arc<AtomicU64>,
     /// The servers the client's nodes reached: `run_id` -> the node that counts for it.
     pub(crate) servers: Arc<Mutex<HashMap<String, Owner>>>,
+    /// How many times the client's nodes connected: a node that reconnected may have
+    /// restarted and lost its keys, so fencing renews its counter sets' expiry after one.
+    pub(crate) connects: Arc<AtomicU64>,
 }
 
 /// The node that counts for a server: its index and label.
@@ -381,6 +384,7 @@ mod tests {
             quarantine: false,
             max_ttl_ms: Arc::default(),
             servers: Arc::default(),
+            connects: Arc::default(),
         };
         let node = Node::new(0, "n".into(), Connector::Direct(Box::new(client)), settings);
         let before = Instant::now();

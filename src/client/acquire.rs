@@ -20,7 +20,8 @@ use crate::node::Node;
 use crate::quorum::{self, NodeMask, Outcome, later};
 use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{
-    ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, MAX_NUMBER, Request, parse_acquire,
+    ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, MAX_NUMBER, Renewal, Request,
+    parse_acquire,
 };
 use crate::token::Lock;
 use crate::votes::Votes;
@@ -364,18 +365,13 @@ impl Redlock {
         };
         let args = [Arg::Bytes(value.as_bytes()), Arg::Int(ttl_ms)];
         let request = if self.fencing {
-            let retention = self.inner.fencing_retention;
-            // Counters below the proposal minus the retention were not raised within it.
-            let trims = self.inner.trims.due(resource.slot);
-            let retention_us = u64::try_from(retention.as_micros()).unwrap_or(u64::MAX);
             Request::FencedSetNx {
                 key: &resource.key,
                 counters: &resource.counter_key,
                 value: value.as_bytes(),
                 ttl_ms,
                 proposal,
-                retention_ms: super::ttl_ms(retention),
-                trim_below: trims.then(|| proposal.saturating_sub(retention_us)),
+                renew: self.renewal(resource.slot, proposal),
             }
         } else if target.accepts == Accepts::LockOrRecord {
             Request::Script(Invocation {
@@ -398,6 +394,20 @@ impl Redlock {
         };
         let round = Round::send(nodes, &request, plan);
         count_set_round(nodes, round, SetReplies::new(proposal)).await
+    }
+
+    /// The upkeep of the counter set of `slot` that an acquisition proposing `proposal`
+    /// does, when due: its expiry renewed, and maybe the counters not raised within the
+    /// retention trimmed (numbers are microseconds of some client's clock, so those below
+    /// the proposal minus the retention).
+    fn renewal(&self, slot: u16, proposal: u64) -> Option<Renewal> {
+        let chores = self.inner.upkeep.due(slot)?;
+        let retention = self.inner.fencing_retention;
+        let retention_us = u64::try_from(retention.as_micros()).unwrap_or(u64::MAX);
+        Some(Renewal {
+            expire_ms: fencing::expiry_ms(super::ttl_ms(retention)),
+            trim_below: chores.trim.then(|| proposal.saturating_sub(retention_us)),
+        })
     }
 }
 

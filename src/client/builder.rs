@@ -385,8 +385,8 @@ impl RedlockBuilder {
     /// above every earlier number as long as the clients' clocks agree to within about half
     /// the retention; see [`crate::fencing`] for the exact condition. 24 hours leaves room
     /// for clocks that drift for hours without NTP, and for outages and maintenance
-    /// windows. A retention over 100 years (`Duration::MAX`, say) keeps counters 100 years,
-    /// the longest expiry every Redis server takes.
+    /// windows. A retention over 100 years (`Duration::MAX`, say) keeps counters 100 years
+    /// (an expiry far enough in the future is refused by the nodes).
     ///
     /// ```
     /// use std::time::Duration;

@@ -18,7 +18,7 @@ use crate::defaults::{
     DEFAULT_FENCING_RETENTION, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO,
 };
 use crate::error::ConfigError;
-use crate::fencing::{Clock, Trims};
+use crate::fencing::{Clock, Upkeep};
 use crate::keepalive_inbox::{Guards, KeepAlive};
 use crate::name::prefix_keeps_tags;
 use crate::node::{Node, NodeSettings};
@@ -89,6 +89,7 @@ impl RedlockBuilder {
             quarantine: self.restart_quarantine,
             max_ttl_ms: Arc::clone(&max_ttl_ms),
             servers: Arc::default(),
+            connects: Arc::default(),
         };
         let nodes = self.nodes(&node_settings)?;
         let n = nodes.len();
@@ -113,7 +114,7 @@ impl RedlockBuilder {
             fencing: self.fencing,
             fencing_retention,
             clock: Clock::default(),
-            trims: Trims::new(fencing_retention / 2),
+            upkeep: Upkeep::new(fencing_retention, Arc::clone(&node_settings.connects)),
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
         })
@@ -145,8 +146,8 @@ pub(crate) struct Settings {
     pub(crate) fencing_retention: Duration,
     /// Where this client's fencing proposals come from.
     pub(crate) clock: Clock,
-    /// When this client trims each slot's fencing counters next.
-    pub(crate) trims: Trims,
+    /// When this client renews and trims each slot's set of fencing counters next.
+    pub(crate) upkeep: Upkeep,
     /// The keep-alive driver of this client's guards, while one runs.
     pub(crate) guards: Guards,
     /// The tasks waiting for a lock, woken on release.
@@ -184,8 +185,9 @@ pub(crate) fn check_retention(retention: Duration, ttl: Duration) -> Result<(), 
     Ok(())
 }
 
-/// The longest fencing retention sent to the nodes: 100 years (a `PEXPIRE` of
-/// `Duration::MAX` is refused: "invalid expire time").
+/// The longest fencing retention: 100 years (the counter sets' expiry, a retention and a
+/// half, must be one the nodes take: a `PEXPIRE` of `Duration::MAX` is refused, "invalid
+/// expire time").
 const LONGEST_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
 /// A TTL in whole milliseconds.

@@ -41,6 +41,16 @@ pub(crate) struct Invocation<'a> {
     pub(crate) args: &'a [Arg<'a>],
 }
 
+/// The upkeep of a fenced acquisition's counter set (`docs/fencing.md`): its expiry
+/// renewed, and the counters below `trim_below` removed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Renewal {
+    /// The set's new expiry, in ms.
+    pub(crate) expire_ms: u64,
+    /// Trim the counters below this number too.
+    pub(crate) trim_below: Option<u64>,
+}
+
 /// What a round sends to every node.
 pub(crate) enum Request<'a> {
     /// A script call.
@@ -55,7 +65,7 @@ pub(crate) enum Request<'a> {
     /// A fenced acquisition (phase 1, `docs/fencing.md`): `SET key value NX PX ttl`, then
     /// `ZADD counters GT CH proposal key` (the name's counter is its lock key's score in
     /// the sorted set of its slot's counters: raised to the proposal only if below it,
-    /// answering 1 when it was), then `PEXPIRE counters retention`, and, with `trim_below`,
+    /// answering 1 when it was), and, with `renew`, `PEXPIRE counters expire` and maybe
     /// `ZREMRANGEBYSCORE counters -inf (trim_below` (the counters not raised within the
     /// retention), pipelined as one request with a reply each. No script: a script's
     /// `redis.call`s cost the node several times the commands sent on their own. Where the
@@ -67,8 +77,7 @@ pub(crate) enum Request<'a> {
         value: &'a [u8],
         ttl_ms: u64,
         proposal: u64,
-        retention_ms: u64,
-        trim_below: Option<u64>,
+        renew: Option<Renewal>,
     },
     /// The release of one lock ([`RELEASE`](super::lua::RELEASE)): `key` deleted where it
     /// holds `value`, the waiters told with this client's `id`. A node may send it
@@ -96,8 +105,7 @@ impl Request<'_> {
                 value,
                 ttl_ms,
                 proposal,
-                retention_ms,
-                trim_below,
+                renew,
             } => {
                 // Room for the other commands' words and headers.
                 let more = 3 * counters.len() + lock_key.len() + 13 * 16 + 3 * 8;
@@ -109,19 +117,28 @@ impl Request<'_> {
                 cmd.bytes(b"CH");
                 cmd.int(*proposal);
                 cmd.bytes(lock_key);
-                cmd.next_command(3);
-                cmd.bytes(b"PEXPIRE");
-                cmd.bytes(counters);
-                cmd.int(*retention_ms);
-                if let Some(below) = trim_below {
-                    cmd.next_command(4);
-                    cmd.bytes(b"ZREMRANGEBYSCORE");
+                let mut commands = 2;
+                if let Some(renew) = renew {
+                    cmd.next_command(3);
+                    cmd.bytes(b"PEXPIRE");
                     cmd.bytes(counters);
-                    cmd.bytes(b"-inf");
-                    cmd.bytes(format!("({below}").as_bytes());
+                    cmd.int(renew.expire_ms);
+                    commands += 1;
+                    if let Some(below) = renew.trim_below {
+                        cmd.next_command(4);
+                        cmd.bytes(b"ZREMRANGEBYSCORE");
+                        cmd.bytes(counters);
+                        cmd.bytes(b"-inf");
+                        cmd.bytes(format!("({below}").as_bytes());
+                        commands += 1;
+                    }
                 }
-                let trims = trim_below.is_some();
-                Call::of(cmd, None, CallKind::FencedSetNx { key, value, trims })
+                let kind = CallKind::FencedSetNx {
+                    key,
+                    value,
+                    commands,
+                };
+                Call::of(cmd, None, kind)
             }
             Self::Release { key, value, id } => {
                 let inv = Invocation {
@@ -158,12 +175,13 @@ fn set_nx(key: &[u8], value: &[u8], ttl_ms: u64, more: usize) -> (Packer, usize,
 enum CallKind {
     /// `SET key value NX PX ttl`.
     SetNx { key: usize, value: usize },
-    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal key`, `PEXPIRE counters
-    /// retention`, and, when it `trims`, `ZREMRANGEBYSCORE counters -inf (below`.
+    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal key`, and, of its
+    /// `commands` (2 to 4), `PEXPIRE counters expire` and `ZREMRANGEBYSCORE counters -inf
+    /// (below`.
     FencedSetNx {
         key: usize,
         value: usize,
-        trims: bool,
+        commands: u8,
     },
     /// A [`RELEASE`](super::lua::RELEASE) of one lock.
     Release { key: usize, value: usize, id: usize },
@@ -175,8 +193,9 @@ impl CallKind {
     /// Where each command after the first starts among the words (none for one command).
     fn command_starts(self) -> &'static [usize] {
         match self {
-            Self::FencedSetNx { trims: false, .. } => &[6, 12],
-            Self::FencedSetNx { trims: true, .. } => &[6, 12, 15],
+            Self::FencedSetNx { commands: 2, .. } => &[6],
+            Self::FencedSetNx { commands: 3, .. } => &[6, 12],
+            Self::FencedSetNx { .. } => &[6, 12, 15],
             _ => &[],
         }
     }

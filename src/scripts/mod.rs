@@ -16,7 +16,7 @@ mod lua;
 mod pack;
 mod reply;
 
-pub(crate) use command::{Arg, Call, Invocation, Request, release_many};
+pub(crate) use command::{Arg, Call, Invocation, Renewal, Request, release_many};
 pub(crate) use lua::{
     ACQUIRE_OR_REPLAY_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT, INSPECT_SCRIPT,
     RECORD_MARKER, all,

@@ -81,10 +81,10 @@ pub(crate) enum FenceRead {
 }
 
 /// Parses the reply to an acquisition: `OK` (set) or the holder's PTTL from
-/// [`HOLDER_TTL`](super::lua::HOLDER_TTL) for `SET NX PX`; `[OK, changed, 1]` (and the
-/// number of counters trimmed, when it trimmed) for a fenced acquisition that set the key
-/// (`changed`: the `ZADD GT CH`'s answer, 1 when the proposal was accepted); otherwise the
-/// scripts' arrays.
+/// [`HOLDER_TTL`](super::lua::HOLDER_TTL) for `SET NX PX`; `[OK, changed]` (and the
+/// `PEXPIRE`'s and the trim's answers, when it renewed or trimmed the set) for a fenced
+/// acquisition that set the key (`changed`: the `ZADD GT CH`'s answer, 1 when the proposal
+/// was accepted); otherwise the scripts' arrays.
 pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
     let bad = |what: &dyn std::fmt::Debug| {
         NodeError::Protocol(format!("unexpected reply to the acquire command: {what:?}").into())
@@ -95,8 +95,9 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
         other => return Err(bad(&other)),
     };
     if let [Value::Okay | Value::Nil | Value::ServerError(_), ..] = items.as_slice() {
-        // A fenced acquisition's pipeline: an error of its first three commands fails the
-        // node; one of the trim only leaves the set untrimmed until it expires.
+        // A fenced acquisition's pipeline: `SET`, `ZADD`, maybe `PEXPIRE` and a trim. An
+        // error of the first three fails the node; one of the trim only leaves the set
+        // untrimmed until it expires.
         if let Some(at) = items
             .iter()
             .take(3)
@@ -113,13 +114,14 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
                 "redlock could not trim fencing counters (grant +zremrangebyscore); they stay until their set expires"
             );
         }
-        if items.len() == 4 {
-            // The trim's answer (how many counters went) says nothing of the lock.
-            items.truncate(3);
+        let upkeep = |v: &Value| matches!(v, Value::Int(_) | Value::ServerError(_));
+        if items.len() <= 4 && items.iter().skip(2).all(upkeep) {
+            // The expiry's and the trim's answers say nothing of the lock.
+            items.truncate(2);
         }
     }
     match items.as_slice() {
-        [Value::Okay, Value::Int(changed @ (0 | 1)), Value::Int(_)] => Ok(AcquireReply::Won {
+        [Value::Okay, Value::Int(changed @ (0 | 1))] => Ok(AcquireReply::Won {
             fence: Some(if *changed == 1 {
                 FenceRead::Accepted
             } else {
@@ -260,7 +262,7 @@ mod tests {
             parse_acquire(Value::Nil),
             Err(NodeError::Protocol(_))
         ));
-        let fenced = |changed| Value::Array(vec![Value::Okay, Value::Int(changed), Value::Int(1)]);
+        let fenced = |changed| Value::Array(vec![Value::Okay, Value::Int(changed)]);
         assert_eq!(
             parse_acquire(fenced(0)).ok(),
             Some(AcquireReply::Won {
@@ -273,18 +275,22 @@ mod tests {
                 fence: Some(FenceRead::Accepted)
             })
         );
+        // With the set's expiry renewed, and trimmed too.
+        let renewed = Value::Array(vec![Value::Okay, Value::Int(1), Value::Int(1)]);
         let trimmed = Value::Array(vec![
             Value::Okay,
             Value::Int(1),
             Value::Int(1),
             Value::Int(12),
         ]);
-        assert_eq!(
-            parse_acquire(trimmed).ok(),
-            Some(AcquireReply::Won {
-                fence: Some(FenceRead::Accepted)
-            })
-        );
+        for reply in [renewed, trimmed] {
+            assert_eq!(
+                parse_acquire(reply).ok(),
+                Some(AcquireReply::Won {
+                    fence: Some(FenceRead::Accepted)
+                })
+            );
+        }
         let error = |text: &[u8]| redis::parse_redis_value(text).unwrap_or(Value::Nil);
         let failed = Value::Array(vec![
             Value::Okay,
@@ -292,6 +298,15 @@ mod tests {
             Value::Int(1),
         ]);
         assert!(matches!(parse_acquire(failed), Err(NodeError::Redis(_))));
+        let unrenewed = Value::Array(vec![
+            Value::Okay,
+            Value::Int(1),
+            error(b"-NOPERM no permission\r\n"),
+        ]);
+        assert!(
+            matches!(parse_acquire(unrenewed), Err(NodeError::Redis(_))),
+            "a set whose expiry the node does not renew would stay for ever"
+        );
         let untrimmed = Value::Array(vec![
             Value::Okay,
             Value::Int(0),
@@ -305,7 +320,15 @@ mod tests {
             }),
             "a trim the node refused fails nothing"
         );
-        for garbage in [fenced(2), fenced(-1), Value::Array(vec![Value::Okay])] {
+        let more =
+            |extra: Vec<Value>| Value::Array([vec![Value::Okay, Value::Int(1)], extra].concat());
+        for garbage in [
+            fenced(2),
+            fenced(-1),
+            Value::Array(vec![Value::Okay]),
+            more(vec![bulk("1")]),
+            more(vec![Value::Int(1), Value::Int(0), Value::Int(0)]),
+        ] {
             assert!(matches!(
                 parse_acquire(garbage),
                 Err(NodeError::Protocol(_))

@@ -1,0 +1,224 @@
+//! When a client keeps its slots' counter sets in shape: renews a set's expiry, and trims
+//! the counters in it that were not raised within the retention. Both are extra commands
+//! of a fenced acquisition in the slot, sent by each client at most once per period and
+//! slot rather than with every acquisition (each command costs the node about as much as
+//! the `SET` itself).
+//!
+//! ```
+//! // Internal: `Upkeep::new(retention, connects).due(slot)` tells a fenced acquisition
+//! // whether to renew its set's expiry (`Some(Chores { trim: .. })`) or not (`None`).
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::name::SLOTS;
+
+/// What one fenced acquisition does to its slot's set besides the `ZADD`: renew the
+/// set's expiry, and `trim` it too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Chores {
+    /// Also remove the counters not raised within the retention.
+    pub(crate) trim: bool,
+}
+
+/// A client's schedule of renewals and trims, per slot.
+///
+/// A set's expiry is a retention and a half ([`expiry_ms`]), renewed by each client at most
+/// once per quarter retention per slot: so the set outlives every counter written in it
+/// by a retention, even when one renewal did not reach a node (the one before it still
+/// covers a quarter retention more). A client renews each slot on its first acquisition
+/// there, and again after any of its nodes (re)connected: a node that restarted may have
+/// lost the set, which the next `ZADD` creates without an expiry. Trims come once per half
+/// retention per slot, the first at a random moment (so that clients that live shorter
+/// than that trim their share), and always together with a renewal.
+#[derive(Debug)]
+pub(crate) struct Upkeep {
+    renewals: Schedule,
+    trims: Schedule,
+    /// How many connects the client's nodes made (shared with them).
+    connects: Arc<AtomicU64>,
+    /// The connects that the renewals last started over for.
+    renewed_for: AtomicU64,
+}
+
+impl Upkeep {
+    /// The schedule of a client whose counters are kept `retention`, whose nodes count
+    /// their connects in `connects`.
+    pub(crate) fn new(retention: Duration, connects: Arc<AtomicU64>) -> Self {
+        Self {
+            renewals: Schedule::new(retention / 4, First::Now),
+            trims: Schedule::new(retention / 2, First::Random),
+            renewed_for: AtomicU64::new(connects.load(Ordering::Relaxed)),
+            connects,
+        }
+    }
+
+    /// What an acquisition in `slot` does now besides its `ZADD`: `None` when this client
+    /// renewed the set recently enough.
+    pub(crate) fn due(&self, slot: u16) -> Option<Chores> {
+        let connects = self.connects.load(Ordering::Relaxed);
+        if self.renewed_for.load(Ordering::Relaxed) != connects {
+            // Every slot again, then this round of connects is taken care of.
+            self.renewals.start_over();
+            self.renewed_for.fetch_max(connects, Ordering::Relaxed);
+        }
+        let trim = self.trims.due(slot);
+        let renew = self.renewals.due(slot);
+        (renew || trim).then_some(Chores { trim })
+    }
+}
+
+/// The set's expiry in ms for a retention of `retention_ms`.
+pub(crate) fn expiry_ms(retention_ms: u64) -> u64 {
+    retention_ms.saturating_add(retention_ms / 2)
+}
+
+/// When the first time of a slot is due.
+#[derive(Debug, Clone, Copy)]
+enum First {
+    /// At the first acquisition in the slot.
+    Now,
+    /// At a random second within the first period.
+    Random,
+}
+
+/// When this client does one chore next in each slot.
+#[derive(Debug)]
+struct Schedule {
+    started: Instant,
+    /// Whole seconds between two of the chore in a slot; 0: at every acquisition.
+    every: u32,
+    /// Per slot: the second since `started` from which the chore is due again.
+    next: Box<[AtomicU32]>,
+}
+
+impl Schedule {
+    fn new(every: Duration, first: First) -> Self {
+        let every = u32::try_from(every.as_secs()).unwrap_or(u32::MAX);
+        let mut random = Random::seeded();
+        let next = (0..SLOTS)
+            .map(|_| match first {
+                First::Now => AtomicU32::new(0),
+                First::Random => AtomicU32::new(random.below(every)),
+            })
+            .collect();
+        Self {
+            started: Instant::now(),
+            every,
+            next,
+        }
+    }
+
+    /// Whether the chore is due in `slot` now; when so, the next one is a period later.
+    fn due(&self, slot: u16) -> bool {
+        let Some(cell) = self.next.get(usize::from(slot)) else {
+            return false;
+        };
+        if self.every == 0 {
+            return true;
+        }
+        let now = u32::try_from(self.started.elapsed().as_secs()).unwrap_or(u32::MAX);
+        let next = cell.load(Ordering::Relaxed);
+        now >= next
+            && cell
+                .compare_exchange(
+                    next,
+                    now.saturating_add(self.every),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// Makes the chore due at once in every slot.
+    fn start_over(&self) {
+        for cell in &self.next {
+            cell.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// xorshift64: uniform enough to spread first trims over time.
+struct Random(u64);
+
+impl Random {
+    fn seeded() -> Self {
+        let mut seed = [0u8; 8];
+        if getrandom::fill(&mut seed).is_err() {
+            // Spread over time all the same (the OS has no entropy to give).
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            seed = u64::try_from(now.as_nanos() % u128::from(u64::MAX))
+                .unwrap_or(1)
+                .to_le_bytes();
+        }
+        Self(u64::from_le_bytes(seed) | 1)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    fn below(&mut self, n: u32) -> u32 {
+        if n == 0 {
+            return 0;
+        }
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        u32::try_from(self.0 % u64::from(n)).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn slots() -> impl Iterator<Item = u16> {
+        (0..SLOTS).filter_map(|s| u16::try_from(s).ok())
+    }
+
+    #[test]
+    fn each_slot_is_renewed_at_its_first_acquisition_then_once_per_quarter_retention() {
+        let upkeep = Upkeep::new(DAY, Arc::default());
+        // Every slot renews at once; about one in 43,200 also trims in its first second.
+        let first: Vec<_> = slots().map(|s| upkeep.due(s)).collect();
+        assert!(first.iter().all(Option::is_some));
+        let trims = first.iter().flatten().filter(|c| c.trim).count();
+        assert!(trims < 20, "{trims} slots trimmed at once");
+        // Then not again within the quarter retention (a trim may still come).
+        let again = slots().filter_map(|s| upkeep.due(s)).count();
+        assert!(again < 20, "{again} slots renewed twice");
+        assert_eq!(upkeep.due(u16::MAX), None, "no such slot");
+    }
+
+    #[test]
+    fn a_reconnect_makes_every_slot_renew_again() {
+        let connects = Arc::new(AtomicU64::new(3));
+        let upkeep = Upkeep::new(DAY, Arc::clone(&connects));
+        assert!(slots().all(|s| upkeep.due(s).is_some()));
+        assert!(upkeep.due(7).is_none_or(|c| c.trim));
+        connects.fetch_add(1, Ordering::Relaxed);
+        assert!(slots().all(|s| upkeep.due(s).is_some()));
+        assert!(upkeep.due(7).is_none_or(|c| c.trim));
+    }
+
+    #[test]
+    fn a_retention_under_four_seconds_renews_at_every_acquisition() {
+        let upkeep = Upkeep::new(Duration::from_millis(3_999), Arc::default());
+        for _ in 0..3 {
+            assert!(slots().all(|s| upkeep.due(s).is_some()));
+        }
+        // Under two seconds, every acquisition trims too.
+        let short = Upkeep::new(Duration::from_millis(1_999), Arc::default());
+        assert!(slots().all(|s| short.due(s) == Some(Chores { trim: true })));
+    }
+
+    #[test]
+    fn the_expiry_is_a_retention_and_a_half() {
+        assert_eq!(expiry_ms(86_400_000), 129_600_000);
+        assert_eq!(expiry_ms(u64::MAX), u64::MAX);
+    }
+}
