@@ -117,22 +117,7 @@ impl Request<'_> {
                 cmd.bytes(b"CH");
                 cmd.int(*proposal);
                 cmd.bytes(lock_key);
-                let mut commands = 2;
-                if let Some(renew) = renew {
-                    cmd.next_command(3);
-                    cmd.bytes(b"PEXPIRE");
-                    cmd.bytes(counters);
-                    cmd.int(renew.expire_ms);
-                    commands += 1;
-                    if let Some(below) = renew.trim_below {
-                        cmd.next_command(4);
-                        cmd.bytes(b"ZREMRANGEBYSCORE");
-                        cmd.bytes(counters);
-                        cmd.bytes(b"-inf");
-                        cmd.bytes(format!("({below}").as_bytes());
-                        commands += 1;
-                    }
-                }
+                let commands = 2 + renew.map_or(0, |renew| upkeep(&mut cmd, counters, renew));
                 let kind = CallKind::FencedSetNx {
                     key,
                     value,
@@ -168,6 +153,25 @@ fn set_nx(key: &[u8], value: &[u8], ttl_ms: u64, more: usize) -> (Packer, usize,
     cmd.bytes(b"PX");
     cmd.int(ttl_ms);
     (cmd, key, value)
+}
+
+/// Packs the upkeep of the counter set `counters` after the commands in `cmd`:
+/// `PEXPIRE counters expire`, and `ZREMRANGEBYSCORE counters -inf (below` when it trims.
+/// How many commands that is.
+fn upkeep(cmd: &mut Packer, counters: &[u8], renew: Renewal) -> u8 {
+    cmd.next_command(3);
+    cmd.bytes(b"PEXPIRE");
+    cmd.bytes(counters);
+    cmd.int(renew.expire_ms);
+    let Some(below) = renew.trim_below else {
+        return 1;
+    };
+    cmd.next_command(4);
+    cmd.bytes(b"ZREMRANGEBYSCORE");
+    cmd.bytes(counters);
+    cmd.bytes(b"-inf");
+    cmd.bytes(format!("({below}").as_bytes());
+    2
 }
 
 /// What a [`Call`] is, with where its typed fields are among its words.
