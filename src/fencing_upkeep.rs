@@ -4,9 +4,23 @@
 //! slot rather than with every acquisition (each command costs the node about as much as
 //! the `SET` itself).
 //!
+//! ```text
+//! first acquisition in a slot       -> PEXPIRE counters 1.5 x retention
+//! again within a quarter retention  -> nothing more than the ZADD
+//! once per half retention and slot  -> PEXPIRE, and ZREMRANGEBYSCORE counters -inf (p - retention
+//! after any node (re)connected      -> every slot renews at its next acquisition
 //! ```
-//! // Internal: `Upkeep::new(retention, connects).due(slot)` tells a fenced acquisition
-//! // whether to renew its set's expiry (`Some(Chores { trim: .. })`) or not (`None`).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! // The upkeep is internal; the retention sets its pace (a quarter of it between renewals).
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"])
+//!     .fencing_retention(Duration::from_secs(3600))
+//!     .build()?;
+//! let lock = redlock.lock("order:42").await?;
+//! redlock.unlock(&lock).await;
+//! # Ok(()) }
 //! ```
 
 use std::sync::Arc;
