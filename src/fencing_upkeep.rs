@@ -8,7 +8,7 @@
 //! first acquisition in a slot       -> PEXPIRE counters 1.5 x retention
 //! again within a quarter retention  -> nothing more than the ZADD
 //! once per half retention and slot  -> PEXPIRE, and ZREMRANGEBYSCORE counters -inf (p - retention
-//! after any node (re)connected      -> every slot renews at its next acquisition
+//! after a node (re)joined           -> every slot renews at its next acquisition
 //! ```
 //!
 //! ```no_run
@@ -43,40 +43,42 @@ pub(crate) struct Chores {
 /// once per quarter retention per slot: so the set outlives every counter written in it
 /// by a retention, even when one renewal did not reach a node (the one before it still
 /// covers a quarter retention more). A client renews each slot on its first acquisition
-/// there, and again after any of its nodes (re)connected: a node that restarted may have
-/// lost the set, which the next `ZADD` creates without an expiry. Trims come once per half
+/// there, and again after any of its nodes (re)connected or came out of quarantine (the
+/// renewals it missed meanwhile never reached it): a node that restarted may have lost
+/// the set, which the next `ZADD` creates without an expiry. Trims come once per half
 /// retention per slot, the first at a random moment (so that clients that live shorter
 /// than that trim their share), and always together with a renewal.
 #[derive(Debug)]
 pub(crate) struct Upkeep {
     renewals: Schedule,
     trims: Schedule,
-    /// How many connects the client's nodes made (shared with them).
-    connects: Arc<AtomicU64>,
-    /// The connects that the renewals last started over for.
+    /// How many times one of the client's nodes joined acquisitions again (shared with
+    /// them): connected, or came out of quarantine.
+    rejoins: Arc<AtomicU64>,
+    /// The rejoins that the renewals last started over for.
     renewed_for: AtomicU64,
 }
 
 impl Upkeep {
     /// The schedule of a client whose counters are kept `retention`, whose nodes count
-    /// their connects in `connects`.
-    pub(crate) fn new(retention: Duration, connects: Arc<AtomicU64>) -> Self {
+    /// their rejoins in `rejoins`.
+    pub(crate) fn new(retention: Duration, rejoins: Arc<AtomicU64>) -> Self {
         Self {
             renewals: Schedule::new(retention / 4, First::Now),
             trims: Schedule::new(retention / 2, First::Random),
-            renewed_for: AtomicU64::new(connects.load(Ordering::Relaxed)),
-            connects,
+            renewed_for: AtomicU64::new(rejoins.load(Ordering::Relaxed)),
+            rejoins,
         }
     }
 
     /// What an acquisition in `slot` does now besides its `ZADD`: `None` when this client
     /// renewed the set recently enough.
     pub(crate) fn due(&self, slot: u16) -> Option<Chores> {
-        let connects = self.connects.load(Ordering::Relaxed);
-        if self.renewed_for.load(Ordering::Relaxed) != connects {
-            // Every slot again, then this round of connects is taken care of.
+        let rejoins = self.rejoins.load(Ordering::Relaxed);
+        if self.renewed_for.load(Ordering::Relaxed) != rejoins {
+            // Every slot again, then these rejoins are taken care of.
             self.renewals.start_over();
-            self.renewed_for.fetch_max(connects, Ordering::Relaxed);
+            self.renewed_for.fetch_max(rejoins, Ordering::Relaxed);
         }
         let trim = self.trims.due(slot);
         let renew = self.renewals.due(slot);
@@ -209,12 +211,12 @@ mod tests {
     }
 
     #[test]
-    fn a_reconnect_makes_every_slot_renew_again() {
-        let connects = Arc::new(AtomicU64::new(3));
-        let upkeep = Upkeep::new(DAY, Arc::clone(&connects));
+    fn a_node_that_rejoins_makes_every_slot_renew_again() {
+        let rejoins = Arc::new(AtomicU64::new(3));
+        let upkeep = Upkeep::new(DAY, Arc::clone(&rejoins));
         assert!(slots().all(|s| upkeep.due(s).is_some()));
         assert!(upkeep.due(7).is_none_or(|c| c.trim));
-        connects.fetch_add(1, Ordering::Relaxed);
+        rejoins.fetch_add(1, Ordering::Relaxed);
         assert!(slots().all(|s| upkeep.due(s).is_some()));
         assert!(upkeep.due(7).is_none_or(|c| c.trim));
     }

@@ -117,9 +117,10 @@ pub(crate) struct NodeSettings {
     pub(crate) max_ttl_ms: Arc<AtomicU64>,
     /// The servers the client's nodes reached: `run_id` -> the node that counts for it.
     pub(crate) servers: Arc<Mutex<HashMap<String, Owner>>>,
-    /// How many times the client's nodes connected: a node that reconnected may have
-    /// restarted and lost its keys, so fencing renews its counter sets' expiry after one.
-    pub(crate) connects: Arc<AtomicU64>,
+    /// How many times one of the client's nodes joined acquisitions again: connected, or
+    /// came out of quarantine. It may have restarted and lost its keys in between, so
+    /// fencing renews its counter sets' expiry after that.
+    pub(crate) rejoins: Arc<AtomicU64>,
 }
 
 /// The node that counts for a server: its index and label.
@@ -250,6 +251,7 @@ impl Node {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             st.quarantined_until = None;
+            self.settings.rejoins.fetch_add(1, Ordering::Relaxed);
             crate::metrics::gauge(
                 crate::metrics::Gauge::QuarantinedNodes,
                 crate::metrics::Move::Down,
@@ -384,7 +386,7 @@ mod tests {
             quarantine: false,
             max_ttl_ms: Arc::default(),
             servers: Arc::default(),
-            connects: Arc::default(),
+            rejoins: Arc::default(),
         };
         let node = Node::new(0, "n".into(), Connector::Direct(Box::new(client)), settings);
         let before = Instant::now();

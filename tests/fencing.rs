@@ -672,15 +672,32 @@ async fn pttl(cluster: &Cluster, i: usize, key: &[u8]) -> i64 {
 /// A slot's set of counters gets its expiry (a retention and a half) from a client's
 /// first acquisition in the slot, and not again for a quarter retention: later ones send
 /// no `PEXPIRE`. A node that restarted without its data gets the set back with an expiry
-/// at once, not a quarter retention later.
+/// at once, not a quarter retention later: as soon as it reconnected, and with the
+/// restart quarantine on, as soon as its quarantine is over (the renewals meanwhile went
+/// to the other nodes only).
 #[tokio::test]
 async fn a_counter_set_is_renewed_once_per_quarter_retention_and_after_a_restart() {
+    renewals_before_and_after_a_restart(false).await;
+}
+
+/// [`a_counter_set_is_renewed_once_per_quarter_retention_and_after_a_restart`] with the
+/// restart quarantine on.
+#[tokio::test]
+async fn a_counter_set_is_renewed_after_a_restarted_node_left_its_quarantine() {
+    renewals_before_and_after_a_restart(true).await;
+}
+
+async fn renewals_before_and_after_a_restart(quarantine: bool) {
     let mut cluster = Cluster::start(3);
-    let retention = Duration::from_secs(600);
+    let (ttl, retention) = (Duration::from_secs(1), Duration::from_secs(600));
+    if quarantine {
+        // Not quarantined as young nodes at the first connect.
+        cluster.wait_older_than(ttl).await;
+    }
     let redlock = builder(cluster.urls())
-        .ttl(Duration::from_secs(1))
+        .ttl(ttl)
         .fencing_retention(retention)
-        .restart_quarantine(false)
+        .restart_quarantine(quarantine)
         .build()
         .expect("build");
     support::warm(&redlock).await;

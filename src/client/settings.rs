@@ -89,7 +89,7 @@ impl RedlockBuilder {
             quarantine: self.restart_quarantine,
             max_ttl_ms: Arc::clone(&max_ttl_ms),
             servers: Arc::default(),
-            connects: Arc::default(),
+            rejoins: Arc::default(),
         };
         let nodes = self.nodes(&node_settings)?;
         let n = nodes.len();
@@ -114,7 +114,7 @@ impl RedlockBuilder {
             fencing: self.fencing,
             fencing_retention,
             clock: Clock::default(),
-            upkeep: Upkeep::new(fencing_retention, Arc::clone(&node_settings.connects)),
+            upkeep: Upkeep::new(fencing_retention, Arc::clone(&node_settings.rejoins)),
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
         })

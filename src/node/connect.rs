@@ -321,7 +321,7 @@ impl Node {
                     st.known_run_id = Some(info.run_id);
                     st.same_server_as = None;
                     st.generation += 1;
-                    self.settings.connects.fetch_add(1, Ordering::Relaxed);
+                    self.settings.rejoins.fetch_add(1, Ordering::Relaxed);
                     st.connected_at = Some(Instant::now());
                     st.slot = Link::Ready(conn);
                     st.backoff = BACKOFF_MIN;
