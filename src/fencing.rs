@@ -273,8 +273,8 @@ pub(crate) struct PhaseTwo<'a> {
     /// The acquisition's value.
     pub(crate) value: &'a [u8],
     pub(crate) token: u64,
-    /// How long the counter is kept, in ms.
-    pub(crate) retention_ms: u64,
+    /// The counter set's expiry, in ms ([`expiry_ms`]).
+    pub(crate) expiry_ms: u64,
 }
 
 /// Phase 2: raises the name's counter to the token on every node that may hold the lock
@@ -290,7 +290,7 @@ pub(crate) async fn phase_two(
     let args = [
         Arg::Bytes(write.value),
         Arg::Int(write.token),
-        Arg::Int(write.retention_ms),
+        Arg::Int(write.expiry_ms),
     ];
     let request = Request::Script(Invocation {
         script: &FENCE_SCRIPT,

@@ -225,6 +225,23 @@ async fn a_refused_proposal_takes_phase_two_once_then_the_clock_catches_up() {
     assert_strictly_increasing(&tokens);
     // The read and phase 2 are a script each; the fast path runs none.
     assert_eq!(rounds, [2, 0, 0], "phase 2 only for the first acquisition");
+    // Phase 2 renews the set's expiry as phase 1 does, to a retention and a half (24 h
+    // here): never shorter than what the renewals promise.
+    let day_ms = 24 * 3600 * 1000;
+    let set = counter_key("ahead").0;
+    support::wait_for(
+        "a retention and a half of expiry on every node",
+        Duration::from_secs(5),
+        || async {
+            let mut all = true;
+            for i in 0..3 {
+                let left = pttl(&cluster, i, &set).await;
+                all &= left > day_ms * 5 / 4 && left <= day_ms * 3 / 2;
+            }
+            all
+        },
+    )
+    .await;
 }
 
 /// The counterexample of docs/fencing.md: with the maximum of per-node `INCR`s, the 21st

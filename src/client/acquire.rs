@@ -334,7 +334,7 @@ impl Redlock {
             keys: [&*resource.key, &*resource.counter_key],
             value: value.as_bytes(),
             token,
-            retention_ms: super::ttl_ms(self.inner.fencing_retention),
+            expiry_ms: fencing::expiry_ms(super::ttl_ms(self.inner.fencing_retention)),
         };
         let round = fencing::phase_two(&self.inner.nodes, &write, phase_one, deadline).await?;
         // The number lands on the nodes that had not answered yet, too.

@@ -78,11 +78,12 @@ return {0, -2, 1}
 /// Phase 2 of a fenced acquisition (when a quorum did not accept the proposal).
 /// `KEYS[1]` = lock key, `KEYS[2]` = the sorted set of the slot's counters (the name's
 /// counter is the score of its lock key), `ARGV[1]` = value, `ARGV[2]` = the fencing
-/// number (decimal), `ARGV[3]` = the retention in ms.
+/// number (decimal), `ARGV[3]` = the set's expiry in ms (a retention and a half, as its
+/// renewals in phase 1 give it: never less, so that it still covers every counter in it).
 ///
 /// Only while the lock key still holds our value: raises the counter to the fencing number
-/// (`ZADD GT`: `counter = max(counter, token)`), gives it the retention as its TTL, and
-/// returns 1; otherwise returns 0 and changes nothing.
+/// (`ZADD GT`: `counter = max(counter, token)`), renews the set's expiry, and returns 1;
+/// otherwise returns 0 and changes nothing.
 pub(super) const FENCE: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
