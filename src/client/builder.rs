@@ -386,7 +386,9 @@ impl RedlockBuilder {
     /// the retention; see [`crate::fencing`] for the exact condition. 24 hours leaves room
     /// for clocks that drift for hours without NTP, and for outages and maintenance
     /// windows. A retention over 100 years (`Duration::MAX`, say) keeps counters 100 years
-    /// (an expiry far enough in the future is refused by the nodes).
+    /// (an expiry far enough in the future is refused by the nodes). Clients that share a
+    /// key prefix on the same nodes should share the retention too: each trims the counters
+    /// older than its own.
     ///
     /// ```
     /// use std::time::Duration;
