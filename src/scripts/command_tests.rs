@@ -94,24 +94,21 @@ fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
 }
 
 /// A fenced acquisition is two commands in one request (three when it renews its set's
-/// expiry, four when it trims the set too), packed as
-/// redis-rs packs the same pipeline, with its key and value kept for the busy path's
-/// follow-up.
+/// expiry, four when it trims the set too), packed as redis-rs packs the same pipeline,
+/// with its key and value kept for the busy path's follow-up.
 #[test]
 fn a_fenced_acquisition_is_packed_as_a_pipeline() {
     let (key, counters, value) = (&b"redlock:{k}"[..], &b"redlock:#fencing{3}"[..], &b"v"[..]);
-    let renewals = [
-        None,
+    let renewal = |trim_below| {
         Some(Renewal {
             expire_ms: u64::MAX,
-            trim_below: None,
-        }),
-        Some(Renewal {
-            expire_ms: u64::MAX,
-            trim_below: Some(17),
-        }),
-    ];
-    for (extra, renew) in renewals.into_iter().enumerate() {
+            trim_below,
+        })
+    };
+    for (extra, renew) in [None, renewal(None), renewal(Some(17))]
+        .into_iter()
+        .enumerate()
+    {
         let call = Request::FencedSetNx {
             key,
             counters,
