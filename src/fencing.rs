@@ -7,6 +7,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use redis::Value;
 
 use crate::error::{LockError, NodeError};
+use crate::name::Resource;
 use crate::node::Node;
 use crate::quorum::{NodeMask, Outcome};
 use crate::round::{Plan, Purpose, Round};
@@ -165,23 +166,45 @@ impl PhaseOne {
     }
 }
 
-/// When too few nodes accepted the proposal: reads the name's counter (`keys`: lock key
-/// and counter key) on the nodes whose grant phase 1 counted, by `deadline`, into
-/// `phase_one`, until a quorum answered; otherwise why too few did. Each read runs after
-/// the node set this attempt's key (it answered that it did), which is all the proof needs
-/// of it.
+/// Where a name's counter is: its lock key and the key of its slot's set of counters
+/// (`keys`), and its member in that set, whose score is the counter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CounterAt<'a> {
+    pub(crate) keys: [&'a [u8]; 2],
+    pub(crate) member: &'a [u8],
+}
+
+impl<'a> CounterAt<'a> {
+    /// Where `resource`'s counter is.
+    pub(crate) fn of(resource: &'a Resource) -> Self {
+        Self {
+            keys: [&resource.key, &resource.counter_key],
+            member: &resource.counter_member,
+        }
+    }
+
+    /// The [`INSPECT`](crate::scripts) of the name: its key's state and its counter.
+    pub(crate) fn inspect<'b>(&'b self, args: &'b [Arg<'b>; 1]) -> Request<'b> {
+        Request::Script(Invocation {
+            script: &INSPECT_SCRIPT,
+            keys: &self.keys,
+            args,
+        })
+    }
+}
+
+/// When too few nodes accepted the proposal: reads the name's counter (`at`) on the nodes
+/// whose grant phase 1 counted, by `deadline`, into `phase_one`, until a quorum answered;
+/// otherwise why too few did. Each read runs after the node set this attempt's key (it
+/// answered that it did), which is all the proof needs of it.
 pub(crate) async fn read_counters(
     nodes: &[Arc<Node>],
-    keys: [&[u8]; 2],
+    at: CounterAt<'_>,
     phase_one: &mut PhaseOne,
     deadline: Instant,
 ) -> Result<(), LockError> {
-    let args: [Arg<'_>; 0] = [];
-    let request = Request::Script(Invocation {
-        script: &INSPECT_SCRIPT,
-        keys: &keys,
-        args: &args,
-    });
+    let args = [Arg::Bytes(at.member)];
+    let request = at.inspect(&args);
     let granted = phase_one.granted;
     let skip = NodeMask::matching(nodes.len(), |i| !granted.contains(i));
     let take = |reply: Value| {
@@ -256,20 +279,21 @@ pub fn rounds() -> (u64, u64) {
 }
 
 /// The key of the sorted set that holds `name`'s fencing counter under the key prefix
-/// `prefix`, and its member whose score is the counter (the name's lock key); `None` for an
-/// empty name. Not part of the API: for tests and tools that look at the counters.
+/// `prefix`, and its member whose score is the counter (16 hex digits of the SHA-256 of
+/// the name's lock key); `None` for an empty name. Not part of the API: for tests and tools
+/// that look at the counters.
 #[doc(hidden)]
 pub fn counter_of(prefix: &[u8], name: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     crate::name::keys_for(prefix, name)
         .ok()
-        .map(|keys| (keys.counter, keys.lock))
+        .map(|keys| (keys.counter, keys.member))
 }
 
 /// What phase 2 writes: the fencing number, under the name's counter key, on the nodes
 /// where the lock key still holds the acquisition's value.
 pub(crate) struct PhaseTwo<'a> {
-    /// The lock key and the counter key.
-    pub(crate) keys: [&'a [u8]; 2],
+    /// Where the name's counter is.
+    pub(crate) at: CounterAt<'a>,
     /// The acquisition's value.
     pub(crate) value: &'a [u8],
     pub(crate) token: u64,
@@ -291,10 +315,11 @@ pub(crate) async fn phase_two(
         Arg::Bytes(write.value),
         Arg::Int(write.token),
         Arg::Int(write.expiry_ms),
+        Arg::Bytes(write.at.member),
     ];
     let request = Request::Script(Invocation {
         script: &FENCE_SCRIPT,
-        keys: &write.keys,
+        keys: &write.at.keys,
         args: &args,
     });
     // The nodes that refused: the lock is not ours there.

@@ -48,10 +48,20 @@ pub(crate) struct Keys {
     /// The lock key's hash slot.
     pub(crate) slot: u16,
     /// `{prefix}#fencing{{tag}}`: the sorted set that holds the fencing counters of the
-    /// names of the lock key's slot (each name's counter is the score of its lock key),
-    /// in that same slot.
+    /// names of the lock key's slot, in that same slot.
     pub(crate) counter: Vec<u8>,
+    /// The name's member in that set, whose score is its counter: [`MEMBER_LEN`] hex
+    /// digits of the SHA-256 of the lock key.
+    pub(crate) member: Vec<u8>,
 }
+
+/// The length of a name's member in its slot's set of counters: 16 hex digits, the first
+/// 64 bits of the SHA-256 of its lock key. Short and of one size, so that a set stays a
+/// compact listpack (a member over 64 bytes makes the node store the whole set as a
+/// skiplist, five times the memory per counter), whatever the names. Two names of one
+/// slot whose members are equal share a counter, which only makes their numbers higher:
+/// a shared counter is still above every number of each.
+pub(crate) const MEMBER_LEN: usize = 16;
 
 /// The Redis keys for `name` under `prefix`; an error for an empty name.
 ///
@@ -89,10 +99,13 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
     let slot = slot::slot(&lock);
     // With a prefix that has a tag of its own, that tag decides both keys' slot.
     let counter = tagged(b"#fencing", &slot::tag(slot));
+    let mut member = Vec::with_capacity(MEMBER_LEN);
+    hex_into(&mut member, &Sha256::digest(&lock)[..MEMBER_LEN / 2]);
     Ok(Keys {
         lock,
         slot,
         counter,
+        member,
     })
 }
 
@@ -131,8 +144,10 @@ pub(crate) struct Resource {
     pub(crate) name: Box<[u8]>,
     /// The lock key.
     pub(crate) key: Box<[u8]>,
-    /// The key of the sorted set that holds the fencing counter (the lock key's score).
+    /// The key of the sorted set that holds the fencing counter.
     pub(crate) counter_key: Box<[u8]>,
+    /// The name's member in that set: its counter is the member's score.
+    pub(crate) counter_member: Box<[u8]>,
     /// The lock key's hash slot.
     pub(crate) slot: u16,
 }
@@ -155,7 +170,17 @@ mod tests {
         );
         // "abc" is in slot 7638, as is "8586", the smallest number there.
         assert_eq!(keys.as_ref().map(|k| k.slot), Some(7638));
-        assert_eq!(keys.map(|k| k.counter), Some(b"p:#fencing{8586}".to_vec()));
+        assert_eq!(
+            keys.as_ref().map(|k| k.counter.as_slice()),
+            Some(&b"p:#fencing{8586}"[..])
+        );
+        // The member: 16 hex digits of the SHA-256 of "p:{abc}".
+        let member = keys.map(|k| k.member).unwrap_or_default();
+        let digest = Sha256::digest(b"p:{abc}");
+        let mut expected = Vec::new();
+        hex_into(&mut expected, &digest[..8]);
+        assert_eq!(member, expected);
+        assert_eq!(member.len(), MEMBER_LEN);
         let exact = vec![b'x'; MAX_NAME_LEN];
         assert_eq!(lock_key(b"", &exact).len(), MAX_NAME_LEN + 2);
     }

@@ -601,6 +601,39 @@ async fn counters_of_distinct_names_expire_after_the_retention() {
     }
 }
 
+/// A name's member in its slot's set is 16 hex digits whatever the name's length, so a set
+/// of long names' counters stays a compact listpack (a member over 64 bytes would make the
+/// node keep the whole set as a skiplist, about five times the memory per counter).
+#[tokio::test]
+async fn long_names_keep_their_slots_set_compact() {
+    let cluster = Cluster::start(1);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    // `t` is the hash tag of every lock key here (`redlock:{t}…}`): one slot, one set.
+    let names: Vec<String> = (0..100)
+        .map(|i| format!("t}}{i:03}{}", "x".repeat(200)))
+        .collect();
+    for name in &names {
+        let lock = redlock.lock(name).await.expect("lock");
+        redlock.unlock(&lock).await;
+    }
+    let (set, member) = counter_key(&names[0]);
+    assert_eq!(member.len(), 16);
+    let mut conn = cluster.raw(0).await;
+    let count: usize = conn.zcard(&set).await.expect("ZCARD");
+    assert_eq!(count, names.len());
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&set)
+        .query_async(&mut conn)
+        .await
+        .expect("OBJECT ENCODING");
+    // Redis 7 says listpack; Redis 6.2, ziplist.
+    assert!(
+        matches!(encoding.as_str(), "listpack" | "ziplist"),
+        "{encoding}"
+    );
+}
+
 /// A name locked again within the retention reads its counter; after the counter expired
 /// its numbers are seeded from the node clocks, still above every earlier number.
 #[tokio::test]

@@ -14,7 +14,7 @@ use redis::Value;
 use super::Redlock;
 use super::release::{Deletion, Wake};
 use crate::error::{LockError, NodeError, RecordBytes};
-use crate::fencing::{self, Number, PhaseOne, PhaseTwo};
+use crate::fencing::{self, CounterAt, Number, PhaseOne, PhaseTwo};
 use crate::name::{Resource, new_value};
 use crate::node::Node;
 use crate::quorum::{self, NodeMask, Outcome, later};
@@ -300,8 +300,8 @@ impl Redlock {
             if quorum::validity(budget.ttl, budget.start.elapsed(), budget.drift).is_none() {
                 return Ok(None);
             }
-            let keys = [&*resource.key, &*resource.counter_key];
-            fencing::read_counters(&self.inner.nodes, keys, phase_one, deadline()).await?;
+            let at = CounterAt::of(resource);
+            fencing::read_counters(&self.inner.nodes, at, phase_one, deadline()).await?;
             if let Some(highest) = phase_one.highest() {
                 self.inner.clock.saw(highest);
             }
@@ -331,7 +331,7 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<u64, LockError> {
         let write = PhaseTwo {
-            keys: [&*resource.key, &*resource.counter_key],
+            at: CounterAt::of(resource),
             value: value.as_bytes(),
             token,
             expiry_ms: fencing::expiry_ms(super::ttl_ms(self.inner.fencing_retention)),
@@ -368,6 +368,7 @@ impl Redlock {
             Request::FencedSetNx {
                 key: &resource.key,
                 counters: &resource.counter_key,
+                member: &resource.counter_member,
                 value: value.as_bytes(),
                 ttl_ms,
                 proposal,

@@ -23,9 +23,10 @@ use futures_util::future::join_all;
 
 use super::Redlock;
 use crate::error::{LockError, NodeError, NodeFailure};
+use crate::fencing::CounterAt;
 use crate::quorum::{NodeMask, later};
 use crate::round::{Plan, Purpose, Round};
-use crate::scripts::{Arg, INSPECT_SCRIPT, Invocation, Request, parse_inspect};
+use crate::scripts::{Arg, parse_inspect};
 
 /// The state of one node, from [`Redlock::health`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,13 +196,9 @@ impl Redlock {
     /// stored. The lock's value is never read out. Fails only for an invalid name.
     pub async fn inspect(&self, name: impl AsRef<[u8]>) -> Result<Inspection, LockError> {
         let resource = self.resource(name.as_ref(), self.ttl())?;
-        let keys = [&*resource.key, &*resource.counter_key];
-        let args: [Arg<'_>; 0] = [];
-        let request = Request::Script(Invocation {
-            script: &INSPECT_SCRIPT,
-            keys: &keys,
-            args: &args,
-        });
+        let at = CounterAt::of(&resource);
+        let args = [Arg::Bytes(at.member)];
+        let request = at.inspect(&args);
         let deadline = later(Instant::now(), self.inner.node_timeout);
         let mut out = Inspection {
             held_on: 0,

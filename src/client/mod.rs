@@ -338,6 +338,7 @@ impl Redlock {
             name: name.into(),
             key: keys.lock.into(),
             counter_key: keys.counter.into(),
+            counter_member: keys.member.into(),
             slot: keys.slot,
         }))
     }

@@ -63,7 +63,7 @@ pub(crate) enum Request<'a> {
         ttl_ms: u64,
     },
     /// A fenced acquisition (phase 1, `docs/fencing.md`): `SET key value NX PX ttl`, then
-    /// `ZADD counters GT CH proposal key` (the name's counter is its lock key's score in
+    /// `ZADD counters GT CH proposal member` (the name's counter is its member's score in
     /// the sorted set of its slot's counters: raised to the proposal only if below it,
     /// answering 1 when it was), and, with `renew`, `PEXPIRE counters expire` and maybe
     /// `ZREMRANGEBYSCORE counters -inf (trim_below` (the counters not raised within the
@@ -74,6 +74,8 @@ pub(crate) enum Request<'a> {
     FencedSetNx {
         key: &'a [u8],
         counters: &'a [u8],
+        /// The name's member in `counters`, whose score is its counter.
+        member: &'a [u8],
         value: &'a [u8],
         ttl_ms: u64,
         proposal: u64,
@@ -102,13 +104,14 @@ impl Request<'_> {
             Self::FencedSetNx {
                 key: lock_key,
                 counters,
+                member,
                 value,
                 ttl_ms,
                 proposal,
                 renew,
             } => {
                 // Room for the other commands' words and headers.
-                let more = 3 * counters.len() + lock_key.len() + 13 * 16 + 3 * 8;
+                let more = 3 * counters.len() + member.len() + 13 * 16 + 3 * 8;
                 let (mut cmd, key, value) = set_nx(lock_key, value, *ttl_ms, more);
                 cmd.next_command(6);
                 cmd.bytes(b"ZADD");
@@ -116,7 +119,7 @@ impl Request<'_> {
                 cmd.bytes(b"GT");
                 cmd.bytes(b"CH");
                 cmd.int(*proposal);
-                cmd.bytes(lock_key);
+                cmd.bytes(member);
                 let commands = 2 + renew.map_or(0, |renew| upkeep(&mut cmd, counters, renew));
                 let kind = CallKind::FencedSetNx {
                     key,
@@ -179,7 +182,7 @@ fn upkeep(cmd: &mut Packer, counters: &[u8], renew: Renewal) -> u8 {
 enum CallKind {
     /// `SET key value NX PX ttl`.
     SetNx { key: usize, value: usize },
-    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal key`, and, of its
+    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal member`, and, of its
     /// `commands` (2 to 4), `PEXPIRE counters expire` and `ZREMRANGEBYSCORE counters -inf
     /// (below`.
     FencedSetNx {

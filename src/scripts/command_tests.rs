@@ -99,6 +99,7 @@ fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
 #[test]
 fn a_fenced_acquisition_is_packed_as_a_pipeline() {
     let (key, counters, value) = (&b"redlock:{k}"[..], &b"redlock:#fencing{3}"[..], &b"v"[..]);
+    let member = &b"0123456789abcdef"[..];
     let renewal = |trim_below| {
         Some(Renewal {
             expire_ms: u64::MAX,
@@ -112,6 +113,7 @@ fn a_fenced_acquisition_is_packed_as_a_pipeline() {
         let call = Request::FencedSetNx {
             key,
             counters,
+            member,
             value,
             ttl_ms: 10_000,
             proposal: 1_764_115_200_000_000,
@@ -130,7 +132,7 @@ fn a_fenced_acquisition_is_packed_as_a_pipeline() {
             .arg("GT")
             .arg("CH")
             .arg(1_764_115_200_000_000_u64)
-            .arg(key);
+            .arg(member);
         if renew.is_some() {
             pipe.cmd("PEXPIRE").arg(counters).arg(u64::MAX);
         }

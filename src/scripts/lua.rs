@@ -76,10 +76,11 @@ return {0, -2, 1}
 );
 
 /// Phase 2 of a fenced acquisition (when a quorum did not accept the proposal).
-/// `KEYS[1]` = lock key, `KEYS[2]` = the sorted set of the slot's counters (the name's
-/// counter is the score of its lock key), `ARGV[1]` = value, `ARGV[2]` = the fencing
-/// number (decimal), `ARGV[3]` = the set's expiry in ms (a retention and a half, as its
-/// renewals in phase 1 give it: never less, so that it still covers every counter in it).
+/// `KEYS[1]` = lock key, `KEYS[2]` = the sorted set of the slot's counters, `ARGV[1]` =
+/// value, `ARGV[2]` = the fencing number (decimal), `ARGV[3]` = the set's expiry in ms (a
+/// retention and a half, as its renewals in phase 1 give it: never less, so that it still
+/// covers every counter in it), `ARGV[4]` = the name's member in the set (whose score is
+/// its counter).
 ///
 /// Only while the lock key still holds our value: raises the counter to the fencing number
 /// (`ZADD GT`: `counter = max(counter, token)`), renews the set's expiry, and returns 1;
@@ -88,7 +89,7 @@ pub(super) const FENCE: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('ZADD', KEYS[2], 'GT', ARGV[2], KEYS[1])
+redis.call('ZADD', KEYS[2], 'GT', ARGV[2], ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1
 "#;
@@ -182,7 +183,8 @@ return 0
 "#;
 
 /// Inspection of a name, never reading out the value. `KEYS[1]` = lock key, `KEYS[2]` =
-/// the sorted set of the slot's fencing counters (the name's is its lock key's score). Returns `{kind, pttl, counter}`: kind 0 (no key), 1 (a
+/// the sorted set of the slot's fencing counters, `ARGV[1]` = the name's member in it
+/// (whose score is its counter). Returns `{kind, pttl, counter}`: kind 0 (no key), 1 (a
 /// lock) or 2 (a completion record); the key's PTTL; the counter, as the node formats a
 /// sorted set's score (`""` if none). Fencing also reads the counters with it, when a
 /// quorum did not accept a proposal.
@@ -195,7 +197,7 @@ if v then
     kind = 2
   end
 end
-return {kind, redis.call('PTTL', KEYS[1]), redis.call('ZSCORE', KEYS[2], KEYS[1]) or ''}
+return {kind, redis.call('PTTL', KEYS[1]), redis.call('ZSCORE', KEYS[2], ARGV[1]) or ''}
 "#;
 
 pub(crate) static HOLDER_TTL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER_TTL));
