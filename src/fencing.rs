@@ -170,7 +170,9 @@ impl PhaseOne {
 /// (`keys`), and its member in that set, whose score is the counter.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CounterAt<'a> {
+    /// The lock key, then the key of the slot's set of counters.
     pub(crate) keys: [&'a [u8]; 2],
+    /// The name's member in the set.
     pub(crate) member: &'a [u8],
 }
 
