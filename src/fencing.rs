@@ -20,7 +20,7 @@ use crate::votes::Votes;
 #[path = "fencing_upkeep.rs"]
 mod upkeep;
 
-pub(crate) use upkeep::{Upkeep, expiry_ms};
+pub(crate) use upkeep::Upkeep;
 
 /// A node's answer to a proposal, as phase 1's `ZADD GT CH` decides it: the proposal `p`
 /// is accepted only where the name's counter (missing counts as 0) is strictly below it.
@@ -299,7 +299,7 @@ pub(crate) struct PhaseTwo<'a> {
     /// The acquisition's value.
     pub(crate) value: &'a [u8],
     pub(crate) token: u64,
-    /// The counter set's expiry, in ms ([`expiry_ms`]).
+    /// The counter set's expiry, in ms ([`Upkeep::expiry_ms`]).
     pub(crate) expiry_ms: u64,
 }
 

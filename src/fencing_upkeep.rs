@@ -28,14 +28,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::name::SLOTS;
-
-/// What one fenced acquisition does to its slot's set besides the `ZADD`: renew the
-/// set's expiry, and `trim` it too.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Chores {
-    /// Also remove the counters not raised within the retention.
-    pub(crate) trim: bool,
-}
+use crate::scripts::Renewal;
 
 /// A client's schedule of renewals and trims, per slot.
 ///
@@ -52,6 +45,10 @@ pub(crate) struct Chores {
 pub(crate) struct Upkeep {
     renewals: Schedule,
     trims: Schedule,
+    /// The sets' expiry, in ms.
+    expiry_ms: u64,
+    /// The retention in microseconds, the unit of the numbers.
+    retention_us: u64,
     /// How many times one of the client's nodes joined acquisitions again (shared with
     /// them): connected, or came out of quarantine.
     rejoins: Arc<AtomicU64>,
@@ -66,14 +63,18 @@ impl Upkeep {
         Self {
             renewals: Schedule::new(retention / 4, First::Now),
             trims: Schedule::new(retention / 2, First::Random),
+            expiry_ms: expiry_ms(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX)),
+            retention_us: u64::try_from(retention.as_micros()).unwrap_or(u64::MAX),
             renewed_for: AtomicU64::new(rejoins.load(Ordering::Relaxed)),
             rejoins,
         }
     }
 
-    /// What an acquisition in `slot` does now besides its `ZADD`: `None` when this client
-    /// renewed the set recently enough.
-    pub(crate) fn due(&self, slot: u16) -> Option<Chores> {
+    /// The upkeep an acquisition in `slot` proposing `proposal` does now besides its
+    /// `ZADD`: `None` when this client renewed the set recently enough; otherwise the
+    /// set's expiry, and, when a trim is due, the counters to remove: those below the
+    /// proposal minus the retention (numbers are microseconds of some client's clock).
+    pub(crate) fn renewal(&self, slot: u16, proposal: u64) -> Option<Renewal> {
         let rejoins = self.rejoins.load(Ordering::Relaxed);
         if self.renewed_for.load(Ordering::Relaxed) != rejoins {
             // Every slot again, then these rejoins are taken care of.
@@ -82,12 +83,20 @@ impl Upkeep {
         }
         let trim = self.trims.due(slot);
         let renew = self.renewals.due(slot);
-        (renew || trim).then_some(Chores { trim })
+        (renew || trim).then(|| Renewal {
+            expire_ms: self.expiry_ms,
+            trim_below: trim.then(|| proposal.saturating_sub(self.retention_us)),
+        })
+    }
+
+    /// The sets' expiry in ms (a retention and a half), which phase 2 renews too.
+    pub(crate) fn expiry_ms(&self) -> u64 {
+        self.expiry_ms
     }
 }
 
 /// The set's expiry in ms for a retention of `retention_ms`.
-pub(crate) fn expiry_ms(retention_ms: u64) -> u64 {
+fn expiry_ms(retention_ms: u64) -> u64 {
     retention_ms.saturating_add(retention_ms / 2)
 }
 
@@ -196,40 +205,64 @@ mod tests {
         (0..SLOTS).filter_map(|s| u16::try_from(s).ok())
     }
 
+    /// A proposal one day and one microsecond into the clock.
+    const P: u64 = 86_400_000_001;
+
+    fn due(upkeep: &Upkeep, slot: u16) -> Option<Renewal> {
+        upkeep.renewal(slot, P)
+    }
+
+    fn trims(renewal: &Option<Renewal>) -> bool {
+        renewal.is_some_and(|r| r.trim_below.is_some())
+    }
+
     #[test]
     fn each_slot_is_renewed_at_its_first_acquisition_then_once_per_quarter_retention() {
         let upkeep = Upkeep::new(DAY, Arc::default());
         // Every slot renews at once; about one in 43,200 also trims in its first second.
-        let first: Vec<_> = slots().map(|s| upkeep.due(s)).collect();
-        assert!(first.iter().all(Option::is_some));
-        let trims = first.iter().flatten().filter(|c| c.trim).count();
-        assert!(trims < 20, "{trims} slots trimmed at once");
+        let first: Vec<_> = slots().map(|s| due(&upkeep, s)).collect();
+        assert!(
+            first
+                .iter()
+                .all(|r| r.is_some_and(|r| r.expire_ms == 129_600_000))
+        );
+        let trimmed = first.iter().filter(|r| trims(r)).count();
+        assert!(trimmed < 20, "{trimmed} slots trimmed at once");
+        // A trim removes the counters below the proposal minus the retention.
+        assert!(
+            first
+                .iter()
+                .flatten()
+                .all(|r| r.trim_below.is_none_or(|b| b == 1))
+        );
         // Then not again within the quarter retention (a trim may still come).
-        let again = slots().filter_map(|s| upkeep.due(s)).count();
+        let again = slots().filter_map(|s| due(&upkeep, s)).count();
         assert!(again < 20, "{again} slots renewed twice");
-        assert_eq!(upkeep.due(u16::MAX), None, "no such slot");
+        assert!(due(&upkeep, u16::MAX).is_none(), "no such slot");
     }
 
     #[test]
     fn a_node_that_rejoins_makes_every_slot_renew_again() {
         let rejoins = Arc::new(AtomicU64::new(3));
         let upkeep = Upkeep::new(DAY, Arc::clone(&rejoins));
-        assert!(slots().all(|s| upkeep.due(s).is_some()));
-        assert!(upkeep.due(7).is_none_or(|c| c.trim));
+        assert!(slots().all(|s| due(&upkeep, s).is_some()));
+        let again = due(&upkeep, 7);
+        assert!(again.is_none() || trims(&again));
         rejoins.fetch_add(1, Ordering::Relaxed);
-        assert!(slots().all(|s| upkeep.due(s).is_some()));
-        assert!(upkeep.due(7).is_none_or(|c| c.trim));
+        assert!(slots().all(|s| due(&upkeep, s).is_some()));
+        let again = due(&upkeep, 7);
+        assert!(again.is_none() || trims(&again));
     }
 
     #[test]
     fn a_retention_under_four_seconds_renews_at_every_acquisition() {
         let upkeep = Upkeep::new(Duration::from_millis(3_999), Arc::default());
         for _ in 0..3 {
-            assert!(slots().all(|s| upkeep.due(s).is_some()));
+            assert!(slots().all(|s| due(&upkeep, s).is_some()));
         }
         // Under two seconds, every acquisition trims too.
         let short = Upkeep::new(Duration::from_millis(1_999), Arc::default());
-        assert!(slots().all(|s| short.due(s) == Some(Chores { trim: true })));
+        assert!(slots().all(|s| trims(&due(&short, s))));
     }
 
     #[test]

@@ -20,8 +20,7 @@ use crate::node::Node;
 use crate::quorum::{self, NodeMask, Outcome, later};
 use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{
-    ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, MAX_NUMBER, Renewal, Request,
-    parse_acquire,
+    ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, MAX_NUMBER, Request, parse_acquire,
 };
 use crate::token::Lock;
 use crate::votes::Votes;
@@ -334,7 +333,7 @@ impl Redlock {
             at: CounterAt::of(resource),
             value: value.as_bytes(),
             token,
-            expiry_ms: fencing::expiry_ms(super::ttl_ms(self.inner.fencing_retention)),
+            expiry_ms: self.inner.upkeep.expiry_ms(),
         };
         let round = fencing::phase_two(&self.inner.nodes, &write, phase_one, deadline).await?;
         // The number lands on the nodes that had not answered yet, too.
@@ -355,7 +354,6 @@ impl Redlock {
     ) -> (Round, Votes, SetReplies) {
         let resource = &target.resource;
         let ttl_ms = super::ttl_ms(ttl);
-        let keys = [&*resource.key, &*resource.counter_key];
         let proposal = if self.fencing {
             // Below the largest number a counter holds exactly, so that one above the
             // proposal still is one (a counter at that largest number fails the read).
@@ -372,12 +370,12 @@ impl Redlock {
                 value: value.as_bytes(),
                 ttl_ms,
                 proposal,
-                renew: self.renewal(resource.slot, proposal),
+                renew: self.inner.upkeep.renewal(resource.slot, proposal),
             }
         } else if target.accepts == Accepts::LockOrRecord {
             Request::Script(Invocation {
                 script: &ACQUIRE_OR_REPLAY_SCRIPT,
-                keys: &keys[..1],
+                keys: &[&resource.key],
                 args: &args,
             })
         } else {
@@ -395,20 +393,6 @@ impl Redlock {
         };
         let round = Round::send(nodes, &request, plan);
         count_set_round(nodes, round, SetReplies::new(proposal)).await
-    }
-
-    /// The upkeep of the counter set of `slot` that an acquisition proposing `proposal`
-    /// does, when due: its expiry renewed, and maybe the counters not raised within the
-    /// retention trimmed (numbers are microseconds of some client's clock, so those below
-    /// the proposal minus the retention).
-    fn renewal(&self, slot: u16, proposal: u64) -> Option<Renewal> {
-        let chores = self.inner.upkeep.due(slot)?;
-        let retention = self.inner.fencing_retention;
-        let retention_us = u64::try_from(retention.as_micros()).unwrap_or(u64::MAX);
-        Some(Renewal {
-            expire_ms: fencing::expiry_ms(super::ttl_ms(retention)),
-            trim_below: chores.trim.then(|| proposal.saturating_sub(retention_us)),
-        })
     }
 }
 
