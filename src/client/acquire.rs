@@ -342,9 +342,9 @@ impl Redlock {
     }
 
     /// Step 2: `SET NX PX` on every node at once (with fencing on, followed by the
-    /// proposal's `ZADD GT CH` and `PEXPIRE` on the name's counter), until the outcome is
-    /// certain or `deadline`. The round (its calls still out), the votes, and what the
-    /// replies said.
+    /// proposal's `ZADD GT CH` on the name's counter, and when due the set's upkeep),
+    /// until the outcome is certain or `deadline`. The round (its calls still out), the
+    /// votes, and what the replies said.
     async fn set_round(
         &self,
         target: &Target,

@@ -1,10 +1,11 @@
 //! The commands a round sends: a script call, `SET NX PX`, or the fenced acquisition's
-//! `SET NX PX` + `ZADD GT CH` + `PEXPIRE`, packed as RESP once per round for every node
-//! ([`Call`]), the `NOSCRIPT` fallback to `EVAL`, and the batched release.
+//! `SET NX PX` + `ZADD GT CH` (+ now and then the counter set's `PEXPIRE` and trim), packed
+//! as RESP once per round for every node ([`Call`]), the `NOSCRIPT` fallback to `EVAL`,
+//! and the batched release.
 //!
 //! ```text
 //! Request::Script(RELEASE, keys, args)  ->  Call { packed: "*5\r\n$7\r\nEVALSHA\r\n..." }
-//! Request::FencedSetNx { .. }           ->  Call { packed: "*6\r\n$3\r\nSET..*6\r\n$4\r\nZADD..", 3 replies }
+//! Request::FencedSetNx { .. }           ->  Call { packed: "*6\r\n$3\r\nSET..*6\r\n$4\r\nZADD..", 2 replies }
 //! ```
 //!
 //! ```no_run

@@ -3,8 +3,8 @@
 //!
 //! Each script is loaded with `SCRIPT LOAD` when a node connects and then run with
 //! `EVALSHA`, so an operation is one round trip. The hot paths send plain commands
-//! instead: `SET NX PX` for a lock, with `ZADD GT CH` and `PEXPIRE` pipelined behind it
-//! when fenced. If a node answers `NOSCRIPT` (its script
+//! instead: `SET NX PX` for a lock, with `ZADD GT CH` (and now and then `PEXPIRE`)
+//! pipelined behind it when fenced. If a node answers `NOSCRIPT` (its script
 //! cache was flushed), the call falls back to `EVAL`, which also caches the script again.
 //!
 //! ```text
