@@ -579,13 +579,15 @@ impl Cell {
 
     /// `lib` ÷ `base` per repeat, median over the repeats.
     fn ratio_to(&self, lib: usize, base: usize, field: fn(&Metrics) -> f64) -> f64 {
-        median(
-            &mut self
-                .runs
-                .iter()
-                .map(|r| field(&r[lib]) / field(&r[base]))
-                .collect::<Vec<_>>(),
-        )
+        median(&mut self.ratios_to(lib, base, field))
+    }
+
+    /// `lib` ÷ `base`, one per repeat.
+    fn ratios_to(&self, lib: usize, base: usize, field: fn(&Metrics) -> f64) -> Vec<f64> {
+        self.runs
+            .iter()
+            .map(|r| field(&r[lib]) / field(&r[base]))
+            .collect()
     }
 
     fn total(&self, lib: usize, field: fn(&Metrics) -> u64) -> u64 {
@@ -863,11 +865,11 @@ fn write_fencing(w: &mut String, cells: &[Cell]) {
         "\n## Fencing\n\nThe share of fenced acquisitions that needed phase 2 (a second \
          round trip, when a quorum did not accept the proposed number), and fenced ÷ \
          unfenced tower-redlock from the same repeats (below 1 is better, except \
-         throughput).\n\n\
+         throughput): the median over the repeats, and in brackets the lowest and the \
+         highest repeat, which show how much this machine moves a ratio.\n\n\
          | workload | N | phase 2 % | fenced ÷ rslock throughput ↑ | fenced ÷ unfenced throughput ↑ | lock p50 ↓ | handoff ↓ | Redis CPU ↓ |\n\
          |---|---|---:|---:|---:|---:|---:|---:|"
     );
-    let vs = |cell: &Cell, field: fn(&Metrics) -> f64| cell.ratio_to(FENCED, PLAIN, field);
     let show = |v: f64| {
         if v.is_nan() {
             "—".to_owned()
@@ -875,10 +877,22 @@ fn write_fencing(w: &mut String, cells: &[Cell]) {
             format!("{v:.2}")
         }
     };
+    // The median of per-repeat ratios, with their range.
+    let spread = |mut ratios: Vec<f64>| {
+        let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mid = median(&mut ratios);
+        if mid.is_nan() || ratios.len() < 2 {
+            show(mid)
+        } else {
+            format!("{} ({}–{})", show(mid), show(low), show(high))
+        }
+    };
+    let vs = |cell: &Cell, field: fn(&Metrics) -> f64| spread(cell.ratios_to(FENCED, PLAIN, field));
     for cell in cells {
         let handoff = match cell.workload {
             Workload::W3 => vs(cell, |m| m.handoff),
-            _ => f64::NAN,
+            _ => show(f64::NAN),
         };
         let _ = writeln!(
             w,
@@ -886,11 +900,11 @@ fn write_fencing(w: &mut String, cells: &[Cell]) {
             cell.workload.title(),
             cell.nodes,
             show(cell.median(FENCED, |m| m.phase_two)),
-            show(cell.ratio(FENCED, |m| m.throughput)),
-            show(vs(cell, |m| m.throughput)),
-            show(vs(cell, |m| m.lock_p50)),
-            show(handoff),
-            show(vs(cell, |m| m.redis_cpu)),
+            spread(cell.ratios_to(FENCED, RSLOCK, |m| m.throughput)),
+            vs(cell, |m| m.throughput),
+            vs(cell, |m| m.lock_p50),
+            handoff,
+            vs(cell, |m| m.redis_cpu),
         );
     }
 }
