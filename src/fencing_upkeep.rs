@@ -43,6 +43,8 @@ use crate::scripts::Renewal;
 /// than that trim their share), and always together with a renewal.
 #[derive(Debug)]
 pub(crate) struct Upkeep {
+    /// When the schedules' seconds count from.
+    started: Instant,
     renewals: Schedule,
     trims: Schedule,
     /// The sets' expiry, in ms.
@@ -61,6 +63,7 @@ impl Upkeep {
     /// their rejoins in `rejoins`.
     pub(crate) fn new(retention: Duration, rejoins: Arc<AtomicU64>) -> Self {
         Self {
+            started: Instant::now(),
             renewals: Schedule::new(retention / 4, First::Now),
             trims: Schedule::new(retention / 2, First::Random),
             expiry_ms: expiry_ms(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX)),
@@ -81,8 +84,10 @@ impl Upkeep {
             self.renewals.start_over();
             self.renewed_for.fetch_max(rejoins, Ordering::Relaxed);
         }
-        let trim = self.trims.due(slot);
-        let renew = self.renewals.due(slot);
+        // One clock read for both schedules.
+        let now = u32::try_from(self.started.elapsed().as_secs()).unwrap_or(u32::MAX);
+        let trim = self.trims.due(slot, now);
+        let renew = self.renewals.due(slot, now);
         (renew || trim).then(|| Renewal {
             expire_ms: self.expiry_ms,
             trim_below: trim.then(|| proposal.saturating_sub(self.retention_us)),
@@ -112,10 +117,9 @@ enum First {
 /// When this client does one chore next in each slot.
 #[derive(Debug)]
 struct Schedule {
-    started: Instant,
     /// Whole seconds between two of the chore in a slot; 0: at every acquisition.
     every: u32,
-    /// Per slot: the second since `started` from which the chore is due again.
+    /// Per slot: the second since [`Upkeep::started`] from which the chore is due again.
     next: Box<[AtomicU32]>,
 }
 
@@ -129,22 +133,18 @@ impl Schedule {
                 First::Random => AtomicU32::new(random.below(every)),
             })
             .collect();
-        Self {
-            started: Instant::now(),
-            every,
-            next,
-        }
+        Self { every, next }
     }
 
-    /// Whether the chore is due in `slot` now; when so, the next one is a period later.
-    fn due(&self, slot: u16) -> bool {
+    /// Whether the chore is due in `slot` at second `now`; when so, the next one is a
+    /// period later.
+    fn due(&self, slot: u16, now: u32) -> bool {
         let Some(cell) = self.next.get(usize::from(slot)) else {
             return false;
         };
         if self.every == 0 {
             return true;
         }
-        let now = u32::try_from(self.started.elapsed().as_secs()).unwrap_or(u32::MAX);
         let next = cell.load(Ordering::Relaxed);
         now >= next
             && cell
