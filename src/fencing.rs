@@ -166,11 +166,11 @@ impl PhaseOne {
     }
 }
 
-/// Where a name's counter is: its lock key and the key of its slot's set of counters
+/// Where a name's counter is: its lock key and the key of the sorted set that holds the counter
 /// (`keys`), and its member in that set, whose score is the counter.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CounterAt<'a> {
-    /// The lock key, then the key of the slot's set of counters.
+    /// The lock key, then the key of the set of counters.
     pub(crate) keys: [&'a [u8]; 2],
     /// The name's member in the set.
     pub(crate) member: &'a [u8],
@@ -281,12 +281,14 @@ pub fn rounds() -> (u64, u64) {
 }
 
 /// The key of the sorted set that holds `name`'s fencing counter under the key prefix
-/// `prefix`, and its member whose score is the counter (16 hex digits of the SHA-256 of
-/// the name's lock key); `None` for an empty name. Not part of the API: for tests and tools
-/// that look at the counters.
+/// `prefix`, and its member whose score is the counter (the lock key's hash slot, in
+/// decimal digits), for a client with one set per node (`per_slot` false: no Redis
+/// Cluster among its nodes) or a set per slot; `None` for an empty name. Not part of the
+/// API: for tests and tools that look at the counters.
 #[doc(hidden)]
-pub fn counter_of(prefix: &[u8], name: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
-    crate::name::keys_for(prefix, name)
+pub fn counter_of(prefix: &[u8], name: &[u8], per_slot: bool) -> Option<(Vec<u8>, Vec<u8>)> {
+    let sets = crate::name::CounterSets::for_nodes(per_slot);
+    crate::name::keys_for(prefix, name, sets)
         .ok()
         .map(|keys| (keys.counter, keys.member))
 }

@@ -13,6 +13,10 @@
 //! - **lock order** (the proof's claim): if on some node whose counter holds A's number
 //!   B's `SET` ran after A's, and the node did not restart in between, `t_B > t_A`.
 //!
+//! The counter is shared with other names (the names of one hash slot share one): their
+//! acquisitions, by the same clients with the same clocks, raise it on single nodes at any
+//! moment (`ZADD GT` with a proposal of their own), which the proof allows for.
+//!
 //! Clients' clocks are skewed (every clock within `skew` of real time), and proposals
 //! therefore often lose to counters: both the one-round path and the read with phase 2
 //! run. Restarts follow the quarantine rules (a restarted node grants nothing for the
@@ -57,6 +61,8 @@ struct Scope {
     restarts: usize,
     /// Lock keys that vanish early (a clock jump on the node) per run.
     expiries: usize,
+    /// Raises of the counter by other names' acquisitions (of the same slot) per run.
+    neighbours: usize,
     /// Microseconds per tick of real time.
     tick_us: u64,
     /// How far any clock may be from real time, in microseconds.
@@ -79,6 +85,7 @@ const SCOPES: [Scope; 3] = [
         acquisitions: 3,
         restarts: 0,
         expiries: 2,
+        neighbours: 4,
         tick_us: 10,
         skew_us: 40,
         ttl_ticks: 6,
@@ -91,6 +98,7 @@ const SCOPES: [Scope; 3] = [
         acquisitions: 2,
         restarts: 0,
         expiries: 3,
+        neighbours: 6,
         tick_us: 1,
         skew_us: 20,
         ttl_ticks: 12,
@@ -103,6 +111,7 @@ const SCOPES: [Scope; 3] = [
         acquisitions: 3,
         restarts: 2,
         expiries: 1,
+        neighbours: 3,
         tick_us: 100,
         skew_us: 90,
         ttl_ticks: 4,
@@ -247,6 +256,7 @@ struct World {
     step: u64,
     restarts: usize,
     expiries: usize,
+    neighbours: usize,
 }
 
 /// A step the scheduler may take.
@@ -261,6 +271,8 @@ enum Step {
     Decide(usize),
     Expire(usize),
     Restart(usize),
+    /// Client `.1` acquires another name of the slot: its `ZADD` on node `.0`.
+    Neighbour(usize, usize),
 }
 
 impl World {
@@ -291,6 +303,7 @@ impl World {
             step: 0,
             restarts: 0,
             expiries: 0,
+            neighbours: 0,
         }
     }
 
@@ -332,6 +345,9 @@ impl World {
             if self.restarts < self.scope.restarts {
                 out.push(Step::Restart(i));
             }
+            if self.neighbours < self.scope.neighbours {
+                out.extend((0..self.scope.clients).map(|c| Step::Neighbour(i, c)));
+            }
         }
         if out.is_empty() {
             out.push(Step::Tick);
@@ -364,6 +380,7 @@ impl World {
                 node.quarantined_until = until;
                 node.restarts.push(self.step);
             }
+            Step::Neighbour(i, c) => self.neighbour(i, c),
         }
         Ok(())
     }
@@ -390,6 +407,22 @@ impl World {
         });
         self.clients[c].left -= 1;
         self.clients[c].attempt = Some(a);
+    }
+
+    /// Another name of the slot acquired by client `c`: a proposal of its clock, raised
+    /// to on node `i` if above the counter there (a quarantined node takes nothing).
+    fn neighbour(&mut self, i: usize, c: usize) {
+        self.neighbours += 1;
+        if self.tick < self.nodes[i].quarantined_until {
+            return;
+        }
+        let Client { skew, highest, .. } = self.clients[c];
+        let p = proposal(self.clock(skew), highest);
+        self.clients[c].highest = p;
+        let node = &mut self.nodes[i];
+        if (self.rules.accepts)(node.counter.unwrap_or(0), p) {
+            node.counter = Some(p);
+        }
     }
 
     /// Phase 1's `SET NX PX` on node `i`. A quarantined node gets nothing (the client

@@ -40,6 +40,37 @@ fn hex_into(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
+/// Where a client's fencing counters live on a node: one counter per hash slot, shared
+/// by the names of the slot (a name's counter is its slot's), as the score of the slot's
+/// member in a sorted set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CounterSets {
+    /// One sorted set per node, `{prefix}#fencing`, with a member per slot: one key
+    /// whatever the names, so the node's keyspace stays as small as without fencing.
+    One,
+    /// A sorted set per slot, `{prefix}#fencing{{tag}}`, in that slot, with its one member:
+    /// for a Redis Cluster, where a script's keys must share a slot and the phase-2 script
+    /// takes the lock key and the counter's set together.
+    PerSlot,
+}
+
+impl CounterSets {
+    /// The layout for a client whose nodes include a Redis Cluster (`cluster`) or not.
+    /// Every client on the same names must list the same nodes (as Redlock itself needs),
+    /// so they all choose the same layout.
+    pub(crate) fn for_nodes(cluster: bool) -> Self {
+        if cluster { Self::PerSlot } else { Self::One }
+    }
+
+    /// How many sets a node holds at most (per key prefix).
+    pub(crate) fn count(self) -> usize {
+        match self {
+            Self::One => 1,
+            Self::PerSlot => SLOTS,
+        }
+    }
+}
+
 /// The Redis keys of one lock name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys {
@@ -47,29 +78,29 @@ pub(crate) struct Keys {
     pub(crate) lock: Vec<u8>,
     /// The lock key's hash slot.
     pub(crate) slot: u16,
-    /// `{prefix}#fencing{{tag}}`: the sorted set that holds the fencing counters of the
-    /// names of the lock key's slot, in that same slot.
+    /// The sorted set that holds the name's fencing counter ([`CounterSets`]).
     pub(crate) counter: Vec<u8>,
-    /// The name's member in that set, whose score is its counter: [`MEMBER_LEN`] hex
-    /// digits of the SHA-256 of the lock key.
+    /// Which of the client's counter sets that is: 0 with [`CounterSets::One`], the slot
+    /// with [`CounterSets::PerSlot`] (the index of its renewal schedule).
+    pub(crate) set: u16,
+    /// The name's member in that set, whose score is its counter: the lock key's slot in
+    /// decimal digits, so the names of a slot share a counter.
     pub(crate) member: Vec<u8>,
 }
 
-/// The length of a name's member in its slot's set of counters: 16 hex digits, the first
-/// 64 bits of the SHA-256 of its lock key. Short and of one size, so that a set stays a
-/// compact listpack (a member over 64 bytes makes the node store the whole set as a
-/// skiplist, five times the memory per counter), whatever the names. Two names of one
-/// slot whose members are equal share a counter, which only makes their numbers higher:
-/// a shared counter is still above every number of each.
-pub(crate) const MEMBER_LEN: usize = 16;
-
-/// The Redis keys for `name` under `prefix`; an error for an empty name.
+/// The Redis keys for `name` under `prefix`, with its counter in `sets`; an error for an
+/// empty name.
 ///
-/// The name goes between braces, so it is the hash tag of the lock key; the counter key's
-/// tag puts it in the same slot: in a Redis Cluster they share a shard, whatever the name
-/// holds. A name longer than [`MAX_NAME_LEN`] bytes, or starting with `}` (which would make
-/// the tag empty), is replaced by `#sha256:` and its hex SHA-256.
-pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
+/// The name goes between braces, so it is the hash tag of the lock key. With a set per
+/// slot, the counter key's tag puts it in the lock key's slot: in a Redis Cluster they
+/// share a shard, whatever the name holds. A name longer than [`MAX_NAME_LEN`] bytes, or
+/// starting with `}` (which would make the tag empty), is replaced by `#sha256:` and its
+/// hex SHA-256.
+///
+/// A counter per slot rather than per name keeps the counters' memory bounded (at most
+/// [`SLOTS`] per node and prefix, whatever the names), and two names that share a counter
+/// only get higher numbers: the shared counter is above every number of each.
+pub(crate) fn keys_for(prefix: &[u8], name: &[u8], sets: CounterSets) -> Result<Keys, LockError> {
     if name.is_empty() {
         return Err(LockError::InvalidName {
             reason: "the name is empty",
@@ -97,15 +128,17 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8]) -> Result<Keys, LockError> {
     };
     let lock = tagged(b"", &part);
     let slot = slot::slot(&lock);
-    // With a prefix that has a tag of its own, that tag decides both keys' slot.
-    let counter = tagged(b"#fencing", &slot::tag(slot));
-    let mut member = Vec::with_capacity(MEMBER_LEN);
-    hex_into(&mut member, &Sha256::digest(&lock)[..MEMBER_LEN / 2]);
+    let (counter, set) = match sets {
+        CounterSets::One => ([prefix, b"#fencing"].concat(), 0),
+        // With a prefix that has a tag of its own, that tag decides both keys' slot.
+        CounterSets::PerSlot => (tagged(b"#fencing", &slot::tag(slot)), slot),
+    };
     Ok(Keys {
         lock,
         slot,
         counter,
-        member,
+        set,
+        member: slot.to_string().into_bytes(),
     })
 }
 
@@ -148,8 +181,8 @@ pub(crate) struct Resource {
     pub(crate) counter_key: Box<[u8]>,
     /// The name's member in that set: its counter is the member's score.
     pub(crate) counter_member: Box<[u8]>,
-    /// The lock key's hash slot.
-    pub(crate) slot: u16,
+    /// Which of the client's counter sets holds it ([`Keys::set`]).
+    pub(crate) counter_set: u16,
 }
 
 #[cfg(test)]
@@ -158,31 +191,55 @@ mod tests {
     use std::collections::HashSet;
 
     fn lock_key(prefix: &[u8], name: &[u8]) -> Vec<u8> {
-        keys_for(prefix, name).map(|k| k.lock).unwrap_or_default()
+        keys_for(prefix, name, CounterSets::One)
+            .map(|k| k.lock)
+            .unwrap_or_default()
     }
 
     #[test]
     fn short_names_are_the_hash_tag_of_the_lock_key() {
-        let keys = keys_for(b"p:", b"abc").ok();
+        let keys = keys_for(b"p:", b"abc", CounterSets::One).ok();
         assert_eq!(
             keys.as_ref().map(|k| k.lock.as_slice()),
             Some(&b"p:{abc}"[..])
         );
-        // "abc" is in slot 7638, as is "8586", the smallest number there.
         assert_eq!(keys.as_ref().map(|k| k.slot), Some(7638));
+        // One set per node; the member is the slot.
+        assert_eq!(
+            keys.as_ref().map(|k| k.counter.as_slice()),
+            Some(&b"p:#fencing"[..])
+        );
+        assert_eq!(keys.as_ref().map(|k| k.set), Some(0));
+        assert_eq!(keys.map(|k| k.member).unwrap_or_default(), b"7638");
+        // A set per slot: "abc" is in slot 7638, as is "8586", the smallest number there.
+        let keys = keys_for(b"p:", b"abc", CounterSets::PerSlot).ok();
         assert_eq!(
             keys.as_ref().map(|k| k.counter.as_slice()),
             Some(&b"p:#fencing{8586}"[..])
         );
-        // The member: 16 hex digits of the SHA-256 of "p:{abc}".
-        let member = keys.map(|k| k.member).unwrap_or_default();
-        let digest = Sha256::digest(b"p:{abc}");
-        let mut expected = Vec::new();
-        hex_into(&mut expected, &digest[..8]);
-        assert_eq!(member, expected);
-        assert_eq!(member.len(), MEMBER_LEN);
+        assert_eq!(keys.as_ref().map(|k| k.set), Some(7638));
+        assert_eq!(keys.map(|k| k.member).unwrap_or_default(), b"7638");
         let exact = vec![b'x'; MAX_NAME_LEN];
         assert_eq!(lock_key(b"", &exact).len(), MAX_NAME_LEN + 2);
+    }
+
+    #[test]
+    fn a_name_shares_its_counter_with_the_names_of_its_slot_only() {
+        let keys = |name: &[u8]| keys_for(b"redlock:", name, CounterSets::One).ok();
+        let (a, b) = (keys(b"{user1000}.following"), keys(b"{user1000}.followers"));
+        assert_eq!(a.as_ref().map(|k| &k.member), b.as_ref().map(|k| &k.member));
+        let c = keys(b"order:42");
+        assert_ne!(a.as_ref().map(|k| &k.member), c.as_ref().map(|k| &k.member));
+        // Every member is the decimal slot: at most SLOTS of them per set.
+        for i in 0..10_000 {
+            let k = keys(format!("order:{i}").as_bytes());
+            let member = k.as_ref().map(|k| k.member.clone()).unwrap_or_default();
+            assert_eq!(
+                k.map(|k| k.slot.to_string().into_bytes()),
+                Some(member.clone())
+            );
+            assert!(member.len() <= 5);
+        }
     }
 
     #[test]
@@ -190,7 +247,7 @@ mod tests {
         for prefix in [&b"redlock:"[..], b"{app}:", b"a}b:", b""] {
             assert!(prefix_keeps_tags(prefix));
             for name in [&b"order:42"[..], b"a}b", b"}x", b"{y}", b"{}", b"x{"] {
-                let Ok(k) = keys_for(prefix, name) else {
+                let Ok(k) = keys_for(prefix, name, CounterSets::PerSlot) else {
                     panic!("{name:?} is a valid name")
                 };
                 assert_eq!(slot::slot(&k.lock), k.slot, "{prefix:?} {name:?}");
@@ -217,7 +274,7 @@ mod tests {
     #[test]
     fn empty_names_are_rejected() {
         assert!(matches!(
-            keys_for(b"p:", b""),
+            keys_for(b"p:", b"", CounterSets::One),
             Err(LockError::InvalidName { .. })
         ));
     }

@@ -438,6 +438,13 @@ async fn a_cluster_node_locks_on_the_owning_shard_and_a_dead_shard_fails_only_it
     let first = lock.fencing_token().expect("fenced");
     let owner = cluster.owner(lock.key());
     assert!(cluster.holds(owner, lock.key()));
+    // With a cluster node the counters' set is one per slot, on the lock key's shard.
+    let (counters, member) =
+        tower_redlock::fencing::counter_of(b"redlock:", b"shard-a", true).expect("a valid name");
+    assert!(counters.starts_with(b"redlock:#fencing{"), "{counters:?}");
+    assert_eq!(cluster.owner(&counters), owner);
+    assert!(cluster.holds(owner, &counters));
+    assert_eq!(member, b"6591".to_vec(), "the slot of shard-a");
     redlock
         .extend(&mut lock, Duration::from_secs(5))
         .await

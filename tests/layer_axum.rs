@@ -634,7 +634,7 @@ async fn handlers_get_growing_fencing_numbers_unless_the_layer_turns_fencing_off
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
         let (key, member) =
-            tower_redlock::fencing::counter_of(b"redlock:", b"req-1").expect("a valid name");
+            tower_redlock::fencing::counter_of(b"redlock:", b"req-1", false).expect("a valid name");
         let counter: Option<f64> = conn.zscore(key, member).await.expect("ZSCORE");
         assert_eq!(
             counter, None,

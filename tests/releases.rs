@@ -35,7 +35,7 @@ async fn a_refused_publish_does_not_stop_a_release() {
     let mut admin = cluster.raw(0).await;
     // The README's rule without the channel pattern.
     let rule = "SETUSER locker on >secret resetkeys ~redlock:* resetchannels -@all +set +get \
-                +pttl +del +pexpire +publish +zadd +zscore +zremrangebyscore +evalsha +eval +script|load +info \
+                +pttl +del +pexpire +publish +zadd +zscore +evalsha +eval +script|load +info \
                 +subscribe +unsubscribe +ping";
     let mut acl = redis::cmd("ACL");
     for word in rule.split_whitespace() {

@@ -370,7 +370,7 @@ impl Redlock {
                 value: value.as_bytes(),
                 ttl_ms,
                 proposal,
-                renew: self.inner.upkeep.renewal(resource.slot, proposal),
+                renew: self.inner.upkeep.renewal(resource.counter_set),
             }
         } else if target.accepts == Accepts::LockOrRecord {
             Request::Script(Invocation {

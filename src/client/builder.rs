@@ -375,20 +375,22 @@ impl RedlockBuilder {
         self
     }
 
-    /// How long a name's fencing counter lives on after its last fenced acquisition
+    /// How long the fencing counters live on after the last fenced acquisition on a node
     /// (default: [`DEFAULT_FENCING_RETENTION`](crate::defaults::DEFAULT_FENCING_RETENTION), 24 hours, or 100 times the TTL if that is
     /// longer). At least [`MIN_RETENTION_TO_TTL_RATIO`](crate::defaults::MIN_RETENTION_TO_TTL_RATIO) times the TTL of every fenced lock.
     ///
-    /// Counters expire so that memory is bounded by the names used within the retention
-    /// (about 60 bytes per name and node), not by every name ever used. A name locked
-    /// again after its counter expired gets a number from the client's clock, which is
-    /// above every earlier number as long as the clients' clocks agree to within about half
-    /// the retention; see [`crate::fencing`] for the exact condition. 24 hours leaves room
-    /// for clocks that drift for hours without NTP, and for outages and maintenance
-    /// windows. A retention over 100 years (`Duration::MAX`, say) keeps counters 100 years
-    /// (an expiry far enough in the future is refused by the nodes). Clients that share a
-    /// key prefix on the same nodes should share the retention too: each trims the counters
-    /// older than its own.
+    /// A name's counter is shared with the names of its hash slot, so a node holds at most
+    /// 16,384 counters per key prefix (about 1.6 MB) whatever the names; they sit in one
+    /// sorted set (one per slot with a Redis Cluster node), whose expiry each client renews
+    /// once per quarter retention. Once no client has locked anything fenced for a
+    /// retention and more, the counters are gone, and a name locked again gets a number
+    /// from the client's clock, which is above every earlier number as long as the clients'
+    /// clocks agree to within about half the retention; see [`crate::fencing`] for the
+    /// exact condition. 24 hours leaves room for clocks that drift for hours without NTP,
+    /// and for outages and maintenance windows. A retention over 100 years
+    /// (`Duration::MAX`, say) keeps counters 100 years (an expiry far enough in the future
+    /// is refused by the nodes). Clients that share a key prefix on the same nodes should
+    /// share the retention too: the set's expiry is the last renewal's.
     ///
     /// ```
     /// use std::time::Duration;
@@ -396,7 +398,7 @@ impl RedlockBuilder {
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
-    /// // Millions of distinct names a day, nodes kept in sync by NTP: keep counters 2 hours.
+    /// // Nodes kept in sync by NTP: counters gone 2 hours after the last acquisition.
     /// let redlock = Redlock::builder(nodes)
     ///     .fencing_retention(Duration::from_secs(2 * 3600))
     ///     .build()?;

@@ -146,7 +146,9 @@ impl Inspection {
         self.remaining
     }
 
-    /// The highest fencing number recorded for the name on any node, if any.
+    /// The highest fencing number recorded for the name on any node, if any: its counter,
+    /// which the names of its hash slot share, so it may be another name's number, and is
+    /// never below the name's own last one.
     pub fn fencing(&self) -> Option<u64> {
         self.fencing
     }

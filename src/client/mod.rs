@@ -333,13 +333,13 @@ impl Redlock {
         if self.fencing {
             check_retention(self.inner.fencing_retention, ttl)?;
         }
-        let keys = keys_for(&self.inner.key_prefix, name)?;
+        let keys = keys_for(&self.inner.key_prefix, name, self.inner.counter_sets)?;
         Ok(Arc::new(Resource {
             name: name.into(),
             key: keys.lock.into(),
             counter_key: keys.counter.into(),
             counter_member: keys.member.into(),
-            slot: keys.slot,
+            counter_set: keys.set,
         }))
     }
 

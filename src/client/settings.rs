@@ -20,7 +20,7 @@ use crate::defaults::{
 use crate::error::ConfigError;
 use crate::fencing::{Clock, Upkeep};
 use crate::keepalive_inbox::{Guards, KeepAlive};
-use crate::name::prefix_keeps_tags;
+use crate::name::{CounterSets, prefix_keeps_tags};
 use crate::node::{Node, NodeSettings};
 use crate::quorum;
 use crate::waiters::Waiters;
@@ -93,6 +93,8 @@ impl RedlockBuilder {
         };
         let nodes = self.nodes(&node_settings)?;
         let n = nodes.len();
+        let cluster = self.nodes.iter().any(|node| node.as_cluster().is_some());
+        let counter_sets = CounterSets::for_nodes(cluster);
         Ok(Settings {
             nodes: nodes.into(),
             ttl: self.ttl,
@@ -113,8 +115,13 @@ impl RedlockBuilder {
             },
             fencing: self.fencing,
             fencing_retention,
+            counter_sets,
             clock: Clock::default(),
-            upkeep: Upkeep::new(fencing_retention, Arc::clone(&node_settings.rejoins)),
+            upkeep: Upkeep::new(
+                fencing_retention,
+                counter_sets.count(),
+                Arc::clone(&node_settings.rejoins),
+            ),
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
         })
@@ -144,9 +151,11 @@ pub(crate) struct Settings {
     pub(crate) fencing: bool,
     /// How long a fencing counter lives after its last fenced acquisition.
     pub(crate) fencing_retention: Duration,
+    /// Where the fencing counters live on the nodes.
+    pub(crate) counter_sets: CounterSets,
     /// Where this client's fencing proposals come from.
     pub(crate) clock: Clock,
-    /// When this client renews and trims each slot's set of fencing counters next.
+    /// When this client renews each of its sets of fencing counters next.
     pub(crate) upkeep: Upkeep,
     /// The keep-alive driver of this client's guards, while one runs.
     pub(crate) guards: Guards,

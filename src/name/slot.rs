@@ -1,17 +1,19 @@
 //! Redis Cluster hash slots, and the short tag that puts a key in a given slot: a name's
-//! fencing counter lives in a sorted set shared by the names of its lock key's slot, under
-//! a key that the tag puts in that same slot (so a cluster keeps lock and counter on one
-//! shard, and one pipeline reaches both).
+//! fencing counter is its lock key's slot's, the slot's member in a sorted set; with a
+//! Redis Cluster node that set is one per slot, under a key that the tag puts in that
+//! same slot (so a cluster keeps lock and counter on one shard, and one script reaches
+//! both).
 //!
 //! ```text
 //! slot(b"redlock:{order:42}")   = CRC16 of "order:42" mod 16384
 //! tag(slot)                     = the smallest decimal number whose own slot it is
-//! counter key                   = "redlock:#fencing{" tag "}"
+//! counter key                   = "redlock:#fencing" (a cluster: "redlock:#fencing{" tag "}")
+//! member                        = the slot, in decimal digits
 //! ```
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! // Slots are internal; a fenced lock's counter shares its lock key's slot.
+//! // Slots are internal; a fenced lock's counter is its lock key's slot's.
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("order:42").await?;
 //! redlock.unlock(&lock).await;

@@ -1,5 +1,5 @@
 //! The commands a round sends: a script call, `SET NX PX`, or the fenced acquisition's
-//! `SET NX PX` + `ZADD GT CH` (+ now and then the counter set's `PEXPIRE` and trim), packed
+//! `SET NX PX` + `ZADD GT CH` (+ now and then the counter set's `PEXPIRE`), packed
 //! as RESP once per round for every node ([`Call`]), the `NOSCRIPT` fallback to `EVAL`,
 //! and the batched release.
 //!
@@ -42,14 +42,11 @@ pub(crate) struct Invocation<'a> {
     pub(crate) args: &'a [Arg<'a>],
 }
 
-/// The upkeep of a fenced acquisition's counter set (`docs/fencing.md`): its expiry
-/// renewed, and the counters below `trim_below` removed.
+/// The renewal of a fenced acquisition's counter set (`docs/fencing.md`): its expiry.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Renewal {
     /// The set's new expiry, in ms.
     pub(crate) expire_ms: u64,
-    /// Trim the counters below this number too.
-    pub(crate) trim_below: Option<u64>,
 }
 
 /// What a round sends to every node.
@@ -65,10 +62,9 @@ pub(crate) enum Request<'a> {
     },
     /// A fenced acquisition (phase 1, `docs/fencing.md`): `SET key value NX PX ttl`, then
     /// `ZADD counters GT CH proposal member` (the name's counter is its member's score in
-    /// the sorted set of its slot's counters: raised to the proposal only if below it,
-    /// answering 1 when it was), and, with `renew`, `PEXPIRE counters expire` and maybe
-    /// `ZREMRANGEBYSCORE counters -inf (trim_below` (the counters not raised within the
-    /// retention), pipelined as one request with a reply each. No script: a script's
+    /// the sorted set of counters: raised to the proposal only if below it, answering 1
+    /// when it was), and, with `renew`, `PEXPIRE counters expire`, pipelined as one
+    /// request with a reply each. No script: a script's
     /// `redis.call`s cost the node several times the commands sent on their own. Where the
     /// key is taken, [`HELD_OR_RECORD`](super::lua::HELD_OR_RECORD) follows, for the
     /// holder's TTL or the completion record.
@@ -112,7 +108,7 @@ impl Request<'_> {
                 renew,
             } => {
                 // Room for the other commands' words and headers.
-                let more = 3 * counters.len() + member.len() + 13 * 16 + 3 * 8;
+                let more = 2 * counters.len() + member.len() + 9 * 16 + 2 * 8;
                 let (mut cmd, key, value) = set_nx(lock_key, value, *ttl_ms, more);
                 cmd.next_command(6);
                 cmd.bytes(b"ZADD");
@@ -121,7 +117,16 @@ impl Request<'_> {
                 cmd.bytes(b"CH");
                 cmd.int(*proposal);
                 cmd.bytes(member);
-                let commands = 2 + renew.map_or(0, |renew| upkeep(&mut cmd, counters, renew));
+                let commands = match renew {
+                    Some(renew) => {
+                        cmd.next_command(3);
+                        cmd.bytes(b"PEXPIRE");
+                        cmd.bytes(counters);
+                        cmd.int(renew.expire_ms);
+                        3
+                    }
+                    None => 2,
+                };
                 let kind = CallKind::FencedSetNx {
                     key,
                     value,
@@ -159,33 +164,13 @@ fn set_nx(key: &[u8], value: &[u8], ttl_ms: u64, more: usize) -> (Packer, usize,
     (cmd, key, value)
 }
 
-/// Packs the upkeep of the counter set `counters` after the commands in `cmd`:
-/// `PEXPIRE counters expire`, and `ZREMRANGEBYSCORE counters -inf (below` when it trims.
-/// How many commands that is.
-fn upkeep(cmd: &mut Packer, counters: &[u8], renew: Renewal) -> u8 {
-    cmd.next_command(3);
-    cmd.bytes(b"PEXPIRE");
-    cmd.bytes(counters);
-    cmd.int(renew.expire_ms);
-    let Some(below) = renew.trim_below else {
-        return 1;
-    };
-    cmd.next_command(4);
-    cmd.bytes(b"ZREMRANGEBYSCORE");
-    cmd.bytes(counters);
-    cmd.bytes(b"-inf");
-    cmd.bytes(format!("({below}").as_bytes());
-    2
-}
-
 /// What a [`Call`] is, with where its typed fields are among its words.
 #[derive(Clone, Copy)]
 enum CallKind {
     /// `SET key value NX PX ttl`.
     SetNx { key: usize, value: usize },
-    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal member`, and, of its
-    /// `commands` (2 to 4), `PEXPIRE counters expire` and `ZREMRANGEBYSCORE counters -inf
-    /// (below`.
+    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal member`, and, when it has
+    /// 3 `commands`, `PEXPIRE counters expire`.
     FencedSetNx {
         key: usize,
         value: usize,
@@ -202,8 +187,7 @@ impl CallKind {
     fn command_starts(self) -> &'static [usize] {
         match self {
             Self::FencedSetNx { commands: 2, .. } => &[6],
-            Self::FencedSetNx { commands: 3, .. } => &[6, 12],
-            Self::FencedSetNx { .. } => &[6, 12, 15],
+            Self::FencedSetNx { .. } => &[6, 12],
             _ => &[],
         }
     }

@@ -18,8 +18,8 @@
 use std::ops::Range;
 
 /// The most words a command keeps the place of without allocating (every command a
-/// round sends has at most 15, a fenced acquisition's `SET`, `ZADD` and `PEXPIRE` when it
-/// renews its counter set, but for the rare one that also trims the set).
+/// round sends has at most 15: a fenced acquisition's `SET`, `ZADD` and `PEXPIRE` when it
+/// renews its counter set).
 const INLINE_WORDS: usize = 16;
 
 /// Where each word of a packed command is: kept as the command is written, so nothing

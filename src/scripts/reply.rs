@@ -82,7 +82,7 @@ pub(crate) enum FenceRead {
 
 /// Parses the reply to an acquisition: `OK` (set) or the holder's PTTL from
 /// [`HOLDER_TTL`](super::lua::HOLDER_TTL) for `SET NX PX`; `[OK, changed]` (and the
-/// `PEXPIRE`'s and the trim's answers, when it renewed or trimmed the set) for a fenced
+/// `PEXPIRE`'s answer, when it renewed the set) for a fenced
 /// acquisition that set the key (`changed`: the `ZADD GT CH`'s answer, 1 when the proposal
 /// was accepted); otherwise the scripts' arrays.
 pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
@@ -95,12 +95,10 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
         other => return Err(bad(&other)),
     };
     if let [Value::Okay | Value::Nil | Value::ServerError(_), ..] = items.as_slice() {
-        // A fenced acquisition's pipeline: `SET`, `ZADD`, maybe `PEXPIRE` and a trim. An
-        // error of the first three fails the node; one of the trim only leaves the set
-        // untrimmed until it expires.
+        // A fenced acquisition's pipeline: `SET`, `ZADD`, maybe `PEXPIRE`. An error of
+        // any of them fails the node.
         if let Some(at) = items
             .iter()
-            .take(3)
             .position(|v| matches!(v, Value::ServerError(_)))
         {
             return Err(match items.swap_remove(at).extract_error() {
@@ -108,15 +106,8 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
                 Ok(other) => bad(&other),
             });
         }
-        if let Some(Value::ServerError(e)) = items.get(3) {
-            tracing::warn!(
-                error = %e.details().unwrap_or_default(),
-                "redlock could not trim fencing counters (grant +zremrangebyscore); they stay until their set expires"
-            );
-        }
-        let upkeep = |v: &Value| matches!(v, Value::Int(_) | Value::ServerError(_));
-        if items.len() <= 4 && items.iter().skip(2).all(upkeep) {
-            // The expiry's and the trim's answers say nothing of the lock.
+        if let [_, _, Value::Int(_)] = items.as_slice() {
+            // The expiry's answer says nothing of the lock.
             items.truncate(2);
         }
     }
@@ -275,22 +266,14 @@ mod tests {
                 fence: Some(FenceRead::Accepted)
             })
         );
-        // With the set's expiry renewed, and trimmed too.
+        // With the set's expiry renewed.
         let renewed = Value::Array(vec![Value::Okay, Value::Int(1), Value::Int(1)]);
-        let trimmed = Value::Array(vec![
-            Value::Okay,
-            Value::Int(1),
-            Value::Int(1),
-            Value::Int(12),
-        ]);
-        for reply in [renewed, trimmed] {
-            assert_eq!(
-                parse_acquire(reply).ok(),
-                Some(AcquireReply::Won {
-                    fence: Some(FenceRead::Accepted)
-                })
-            );
-        }
+        assert_eq!(
+            parse_acquire(renewed).ok(),
+            Some(AcquireReply::Won {
+                fence: Some(FenceRead::Accepted)
+            })
+        );
         let error = |text: &[u8]| redis::parse_redis_value(text).unwrap_or(Value::Nil);
         let failed = Value::Array(vec![
             Value::Okay,
@@ -307,19 +290,6 @@ mod tests {
             matches!(parse_acquire(unrenewed), Err(NodeError::Redis(_))),
             "a set whose expiry the node does not renew would stay for ever"
         );
-        let untrimmed = Value::Array(vec![
-            Value::Okay,
-            Value::Int(0),
-            Value::Int(1),
-            error(b"-NOPERM no permission\r\n"),
-        ]);
-        assert_eq!(
-            parse_acquire(untrimmed).ok(),
-            Some(AcquireReply::Won {
-                fence: Some(FenceRead::Refused)
-            }),
-            "a trim the node refused fails nothing"
-        );
         let more =
             |extra: Vec<Value>| Value::Array([vec![Value::Okay, Value::Int(1)], extra].concat());
         for garbage in [
@@ -327,6 +297,7 @@ mod tests {
             fenced(-1),
             Value::Array(vec![Value::Okay]),
             more(vec![bulk("1")]),
+            more(vec![Value::Int(1), Value::Int(12)]),
             more(vec![Value::Int(1), Value::Int(0), Value::Int(0)]),
         ] {
             assert!(matches!(

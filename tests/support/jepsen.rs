@@ -89,10 +89,10 @@ pub struct Workload {
     pub client_pause_one_in: Option<usize>,
     /// The clients' fencing retention (default: the client default).
     pub fencing_retention: Option<Duration>,
-    /// With `Some(period)`, the workload alternates every period between two sets of
-    /// names, so each set sits idle for a period (and its counters can expire) before it
-    /// is used again.
-    pub alternate_names: Option<Duration>,
+    /// With `Some(period)`, the workload alternates every period between working and
+    /// resting (no lock at all), so the fencing counters' set can expire before the names
+    /// are locked again.
+    pub rest: Option<Duration>,
 }
 
 impl Default for Workload {
@@ -105,7 +105,7 @@ impl Default for Workload {
             node_timeout: Duration::from_millis(100),
             client_pause_one_in: None,
             fencing_retention: None,
-            alternate_names: None,
+            rest: None,
         }
     }
 }
@@ -173,10 +173,16 @@ pub async fn run_workload(
             let mut rng = Rng(seed ^ ((c * 64 + t + 1) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             tasks.push(tokio::spawn(async move {
                 while Instant::now() < until {
-                    let set = w.alternate_names.map_or(0, |period| {
-                        (from.elapsed().as_nanos() / period.as_nanos().max(1)) as usize % 2
-                    });
-                    let name = rng.below(w.names) + set * w.names;
+                    if let Some(period) = w.rest {
+                        let phase = from.elapsed().as_nanos() / period.as_nanos().max(1);
+                        if phase % 2 == 1 {
+                            let next =
+                                period.saturating_mul(u32::try_from(phase + 1).unwrap_or(u32::MAX));
+                            tokio::time::sleep_until((from + next).min(until).into()).await;
+                            continue;
+                        }
+                    }
+                    let name = rng.below(w.names);
                     let pause = w.client_pause_one_in.is_some_and(|n| rng.below(n) == 0);
                     hold_once(&redlock, &store, &w, name, pause, until, &history).await;
                 }
