@@ -281,8 +281,8 @@ pub fn rounds() -> (u64, u64) {
 }
 
 /// The key of the sorted set that holds `name`'s fencing counter under the key prefix
-/// `prefix`, and its member whose score is the counter (the lock key's hash slot, in
-/// decimal digits), for a client with one set per node (`per_slot` false: no Redis
+/// `prefix`, and its member whose score is the counter (the name's hash slot, in decimal
+/// digits), for a client with one set per node (`per_slot` false: no Redis
 /// Cluster among its nodes) or a set per slot; `None` for an empty name. Not part of the
 /// API: for tests and tools that look at the counters.
 #[doc(hidden)]

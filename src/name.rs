@@ -83,8 +83,9 @@ pub(crate) struct Keys {
     /// Which of the client's counter sets that is: 0 with [`CounterSets::One`], the slot
     /// with [`CounterSets::PerSlot`] (the index of its renewal schedule).
     pub(crate) set: u16,
-    /// The name's member in that set, whose score is its counter: the lock key's slot in
-    /// decimal digits, so the names of a slot share a counter.
+    /// The name's member in that set, whose score is its counter: the name's hash slot
+    /// (its lock key's without the prefix) in decimal digits, so the names of a slot share
+    /// a counter.
     pub(crate) member: Vec<u8>,
 }
 
@@ -133,13 +134,25 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8], sets: CounterSets) -> Result<
         // With a prefix that has a tag of its own, that tag decides both keys' slot.
         CounterSets::PerSlot => (tagged(b"#fencing", &slot::tag(slot)), slot),
     };
+    // The name's own slot: the lock key's, unless the prefix's tag decides that one (then
+    // every name would share one counter).
+    let own = if prefix.contains(&b'{') {
+        slot::slot(&tagged_name(&part))
+    } else {
+        slot
+    };
     Ok(Keys {
         lock,
         slot,
         counter,
         set,
-        member: slot.to_string().into_bytes(),
+        member: own.to_string().into_bytes(),
     })
+}
+
+/// `{part}`: the lock key of `part` without a prefix.
+fn tagged_name(part: &[u8]) -> Vec<u8> {
+    [&b"{"[..], part, b"}"].concat()
 }
 
 /// Whether lock and counter keys under `prefix` share their slot: the prefix has no `{`
@@ -221,6 +234,18 @@ mod tests {
         assert_eq!(keys.map(|k| k.member).unwrap_or_default(), b"7638");
         let exact = vec![b'x'; MAX_NAME_LEN];
         assert_eq!(lock_key(b"", &exact).len(), MAX_NAME_LEN + 2);
+    }
+
+    #[test]
+    fn a_prefix_with_a_tag_of_its_own_still_spreads_the_names_over_the_slots() {
+        // `{app}` puts every lock key in one slot; the counters stay one per name's slot.
+        for sets in [CounterSets::One, CounterSets::PerSlot] {
+            let keys = |name: &[u8]| keys_for(b"{app}:", name, sets).ok();
+            let (a, b) = (keys(b"abc"), keys(b"order:42"));
+            assert_eq!(a.as_ref().map(|k| k.slot), b.as_ref().map(|k| k.slot));
+            assert_eq!(a.map(|k| k.member).unwrap_or_default(), b"7638");
+            assert_ne!(b.map(|k| k.member).unwrap_or_default(), b"7638");
+        }
     }
 
     #[test]
