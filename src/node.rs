@@ -5,8 +5,8 @@
 //! for TLS, Unix sockets or RESP3, redis-rs's cluster connection for a cluster. Releases
 //! that come while another is on its way go out together ([`batch`]). A background task
 //! ([`connect`]) (re)connects: it opens the connection (authenticating and selecting the
-//! database as the URL says), reads `INFO server` (run id, uptime, version) and loads the
-//! scripts, all in one round trip. A command in flight on a node is a [`NodeCall`]
+//! database as the URL says), reads `INFO` (run id, uptime, version, replication) and
+//! loads the scripts, all in one round trip. A command in flight on a node is a [`NodeCall`]
 //! ([`call`]). The connection
 //! is rebuilt after an I/O or protocol error, or after several consecutive timeouts (a hung
 //! server); failed connects back off exponentially. While a node is down, operations fail
@@ -14,17 +14,19 @@
 //! deadline, so a hung node never stalls an operation beyond it.
 //!
 //! **Restart-safe quorum.** A Redis node that restarts without persistence forgets its
-//! lock keys, and could grant a lock that another client still holds through it (the
-//! "delayed restart" rule of the Redlock spec exists for this). Every connect reads the
-//! node's `run_id`: when it differs from the one seen before, the node restarted, and it is
-//! quarantined for the longest TTL in use: it takes no part in acquiring or extending
-//! (releases still go to it) until every lock it may have lost has expired. On first
-//! contact, a node up for less than that TTL is quarantined for the difference. The
-//! quarantine is timed on the client's monotonic clock.
+//! lock keys, and a replica promoted by a failover lacks the writes that had not reached
+//! it: either could grant a lock that another client still holds through it (the
+//! "delayed restart" rule of the Redlock spec exists for this). Every connect reads who
+//! the server is (`run_id`, replication role and id: see [`identity`]); a server that is
+//! not a master is refused; one that restarted, started or became a master less than the
+//! longest TTL in use ago is quarantined: it takes no part in acquiring or extending
+//! (releases still go to it) until every lock it may have lost has expired, whenever this
+//! client started. The quarantine is timed on the client's monotonic clock.
 //!
 //! `impl Node` comes in layers that never call up: this file (the node's state, the
 //! answers and timeouts of its calls), [`connect`] (uses this file), then [`check`] and
-//! [`call`] (use both). [`batch`] keeps a node's queue of releases and knows no node.
+//! [`call`] (use both). [`identity`] judges what a server says of itself, and [`batch`]
+//! keeps a node's queue of releases; neither knows a node.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -39,12 +41,13 @@ mod batch;
 mod call;
 mod check;
 mod connect;
+mod identity;
 mod resp;
 mod wire;
 
 pub(crate) use call::{NodeCall, Sending};
 
-use crate::error::NodeError;
+use crate::error::{NodeError, QuarantineReason};
 use crate::sentinel::SentinelMaster;
 
 /// How a node finds its server: a fixed address, the master the sentinels name, or a
@@ -111,8 +114,10 @@ const BACKOFF_MAX: Duration = Duration::from_millis(1_000);
 pub(crate) struct NodeSettings {
     pub(crate) connect_timeout: Duration,
     pub(crate) reconnect_after_timeouts: u32,
-    /// Whether restarted or young nodes are quarantined.
+    /// Whether nodes that may have lost keys are quarantined.
     pub(crate) quarantine: bool,
+    /// The client's key prefix: promotion markers go under it (see `identity`).
+    pub(crate) key_prefix: Arc<[u8]>,
     /// The longest TTL the client has used, in ms: the length of a quarantine.
     pub(crate) max_ttl_ms: Arc<AtomicU64>,
     /// The servers the client's nodes reached: `run_id` -> the node that counts for it.
@@ -148,10 +153,11 @@ struct NodeState {
     /// When the current connection was made (none before the first).
     connected_at: Option<Instant>,
     backoff: Duration,
-    /// The `run_id` of the first successful connect, updated on restarts.
-    known_run_id: Option<String>,
-    /// Kept out of acquire and extend until then.
-    quarantined_until: Option<Instant>,
+    /// Who the server was on the last connect (`run_id` and replication id), if `INFO`
+    /// told.
+    known: Option<identity::Identity>,
+    /// Kept out of acquire and extend until then, and why.
+    quarantined_until: Option<(Instant, QuarantineReason)>,
     /// The node whose server this node's address also reaches, if any (logged once).
     same_server_as: Option<String>,
     /// The server's version, from the last connect that could read it.
@@ -199,7 +205,7 @@ impl Node {
                 generation: 0,
                 connected_at: None,
                 backoff: BACKOFF_MIN,
-                known_run_id: None,
+                known: None,
                 quarantined_until: None,
                 same_server_as: None,
                 version: None,
@@ -245,9 +251,10 @@ impl Node {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How much longer the node is quarantined, if it is (the state is locked by the caller).
-    fn quarantine_left(&self, st: &mut NodeState) -> Option<Duration> {
-        let until = st.quarantined_until?;
+    /// How much longer the node is quarantined, and why, if it is (the state is locked by
+    /// the caller).
+    fn quarantine_left(&self, st: &mut NodeState) -> Option<(Duration, QuarantineReason)> {
+        let (until, reason) = st.quarantined_until?;
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             st.quarantined_until = None;
@@ -259,7 +266,28 @@ impl Node {
             tracing::info!(node = %self.label, "redlock node quarantine over: it takes part in acquisitions again");
             return None;
         }
-        Some(left)
+        Some((left, reason))
+    }
+
+    /// Keeps the node out of acquisitions for `length` from now (or longer, if it already
+    /// is) because of `reason` (the state is locked by the caller).
+    fn quarantine(&self, st: &mut NodeState, length: Duration, reason: QuarantineReason) {
+        let until = crate::quorum::later(Instant::now(), length);
+        match st.quarantined_until {
+            Some((longer, _)) if longer >= until => return,
+            Some(_) => {}
+            None => crate::metrics::gauge(
+                crate::metrics::Gauge::QuarantinedNodes,
+                crate::metrics::Move::Up,
+            ),
+        }
+        st.quarantined_until = Some((until, reason));
+        tracing::warn!(
+            node = %self.label,
+            quarantine = ?length,
+            %reason,
+            "redlock node may have lost lock keys: kept out of acquisitions until every lock it may have lost has expired"
+        );
     }
 
     /// Drops the connection of `generation` (if still current) so the next call reconnects.
@@ -284,8 +312,8 @@ impl Node {
         }
     }
 
-    /// How much longer the node is quarantined, if it is.
-    pub(crate) fn quarantined_for(&self) -> Option<Duration> {
+    /// How much longer the node is quarantined, and why, if it is.
+    pub(crate) fn quarantined_for(&self) -> Option<(Duration, QuarantineReason)> {
         let mut st = self.state();
         self.quarantine_left(&mut st)
     }
@@ -315,14 +343,19 @@ impl Node {
         }
     }
 
+    /// Whether the node is a Redis Cluster (each command on the shard of its keys).
+    fn is_cluster(&self) -> bool {
+        match &self.connector {
+            Connector::Direct(_) | Connector::Sentinel(_) => false,
+            #[cfg(feature = "cluster")]
+            Connector::Cluster(_) => true,
+        }
+    }
+
     /// Whether releases to this node may go out together in one script call: not on a
     /// cluster, where the keys of one call must share a hash slot.
     fn batches_releases(&self) -> bool {
-        match &self.connector {
-            Connector::Direct(_) | Connector::Sentinel(_) => true,
-            #[cfg(feature = "cluster")]
-            Connector::Cluster(_) => false,
-        }
+        !self.is_cluster()
     }
 
     /// A release or completion on this node did its work but the node refused the
@@ -384,6 +417,7 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             reconnect_after_timeouts: 2,
             quarantine: false,
+            key_prefix: Arc::from(&b"redlock:"[..]),
             max_ttl_ms: Arc::default(),
             servers: Arc::default(),
             rejoins: Arc::default(),

@@ -1,8 +1,11 @@
 //! Sentinel-managed masters: a node that is "the master Sentinel names `name`". Every
 //! (re)connect asks the sentinels for the master's address, so the node follows
-//! failovers. A promoted replica is a new server (its `run_id` differs), so the restart
-//! quarantine keeps it out of acquisitions for the longest TTL: replication is
-//! asynchronous and it may lack lock keys the old master had (see `crate::node`).
+//! failovers; a server they name that is not a master (a stale or misconfigured
+//! sentinel) is refused, and the next connect asks again. A promoted replica may lack lock
+//! keys the old master had (replication is asynchronous), so the restart quarantine keeps
+//! it out of acquisitions until the longest TTL has passed since its promotion, for a
+//! client that knew the old master (its `run_id` differs) and for one that meets it first
+//! (see `crate::node`).
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 
 use super::Redlock;
-use crate::error::{LockError, NodeError, NodeFailure};
+use crate::error::{LockError, NodeError, NodeFailure, QuarantineReason};
 use crate::fencing::CounterAt;
 use crate::quorum::{NodeMask, later};
 use crate::round::{Plan, Purpose, Round};
@@ -34,10 +34,13 @@ use crate::scripts::{Arg, parse_inspect};
 pub enum NodeStatus {
     /// Connected, answering, and taking part in acquisitions.
     Up,
-    /// Answering, but kept out of acquisitions by the restart quarantine for `remaining`.
+    /// Answering, but kept out of acquisitions by the restart quarantine for `remaining`:
+    /// it may have lost lock keys that are still valid (`reason` says how).
     Quarantined {
         /// How much longer the quarantine lasts.
         remaining: Duration,
+        /// Why the node may have lost keys.
+        reason: QuarantineReason,
     },
     /// Not usable: why.
     Down(NodeError),
@@ -177,7 +180,7 @@ impl Redlock {
                 status: match check.result {
                     Err(error) => NodeStatus::Down(error),
                     Ok(()) => match node.quarantined_for() {
-                        Some(remaining) => NodeStatus::Quarantined { remaining },
+                        Some((remaining, reason)) => NodeStatus::Quarantined { remaining, reason },
                         None => NodeStatus::Up,
                     },
                 },

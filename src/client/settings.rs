@@ -87,6 +87,7 @@ impl RedlockBuilder {
             connect_timeout: self.connect_timeout,
             reconnect_after_timeouts: self.reconnect_after_timeouts,
             quarantine: self.restart_quarantine,
+            key_prefix: Arc::from(self.key_prefix.as_slice()),
             max_ttl_ms: Arc::clone(&max_ttl_ms),
             servers: Arc::default(),
             rejoins: Arc::default(),

@@ -25,9 +25,11 @@ use std::time::Duration;
 
 mod config;
 mod node;
+mod quarantine;
 
 pub use config::ConfigError;
 pub use node::{ErrorDetail, NodeError, NodeFailure};
+pub use quarantine::QuarantineReason;
 
 /// Why an operation on a lock (acquire, extend) did not succeed.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,7 +175,7 @@ impl LockError {
             Self::NoQuorum { failures, .. } => failures
                 .iter()
                 .filter_map(|f| match f.error {
-                    NodeError::Quarantined { remaining } => Some(remaining),
+                    NodeError::Quarantined { remaining, .. } => Some(remaining),
                     _ => None,
                 })
                 .min()
@@ -257,7 +259,7 @@ impl LockError {
         let quarantined = failures
             .iter()
             .map(|fail| match fail.error {
-                NodeError::Quarantined { remaining } => Some(remaining),
+                NodeError::Quarantined { remaining, .. } => Some(remaining),
                 _ => None,
             })
             .collect::<Option<Vec<_>>>()

@@ -12,6 +12,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::QuarantineReason;
+
 /// Why one node did not count towards a quorum.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -33,14 +35,25 @@ pub enum NodeError {
     /// The lock key no longer held our value when the fencing number was to be recorded
     /// (it expired, or the node lost its data in between).
     LockLost,
-    /// The node restarted (its run id changed), or it has been up for less than the
-    /// longest TTL in use, so it may have lost lock keys that are still valid: it takes
-    /// no part in acquiring or extending until every such lock has expired (releases still
-    /// go to it). See
+    /// The node may have lost lock keys that are still valid (it restarted, started, or
+    /// became a master less than the longest TTL in use ago: `reason` says which): it
+    /// takes no part in acquiring or extending until every such lock has expired
+    /// (releases still go to it). See
     /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine).
     Quarantined {
         /// How much longer the quarantine lasts.
         remaining: Duration,
+        /// Why the node may have lost keys.
+        reason: QuarantineReason,
+    },
+    /// The server at the node's address is not a master (`role` is what `INFO
+    /// replication` said, such as `slave`): lock keys must go to masters, so the node
+    /// connects again after a backoff. For a Sentinel-managed node the sentinels named a
+    /// replica (a stale or misconfigured sentinel, or a failover under way), and the next
+    /// connect asks them again; for a node given by address, point it at the master.
+    NotMaster {
+        /// The role the server reported.
+        role: String,
     },
     /// The node's address reaches the same Redis server (equal `run_id`) as another node
     /// of the client, such as `127.0.0.1:6379` and `localhost:6379`: it is left out, so the
@@ -69,9 +82,13 @@ impl fmt::Display for NodeError {
             Self::Connection(e) => write!(f, "connection failed: {e}"),
             Self::Redis(e) => write!(f, "Redis error: {e}"),
             Self::Protocol(e) => write!(f, "protocol error (is this a Redis server?): {e}"),
-            Self::Quarantined { remaining } => write!(
+            Self::Quarantined { remaining, reason } => write!(
                 f,
-                "in the restart quarantine for another {remaining:?} (it may have lost lock keys)"
+                "in the restart quarantine for another {remaining:?} (it may have lost lock keys: {reason})"
+            ),
+            Self::NotMaster { role } => write!(
+                f,
+                "the server is not a master (role:{role}); lock nodes must be masters"
             ),
             Self::SameServer { node } => {
                 write!(f, "the same Redis server as node {node} (equal run_id)")

@@ -359,7 +359,7 @@ fn quarantine_ends(error: &LockError) -> Option<Duration> {
     failures
         .iter()
         .filter_map(|f| match f.error {
-            crate::error::NodeError::Quarantined { remaining } => Some(remaining),
+            crate::error::NodeError::Quarantined { remaining, .. } => Some(remaining),
             _ => None,
         })
         .min()
@@ -413,6 +413,7 @@ mod tests {
             node: "n:1".into(),
             error: crate::error::NodeError::Quarantined {
                 remaining: Duration::from_secs(secs),
+                reason: crate::error::QuarantineReason::Restarted,
             },
         };
         let err = LockError::NoQuorum {

@@ -15,6 +15,7 @@ use redis::Value;
 use tokio::time::timeout_at;
 
 use super::Node;
+use super::identity::{Role, ServerInfo};
 use crate::error::NodeError;
 
 /// The outcome of a health check of one node ([`Node::check`]).
@@ -67,19 +68,49 @@ impl Node {
         if let Some(Err(e)) = replies.next() {
             return failed(NodeError::from(e));
         }
-        let role = replies
+        let replication = replies
             .next()
             .and_then(Result::ok)
-            .and_then(|v| redis::from_redis_value::<String>(v).ok())
-            .and_then(|info| {
-                info.lines()
-                    .find_map(|l| l.trim_end().strip_prefix("role:").map(str::to_owned))
-            });
+            .and_then(|v| redis::from_redis_value::<String>(v).ok());
+        let role = replication.as_deref().and_then(|info| {
+            info.lines()
+                .find_map(|l| l.trim_end().strip_prefix("role:").map(str::to_owned))
+        });
+        let judged = replication.filter(|_| !self.is_cluster());
+        if let Some(changed) = judged.and_then(|info| self.moved_on(&info)) {
+            // Reconnect, so that the connect's checks (role, quarantine) judge it anew.
+            self.invalidate(generation, &changed);
+            return Check {
+                role,
+                ..failed(changed)
+            };
+        }
         Check {
             result: Ok(()),
             round_trip: Some(round_trip),
             version: self.state().version.clone(),
             role,
         }
+    }
+
+    /// Whether the server's replication changed under a connection that stayed up: it is
+    /// no longer a master, or it is one with another replication id than at connect (a
+    /// master demoted and promoted again, which may lack keys).
+    fn moved_on(&self, replication: &str) -> Option<NodeError> {
+        let now = ServerInfo::parse([replication]);
+        if let Role::Other(role) = now.role {
+            return Some(NodeError::NotMaster { role });
+        }
+        let st = self.state();
+        let known = st.known.as_ref()?;
+        let changed =
+            !known.replid.is_empty() && !now.replid.is_empty() && known.replid != now.replid;
+        changed.then(|| {
+            NodeError::Connection(
+                "the server's replication id changed since it connected (a failover?): \
+                 reconnecting"
+                    .into(),
+            )
+        })
     }
 }

@@ -21,70 +21,17 @@ use futures_util::FutureExt;
 use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::time::timeout_at;
 
+use super::identity::{PromotionMarker, Role, ServerInfo, quarantine_for};
 use super::{BACKOFF_MAX, BACKOFF_MIN, Conn, Connector, Link, Node, NodeState, Owner, wire};
 use crate::error::NodeError;
 use crate::scripts;
 
-/// Why a node is kept out of acquisitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QuarantineCause {
-    /// Its `run_id` changed: it restarted and may have lost its keys.
-    Restarted,
-    /// First contact, and it has been up for less than the longest TTL.
-    Young { uptime: Duration },
-}
-
-/// How long to quarantine a node that just (re)connected, given the `run_id` seen before
-/// (if any), what it says about itself now, and the longest TTL in use.
-pub(crate) fn quarantine_for(
-    previous_run_id: Option<&str>,
-    info: &ServerInfo,
-    max_ttl: Duration,
-) -> Option<(Duration, QuarantineCause)> {
-    match previous_run_id {
-        Some(previous) if previous != info.run_id => Some((max_ttl, QuarantineCause::Restarted)),
-        Some(_) => None,
-        // `uptime_in_seconds` is rounded down, so this errs on the long side.
-        None => max_ttl
-            .checked_sub(info.uptime)
-            .filter(|d| !d.is_zero())
-            .map(|d| {
-                (
-                    d,
-                    QuarantineCause::Young {
-                        uptime: info.uptime,
-                    },
-                )
-            }),
-    }
-}
-
-/// What `INFO server` said on the last connect.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct ServerInfo {
-    pub(crate) run_id: String,
-    pub(crate) uptime: Duration,
-    pub(crate) version: String,
-}
-
-impl ServerInfo {
-    fn parse(info: &str) -> Self {
-        let mut out = Self::default();
-        for line in info.lines() {
-            let Some((k, v)) = line.trim_end().split_once(':') else {
-                continue;
-            };
-            match k {
-                "run_id" => out.run_id = v.to_owned(),
-                "redis_version" => out.version = v.to_owned(),
-                "uptime_in_seconds" => {
-                    out.uptime = Duration::from_secs(v.parse().unwrap_or(0));
-                }
-                _ => {}
-            }
-        }
-        out
-    }
+/// A connection just opened, and what its server said of itself.
+pub(super) struct Opened {
+    conn: Conn,
+    info: ServerInfo,
+    /// How long the server has been a master at least (see [`Node::master_for`]).
+    master_for: Duration,
 }
 
 impl Node {
@@ -120,9 +67,11 @@ impl Node {
         });
     }
 
-    /// Opens a connection: connects, reads `INFO server` and loads the scripts in one
-    /// round trip, within the connect timeout.
-    async fn open(&self) -> Result<(Conn, ServerInfo), NodeError> {
+    /// Opens a connection: connects, reads `INFO` and loads the scripts in one round trip
+    /// (and for a promoted master, reads its promotion marker in another), within the
+    /// connect timeout. A server that is not a master is refused: for a Sentinel-managed
+    /// node, the next connect asks the sentinels again.
+    async fn open(&self) -> Result<Opened, NodeError> {
         let deadline = tokio::time::Instant::from_std(crate::quorum::later(
             Instant::now(),
             self.settings.connect_timeout,
@@ -133,7 +82,11 @@ impl Node {
                 // No INFO (there is one server per shard) and no SCRIPT LOAD (a shard that
                 // lacks a script gets it by EVAL on first use).
                 return match timeout_at(deadline, cluster.get_async_connection()).await {
-                    Ok(Ok(conn)) => Ok((Conn::Cluster(conn), ServerInfo::default())),
+                    Ok(Ok(conn)) => Ok(Opened {
+                        conn: Conn::Cluster(conn),
+                        info: ServerInfo::default(),
+                        master_for: Duration::ZERO,
+                    }),
                     Ok(Err(e)) if !e.is_timeout() => Err(NodeError::from(e)),
                     Ok(Err(_)) | Err(_) => Err(self.connect_timed_out()),
                 };
@@ -150,16 +103,21 @@ impl Node {
                 }
             }
         };
-        match timeout_at(deadline, self.handshake(&client)).await {
-            Ok(Ok(ok)) => Ok(ok),
-            Ok(Err(e)) => Err(self.connect_failed(e)),
-            Err(_) => Err(self.connect_timed_out()),
+        let opened = match timeout_at(deadline, self.handshake(&client)).await {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(e)) => return Err(self.connect_failed(e)),
+            Err(_) => return Err(self.connect_timed_out()),
+        };
+        match &opened.info.role {
+            Role::Other(role) => Err(NodeError::NotMaster { role: role.clone() }),
+            Role::Master | Role::Unknown => Ok(opened),
         }
     }
 
-    /// Connects through `client` and, in one round trip, reads `INFO server` and
-    /// `INFO memory` and loads the scripts.
-    async fn handshake(&self, client: &Client) -> redis::RedisResult<(Conn, ServerInfo)> {
+    /// Connects through `client` and, in one round trip, reads `INFO server`, `INFO
+    /// replication` and `INFO memory` and loads the scripts; then, for a promoted master,
+    /// reads how long it has been one ([`master_for`](Self::master_for)).
+    async fn handshake(&self, client: &Client) -> redis::RedisResult<Opened> {
         let mut conn = match wire::plain_tcp(client) {
             Some((host, port)) => {
                 let wire = wire::Wire::connect(host, port).await?;
@@ -177,19 +135,22 @@ impl Node {
                 )
             }
         };
-        // `INFO server` feeds the restart quarantine and the same-server check; a user that
-        // may not run it can still lock with the quarantine off. `INFO memory` tells the
+        // `INFO server` and `INFO replication` feed the restart quarantine (see the
+        // `identity` module), the role check and the same-server check; a user that may
+        // not run them can still lock with the quarantine off. `INFO memory` tells the
         // eviction policy (see `warn_if_evicting`); a server that refuses it is simply not
         // checked.
         let mut pipe = redis::pipe();
         pipe.ignore_errors().cmd("INFO").arg("server");
+        pipe.cmd("INFO").arg("replication");
         pipe.cmd("INFO").arg("memory");
         for s in scripts::all() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
         }
         let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut conn).await?;
         let mut replies = replies.into_iter();
-        let info = replies.next().unwrap_or(Ok(Value::Nil));
+        let server = replies.next().unwrap_or(Ok(Value::Nil));
+        let replication = replies.next().and_then(Result::ok);
         let memory = replies.next().and_then(Result::ok);
         if let Some(failed) = replies.find_map(Result::err) {
             return Err(failed); // a script could not be loaded
@@ -197,7 +158,7 @@ impl Node {
         if let Some(memory) = memory.and_then(|v| redis::from_redis_value::<String>(v).ok()) {
             self.warn_if_evicting(&memory);
         }
-        let info = match info {
+        let server = match server {
             Ok(v) => redis::from_redis_value_ref::<String>(&v)?,
             Err(e) if self.settings.quarantine => return Err(e),
             Err(e) => {
@@ -205,7 +166,39 @@ impl Node {
                 String::new()
             }
         };
-        Ok((conn, ServerInfo::parse(&info)))
+        let replication = replication
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .unwrap_or_default();
+        let info = ServerInfo::parse([server.as_str(), replication.as_str()]);
+        let master_for = self.master_for(&mut conn, &info).await;
+        Ok(Opened {
+            conn,
+            info,
+            master_for,
+        })
+    }
+
+    /// How long the server behind `conn` has been a master at least: for a promoted
+    /// master that this client does not know under its current identity, from the
+    /// promotion marker (which this call leaves if no client did; see the `identity`
+    /// module). Zero when nothing tells (the marker refused, or just made): the
+    /// promotion then counts as now.
+    async fn master_for(&self, conn: &mut Conn, info: &ServerInfo) -> Duration {
+        if !self.settings.quarantine || info.role != Role::Master || !info.promoted {
+            return Duration::ZERO;
+        }
+        let known = self.state().known.clone();
+        if known.is_some() && known == info.identity() {
+            return Duration::ZERO; // known as it is: not quarantined
+        }
+        let marker = PromotionMarker::new(&self.settings.key_prefix, &info.replid);
+        match marker.commands().query_async::<Vec<i64>>(conn).await {
+            Ok(pttl) => PromotionMarker::master_for(pttl.first().copied().unwrap_or(-2)),
+            Err(e) => {
+                tracing::debug!(node = %self.label, error = %e, "redlock node: the promotion marker could not be read; the promotion counts as now");
+                Duration::ZERO
+            }
+        }
     }
 
     /// The error of a handshake that failed with `e`.
@@ -295,15 +288,19 @@ impl Node {
 
     /// A connect finished with `outcome`: the node is ready, or down until its backoff
     /// runs out.
-    fn connected(&self, outcome: Result<(Conn, ServerInfo), NodeError>) {
-        let outcome = outcome.and_then(|(conn, info)| match self.same_server(&info) {
+    fn connected(&self, outcome: Result<Opened, NodeError>) {
+        let outcome = outcome.and_then(|opened| match self.same_server(&opened.info) {
             Some(other) => Err(NodeError::SameServer { node: other }),
-            None => Ok((conn, info)),
+            None => Ok(opened),
         });
         {
             let mut st = self.state();
             match outcome {
-                Ok((conn, info)) => {
+                Ok(Opened {
+                    conn,
+                    info,
+                    master_for,
+                }) => {
                     tracing::debug!(
                         node = %self.label,
                         version = %info.version,
@@ -313,12 +310,12 @@ impl Node {
                     // A node without a run id (a cluster, or INFO not allowed) is never
                     // quarantined: nothing tells its restarts.
                     if self.settings.quarantine && !info.run_id.is_empty() {
-                        self.quarantine_after_connect(&mut st, &info);
+                        self.quarantine_after_connect(&mut st, &info, master_for);
                     }
                     if !info.version.is_empty() {
                         st.version = Some(info.version.clone());
                     }
-                    st.known_run_id = Some(info.run_id);
+                    st.known = info.identity();
                     st.same_server_as = None;
                     st.generation += 1;
                     self.settings.rejoins.fetch_add(1, Ordering::Relaxed);
@@ -355,34 +352,19 @@ impl Node {
         self.changed.notify_waiters();
     }
 
-    /// Starts a quarantine if the node restarted or is young (see the module docs).
-    fn quarantine_after_connect(&self, st: &mut NodeState, info: &ServerInfo) {
+    /// Starts a quarantine if the node may have lost keys (see the `identity` module).
+    fn quarantine_after_connect(
+        &self,
+        st: &mut NodeState,
+        info: &ServerInfo,
+        master_for: Duration,
+    ) {
         let max_ttl = Duration::from_millis(self.settings.max_ttl_ms.load(Ordering::Relaxed));
-        let Some((length, cause)) = quarantine_for(st.known_run_id.as_deref(), info, max_ttl)
+        let Some((length, reason)) = quarantine_for(st.known.as_ref(), info, master_for, max_ttl)
         else {
             return;
         };
-        let until = crate::quorum::later(Instant::now(), length);
-        if st.quarantined_until.is_none() {
-            crate::metrics::gauge(
-                crate::metrics::Gauge::QuarantinedNodes,
-                crate::metrics::Move::Up,
-            );
-        }
-        st.quarantined_until = Some(st.quarantined_until.map_or(until, |u| u.max(until)));
-        match cause {
-            QuarantineCause::Restarted => tracing::warn!(
-                node = %self.label,
-                quarantine = ?length,
-                "redlock node restarted (new run id) and may have lost lock keys: kept out of acquisitions for the longest TTL"
-            ),
-            QuarantineCause::Young { uptime } => tracing::warn!(
-                node = %self.label,
-                ?uptime,
-                quarantine = ?length,
-                "redlock node started less than the longest TTL ago and may have lost lock keys: kept out of acquisitions until then"
-            ),
-        }
+        self.quarantine(st, length, reason);
     }
 
     /// A connect task dropped before it finished: the node is down, ready to reconnect.
@@ -416,8 +398,10 @@ impl Node {
                 match &st.slot {
                     Link::Ready(conn) => {
                         let ready = (conn.clone(), st.generation);
-                        if acquiring && let Some(remaining) = self.quarantine_left(&mut st) {
-                            return Err(NodeError::Quarantined { remaining });
+                        if acquiring
+                            && let Some((remaining, reason)) = self.quarantine_left(&mut st)
+                        {
+                            return Err(NodeError::Quarantined { remaining, reason });
                         }
                         return Ok(ready);
                     }
@@ -454,47 +438,4 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quarantine_rules() {
-        let info = |run_id: &str, uptime: u64| ServerInfo {
-            run_id: run_id.into(),
-            uptime: Duration::from_secs(uptime),
-            version: "7.0.0".into(),
-        };
-        let ttl = Duration::from_secs(30);
-        // First contact: young nodes wait out the rest of the TTL, old ones are trusted.
-        assert_eq!(
-            quarantine_for(None, &info("a", 10), ttl),
-            Some((
-                Duration::from_secs(20),
-                QuarantineCause::Young {
-                    uptime: Duration::from_secs(10)
-                }
-            ))
-        );
-        assert_eq!(quarantine_for(None, &info("a", 30), ttl), None);
-        assert_eq!(quarantine_for(None, &info("a", 3600), ttl), None);
-        // Reconnects: the same process is trusted, a new one waits a whole TTL whatever
-        // its uptime says.
-        assert_eq!(quarantine_for(Some("a"), &info("a", 1), ttl), None);
-        assert_eq!(
-            quarantine_for(Some("a"), &info("b", 3600), ttl),
-            Some((ttl, QuarantineCause::Restarted))
-        );
-    }
-
-    #[test]
-    fn parses_info_server() {
-        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n";
-        let s = ServerInfo::parse(info);
-        assert_eq!(s.version, "7.0.15");
-        assert_eq!(s.run_id, "abc123");
-        assert_eq!(s.uptime, Duration::from_secs(42));
-    }
 }

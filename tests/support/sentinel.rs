@@ -112,14 +112,68 @@ impl SentinelNode {
 
     /// Forces a failover and waits until the sentinel names the former replica as master.
     pub fn failover(&self) {
+        let before = self.start_failover();
+        self.wait_failover(before);
+    }
+
+    /// Forces a failover (`SENTINEL FAILOVER`) without waiting for it: the port of the
+    /// master before it, for [`wait_failover`](Self::wait_failover).
+    pub fn start_failover(&self) -> Option<u16> {
         let before = self.master_port();
-        let _: Option<String> = query_port(
+        let started: Option<String> = query_port(
             self.sentinel_port,
             redis::cmd("SENTINEL").arg("failover").arg(&self.name),
         );
+        assert_eq!(started.as_deref(), Some("OK"), "SENTINEL FAILOVER");
+        before
+    }
+
+    /// Waits until the sentinel names another master than the one on port `before`.
+    pub fn wait_failover(&self, before: Option<u16>) {
         wait("the failover", Duration::from_secs(30), || {
             let now = self.master_port();
             now.is_some() && now != before
+        });
+    }
+
+    /// Makes the replica lack `key`, as a replica does that the write had not reached when
+    /// its master failed (replication is asynchronous): deletes it there, behind the
+    /// master's back, and checks that the master still has it.
+    pub fn lose_on_replica(&self, key: &[u8]) {
+        let replica = self.replica.port();
+        let set = |value: &str| {
+            let done: Option<String> = query_port(
+                replica,
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("replica-read-only")
+                    .arg(value),
+            );
+            assert_eq!(done.as_deref(), Some("OK"), "CONFIG SET replica-read-only");
+        };
+        wait(
+            "the replica to have the key",
+            Duration::from_secs(10),
+            || query_port::<bool>(replica, redis::cmd("EXISTS").arg(key)) == Some(true),
+        );
+        set("no");
+        let deleted: Option<i64> = query_port(replica, redis::cmd("DEL").arg(key));
+        set("yes");
+        assert_eq!(deleted, Some(1), "DEL on the replica");
+        assert_eq!(
+            query_port::<bool>(self.master.port(), redis::cmd("EXISTS").arg(key)),
+            Some(true),
+            "the master keeps the key"
+        );
+    }
+
+    /// Waits until both the master and the replica have been up for more than `secs`
+    /// seconds, so that a client meeting them does not quarantine them as young.
+    pub fn wait_older_than(&self, secs: u64) {
+        wait("the servers to age", Duration::from_secs(60), || {
+            [&self.master, &self.replica]
+                .iter()
+                .all(|n| n.uptime_secs().is_some_and(|u| u > secs))
         });
     }
 }

@@ -1,0 +1,204 @@
+//! Failovers that promote a replica which lacks a lock key (replication is asynchronous):
+//! whenever a client started (before, during or after the failover), none gets the name
+//! while the first holder's lock can still be valid. Real `redis-server --sentinel`
+//! processes and real replicas; the harness takes the server binary from `REDIS_SERVER`,
+//! so `scripts/test` runs this file on Redis and on Valkey.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use support::sentinel::SentinelNode;
+use support::{Cluster, RedisNode, wait_for};
+use tower_redlock::{
+    Lock, LockError, NodeConfig, NodeError, NodeStatus, QuarantineReason, Redlock,
+};
+
+const TTL: Duration = Duration::from_secs(8);
+
+/// A client as users build one: the restart quarantine on.
+fn client(nodes: Vec<NodeConfig>) -> Redlock {
+    Redlock::builder(nodes)
+        .ttl(TTL)
+        .node_timeout(Duration::from_millis(100))
+        .retry_delay(Duration::from_millis(5), Duration::from_millis(10))
+        .build()
+        .expect("build")
+}
+
+/// Tries to take `name` until `until` (the holder's validity): a grant before then is a
+/// second holder, reported with who got it.
+async fn second_holder(
+    who: &'static str,
+    client: Redlock,
+    name: &str,
+    until: Instant,
+) -> Option<String> {
+    match client.lock_until(name, TTL, until).await {
+        Ok(_) if Instant::now() < until => Some(format!(
+            "{who} got the lock with {:?} of the holder's validity left",
+            until.saturating_duration_since(Instant::now())
+        )),
+        Ok(lock) => {
+            client.unlock(&lock).await;
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// `holder` takes `name` on the first two of three nodes: the third holds a stranger's key
+/// while it acquires.
+async fn lock_on_first_two(holder: &Redlock, plain: &Cluster, name: &str) -> Lock {
+    let key = format!("redlock:{{{name}}}");
+    let mut third = plain.raw(1).await;
+    let _: () = third.set(&key, "stranger").await.expect("SET");
+    let lock = holder.try_lock(name).await.expect("the holder locks");
+    let _: () = third.del(&key).await.expect("DEL");
+    lock
+}
+
+/// Node 0 is Sentinel-managed (a master and a replica); nodes 1 and 2 are plain masters,
+/// all older than the TTL. The holder takes the name on node 0 and node 1; the replica
+/// lacks the key; Sentinel fails over to it. A client that was running, one started during
+/// the failover and one started after it all try for the rest of the holder's validity:
+/// the promoted replica and node 2 would make a quorum, so only the quarantine of the
+/// promoted replica stands between them and a second holder. Afterwards the name is free
+/// again and the node back in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_to_a_replica_that_lacks_the_key_makes_no_second_holder() {
+    let sentinel = SentinelNode::start("locks-f");
+    let plain = Cluster::start(2);
+    tokio::task::block_in_place(|| sentinel.wait_older_than(TTL.as_secs()));
+    plain.wait_older_than(TTL).await;
+    let nodes = || {
+        let mut nodes = vec![NodeConfig::sentinel(
+            [sentinel.sentinel_url()],
+            sentinel.name.clone(),
+        )];
+        nodes.extend(plain.urls().into_iter().map(NodeConfig::from));
+        nodes
+    };
+    let running = client(nodes());
+    wait_for("every node usable", Duration::from_secs(10), || async {
+        running.health().await.usable() == 3
+    })
+    .await;
+    let holder = client(nodes());
+    let name = "failover-victim";
+    let lock = lock_on_first_two(&holder, &plain, name).await;
+    let until = lock.valid_until();
+    tokio::task::block_in_place(|| sentinel.lose_on_replica(lock.key()));
+
+    let before = tokio::task::block_in_place(|| sentinel.start_failover());
+    let during = client(nodes());
+    let probes = vec![
+        tokio::spawn(second_holder(
+            "the running client",
+            running.clone(),
+            name,
+            until,
+        )),
+        tokio::spawn(second_holder(
+            "a client started during the failover",
+            during,
+            name,
+            until,
+        )),
+    ];
+    tokio::task::block_in_place(|| sentinel.wait_failover(before));
+    let after = client(nodes());
+    let status = after.health().await.nodes()[0].status().clone();
+    assert!(
+        matches!(
+            status,
+            NodeStatus::Quarantined { reason: QuarantineReason::Promoted, remaining } if remaining > TTL / 2
+        ),
+        "a client started after the failover sees the promoted replica quarantined: {status:?}"
+    );
+    let mut overlaps = Vec::new();
+    overlaps.extend(
+        second_holder(
+            "a client started after the failover",
+            after.clone(),
+            name,
+            until,
+        )
+        .await,
+    );
+    for probe in probes {
+        overlaps.extend(probe.await.expect("probe"));
+    }
+    assert!(overlaps.is_empty(), "second holders: {overlaps:?}");
+    // Once the holder's lock and the quarantine are over, the name and the node serve again.
+    wait_for("the name free again", TTL * 3, || async {
+        match after.try_lock(name).await {
+            Ok(lock) => {
+                after.unlock(&lock).await;
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    wait_for("the promoted replica up", TTL * 2, || async {
+        after.health().await.nodes()[0].status() == &NodeStatus::Up
+    })
+    .await;
+}
+
+/// A node whose address reaches a replica is refused with `NotMaster`, never trusted;
+/// once the replica is promoted (by hand here, as an operator or a script would), the next
+/// connect judges it as a master promoted a moment ago, whatever its uptime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_refused_and_judged_again_once_promoted() {
+    let master = RedisNode::start();
+    let replica = RedisNode::start_with_args(
+        None,
+        vec![
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            master.port().to_string(),
+        ],
+    );
+    let ttl = Duration::from_secs(2);
+    let aged = Cluster {
+        nodes: vec![master, replica],
+    };
+    aged.wait_older_than(ttl).await;
+    let redlock = Redlock::builder([aged.nodes[1].url()])
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .expect("build");
+    let err = redlock.try_lock("replica").await.expect_err("a replica");
+    let LockError::NoQuorum { failures, .. } = &err else {
+        panic!("expected NoQuorum, got {err:?}");
+    };
+    assert!(
+        matches!(&failures[0].error, NodeError::NotMaster { role } if role == "slave"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not a master"), "{err}");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut aged.raw(1).await)
+        .await
+        .expect("REPLICAOF NO ONE");
+    wait_for("the promoted replica quarantined", Duration::from_secs(10), || async {
+        matches!(
+            redlock.health().await.nodes()[0].status(),
+            NodeStatus::Quarantined { reason: QuarantineReason::Promoted, remaining } if *remaining > ttl / 2
+        )
+    })
+    .await;
+    assert!(
+        matches!(
+            redlock.try_lock("replica").await,
+            Err(LockError::NoQuorum { .. })
+        ),
+        "no lock on a node promoted a moment ago"
+    );
+}
