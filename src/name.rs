@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use crate::defaults::{MAX_NAME_LEN, VALUE_LEN};
 use crate::error::LockError;
 
-mod slot;
+pub(crate) mod slot;
 
 pub(crate) use slot::SLOTS;
 

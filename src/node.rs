@@ -40,6 +40,8 @@ use tokio::sync::Notify;
 mod batch;
 mod call;
 mod check;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod connect;
 mod identity;
 mod resp;
@@ -56,8 +58,11 @@ pub(crate) enum Connector {
     Direct(Box<Client>),
     Sentinel(Box<SentinelMaster>),
     #[cfg(feature = "cluster")]
-    Cluster(Box<redis::cluster::ClusterClient>),
+    Cluster(Box<cluster::ClusterNode>),
 }
+
+#[cfg(feature = "cluster")]
+pub(crate) use cluster::ClusterNode;
 
 /// A node's connection: our own pipelined connection (plain TCP), one redis-rs
 /// multiplexed connection (TLS, Unix sockets, RESP3), or a cluster connection that routes
@@ -310,6 +315,11 @@ impl Node {
         if let Link::Ready(Conn::Own(wire)) = old {
             wire.close();
         }
+    }
+
+    /// The longest TTL the client has used: the length of a quarantine.
+    fn max_ttl(&self) -> Duration {
+        Duration::from_millis(self.settings.max_ttl_ms.load(Ordering::Relaxed))
     }
 
     /// How much longer the node is quarantined, and why, if it is.

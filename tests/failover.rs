@@ -202,3 +202,188 @@ async fn a_replica_is_refused_and_judged_again_once_promoted() {
         "no lock on a node promoted a moment ago"
     );
 }
+
+/// The same failover on a Redis Cluster node: its shard for the name fails over
+/// (`CLUSTER FAILOVER FORCE`) to a replica cut off before the holder locked, so it lacks
+/// the key; nodes 1 and 2 are plain masters. A client that was running, one started during
+/// the failover and one started after it: none gets the name while the holder's lock can
+/// still be valid, and the promoted shard shows as quarantined.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_shard_failover_to_a_replica_that_lacks_the_key_makes_no_second_holder() {
+    use support::cluster::RedisCluster;
+
+    let name = "failover-victim";
+    let key = format!("redlock:{{{name}}}");
+    let mut cluster = tokio::task::block_in_place(RedisCluster::start);
+    let owner = cluster.owner(key.as_bytes());
+    let replica = tokio::task::block_in_place(|| cluster.add_replica(owner));
+    let plain = Cluster::start(2);
+    plain.wait_older_than(TTL).await;
+    let aged = TTL.as_secs() + 1;
+    wait_for("the cluster to age", Duration::from_secs(30), || {
+        let old = cluster
+            .masters
+            .iter()
+            .chain(&cluster.replicas)
+            .all(|n| n.uptime_secs().is_some_and(|u| u >= aged));
+        async move { old }
+    })
+    .await;
+    let urls = cluster.urls();
+    let nodes = || {
+        let mut nodes = vec![NodeConfig::cluster(urls.clone())];
+        nodes.extend(plain.urls().into_iter().map(NodeConfig::from));
+        nodes
+    };
+    let running = client(nodes());
+    wait_for("every node usable", Duration::from_secs(10), || async {
+        running.health().await.usable() == 3
+    })
+    .await;
+    tokio::task::block_in_place(|| cluster.cut_replica(replica));
+    let holder = client(nodes());
+    let lock = lock_on_first_two(&holder, &plain, name).await;
+    let until = lock.valid_until();
+    assert!(
+        cluster.holds(owner, key.as_bytes()),
+        "the old master has the key"
+    );
+
+    tokio::task::block_in_place(|| cluster.start_failover(replica));
+    let during = client(nodes());
+    let probes = vec![
+        tokio::spawn(second_holder(
+            "the running client",
+            running.clone(),
+            name,
+            until,
+        )),
+        tokio::spawn(second_holder(
+            "a client started during the failover",
+            during,
+            name,
+            until,
+        )),
+    ];
+    tokio::task::block_in_place(|| cluster.wait_promoted(replica, key.as_bytes()));
+    assert!(
+        !support::query_port::<bool>(
+            cluster.replicas[replica].port(),
+            redis::cmd("EXISTS").arg(&key)
+        )
+        .unwrap_or(true),
+        "the promoted replica lacks the key"
+    );
+    let after = client(nodes());
+    let status = after.health().await.nodes()[0].status().clone();
+    assert!(
+        matches!(
+            status,
+            NodeStatus::Quarantined { reason: QuarantineReason::Promoted, remaining } if remaining > TTL / 2
+        ),
+        "a client started after the failover sees the cluster node quarantined: {status:?}"
+    );
+    let mut overlaps = Vec::new();
+    overlaps.extend(
+        second_holder(
+            "a client started after the failover",
+            after.clone(),
+            name,
+            until,
+        )
+        .await,
+    );
+    for probe in probes {
+        overlaps.extend(probe.await.expect("probe"));
+    }
+    assert!(overlaps.is_empty(), "second holders: {overlaps:?}");
+    let status = running.health().await.nodes()[0].status().clone();
+    assert!(
+        matches!(
+            status,
+            NodeStatus::Quarantined {
+                reason: QuarantineReason::ShardChanged,
+                ..
+            } | NodeStatus::Up
+        ),
+        "the running client saw the shard change: {status:?}"
+    );
+    wait_for("the name free again", TTL * 3, || async {
+        match after.try_lock(name).await {
+            Ok(lock) => {
+                after.unlock(&lock).await;
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+}
+
+/// A Redis Cluster shard's master restarts empty (same node id, from its nodes.conf; no
+/// replica to fail over to) while a client that knew it keeps running: its connection is
+/// rebuilt behind the crate's back by redis-rs, and the crate still sees the restart (a
+/// new connection, a new `LASTSAVE`, then a new `run_id`) and quarantines the node.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_cluster_shard_is_quarantined_by_a_running_client() {
+    use support::cluster::RedisCluster;
+
+    let name = "restart-victim";
+    let key = format!("redlock:{{{name}}}");
+    let mut cluster = tokio::task::block_in_place(RedisCluster::start);
+    let owner = cluster.owner(key.as_bytes());
+    let plain = Cluster::start(2);
+    plain.wait_older_than(TTL).await;
+    let aged = TTL.as_secs() + 1;
+    wait_for("the cluster to age", Duration::from_secs(30), || {
+        let old = cluster
+            .masters
+            .iter()
+            .all(|n| n.uptime_secs().is_some_and(|u| u >= aged));
+        async move { old }
+    })
+    .await;
+    let urls = cluster.urls();
+    let nodes = || {
+        let mut nodes = vec![NodeConfig::cluster(urls.clone())];
+        nodes.extend(plain.urls().into_iter().map(NodeConfig::from));
+        nodes
+    };
+    let running = client(nodes());
+    wait_for("every node usable", Duration::from_secs(10), || async {
+        running.health().await.usable() == 3
+    })
+    .await;
+    let holder = client(nodes());
+    let lock = lock_on_first_two(&holder, &plain, name).await;
+    let until = lock.valid_until();
+    tokio::task::block_in_place(|| cluster.masters[owner].restart());
+    wait_for("the restarted shard back", Duration::from_secs(20), || {
+        let back = support::query_port::<String>(
+            cluster.masters[owner].port(),
+            redis::cmd("CLUSTER").arg("INFO"),
+        )
+        .is_some_and(|i| i.contains("cluster_state:ok"));
+        async move { back }
+    })
+    .await;
+    assert!(
+        !cluster.holds(owner, key.as_bytes()),
+        "the restart lost the key"
+    );
+    let overlap = second_holder("the running client", running.clone(), name, until).await;
+    assert_eq!(overlap, None);
+    let status = running.health().await.nodes()[0].status().clone();
+    assert!(
+        matches!(
+            status,
+            NodeStatus::Quarantined {
+                reason: QuarantineReason::ShardChanged,
+                ..
+            }
+        ),
+        "{status:?}"
+    );
+}

@@ -109,7 +109,7 @@ fn cluster_node(
         .map_err(|e| invalid(e.to_string()))?;
     Ok((
         format!("cluster:{}", first.addr()),
-        Connector::Cluster(Box::new(client)),
+        Connector::Cluster(Box::new(crate::node::ClusterNode::new(client))),
     ))
 }
 

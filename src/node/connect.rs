@@ -79,17 +79,25 @@ impl Node {
         let client = match &self.connector {
             #[cfg(feature = "cluster")]
             Connector::Cluster(cluster) => {
-                // No INFO (there is one server per shard) and no SCRIPT LOAD (a shard that
-                // lacks a script gets it by EVAL on first use).
-                return match timeout_at(deadline, cluster.get_async_connection()).await {
-                    Ok(Ok(conn)) => Ok(Opened {
-                        conn: Conn::Cluster(conn),
-                        info: ServerInfo::default(),
-                        master_for: Duration::ZERO,
-                    }),
-                    Ok(Err(e)) if !e.is_timeout() => Err(NodeError::from(e)),
-                    Ok(Err(_)) | Err(_) => Err(self.connect_timed_out()),
-                };
+                // No INFO here (there is one server per shard: the shards' check reads
+                // theirs) and no SCRIPT LOAD (a shard that lacks a script gets it by EVAL
+                // on first use).
+                let mut conn =
+                    match timeout_at(deadline, cluster.client.get_async_connection()).await {
+                        Ok(Ok(conn)) => conn,
+                        Ok(Err(e)) if !e.is_timeout() => return Err(NodeError::from(e)),
+                        Ok(Err(_)) | Err(_) => return Err(self.connect_timed_out()),
+                    };
+                if self.settings.quarantine {
+                    // A check cut short leaves shards unchecked: the first acquisition on
+                    // each checks again.
+                    let _ = timeout_at(deadline, self.check_shards(cluster, &mut conn)).await;
+                }
+                return Ok(Opened {
+                    conn: Conn::Cluster(conn),
+                    info: ServerInfo::default(),
+                    master_for: Duration::ZERO,
+                });
             }
             Connector::Direct(client) => (**client).clone(),
             Connector::Sentinel(master) => {
@@ -192,8 +200,8 @@ impl Node {
             return Duration::ZERO; // known as it is: not quarantined
         }
         let marker = PromotionMarker::new(&self.settings.key_prefix, &info.replid);
-        match marker.commands().query_async::<Vec<i64>>(conn).await {
-            Ok(pttl) => PromotionMarker::master_for(pttl.first().copied().unwrap_or(-2)),
+        match marker.commands().query_async::<Vec<Value>>(conn).await {
+            Ok(replies) => PromotionMarker::master_for(&replies),
             Err(e) => {
                 tracing::debug!(node = %self.label, error = %e, "redlock node: the promotion marker could not be read; the promotion counts as now");
                 Duration::ZERO
@@ -359,7 +367,7 @@ impl Node {
         info: &ServerInfo,
         master_for: Duration,
     ) {
-        let max_ttl = Duration::from_millis(self.settings.max_ttl_ms.load(Ordering::Relaxed));
+        let max_ttl = self.max_ttl();
         let Some((length, reason)) = quarantine_for(st.known.as_ref(), info, master_for, max_ttl)
         else {
             return;

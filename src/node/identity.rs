@@ -165,18 +165,21 @@ impl PromotionMarker {
             .arg("NX")
             .arg("PX")
             .arg(millis(MARKER_LIFETIME))
-            .ignore()
             .cmd("PTTL")
             .arg(&self.key);
         pipe
     }
 
-    /// How long the server has been a master at least, from the marker's remaining TTL
-    /// in ms (`PTTL`): zero for a marker just made, or missing.
-    pub(crate) fn master_for(pttl: i64) -> Duration {
-        match u64::try_from(pttl) {
-            Ok(left) => MARKER_LIFETIME.saturating_sub(Duration::from_millis(left)),
-            Err(_) => Duration::ZERO,
+    /// How long the server has been a master at least, from the replies to
+    /// [`commands`](Self::commands) (the marker's remaining TTL in ms): zero for a marker
+    /// just made, or missing.
+    pub(crate) fn master_for(replies: &[redis::Value]) -> Duration {
+        let pttl = replies
+            .get(1)
+            .and_then(|v| redis::from_redis_value_ref::<i64>(v).ok());
+        match pttl.map(u64::try_from) {
+            Some(Ok(left)) => MARKER_LIFETIME.saturating_sub(Duration::from_millis(left)),
+            _ => Duration::ZERO,
         }
     }
 }
@@ -314,10 +317,20 @@ mod tests {
     #[test]
     fn a_marker_tells_how_long_ago_it_was_made() {
         let life = i64::try_from(MARKER_LIFETIME.as_millis()).expect("fits");
-        assert_eq!(PromotionMarker::master_for(life), Duration::ZERO);
-        assert_eq!(PromotionMarker::master_for(life - 12_000), S(12));
-        assert_eq!(PromotionMarker::master_for(-2), Duration::ZERO, "missing");
-        assert_eq!(PromotionMarker::master_for(-1), Duration::ZERO, "no expiry");
+        let pttl = |ms: i64| [redis::Value::Nil, redis::Value::Int(ms)];
+        assert_eq!(PromotionMarker::master_for(&pttl(life)), Duration::ZERO);
+        assert_eq!(PromotionMarker::master_for(&pttl(life - 12_000)), S(12));
+        assert_eq!(
+            PromotionMarker::master_for(&pttl(-2)),
+            Duration::ZERO,
+            "missing"
+        );
+        assert_eq!(
+            PromotionMarker::master_for(&pttl(-1)),
+            Duration::ZERO,
+            "no expiry"
+        );
+        assert_eq!(PromotionMarker::master_for(&[]), Duration::ZERO, "refused");
         assert_eq!(
             PromotionMarker::new(b"redlock:", "ab12").key,
             b"redlock:#promoted:ab12".to_vec()

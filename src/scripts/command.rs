@@ -252,6 +252,47 @@ impl Call {
         pipe
     }
 
+    /// The commands for redis-rs as a pipeline whatever their number, errors as values
+    /// (for a call that carries more commands after its own: see
+    /// [`first_of`](Self::first_of)).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn as_pipeline(&self) -> redis::Pipeline {
+        if self.commands() > 1 {
+            return self.pipeline();
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors().add_command(self.cmd().clone());
+        pipe
+    }
+
+    /// The call's own answer among the `replies` to [`as_pipeline`](Self::as_pipeline)
+    /// (without what was added after it), as [`run`](Self::run) takes its first answer.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn first_of(&self, mut replies: Vec<Value>) -> redis::RedisResult<Value> {
+        if self.commands() > 1 {
+            return Ok(Value::Array(replies));
+        }
+        match replies.pop() {
+            Some(reply) => reply.extract_error(),
+            None => Err(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "no reply to the command",
+            ))),
+        }
+    }
+
+    /// The key the call is about (its first key), by which a cluster routes it.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn key(&self) -> &[u8] {
+        match self.kind {
+            CallKind::SetNx { key, .. }
+            | CallKind::FencedSetNx { key, .. }
+            | CallKind::Release { key, .. } => self.word(key),
+            // `EVALSHA sha numkeys key ...`
+            CallKind::Script => self.word(3),
+        }
+    }
+
     /// The command for redis-rs (a call of one command).
     fn cmd(&self) -> &Cmd {
         self.cmd.get_or_init(|| {

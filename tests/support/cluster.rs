@@ -1,5 +1,6 @@
-//! A local Redis Cluster for the tests: 3 masters (no replicas) started with
-//! `--cluster-enabled yes` and joined with `redis-cli --cluster create`.
+//! A local Redis Cluster for the tests: 3 masters started with `--cluster-enabled yes`
+//! and joined with `redis-cli --cluster create`, and replicas added on demand
+//! (`redis-cli --cluster add-node --cluster-slave`).
 #![allow(dead_code, unreachable_pub)]
 
 use std::process::Command;
@@ -7,9 +8,49 @@ use std::time::{Duration, Instant};
 
 use super::{RedisNode, query_port};
 
-/// Three masters that share the 16,384 slots.
+/// Three masters that share the 16,384 slots, and the replicas added to them.
 pub struct RedisCluster {
     pub masters: Vec<RedisNode>,
+    pub replicas: Vec<RedisNode>,
+}
+
+/// A `redis-server` in cluster mode on a free port.
+fn cluster_node() -> RedisNode {
+    RedisNode::start_with_args(
+        None,
+        vec![
+            "--cluster-enabled".into(),
+            "yes".into(),
+            // The cluster bus on a port found free, not the default port + 10000, which
+            // another process may hold.
+            "--cluster-port".into(),
+            "{port}".into(),
+            "--cluster-config-file".into(),
+            std::env::temp_dir()
+                .join(format!(
+                    "redlock-cluster-{}-{{port}}.conf",
+                    std::process::id()
+                ))
+                .to_string_lossy()
+                .into_owned(),
+            "--cluster-node-timeout".into(),
+            "1000".into(),
+            "--cluster-require-full-coverage".into(),
+            "no".into(),
+        ],
+    )
+}
+
+/// Polls `cond` until it holds, or panics after `timeout` naming `what`.
+fn wait(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 impl RedisCluster {
@@ -26,33 +67,7 @@ impl RedisCluster {
     }
 
     fn try_start() -> Option<Self> {
-        let masters: Vec<RedisNode> = (0..3)
-            .map(|_| {
-                RedisNode::start_with_args(
-                    None,
-                    vec![
-                        "--cluster-enabled".into(),
-                        "yes".into(),
-                        // The cluster bus on a port found free, not the default port +
-                        // 10000, which another process may hold.
-                        "--cluster-port".into(),
-                        "{port}".into(),
-                        "--cluster-config-file".into(),
-                        std::env::temp_dir()
-                            .join(format!(
-                                "redlock-cluster-{}-{{port}}.conf",
-                                std::process::id()
-                            ))
-                            .to_string_lossy()
-                            .into_owned(),
-                        "--cluster-node-timeout".into(),
-                        "1000".into(),
-                        "--cluster-require-full-coverage".into(),
-                        "no".into(),
-                    ],
-                )
-            })
-            .collect();
+        let masters: Vec<RedisNode> = (0..3).map(|_| cluster_node()).collect();
         let addrs: Vec<String> = masters.iter().map(RedisNode::addr).collect();
         // `redis-cli --cluster create` waits for the join without a limit of its own.
         let out = Command::new("timeout")
@@ -71,7 +86,10 @@ impl RedisCluster {
             );
             return None;
         }
-        let cluster = Self { masters };
+        let cluster = Self {
+            masters,
+            replicas: Vec::new(),
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !cluster.masters.iter().all(|m| {
             query_port::<String>(m.port(), redis::cmd("CLUSTER").arg("INFO"))
@@ -107,6 +125,89 @@ impl RedisCluster {
             .expect("a master owns the slot")
     }
 
+    /// The node id of master `i`.
+    pub fn node_id(&self, i: usize) -> String {
+        query_port::<String>(self.masters[i].port(), redis::cmd("CLUSTER").arg("MYID"))
+            .expect("CLUSTER MYID")
+    }
+
+    /// Adds a replica of master `i` and waits until it is in sync (its replication link up,
+    /// so it keeps a replication backlog, as a replica in service does): its index in
+    /// `replicas`.
+    pub fn add_replica(&mut self, i: usize) -> usize {
+        let replica = cluster_node();
+        let out = Command::new("timeout")
+            .arg("30")
+            .arg("redis-cli")
+            .arg("--cluster")
+            .arg("add-node")
+            .arg(replica.addr())
+            .arg(self.masters[i].addr())
+            .arg("--cluster-slave")
+            .arg("--cluster-master-id")
+            .arg(self.node_id(i))
+            .output()
+            .expect("run redis-cli");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster add-node failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let port = replica.port();
+        wait("the replica in sync", Duration::from_secs(30), || {
+            query_port::<String>(port, redis::cmd("INFO").arg("replication")).is_some_and(|i| {
+                i.contains("master_link_status:up") && i.contains("repl_backlog_active:1")
+            })
+        });
+        self.replicas.push(replica);
+        self.replicas.len() - 1
+    }
+
+    /// Cuts replica `r` off its master, as a lagging replica is: it stops taking the
+    /// master's writes (its replication user is made one the master does not know, and
+    /// its link dropped) while both keep running.
+    pub fn cut_replica(&self, r: usize) {
+        let port = self.replicas[r].port();
+        for (name, value) in [("masteruser", "nobody"), ("masterauth", "nothing")] {
+            let done: Option<String> =
+                query_port(port, redis::cmd("CONFIG").arg("SET").arg(name).arg(value));
+            assert_eq!(done.as_deref(), Some("OK"), "CONFIG SET {name}");
+        }
+        let _: Option<i64> = query_port(
+            port,
+            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("master"),
+        );
+        wait("the replica cut off", Duration::from_secs(10), || {
+            query_port::<String>(port, redis::cmd("INFO").arg("replication"))
+                .is_some_and(|i| i.contains("master_link_status:down"))
+        });
+    }
+
+    /// Makes replica `r` take over its master's slots without its master's consent
+    /// (`CLUSTER FAILOVER FORCE`), as after a master failure; returns at once.
+    pub fn start_failover(&self, r: usize) {
+        let done: Option<String> = query_port(
+            self.replicas[r].port(),
+            redis::cmd("CLUSTER").arg("FAILOVER").arg("FORCE"),
+        );
+        assert_eq!(done.as_deref(), Some("OK"), "CLUSTER FAILOVER FORCE");
+    }
+
+    /// Waits until replica `r` is a master that owns `key`'s slot, by every master's view.
+    pub fn wait_promoted(&self, r: usize, key: &[u8]) {
+        let replica = self.replicas[r].port();
+        let slot: i64 = query_port(replica, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+            .expect("CLUSTER KEYSLOT");
+        wait("the failover", Duration::from_secs(30), || {
+            query_port::<String>(replica, redis::cmd("CLUSTER").arg("NODES"))
+                .is_some_and(|nodes| owns(&nodes, slot))
+                && self.masters.iter().filter(|m| m.is_running()).all(|m| {
+                    query_port::<String>(m.port(), redis::cmd("CLUSTER").arg("NODES"))
+                        .is_some_and(|nodes| owner_port(&nodes, slot) == Some(replica))
+                })
+        });
+    }
+
     /// Whether `key` exists on master `i`.
     pub fn holds(&self, i: usize, key: &[u8]) -> bool {
         query_port::<bool>(self.masters[i].port(), redis::cmd("EXISTS").arg(key)).unwrap_or(false)
@@ -115,9 +216,21 @@ impl RedisCluster {
 
 /// Whether the `myself` line of `CLUSTER NODES` lists `slot`.
 fn owns(nodes: &str, slot: i64) -> bool {
-    let Some(line) = nodes.lines().find(|l| l.contains("myself")) else {
-        return false;
-    };
+    nodes
+        .lines()
+        .find(|l| l.contains("myself"))
+        .is_some_and(|line| lists(line, slot))
+}
+
+/// The port of the node that `CLUSTER NODES` says owns `slot`.
+fn owner_port(nodes: &str, slot: i64) -> Option<u16> {
+    let line = nodes.lines().find(|line| lists(line, slot))?;
+    let addr = line.split_whitespace().nth(1)?;
+    addr.split('@').next()?.rsplit_once(':')?.1.parse().ok()
+}
+
+/// Whether a line of `CLUSTER NODES` lists `slot` among its node's slots.
+fn lists(line: &str, slot: i64) -> bool {
     line.split_whitespace().skip(8).any(|range| {
         let mut bounds = range.splitn(2, '-').filter_map(|b| b.parse::<i64>().ok());
         match (bounds.next(), bounds.next()) {
