@@ -426,7 +426,7 @@ async fn a_sentinel_failover_is_followed_and_quarantined_without_overlaps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_node_locks_on_the_owning_shard_and_a_dead_shard_fails_only_its_names() {
     use support::cluster::RedisCluster;
-    use tower_redlock::NodeConfig;
+    use tower_redlock::{NodeConfig, NodeStatus, QuarantineReason};
 
     let mut cluster = RedisCluster::start();
     let redlock = Redlock::builder([NodeConfig::cluster(cluster.urls())])
@@ -434,6 +434,17 @@ async fn a_cluster_node_locks_on_the_owning_shard_and_a_dead_shard_fails_only_it
         .node_timeout(Duration::from_millis(300))
         .build()
         .expect("build");
+    // Its masters are young: the first check of its shards quarantines the node as a
+    // fresh single node would be.
+    let status = redlock.health().await.nodes()[0].status().clone();
+    assert!(
+        matches!(status, NodeStatus::Quarantined { reason: QuarantineReason::Young, .. }),
+        "{status:?}"
+    );
+    wait_for("the cluster node usable", Duration::from_secs(10), || async {
+        redlock.health().await.ready()
+    })
+    .await;
     let mut lock = redlock.lock("shard-a").await.expect("lock on the cluster");
     let first = lock.fencing_token().expect("fenced");
     let owner = cluster.owner(lock.key());
