@@ -32,6 +32,26 @@ async fn locks_over_tls_with_a_private_ca() {
     assert_eq!(redlock.unlock(&lock).await.released(), 3);
 }
 
+/// Hardened configurations and managed services often allow TLS 1.2 only: the client
+/// offers TLS 1.2 as well as 1.3 (rustls's `tls12` feature), so such nodes lock too.
+#[tokio::test]
+async fn locks_on_servers_that_speak_tls_1_2_only() {
+    let certs = Certs::generate();
+    let nodes: Vec<_> = (0..3)
+        .map(|_| tls::node_with(&certs, false, "server", &["--tls-protocols", "TLSv1.2"]))
+        .collect();
+    let redlock = builder(nodes.iter().map(tls::url).collect())
+        .tls_root_certificates(certs.read("ca.pem"))
+        .build()
+        .expect("build");
+    let mut lock = redlock.lock("tls-1.2").await.expect("lock over TLS 1.2");
+    redlock
+        .extend(&mut lock, Duration::from_secs(10))
+        .await
+        .expect("extend over TLS 1.2");
+    assert_eq!(redlock.unlock(&lock).await.released(), 3);
+}
+
 #[tokio::test]
 async fn mutual_tls_needs_the_client_certificate() {
     let certs = Certs::generate();
