@@ -8,10 +8,14 @@ mod support;
 use std::time::Duration;
 
 use support::tls::{self, Certs};
-use tower_redlock::{ConfigError, LockError, NodeError, Redlock, RedlockBuilder};
+use tower_redlock::{ConfigError, LockError, NodeConfig, NodeError, Redlock, RedlockBuilder};
 
-fn builder(urls: Vec<String>) -> RedlockBuilder {
-    support::builder(urls)
+fn builder<I, S>(nodes: I) -> RedlockBuilder
+where
+    I: IntoIterator<Item = S>,
+    S: Into<NodeConfig>,
+{
+    support::builder(nodes)
         .ttl(Duration::from_secs(10))
         .node_timeout(Duration::from_millis(500))
 }
@@ -20,7 +24,7 @@ fn builder(urls: Vec<String>) -> RedlockBuilder {
 async fn locks_over_tls_with_a_private_ca() {
     let certs = Certs::generate();
     let nodes: Vec<_> = (0..3).map(|_| tls::node(&certs, false)).collect();
-    let redlock = builder(nodes.iter().map(tls::url).collect())
+    let redlock = builder(nodes.iter().map(tls::url))
         .tls_root_certificates(certs.read("ca.pem"))
         .build()
         .expect("build");
@@ -40,7 +44,7 @@ async fn locks_on_servers_that_speak_tls_1_2_only() {
     let nodes: Vec<_> = (0..3)
         .map(|_| tls::node_with(&certs, false, "server", &["--tls-protocols", "TLSv1.2"]))
         .collect();
-    let redlock = builder(nodes.iter().map(tls::url).collect())
+    let redlock = builder(nodes.iter().map(tls::url))
         .tls_root_certificates(certs.read("ca.pem"))
         .build()
         .expect("build");
@@ -50,6 +54,74 @@ async fn locks_on_servers_that_speak_tls_1_2_only() {
         .await
         .expect("extend over TLS 1.2");
     assert_eq!(redlock.unlock(&lock).await.released(), 3);
+}
+
+/// A `redis::Client` opened from a `rediss://` URL brings no certificates of its own: it
+/// takes the builder's, like the URL nodes next to it (it was left on the system's roots,
+/// and stayed down with "UnknownIssuer" while `build()` accepted the configuration).
+#[tokio::test]
+async fn a_client_opened_from_a_url_takes_the_builders_certificates() {
+    let certs = Certs::generate();
+    let nodes: Vec<_> = (0..3).map(|_| tls::node(&certs, true)).collect();
+    let client = redis::Client::open(tls::url(&nodes[2])).expect("client");
+    let redlock = builder([
+        NodeConfig::from(tls::url(&nodes[0])),
+        NodeConfig::from(tls::url(&nodes[1])),
+        NodeConfig::from(client),
+    ])
+    .tls_root_certificates(certs.read("ca.pem"))
+    .tls_client_certificate(certs.read("client.pem"), certs.read("client.key"))
+    .build()
+    .expect("build");
+    let lock = redlock.lock("client-url").await.expect("lock");
+    assert_eq!(
+        redlock.unlock(&lock).await.released(),
+        3,
+        "the client node took part"
+    );
+
+    // Alone, too: it counts as a `rediss://` node for the certificates.
+    let client = redis::Client::open(tls::url(&nodes[0])).expect("client");
+    let alone = builder([client])
+        .tls_root_certificates(certs.read("ca.pem"))
+        .tls_client_certificate(certs.read("client.pem"), certs.read("client.key"))
+        .build()
+        .expect("build");
+    let lock = alone.lock("client-alone").await.expect("lock");
+    assert_eq!(alone.unlock(&lock).await.released(), 1);
+}
+
+/// A `redis::Client` built with its own certificates (`Client::build_with_tls`) keeps
+/// them: with no builder certificates, and when the builder's would not do for it.
+#[tokio::test]
+async fn a_client_built_with_its_own_certificates_keeps_them() {
+    let certs = Certs::generate();
+    let node = tls::node(&certs, false);
+    let own = || {
+        redis::Client::build_with_tls(
+            tls::url(&node),
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(certs.read("ca.pem")),
+            },
+        )
+        .expect("client with its own CA")
+    };
+    let redlock = builder([own()]).build().expect("build");
+    let lock = redlock.lock("own-ca").await.expect("lock");
+    assert_eq!(redlock.unlock(&lock).await.released(), 1);
+
+    // The builder trusts another CA (for other nodes), which did not sign this server's
+    // certificate: the client's own CA still wins.
+    let redlock = builder([own()])
+        .tls_root_certificates(certs.read("other_ca.pem"))
+        .build()
+        .expect("build");
+    let lock = redlock
+        .lock("own-ca-2")
+        .await
+        .expect("lock with the client's own CA");
+    assert_eq!(redlock.unlock(&lock).await.released(), 1);
 }
 
 #[tokio::test]
@@ -120,22 +192,22 @@ async fn a_server_certificate_from_another_ca_is_a_clear_per_node_error() {
 #[test]
 fn settings_that_cannot_work_are_refused_by_build() {
     let certs = Certs::generate();
-    let err = builder(vec!["rediss://127.0.0.1:6380".into()])
+    let err = builder(["rediss://127.0.0.1:6380"])
         .tls_root_certificates(b"not a certificate".to_vec())
         .build()
         .expect_err("bad PEM");
     assert!(matches!(err, ConfigError::Tls { .. }), "{err:?}");
-    let err = builder(vec!["rediss://127.0.0.1:6380".into()])
+    let err = builder(["rediss://127.0.0.1:6380"])
         .tls_client_certificate(certs.read("client.pem"), b"no key here".to_vec())
         .build()
         .expect_err("bad key");
     assert!(err.to_string().contains("client key"), "{err}");
-    let err = builder(vec!["redis://127.0.0.1:6379".into()])
+    let err = builder(["redis://127.0.0.1:6379"])
         .tls_root_certificates(certs.read("ca.pem"))
         .build()
         .expect_err("no TLS node");
     assert!(matches!(err, ConfigError::TlsWithoutTlsNodes), "{err:?}");
-    let insecure = builder(vec!["rediss://127.0.0.1:6380/#insecure".into()]).build();
+    let insecure = builder(["rediss://127.0.0.1:6380/#insecure"]).build();
     if cfg!(feature = "tls-insecure") {
         assert!(insecure.is_ok(), "{insecure:?}");
     } else {
