@@ -152,7 +152,7 @@ pub use axum_extractor::MissingLockToken;
 pub use client::{
     Health, Inspection, NodeConfig, NodeHealth, NodeStatus, Redlock, RedlockBuilder, Released,
 };
-pub use error::{ConfigError, ErrorDetail, LockError, NodeError, NodeFailure};
+pub use error::{ConfigError, ErrorDetail, LockError, NodeError, NodeFailure, TlsProblem};
 pub use guard::LockGuard;
 pub use layer::redlock_layer::RedlockLayer;
 pub use token::{Lock, LockToken, LostReason};

@@ -8,7 +8,9 @@ mod support;
 use std::time::Duration;
 
 use support::tls::{self, Certs};
-use tower_redlock::{ConfigError, LockError, NodeConfig, NodeError, Redlock, RedlockBuilder};
+use tower_redlock::{
+    ConfigError, LockError, NodeConfig, NodeError, NodeFailure, Redlock, RedlockBuilder, TlsProblem,
+};
 
 fn builder<I, S>(nodes: I) -> RedlockBuilder
 where
@@ -124,6 +126,29 @@ async fn a_client_built_with_its_own_certificates_keeps_them() {
     assert_eq!(redlock.unlock(&lock).await.released(), 1);
 }
 
+/// The TLS problem of the one node of `redlock`, and the error's text, from a `try_lock`
+/// that must fail with it.
+async fn tls_problem(redlock: &Redlock) -> (TlsProblem, String) {
+    let err = redlock
+        .try_lock("tls-problem")
+        .await
+        .expect_err("a TLS failure");
+    let text = err.to_string();
+    println!("{text}");
+    let LockError::NoQuorum { failures, .. } = &err else {
+        panic!("expected NoQuorum, got {err:?}");
+    };
+    match &failures[..] {
+        [
+            NodeFailure {
+                error: NodeError::Tls { problem, .. },
+                ..
+            },
+        ] => (*problem, text),
+        _ => panic!("expected one NodeError::Tls, got {err:?}"),
+    }
+}
+
 #[tokio::test]
 async fn mutual_tls_needs_the_client_certificate() {
     let certs = Certs::generate();
@@ -140,17 +165,24 @@ async fn mutual_tls_needs_the_client_certificate() {
         .tls_root_certificates(certs.read("ca.pem"))
         .build()
         .expect("build");
-    let err = without
-        .try_lock("mtls-2")
-        .await
-        .expect_err("no client certificate");
-    let LockError::NoQuorum { failures, .. } = &err else {
-        panic!("expected NoQuorum, got {err:?}");
-    };
+    let (problem, text) = tls_problem(&without).await;
+    assert_eq!(problem, TlsProblem::ClientCertificateRequired, "{text}");
     assert!(
-        matches!(failures[0].error, NodeError::Connection(_)),
-        "{err}"
+        text.contains("tls_client_certificate"),
+        "what to do: {text}"
     );
+
+    // A client certificate from a CA the server does not trust.
+    let untrusted = builder(vec![tls::url(&node)])
+        .tls_root_certificates(certs.read("ca.pem"))
+        .tls_client_certificate(
+            certs.read("other_client.pem"),
+            certs.read("other_client.key"),
+        )
+        .build()
+        .expect("build");
+    let (problem, text) = tls_problem(&untrusted).await;
+    assert_eq!(problem, TlsProblem::ClientCertificateRefused, "{text}");
 }
 
 #[tokio::test]
@@ -161,11 +193,8 @@ async fn a_server_certificate_from_another_ca_is_a_clear_per_node_error() {
         .tls_root_certificates(certs.read("other_ca.pem"))
         .build()
         .expect("build");
-    let err = redlock
-        .try_lock("wrong-ca")
-        .await
-        .expect_err("untrusted server");
-    let text = err.to_string();
+    let (problem, text) = tls_problem(&redlock).await;
+    assert_eq!(problem, TlsProblem::UnknownIssuer, "{text}");
     assert!(
         text.contains(&format!(
             "127.0.0.1:{}",
@@ -174,19 +203,64 @@ async fn a_server_certificate_from_another_ca_is_a_clear_per_node_error() {
         "{text}"
     );
     assert!(
-        text.to_ascii_lowercase().contains("certificate"),
-        "the cause is named: {text}"
+        text.contains("trust its CA with tls_root_certificates"),
+        "what to do: {text}"
     );
     // The system's roots do not know the private CA either.
     let system_roots = builder(vec![tls::url(&node)]).build().expect("build");
-    let err = system_roots
-        .try_lock("wrong-ca")
-        .await
-        .expect_err("untrusted");
+    let (problem, text) = tls_problem(&system_roots).await;
+    assert_eq!(problem, TlsProblem::UnknownIssuer, "{text}");
+}
+
+/// A certificate from the trusted CA, but for another name than the one the node is
+/// reached by.
+#[tokio::test]
+async fn a_server_certificate_for_another_name_is_a_name_mismatch() {
+    let certs = Certs::generate();
+    let node = tls::node_with(&certs, false, "elsewhere", &[]);
+    let redlock = builder(vec![tls::url(&node)])
+        .tls_root_certificates(certs.read("ca.pem"))
+        .build()
+        .expect("build");
+    let (problem, text) = tls_problem(&redlock).await;
+    assert_eq!(problem, TlsProblem::NameMismatch, "{text}");
     assert!(
-        err.to_string().to_ascii_lowercase().contains("certificate"),
-        "{err}"
+        text.contains("elsewhere.example"),
+        "the names it is for: {text}"
     );
+}
+
+/// A server that allows only TLS 1.1, which the client does not offer.
+#[tokio::test]
+async fn a_server_without_tls_1_2_or_1_3_is_a_version_mismatch() {
+    let certs = Certs::generate();
+    let node = tls::node_with(&certs, false, "server", &["--tls-protocols", "TLSv1.1"]);
+    let redlock = builder(vec![tls::url(&node)])
+        .tls_root_certificates(certs.read("ca.pem"))
+        .build()
+        .expect("build");
+    let (problem, text) = tls_problem(&redlock).await;
+    assert_eq!(problem, TlsProblem::ProtocolVersion, "{text}");
+    assert!(
+        text.contains("the server only speaks TLS versions this client does not offer"),
+        "{text}"
+    );
+}
+
+/// A server that answers the handshake with something other than TLS (HTTP here). A plain
+/// Redis port answers it with nothing at all: see `a_failed_tls_connect_reports_its_cause`
+/// in `tests/faults.rs`.
+#[tokio::test]
+async fn a_server_that_does_not_speak_tls_is_named_so() {
+    let certs = Certs::generate();
+    let http = support::GarbageServer::start().await;
+    let redlock = builder(vec![format!("rediss://127.0.0.1:{}", http.port)])
+        .tls_root_certificates(certs.read("ca.pem"))
+        .build()
+        .expect("build");
+    let (problem, text) = tls_problem(&redlock).await;
+    assert_eq!(problem, TlsProblem::NotTls, "{text}");
+    assert!(text.contains("does not speak TLS on this port"), "{text}");
 }
 
 #[test]

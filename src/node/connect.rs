@@ -135,7 +135,7 @@ impl Node {
                 return match timeout_at(deadline, cluster.get_async_connection()).await {
                     Ok(Ok(conn)) => Ok((Conn::Cluster(conn), ServerInfo::default())),
                     Ok(Err(e)) if !e.is_timeout() => Err(NodeError::from(e)),
-                    Ok(Err(_)) | Err(_) => Err(self.connect_timed_out()),
+                    Ok(Err(_)) | Err(_) => Err(self.connect_timed_out(false)),
                 };
             }
             Connector::Direct(client) => (**client).clone(),
@@ -150,10 +150,14 @@ impl Node {
                 }
             }
         };
+        let tls = matches!(
+            client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls { .. }
+        );
         match timeout_at(deadline, self.handshake(&client)).await {
             Ok(Ok(ok)) => Ok(ok),
-            Ok(Err(e)) => Err(self.connect_failed(e)),
-            Err(_) => Err(self.connect_timed_out()),
+            Ok(Err(e)) => Err(self.connect_failed(e, tls)),
+            Err(_) => Err(self.connect_timed_out(tls)),
         }
     }
 
@@ -208,8 +212,8 @@ impl Node {
         Ok((conn, ServerInfo::parse(&info)))
     }
 
-    /// The error of a handshake that failed with `e`.
-    fn connect_failed(&self, e: redis::RedisError) -> NodeError {
+    /// The error of a handshake that failed with `e` (over TLS if `tls`).
+    fn connect_failed(&self, e: redis::RedisError, tls: bool) -> NodeError {
         let no_info = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
             && e.to_string().to_ascii_lowercase().contains("info");
         if self.settings.quarantine && no_info {
@@ -222,7 +226,7 @@ impl Node {
             );
         }
         if e.is_timeout() {
-            return self.connect_timed_out();
+            return self.connect_timed_out(tls);
         }
         NodeError::from(e)
     }
@@ -257,11 +261,19 @@ impl Node {
         );
     }
 
-    /// The error of a connect that got no answer in time.
-    fn connect_timed_out(&self) -> NodeError {
+    /// The error of a connect that got no answer in time (over TLS if `tls`). A plain
+    /// Redis port answers a TLS handshake with nothing at all, so over TLS the message
+    /// asks whether the port is the TLS one.
+    fn connect_timed_out(&self, tls: bool) -> NodeError {
+        let hint = if tls {
+            " (a rediss:// node: is the port the server's tls-port? A plain port does not \
+             answer a TLS handshake)"
+        } else {
+            ""
+        };
         NodeError::Connection(
             format!(
-                "no answer within the connect timeout of {:?}",
+                "no answer within the connect timeout of {:?}{hint}",
                 self.settings.connect_timeout
             )
             .into(),

@@ -10,7 +10,8 @@ use super::RedisNode;
 
 /// Certificates in a fresh directory: `ca`, `server` (for 127.0.0.1 and localhost, signed
 /// by `ca`), `elsewhere` (signed by `ca` for `elsewhere.example` only: a name mismatch on
-/// 127.0.0.1), `client` (signed by `ca`), and `other_ca`, which signed nothing here.
+/// 127.0.0.1), `client` (signed by `ca`), `other_ca`, and `other_client` (signed by
+/// `other_ca`, which the servers do not trust).
 pub struct Certs {
     pub dir: PathBuf,
 }
@@ -38,6 +39,7 @@ impl Certs {
             Some("subjectAltName=DNS:elsewhere.example"),
         );
         certs.signed("client", "ca", None);
+        certs.signed("other_client", "other_ca", None);
         certs
     }
 
