@@ -165,8 +165,8 @@ impl Node {
     /// `INFO memory` and loads the scripts.
     async fn handshake(&self, client: &Client) -> redis::RedisResult<(Conn, ServerInfo)> {
         let mut conn = match wire::plain_tcp(client) {
-            Some((host, port)) => {
-                let wire = wire::Wire::connect(host, port).await?;
+            Some((host, port, tcp)) => {
+                let wire = wire::Wire::connect(host, port, tcp).await?;
                 wire::handshake(&wire, client.get_connection_info().redis_settings()).await?;
                 Conn::Own(wire)
             }
