@@ -183,6 +183,17 @@ async fn mutual_tls_needs_the_client_certificate() {
         .expect("build");
     let (problem, text) = tls_problem(&untrusted).await;
     assert_eq!(problem, TlsProblem::ClientCertificateRefused, "{text}");
+
+    // Over TLS 1.2 the server refuses a client without a certificate with a bare
+    // handshake_failure, whose message names the client certificate among the causes.
+    let tls12 = tls::node_with(&certs, true, "server", &["--tls-protocols", "TLSv1.2"]);
+    let without = builder(vec![tls::url(&tls12)])
+        .tls_root_certificates(certs.read("ca.pem"))
+        .build()
+        .expect("build");
+    let (problem, text) = tls_problem(&without).await;
+    assert_eq!(problem, TlsProblem::HandshakeFailure, "{text}");
+    assert!(text.contains("tls_client_certificate"), "{text}");
 }
 
 #[tokio::test]
