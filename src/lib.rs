@@ -96,7 +96,7 @@
 //! |---|---|
 //! | `axum` | [`LockToken`] as an axum extractor (`async fn h(token: LockToken)`), `MissingLockToken`, and `MatchedPath` in [`layer::PerRoute`] |
 //! | `tonic` | `tonic::Status::from(LockError)`, with the layer's gRPC mapping, and `request.lock_token()` (`layer::LockTokenExt`) |
-//! | `tls-rustls` | `rediss://` nodes, with the *ring* crypto provider chosen by the crate; `RedlockBuilder::tls_root_certificates` and `tls_client_certificate` |
+//! | `tls-rustls` | `rediss://` nodes (TLS 1.3 and 1.2), with the *ring* crypto provider chosen by the crate; `RedlockBuilder::tls_root_certificates` and `tls_client_certificate` |
 //! | `tls-insecure` | `rediss://...#insecure` nodes, which skip certificate checks (tests only) |
 //! | `cluster` | a Redis Cluster as one node: `NodeConfig::cluster` |
 //! | `metrics` | counters, histograms and gauges through the `metrics` facade: see [`metrics`] |
@@ -152,7 +152,9 @@ pub use axum_extractor::MissingLockToken;
 pub use client::{
     Health, Inspection, NodeConfig, NodeHealth, NodeStatus, Redlock, RedlockBuilder, Released,
 };
-pub use error::{ConfigError, ErrorDetail, LockError, NodeError, NodeFailure, QuarantineReason};
+pub use error::{
+    ConfigError, ErrorDetail, LockError, NodeError, NodeFailure, QuarantineReason, TlsProblem,
+};
 pub use guard::LockGuard;
 pub use layer::redlock_layer::RedlockLayer;
 pub use token::{Lock, LockToken, LostReason};

@@ -37,3 +37,40 @@ async fn a_node_that_may_evict_keys_is_warned_about_once() {
         assert!(line.contains("set maxmemory-policy noeviction"), "{line}");
     }
 }
+
+/// Nodes given as `redis::ConnectionInfo`s with TCP settings (keep-alive, linger, user
+/// timeout) lock, extend and unlock over the crate's own connection, which applies them
+/// (`src/node/wire/open.rs` reads them back from the socket).
+#[tokio::test]
+async fn nodes_with_tcp_settings_in_their_connection_info_lock() {
+    use std::time::Duration;
+
+    use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
+
+    let nodes = [RedisNode::start(), RedisNode::start(), RedisNode::start()];
+    let settings = TcpSettings::default()
+        .set_keepalive(
+            TcpKeepalive::new()
+                .with_time(Duration::from_secs(60))
+                .with_interval(Duration::from_secs(10)),
+        )
+        .set_linger_time(Duration::from_secs(1));
+    #[cfg(target_os = "linux")]
+    let settings = settings.set_user_timeout(Duration::from_secs(30));
+    let infos = nodes.iter().map(|node| {
+        node.url()
+            .parse::<redis::ConnectionInfo>()
+            .expect("connection info")
+            .set_tcp_settings(settings.clone())
+    });
+    let redlock = support::builder(infos)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("build");
+    let mut lock = redlock.lock("tcp-settings").await.expect("lock");
+    redlock
+        .extend(&mut lock, Duration::from_secs(10))
+        .await
+        .expect("extend");
+    assert_eq!(redlock.unlock(&lock).await.released(), 3);
+}

@@ -217,6 +217,38 @@ impl From<ConnectionInfo> for NodeConfig {
     }
 }
 
+/// A node from a ready `redis::Client`, used with its connection settings. For a
+/// `rediss://` node, which certificates it uses depends on how the client was made:
+///
+/// - opened from a URL or `ConnectionInfo` (`Client::open("rediss://…")`), it has no TLS
+///   settings of its own and takes the builder's, like a URL node:
+///   `RedlockBuilder::tls_root_certificates` and `tls_client_certificate` (feature
+///   `tls-rustls`; the system's roots when the builder has none);
+/// - built with `Client::build_with_tls(..)`, it keeps the certificates it was built
+///   with, and the builder's do not apply to it (they still apply to the other nodes).
+///
+/// ```no_run
+/// # #[cfg(feature = "tls-rustls")]
+/// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_redlock::{NodeConfig, Redlock};
+///
+/// let ca = std::fs::read("ca.pem")?;
+/// // Its own CA, given when it was built: kept.
+/// let own = redis::Client::build_with_tls(
+///     "rediss://redis-3.internal:6380",
+///     redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) },
+/// )?;
+/// let redlock = Redlock::builder([
+///     NodeConfig::from("rediss://redis-1.internal:6380"),
+///     // Opened from a URL: it trusts the builder's CA, like the URL node.
+///     NodeConfig::from(redis::Client::open("rediss://redis-2.internal:6380")?),
+///     NodeConfig::from(own),
+/// ])
+/// .tls_root_certificates(ca)
+/// .build()?;
+/// # let _ = redlock;
+/// # Ok(()) }
+/// ```
 impl From<Client> for NodeConfig {
     fn from(client: Client) -> Self {
         Self(Spec::Client(Box::new(client)))

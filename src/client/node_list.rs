@@ -24,10 +24,11 @@ use crate::sentinel::SentinelMaster;
 
 impl RedlockBuilder {
     /// The client of a node given by its connection settings: with the builder's TLS
-    /// settings for a `rediss://` node. A node that skips certificate checks (`#insecure`)
-    /// needs the `tls-insecure` feature.
+    /// settings for a `rediss://` node without TLS parameters of its own (see
+    /// [`takes_builder_tls`]). A node that skips certificate checks (`#insecure`) needs the
+    /// `tls-insecure` feature.
     fn client(&self, info: ConnectionInfo, label: &str) -> Result<Client, ConfigError> {
-        let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        let tls = takes_builder_tls(&info);
         if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr()
             && !cfg!(feature = "tls-insecure")
         {
@@ -65,8 +66,8 @@ impl RedlockBuilder {
                 tls_nodes += usize::from(matches!(info.addr(), ConnectionAddr::TcpTls { .. }));
                 let label = info.addr().to_string();
                 let client = match config.client() {
-                    Some(client) => client.clone(),
-                    None => self.client(info, &label)?,
+                    Some(client) if !takes_builder_tls(&info) => client.clone(),
+                    _ => self.client(info, &label)?,
                 };
                 (label, Connector::Direct(Box::new(client)))
             };
@@ -83,6 +84,22 @@ impl RedlockBuilder {
         let _ = tls_nodes;
         Ok(nodes)
     }
+}
+
+/// Whether a node with these settings takes the builder's TLS settings (its root
+/// certificates and client certificate): a `rediss://` node that brings no TLS parameters
+/// of its own. A URL, or a `redis::Client` opened from one, trusts the system's roots
+/// until the builder says otherwise; a `redis::Client` built with
+/// `Client::build_with_tls` (and its `ConnectionInfo`) keeps the certificates it was
+/// built with, whatever the builder's.
+fn takes_builder_tls(info: &ConnectionInfo) -> bool {
+    matches!(
+        info.addr(),
+        ConnectionAddr::TcpTls {
+            tls_params: None,
+            ..
+        }
+    )
 }
 
 /// The label and connector of a Redis Cluster node.

@@ -121,6 +121,12 @@ impl RedlockBuilder {
     /// ([`ConfigError::Tls`]), as are certificates for a client without `rediss://`
     /// nodes. Needs the `tls-rustls` feature.
     ///
+    /// This and [`tls_client_certificate`](Self::tls_client_certificate) apply to every
+    /// `rediss://` node without TLS settings of its own: URLs, `redis::ConnectionInfo`s,
+    /// and `redis::Client`s opened from a URL. A `redis::Client` built with
+    /// `Client::build_with_tls(..)` keeps the certificates it was built with (see
+    /// [`NodeConfig`](crate::NodeConfig)'s `From<redis::Client>`).
+    ///
     /// ```no_run
     /// use tower_redlock::Redlock;
     ///

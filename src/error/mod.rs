@@ -10,7 +10,8 @@
 //!   (too many nodes failed, each with its [`NodeFailure`]),
 //!   [`ValidityExhausted`](LockError::ValidityExhausted), [`NotHeld`](LockError::NotHeld),
 //!   [`InvalidName`](LockError::InvalidName) and [`Config`](LockError::Config).
-//! - [`NodeError`]: why one Redis node did not take part in a quorum.
+//! - [`NodeError`]: why one Redis node did not take part in a quorum; for a failed TLS
+//!   handshake, [`NodeError::Tls`] with the [`TlsProblem`].
 //!
 //! ```
 //! use tower_redlock::{ConfigError, Redlock};
@@ -26,10 +27,12 @@ use std::time::Duration;
 mod config;
 mod node;
 mod quarantine;
+mod tls;
 
 pub use config::ConfigError;
 pub use node::{ErrorDetail, NodeError, NodeFailure};
 pub use quarantine::QuarantineReason;
+pub use tls::TlsProblem;
 
 /// Why an operation on a lock (acquire, extend) did not succeed.
 #[derive(Debug, Clone, PartialEq)]

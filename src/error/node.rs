@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::QuarantineReason;
+use super::{QuarantineReason, TlsProblem};
 
 /// Why one node did not count towards a quorum.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,9 +23,21 @@ pub enum NodeError {
     Timeout,
     /// The node refused the TCP connection: nothing listens on that port.
     Refused,
-    /// The node could not be reached or the connection broke (I/O error, TLS or
-    /// authentication failure, connect timeout).
+    /// The node could not be reached or the connection broke (I/O error, authentication
+    /// failure, connect timeout).
     Connection(ErrorDetail),
+    /// The connection's TLS handshake failed (a `rediss://` node): `problem` says which
+    /// TLS problem it was and what to do, `detail` what the TLS library said. The node
+    /// connects again with backoff, as after a [`Connection`](Self::Connection) error.
+    Tls {
+        /// Which TLS problem: a version mismatch, an untrusted CA, a certificate for
+        /// another name, a client certificate required or refused, a server that does not
+        /// speak TLS, ...
+        problem: TlsProblem,
+        /// The TLS library's words, and the `redis` error behind them as the
+        /// [`source`](std::error::Error::source).
+        detail: ErrorDetail,
+    },
     /// The node answered with a Redis error, such as `WRONGTYPE` for a key that holds a
     /// value of another type.
     Redis(ErrorDetail),
@@ -69,7 +81,7 @@ impl NodeError {
     pub(crate) fn breaks_connection(&self) -> bool {
         matches!(
             self,
-            Self::Refused | Self::Connection(_) | Self::Protocol(_)
+            Self::Refused | Self::Connection(_) | Self::Tls { .. } | Self::Protocol(_)
         )
     }
 }
@@ -80,6 +92,7 @@ impl fmt::Display for NodeError {
             Self::Timeout => f.write_str("timed out"),
             Self::Refused => f.write_str("connection refused"),
             Self::Connection(e) => write!(f, "connection failed: {e}"),
+            Self::Tls { problem, detail } => write!(f, "TLS failed: {problem} ({detail})"),
             Self::Redis(e) => write!(f, "Redis error: {e}"),
             Self::Protocol(e) => write!(f, "protocol error (is this a Redis server?): {e}"),
             Self::Quarantined { remaining, reason } => write!(
@@ -103,7 +116,10 @@ impl fmt::Display for NodeError {
 impl std::error::Error for NodeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Connection(d) | Self::Redis(d) | Self::Protocol(d) => d.source(),
+            Self::Connection(d)
+            | Self::Tls { detail: d, .. }
+            | Self::Redis(d)
+            | Self::Protocol(d) => d.source(),
             _ => None,
         }
     }
@@ -117,6 +133,12 @@ impl From<redis::RedisError> for NodeError {
         }
         if e.is_timeout() {
             return Self::Timeout;
+        }
+        if let Some(problem) = TlsProblem::of(&e) {
+            return Self::Tls {
+                problem,
+                detail: ErrorDetail::from(e),
+            };
         }
         match e.kind() {
             ErrorKind::Parse | ErrorKind::UnexpectedReturnType | ErrorKind::RESP3NotSupported => {

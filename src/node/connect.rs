@@ -86,7 +86,7 @@ impl Node {
                     match timeout_at(deadline, cluster.client.get_async_connection()).await {
                         Ok(Ok(conn)) => conn,
                         Ok(Err(e)) if !e.is_timeout() => return Err(NodeError::from(e)),
-                        Ok(Err(_)) | Err(_) => return Err(self.connect_timed_out()),
+                        Ok(Err(_)) | Err(_) => return Err(self.connect_timed_out(false)),
                     };
                 if self.settings.quarantine {
                     // A check cut short leaves shards unchecked: the first acquisition on
@@ -111,10 +111,14 @@ impl Node {
                 }
             }
         };
+        let tls = matches!(
+            client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls { .. }
+        );
         let opened = match timeout_at(deadline, self.handshake(&client)).await {
             Ok(Ok(opened)) => opened,
-            Ok(Err(e)) => return Err(self.connect_failed(e)),
-            Err(_) => return Err(self.connect_timed_out()),
+            Ok(Err(e)) => return Err(self.connect_failed(e, tls)),
+            Err(_) => return Err(self.connect_timed_out(tls)),
         };
         match &opened.info.role {
             Role::Other(role) => Err(NodeError::NotMaster { role: role.clone() }),
@@ -127,8 +131,8 @@ impl Node {
     /// reads how long it has been one ([`master_for`](Self::master_for)).
     async fn handshake(&self, client: &Client) -> redis::RedisResult<Opened> {
         let mut conn = match wire::plain_tcp(client) {
-            Some((host, port)) => {
-                let wire = wire::Wire::connect(host, port).await?;
+            Some((host, port, tcp)) => {
+                let wire = wire::Wire::connect(host, port, tcp).await?;
                 wire::handshake(&wire, client.get_connection_info().redis_settings()).await?;
                 Conn::Own(wire)
             }
@@ -209,8 +213,8 @@ impl Node {
         }
     }
 
-    /// The error of a handshake that failed with `e`.
-    fn connect_failed(&self, e: redis::RedisError) -> NodeError {
+    /// The error of a handshake that failed with `e` (over TLS if `tls`).
+    fn connect_failed(&self, e: redis::RedisError, tls: bool) -> NodeError {
         let no_info = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
             && e.to_string().to_ascii_lowercase().contains("info");
         if self.settings.quarantine && no_info {
@@ -223,7 +227,7 @@ impl Node {
             );
         }
         if e.is_timeout() {
-            return self.connect_timed_out();
+            return self.connect_timed_out(tls);
         }
         NodeError::from(e)
     }
@@ -258,11 +262,19 @@ impl Node {
         );
     }
 
-    /// The error of a connect that got no answer in time.
-    fn connect_timed_out(&self) -> NodeError {
+    /// The error of a connect that got no answer in time (over TLS if `tls`). A plain
+    /// Redis port answers a TLS handshake with nothing at all, so over TLS the message
+    /// asks whether the port is the TLS one.
+    fn connect_timed_out(&self, tls: bool) -> NodeError {
+        let hint = if tls {
+            " (a rediss:// node: is the port the server's tls-port? A plain port does not \
+             answer a TLS handshake)"
+        } else {
+            ""
+        };
         NodeError::Connection(
             format!(
-                "no answer within the connect timeout of {:?}",
+                "no answer within the connect timeout of {:?}{hint}",
                 self.settings.connect_timeout
             )
             .into(),

@@ -10,7 +10,10 @@
 //! caller that stops waiting leaves its slot, and the reply is dropped when it arrives.
 //!
 //! Nodes reached over TLS or a Unix socket, with RESP3 asked for, or in a cluster use
-//! redis-rs's connections instead.
+//! redis-rs's connections instead, which apply the TCP settings of the node's
+//! `redis::ConnectionInfo` themselves. This one applies its keep-alive, linger and TCP
+//! user timeout, and always sets `TCP_NODELAY` (a lock's round trip must not wait for
+//! Nagle's algorithm; see `open.rs`).
 //!
 //! ```text
 //! caller:  send(SET ...)  --alone, idle> try_write now                 --> await slot
@@ -184,12 +187,16 @@ impl WireShared {
 }
 
 impl Wire {
-    /// Connects to `host:port` (no handshake: the caller sends `AUTH` and the like as its
-    /// first requests) and starts the connection's task. Must be called within a tokio
-    /// runtime.
-    pub(crate) async fn connect(host: &str, port: u16) -> io::Result<Self> {
-        let stream = TcpStream::connect((host, port)).await?;
-        stream.set_nodelay(true)?;
+    /// Connects to `host:port` with the node's TCP `settings` (keep-alive, linger and user
+    /// timeout as given, `TCP_NODELAY` always on: see [`open`]), with no handshake (the
+    /// caller sends `AUTH` and the like as its first requests), and starts the
+    /// connection's task. Must be called within a tokio runtime.
+    pub(crate) async fn connect(
+        host: &str,
+        port: u16,
+        settings: &redis::io::tcp::TcpSettings,
+    ) -> io::Result<Self> {
+        let stream = open::tcp_stream(host, port, settings).await?;
         let (reading, writing) = stream.into_split();
         Ok(Self::over(reading, writing))
     }

@@ -298,7 +298,9 @@ async fn answer(server: &mut tokio::net::TcpStream, len: usize) {
 async fn a_large_request_does_not_keep_its_memory() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
-    let wire = Wire::connect("127.0.0.1", port).await.expect("connect");
+    let wire = Wire::connect("127.0.0.1", port, &Default::default())
+        .await
+        .expect("connect");
     let (mut server, _) = listener.accept().await.expect("accept");
     let large = set("record", &vec![b'x'; 8 << 20]);
     let reply = wire.request(&large, Writes::Task);
@@ -322,7 +324,9 @@ async fn a_large_request_does_not_keep_its_memory() {
 async fn a_closed_connection_writes_nothing_more() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
-    let wire = Wire::connect("127.0.0.1", port).await.expect("connect");
+    let wire = Wire::connect("127.0.0.1", port, &Default::default())
+        .await
+        .expect("connect");
     let (mut server, _) = listener.accept().await.expect("accept");
     // The server reads nothing, so the socket fills up and the connection's task is
     // left holding bytes it could not write.

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::RedisNode;
 
 /// Certificates in a fresh directory: `ca`, `server` (for 127.0.0.1 and localhost, signed
-/// by `ca`), `client` (signed by `ca`), and `other_ca`, which signed nothing here.
+/// by `ca`), `elsewhere` (signed by `ca` for `elsewhere.example` only: a name mismatch on
+/// 127.0.0.1), `client` (signed by `ca`), `other_ca`, and `other_client` (signed by
+/// `other_ca`, which the servers do not trust).
 pub struct Certs {
     pub dir: PathBuf,
 }
@@ -31,7 +33,13 @@ impl Certs {
             "ca",
             Some("subjectAltName=IP:127.0.0.1,DNS:localhost"),
         );
+        certs.signed(
+            "elsewhere",
+            "ca",
+            Some("subjectAltName=DNS:elsewhere.example"),
+        );
         certs.signed("client", "ca", None);
+        certs.signed("other_client", "other_ca", None);
         certs
     }
 
@@ -124,22 +132,28 @@ impl Drop for Certs {
 /// A `redis-server` with TLS on a second port (its plain port stays open for checks);
 /// with `mtls`, clients must present a certificate signed by the CA.
 pub fn node(certs: &Certs, mtls: bool) -> RedisNode {
+    node_with(certs, mtls, "server", &[])
+}
+
+/// A TLS node as [`node`] does, presenting the certificate `cert` (`server`, or
+/// `elsewhere` for one that is not valid for 127.0.0.1), with more `redis-server`
+/// arguments such as `["--tls-protocols", "TLSv1.2"]`.
+pub fn node_with(certs: &Certs, mtls: bool, cert: &str, extra: &[&str]) -> RedisNode {
     let file = |f: &str| certs.path(f).to_string_lossy().into_owned();
-    RedisNode::start_with_args(
-        None,
-        vec![
-            "--tls-port".into(),
-            "{port}".into(),
-            "--tls-cert-file".into(),
-            file("server.pem"),
-            "--tls-key-file".into(),
-            file("server.key"),
-            "--tls-ca-cert-file".into(),
-            file("ca.pem"),
-            "--tls-auth-clients".into(),
-            if mtls { "yes" } else { "no" }.into(),
-        ],
-    )
+    let mut args = vec![
+        "--tls-port".into(),
+        "{port}".into(),
+        "--tls-cert-file".into(),
+        file(&format!("{cert}.pem")),
+        "--tls-key-file".into(),
+        file(&format!("{cert}.key")),
+        "--tls-ca-cert-file".into(),
+        file("ca.pem"),
+        "--tls-auth-clients".into(),
+        if mtls { "yes" } else { "no" }.into(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    RedisNode::start_with_args(None, args)
 }
 
 /// The `rediss://` URL of a node from [`node`].
