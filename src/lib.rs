@@ -151,6 +151,7 @@ mod tonic_token;
 pub use axum_extractor::MissingLockToken;
 pub use client::{
     Health, Inspection, NodeConfig, NodeHealth, NodeStatus, Redlock, RedlockBuilder, Released,
+    Shutdown,
 };
 pub use error::{
     ConfigError, ErrorDetail, LockError, NodeError, NodeFailure, QuarantineReason, TlsProblem,

@@ -145,3 +145,83 @@ async fn releases_behind_a_stalled_turn_still_reach_the_node() {
     .await;
     drop(stalled);
 }
+
+/// `shutdown()` waits for the releases on their way: 200 guards dropped at once (their
+/// releases spawned in the background, most of them queued behind one another for each
+/// node) on nodes 40 ms away (a fault proxy delays every chunk), then a shutdown, and no
+/// lock key is left on any node the moment it returns. After it, acquisitions and
+/// extensions fail with `LockError::Closed`, for every clone, while a lock taken before can
+/// still be released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_sends_the_queued_releases_and_closes_the_client() {
+    use support::{FaultProxy, Mode};
+    use tower_redlock::LockError;
+
+    let cluster = Cluster::start(3);
+    let mut proxies = Vec::new();
+    for url in cluster.urls() {
+        proxies.push(FaultProxy::start(url.trim_start_matches("redis://").to_owned()).await);
+    }
+    let redlock = support::builder(proxies.iter().map(FaultProxy::url))
+        .fencing(false)
+        .ttl(Duration::from_secs(30))
+        .node_timeout(Duration::from_secs(1))
+        .build()
+        .expect("build");
+    support::warm(&redlock).await;
+    let names: Vec<String> = (0..200).map(|i| format!("shutdown-{i}")).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(redlock.acquire(name).await.expect("acquire"));
+    }
+    let mut kept = redlock.lock("kept").await.expect("lock");
+    // One round trip per node to count the keys, on connections opened beforehand.
+    let mut raw = Vec::new();
+    for i in 0..3 {
+        raw.push(cluster.raw(i).await);
+    }
+    let locked = |raw: &mut Vec<redis::aio::MultiplexedConnection>| {
+        let mut exists = redis::cmd("EXISTS");
+        for name in &names {
+            exists.arg(key(name));
+        }
+        let raw = raw.clone();
+        async move {
+            let mut held = 0;
+            for mut conn in raw {
+                held += exists
+                    .query_async::<usize>(&mut conn)
+                    .await
+                    .expect("EXISTS");
+            }
+            held
+        }
+    };
+    assert_eq!(locked(&mut raw).await, 600);
+    for proxy in &proxies {
+        proxy.set(Mode::delay(Duration::from_millis(40)));
+    }
+    drop(guards);
+    let clone = redlock.clone();
+    let report = redlock.shutdown().await;
+    assert_eq!(report.unfinished(), 0);
+    assert_eq!(
+        locked(&mut raw).await,
+        0,
+        "keys still locked after the shutdown"
+    );
+    assert_eq!(
+        clone.try_lock("after").await.unwrap_err(),
+        LockError::Closed
+    );
+    assert_eq!(clone.lock("after").await.unwrap_err(), LockError::Closed);
+    assert!(matches!(
+        clone.acquire("after").await,
+        Err(LockError::Closed)
+    ));
+    assert_eq!(
+        clone.extend(&mut kept, Duration::from_secs(5)).await,
+        Err(LockError::Closed)
+    );
+    assert_eq!(clone.unlock(&kept).await.released(), 3);
+}

@@ -49,6 +49,7 @@ impl Redlock {
     }
 
     async fn extend_inner(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
+        self.inner.lifecycle.check_open()?;
         check_ttl(ttl, self.inner.node_timeout).map_err(LockError::from)?;
         self.note_ttl(ttl);
         let ttl = Duration::from_millis(ttl_ms(ttl));

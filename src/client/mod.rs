@@ -42,11 +42,13 @@ mod acquire;
 pub(crate) mod builder;
 mod extend;
 mod health;
+mod lifecycle;
 mod node_config;
 mod node_list;
 mod release;
 mod retry;
 mod settings;
+mod shutdown;
 pub(crate) mod spans;
 #[cfg(feature = "tls-rustls")]
 mod tls;
@@ -55,6 +57,7 @@ pub(crate) use acquire::Acquired;
 use acquire::{Accepts, Target};
 pub use builder::RedlockBuilder;
 pub use health::{Health, Inspection, NodeHealth, NodeStatus};
+pub use lifecycle::Shutdown;
 pub use node_config::NodeConfig;
 pub use release::Released;
 pub(crate) use release::{Deletion, Wake};
@@ -313,6 +316,7 @@ impl Redlock {
 
     /// What acquiring `name` for `ttl`, taking `accepts` for an answer, is after.
     fn target(&self, name: &[u8], ttl: Duration, accepts: Accepts) -> Result<Target, LockError> {
+        self.inner.lifecycle.check_open()?;
         Ok(Target {
             resource: self.resource(name, ttl)?,
             ttl,

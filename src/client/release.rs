@@ -130,6 +130,8 @@ impl Redlock {
     /// acquisition is still landing, the delete waits for it, so it cannot overtake the
     /// `SET`. This client's first waiter for the key is woken as the deletion says.
     pub(super) async fn release_key(&self, deletion: &Deletion) -> Released {
+        // Counted until its nodes answered, for `shutdown`.
+        let _running = self.inner.lifecycle.release_running();
         let key = &*deletion.resource.key;
         let request = Request::Release {
             key,

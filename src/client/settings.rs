@@ -14,6 +14,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use super::builder::RedlockBuilder;
+use super::lifecycle::Lifecycle;
 use crate::defaults::{
     DEFAULT_FENCING_RETENTION, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO,
 };
@@ -125,6 +126,7 @@ impl RedlockBuilder {
             ),
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
+            lifecycle: Lifecycle::default(),
         })
     }
 }
@@ -162,6 +164,8 @@ pub(crate) struct Settings {
     pub(crate) guards: Guards,
     /// The tasks waiting for a lock, woken on release.
     pub(crate) waiters: Arc<Waiters>,
+    /// Whether the client was shut down, and the releases it still runs.
+    pub(crate) lifecycle: Lifecycle,
 }
 
 /// Checks a TTL against the limits and the per-node timeout.

@@ -110,6 +110,10 @@ pub enum LockError {
     Config(ConfigError),
     /// The operating system's random number generator failed.
     Entropy(String),
+    /// The client was shut down ([`Redlock::shutdown`](crate::Redlock::shutdown)): it
+    /// takes and extends no more locks (releases still go out). Build a new client to lock
+    /// again.
+    Closed,
 }
 
 impl LockError {
@@ -155,7 +159,7 @@ impl LockError {
             | Self::NoQuorum { attempts, .. }
             | Self::ValidityExhausted { attempts, .. }
             | Self::NotHeld { attempts, .. } => *attempts = n,
-            Self::InvalidName { .. } | Self::Config(_) | Self::Entropy(_) => {}
+            Self::InvalidName { .. } | Self::Config(_) | Self::Entropy(_) | Self::Closed => {}
         }
         self
     }
@@ -168,6 +172,7 @@ impl LockError {
             Self::ValidityExhausted { .. } => "validity_exhausted",
             Self::NotHeld { .. } => "not_held",
             Self::InvalidName { .. } | Self::Config(_) | Self::Entropy(_) => "error",
+            Self::Closed => "closed",
         }
     }
 
@@ -242,6 +247,9 @@ impl fmt::Display for LockError {
                 f,
                 "the operating system's random number generator failed: {e}"
             ),
+            Self::Closed => {
+                f.write_str("the client was shut down (Redlock::shutdown): it takes no more locks")
+            }
         }
     }
 }

@@ -1,0 +1,97 @@
+//! A client's lifecycle: whether it still takes locks ([`LockError::Closed`] once it was
+//! shut down), and the releases it still runs, which `Redlock::shutdown` waits for.
+//!
+//! ```
+//! use tower_redlock::Shutdown;
+//!
+//! fn report(done: Shutdown) {
+//!     if done.unfinished() > 0 {
+//!         eprintln!("{} releases cut short: their keys expire at their TTL", done.unfinished());
+//!     }
+//! }
+//! # let _ = report;
+//! ```
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use tokio::sync::Notify;
+
+use crate::error::LockError;
+
+/// Whether a client still takes locks, and the releases it still runs.
+#[derive(Debug, Default)]
+pub(crate) struct Lifecycle {
+    pub(super) closed: AtomicBool,
+    /// Releases running now (in the background or in an `unlock` call).
+    pub(super) releases: AtomicUsize,
+    /// Woken when the last running release finishes.
+    pub(super) idle: Notify,
+}
+
+impl Lifecycle {
+    /// `Err(LockError::Closed)` once the client was shut down.
+    pub(crate) fn check_open(&self) -> Result<(), LockError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(LockError::Closed);
+        }
+        Ok(())
+    }
+
+    /// Counts a release as running until the returned value is dropped.
+    pub(crate) fn release_running(&self) -> Running<'_> {
+        self.releases.fetch_add(1, Ordering::AcqRel);
+        Running(self)
+    }
+}
+
+/// A release counted as running ([`Lifecycle::release_running`]).
+#[derive(Debug)]
+pub(crate) struct Running<'a>(&'a Lifecycle);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if self.0.releases.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// What [`Redlock::shutdown`] found: how many releases had not finished when it stopped
+/// waiting (their keys expire at the end of their TTL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct Shutdown {
+    pub(super) unfinished: usize,
+}
+
+impl Shutdown {
+    /// How many releases were still running when the shutdown stopped waiting: zero when
+    /// every release reached its nodes (or failed there for good).
+    pub fn unfinished(&self) -> usize {
+        self.unfinished
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn closes_and_counts_running_releases() {
+        let lifecycle = Lifecycle::default();
+        assert_eq!(lifecycle.check_open(), Ok(()));
+        let a = lifecycle.release_running();
+        let b = lifecycle.release_running();
+        assert_eq!(lifecycle.releases.load(Ordering::Acquire), 2);
+        let idle = lifecycle.idle.notified();
+        drop(a);
+        drop(b);
+        tokio::time::timeout(Duration::from_secs(1), idle)
+            .await
+            .expect("woken when the last release finished");
+        lifecycle.closed.store(true, Ordering::Release);
+        assert_eq!(lifecycle.check_open(), Err(LockError::Closed));
+    }
+}
