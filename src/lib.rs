@@ -101,9 +101,12 @@
 //! | `cluster` | a Redis Cluster as one node: `NodeConfig::cluster` |
 //! | `metrics` | counters, histograms and gauges through the `metrics` facade: see [`metrics`] |
 //!
-//! **Freshly started nodes.** A node up for less than the longest TTL, or one whose
-//! `run_id` changed, may have lost lock keys, so by default it is kept out of
-//! acquisitions until the locks it may have lost have expired (the restart quarantine).
+//! **Freshly started or promoted nodes.** A node up for less than the longest TTL, one
+//! whose `run_id` changed, one promoted from replica by a failover within the longest TTL
+//! (and a Redis Cluster shard whose master changed or restarted) may have lost lock keys,
+//! so by default it is kept out of acquisitions until the locks it may have lost have
+//! expired (the restart quarantine), whenever the client started; [`NodeStatus`] says
+//! why.
 //! Keep it on for nodes without `appendfsync always`; turn it off only for nodes started
 //! empty by the same program, such as tests
 //! ([`RedlockBuilder::restart_quarantine`]).

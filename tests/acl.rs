@@ -69,9 +69,8 @@ fn refused(port: u16) -> Vec<String> {
             };
             let object = field("object").unwrap_or_default();
             let ours = field("username").as_deref() == Some("locker");
-            (ours && object != "client|setinfo").then(|| {
-                format!("{object} ({})", field("reason").unwrap_or_default())
-            })
+            (ours && object != "client|setinfo")
+                .then(|| format!("{object} ({})", field("reason").unwrap_or_default()))
         })
         .collect()
 }

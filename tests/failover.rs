@@ -387,3 +387,60 @@ async fn a_restarted_cluster_shard_is_quarantined_by_a_running_client() {
         "{status:?}"
     );
 }
+
+/// A master demoted and promoted again while this client's connection to it stayed up and
+/// carried no write (so no `READONLY` told it): a health check sees its replication id
+/// changed, reconnects, and the node is quarantined as promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_demoted_and_promoted_again_under_a_live_connection_is_seen_by_health() {
+    let servers = Cluster::start(2);
+    let ttl = Duration::from_secs(2);
+    servers.wait_older_than(ttl).await;
+    let redlock = Redlock::builder([servers.nodes[0].url()])
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .expect("build");
+    assert_eq!(redlock.health().await.nodes()[0].status(), &NodeStatus::Up);
+    let mut admin = servers.raw(0).await;
+    let other = servers.nodes[1].port().to_string();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(&other)
+        .query_async(&mut admin)
+        .await
+        .expect("REPLICAOF");
+    wait_for(
+        "the demoted master in sync",
+        Duration::from_secs(10),
+        || {
+            let synced = support::query_port::<String>(
+                servers.nodes[0].port(),
+                redis::cmd("INFO").arg("replication"),
+            )
+            .is_some_and(|i| i.contains("master_link_status:up"));
+            async move { synced }
+        },
+    )
+    .await;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut admin)
+        .await
+        .expect("REPLICAOF NO ONE");
+    wait_for(
+        "the node quarantined as promoted",
+        Duration::from_secs(10),
+        || async {
+            matches!(
+                redlock.health().await.nodes()[0].status(),
+                NodeStatus::Quarantined {
+                    reason: QuarantineReason::Promoted,
+                    ..
+                }
+            )
+        },
+    )
+    .await;
+}

@@ -419,16 +419,25 @@ impl RedlockBuilder {
     /// grant a lock that another client still holds through it: with 5 nodes, client A
     /// holds nodes 1-3, node 3 restarts empty, client B takes nodes 3-5, and both hold
     /// the lock. The Redlock spec's remedy is to keep a restarted node unavailable for a
-    /// TTL; the client enforces it. On every (re)connect it reads `INFO server`: a node
-    /// whose `run_id` changed is quarantined for the longest TTL this client has used (at
-    /// least the default TTL), on first contact a node up for less than that is
-    /// quarantined for the difference. A quarantined node fails acquire and extend at
-    /// once with [`NodeError::Quarantined`](crate::NodeError::Quarantined), which the no-quorum error lists; releases
-    /// still go to it. Quarantines are logged (`warn`) when they start.
+    /// TTL; the client enforces it. On every (re)connect it reads `INFO server` and `INFO
+    /// replication`: a node whose `run_id` changed is quarantined for the longest TTL this
+    /// client has used (at least the default TTL); on first contact a node up for less
+    /// than that is quarantined for the difference. A replica promoted by a failover may
+    /// lack keys too (replication is asynchronous): a master promoted within the longest
+    /// TTL is quarantined until that TTL has passed since its promotion, as a marker key
+    /// the first client to meet it leaves on it tells; a Redis Cluster shard whose master
+    /// changed or restarted quarantines its cluster node. A server that is not a master is
+    /// refused ([`NodeError::NotMaster`](crate::NodeError::NotMaster)). A quarantined node
+    /// fails acquire and extend at once with
+    /// [`NodeError::Quarantined`](crate::NodeError::Quarantined), which the no-quorum error
+    /// lists with its reason; releases still go to it. Quarantines are logged (`warn`)
+    /// when they start. With it off, none of these checks is made (and a cluster node's
+    /// acquisitions carry no `CLIENT INFO` and `LASTSAVE`).
     ///
-    /// Switch it off only for nodes with `appendonly yes` and `appendfsync always`, or for
-    /// throwaway nodes started empty by the same program (tests, demos). If other clients
-    /// lock the same names with longer TTLs, give this client that TTL as its default.
+    /// Switch it off only for nodes with `appendonly yes` and `appendfsync always` and no
+    /// replicas that could be promoted, or for throwaway nodes started empty by the same
+    /// program (tests, demos). If other clients lock the same names with longer TTLs, give
+    /// this client that TTL as its default.
     ///
     /// ```
     /// use tower_redlock::Redlock;

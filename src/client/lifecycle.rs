@@ -56,7 +56,7 @@ impl Drop for Running<'_> {
     }
 }
 
-/// What [`Redlock::shutdown`] found: how many releases had not finished when it stopped
+/// What [`Redlock::shutdown`](crate::Redlock::shutdown) found: how many releases had not finished when it stopped
 /// waiting (their keys expire at the end of their TTL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]

@@ -26,7 +26,7 @@ use crate::quorum::later;
 
 impl Redlock {
     /// Shuts the client down, for every clone: acquisitions and extensions from now on
-    /// fail with [`LockError::Closed`] (releases still go out: a lock taken before can
+    /// fail with [`LockError::Closed`](crate::LockError::Closed) (releases still go out: a lock taken before can
     /// still be unlocked, and a dropped guard still releases), and the call waits for every
     /// release still running, queued for a node or in flight, to get its nodes' answers.
     ///

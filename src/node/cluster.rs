@@ -246,6 +246,16 @@ impl Node {
         add_probe(&mut pipe);
         let mut replies: Vec<Value> = pipe.query_async(conn).await?;
         let probe = replies.split_off(replies.len().saturating_sub(PROBE));
+        if let Some(refused) = probe.iter().find_map(|v| v.clone().extract_error().err()) {
+            return Ok(Err(NodeError::Redis(
+                format!(
+                    "the restart quarantine checks where a cluster node's commands run with \
+                     CLIENT INFO and LASTSAVE, which the server refused: grant the user \
+                     +client|info +lastsave, or turn restart_quarantine off ({refused})"
+                )
+                .into(),
+            )));
+        }
         let landed = match probe.as_slice() {
             [info, lastsave] => Landed::parse(info, lastsave),
             _ => None,
