@@ -12,6 +12,7 @@
 //! # let _ = report;
 //! ```
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
@@ -22,8 +23,13 @@ use crate::error::LockError;
 #[derive(Debug, Default)]
 pub(crate) struct Lifecycle {
     pub(super) closed: AtomicBool,
-    /// Releases running now (in the background or in an `unlock` call).
-    pub(super) releases: AtomicUsize,
+    pub(super) releases: Arc<Releases>,
+}
+
+/// The releases a client runs now (in the background or in an `unlock` call).
+#[derive(Debug, Default)]
+pub(crate) struct Releases {
+    pub(super) running: AtomicUsize,
     /// Woken when the last running release finishes.
     pub(super) idle: Notify,
 }
@@ -37,20 +43,21 @@ impl Lifecycle {
         Ok(())
     }
 
-    /// Counts a release as running until the returned value is dropped.
-    pub(crate) fn release_running(&self) -> Running<'_> {
-        self.releases.fetch_add(1, Ordering::AcqRel);
-        Running(self)
+    /// Counts a release as running until the returned value is dropped (it can move into
+    /// the task that runs the release: counted from before the task starts).
+    pub(crate) fn release_running(&self) -> Running {
+        self.releases.running.fetch_add(1, Ordering::AcqRel);
+        Running(Arc::clone(&self.releases))
     }
 }
 
 /// A release counted as running ([`Lifecycle::release_running`]).
 #[derive(Debug)]
-pub(crate) struct Running<'a>(&'a Lifecycle);
+pub(crate) struct Running(Arc<Releases>);
 
-impl Drop for Running<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
-        if self.0.releases.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
     }
@@ -84,8 +91,8 @@ mod tests {
         assert_eq!(lifecycle.check_open(), Ok(()));
         let a = lifecycle.release_running();
         let b = lifecycle.release_running();
-        assert_eq!(lifecycle.releases.load(Ordering::Acquire), 2);
-        let idle = lifecycle.idle.notified();
+        assert_eq!(lifecycle.releases.running.load(Ordering::Acquire), 2);
+        let idle = lifecycle.releases.idle.notified();
         drop(a);
         drop(b);
         tokio::time::timeout(Duration::from_secs(1), idle)

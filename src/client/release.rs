@@ -265,8 +265,11 @@ impl Redlock {
                 let redlock = self.clone();
                 // The release carries the span of the code that dropped the lock.
                 let span = redlock.span(Operation::Release, &deletion.resource.name);
+                // Counted from now, before the task runs, for `shutdown`.
+                let running = self.inner.lifecycle.release_running();
                 let release = async move {
                     redlock.release_key(&deletion).await;
+                    drop(running);
                 };
                 handle.spawn(release.instrument(span));
             }

@@ -52,13 +52,13 @@ impl Redlock {
             .saturating_mul(2);
         let deadline = tokio::time::Instant::from_std(later(Instant::now(), bound));
         loop {
-            let idle = lifecycle.idle.notified();
-            let running = lifecycle.releases.load(Ordering::Acquire);
+            let idle = lifecycle.releases.idle.notified();
+            let running = lifecycle.releases.running.load(Ordering::Acquire);
             if running == 0 {
                 return Shutdown { unfinished: 0 };
             }
             if tokio::time::timeout_at(deadline, idle).await.is_err() {
-                let unfinished = lifecycle.releases.load(Ordering::Acquire);
+                let unfinished = lifecycle.releases.running.load(Ordering::Acquire);
                 if unfinished > 0 {
                     tracing::warn!(
                         unfinished,
