@@ -501,5 +501,41 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001,hostname1 myself,
         );
         assert_eq!(Landed::parse(&info, &Value::Nil), None);
         assert_eq!(Landed::parse(&Value::Int(1), &Value::Int(1)), None);
+        // Over RESP3, CLIENT INFO is a verbatim string.
+        let verbatim = Value::VerbatimString {
+            format: redis::VerbatimFormat::Text,
+            text: "id=7 addr=127.0.0.1:1 laddr=10.0.0.2:6379 fd=9".into(),
+        };
+        assert_eq!(
+            Landed::parse(&verbatim, &Value::Int(5)),
+            Some(landed("10.0.0.2:6379", 7, 5))
+        );
+        let missing_id = Value::SimpleString("laddr=10.0.0.2:6379".into());
+        assert_eq!(Landed::parse(&missing_id, &Value::Int(5)), None);
+    }
+
+    #[test]
+    fn the_probe_asks_for_the_connection_and_the_last_save() {
+        let mut pipe = redis::pipe();
+        add_probe(&mut pipe);
+        let packed = String::from_utf8(pipe.get_packed_pipeline()).expect("ASCII");
+        assert_eq!(
+            packed,
+            "*2\r\n$6\r\nCLIENT\r\n$4\r\nINFO\r\n*1\r\n$8\r\nLASTSAVE\r\n"
+        );
+        assert_eq!(PROBE, 2, "two replies to split off");
+    }
+
+    /// `CLUSTER NODES` from a broken or hostile server may list slots past the last one:
+    /// they are ignored, never an out-of-bounds write.
+    #[test]
+    fn slots_past_the_last_one_are_ignored() {
+        let mut map = ShardMap::default();
+        let nodes = "a1 127.0.0.1:1@2 master - 0 0 1 connected 16000-65535\n";
+        let m = masters(nodes);
+        assert_eq!(m[0].slots, vec![(16000, 65535)]);
+        map.record(&m, vec![(m[0].id.clone(), judged("127.0.0.1:1", 1, 1))]);
+        assert!(map.trusts(16383, &landed("127.0.0.1:1", 1, 1)));
+        assert_eq!(map.owners.len(), SLOTS);
     }
 }

@@ -315,6 +315,31 @@ mod tests {
     }
 
     #[test]
+    fn an_identity_needs_a_run_id() {
+        let s = info("abc", 1, "r1", false);
+        assert_eq!(
+            s.identity(),
+            Some(Identity {
+                run_id: "abc".into(),
+                replid: "r1".into()
+            })
+        );
+        assert_eq!(ServerInfo::default().identity(), None, "INFO refused");
+    }
+
+    #[test]
+    fn a_marker_is_set_once_for_thirty_days_and_read_in_one_request() {
+        assert_eq!(MARKER_LIFETIME, Duration::from_secs(2_592_000));
+        let marker = PromotionMarker::new(b"p:", "r9");
+        let packed = String::from_utf8(marker.commands().get_packed_pipeline()).expect("ASCII");
+        assert_eq!(
+            packed,
+            "*6\r\n$3\r\nSET\r\n$14\r\np:#promoted:r9\r\n$1\r\n1\r\n$2\r\nNX\r\n\
+             $2\r\nPX\r\n$10\r\n2592000000\r\n*2\r\n$4\r\nPTTL\r\n$14\r\np:#promoted:r9\r\n"
+        );
+    }
+
+    #[test]
     fn a_marker_tells_how_long_ago_it_was_made() {
         let life = i64::try_from(MARKER_LIFETIME.as_millis()).expect("fits");
         let pttl = |ms: i64| [redis::Value::Nil, redis::Value::Int(ms)];
