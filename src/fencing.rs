@@ -17,11 +17,6 @@ use crate::scripts::{
 };
 use crate::votes::Votes;
 
-#[path = "fencing_upkeep.rs"]
-mod upkeep;
-
-pub(crate) use upkeep::Upkeep;
-
 /// A node's answer to a proposal, as phase 1's `ZADD GT CH` decides it: the proposal `p`
 /// is accepted only where the name's counter (missing counts as 0) is strictly below it.
 /// (The node compares scores; this is the same rule on integers, for the model check.)
@@ -301,7 +296,7 @@ pub(crate) struct PhaseTwo<'a> {
     /// The acquisition's value.
     pub(crate) value: &'a [u8],
     pub(crate) token: u64,
-    /// The counter set's expiry, in ms ([`Upkeep::expiry_ms`]).
+    /// The counter set's expiry, in ms (a retention and a half: `node::set_expiry_ms`).
     pub(crate) expiry_ms: u64,
 }
 

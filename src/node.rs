@@ -44,10 +44,12 @@ mod check;
 mod cluster;
 mod connect;
 mod identity;
+mod renewals;
 mod resp;
 mod wire;
 
 pub(crate) use call::{NodeCall, Sending};
+pub(crate) use renewals::{renewal_interval, set_expiry_ms};
 
 use crate::error::{NodeError, QuarantineReason};
 use crate::sentinel::SentinelMaster;
@@ -127,10 +129,11 @@ pub(crate) struct NodeSettings {
     pub(crate) max_ttl_ms: Arc<AtomicU64>,
     /// The servers the client's nodes reached: `run_id` -> the node that counts for it.
     pub(crate) servers: Arc<Mutex<HashMap<String, Owner>>>,
-    /// How many times one of the client's nodes joined acquisitions again: connected, or
-    /// came out of quarantine. It may have restarted and lost its keys in between, so
-    /// fencing renews its counter sets' expiry after that.
-    pub(crate) rejoins: Arc<AtomicU64>,
+    /// How many sets of fencing counters the client keeps on each node.
+    pub(crate) counter_sets: usize,
+    /// The longest a connection goes between two renewals of a set of counters (a
+    /// quarter of the fencing retention; see `renewals`).
+    pub(crate) renew_every: Duration,
 }
 
 /// The node that counts for a server: its index and label.
@@ -183,6 +186,8 @@ pub(crate) struct Node {
     releases: Arc<batch::Releases>,
     /// The node refused a `PUBLISH` of a release: its releases tell no waiter.
     untold: AtomicBool,
+    /// When fenced acquisitions renew the node's sets of counters.
+    renewals: renewals::Renewals,
     /// The node's eviction policy was warned about.
     eviction_warned: AtomicBool,
 }
@@ -200,6 +205,7 @@ impl Node {
         connector: Connector,
         settings: NodeSettings,
     ) -> Self {
+        let renewals = renewals::Renewals::new(settings.counter_sets, settings.renew_every);
         Self {
             index,
             label,
@@ -220,6 +226,7 @@ impl Node {
             releases: Arc::default(),
             untold: AtomicBool::new(false),
             eviction_warned: AtomicBool::new(false),
+            renewals,
         }
     }
 
@@ -263,7 +270,6 @@ impl Node {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             st.quarantined_until = None;
-            self.settings.rejoins.fetch_add(1, Ordering::Relaxed);
             crate::metrics::gauge(
                 crate::metrics::Gauge::QuarantinedNodes,
                 crate::metrics::Move::Down,
@@ -430,7 +436,8 @@ mod tests {
             key_prefix: Arc::from(&b"redlock:"[..]),
             max_ttl_ms: Arc::default(),
             servers: Arc::default(),
-            rejoins: Arc::default(),
+            counter_sets: 1,
+            renew_every: Duration::from_secs(3600),
         };
         let node = Node::new(0, "n".into(), Connector::Direct(Box::new(client)), settings);
         let before = Instant::now();

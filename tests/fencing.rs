@@ -157,8 +157,9 @@ async fn calls_during<F: std::future::Future<Output = ()>, const N: usize>(
 }
 
 /// A fresh name's proposal is accepted by every node: one round trip of plain commands
-/// (`SET NX PX`, `ZADD GT CH`, and, the client's first time in the slot, `PEXPIRE`; no
-/// script), and the number is the client's clock in microseconds.
+/// (`SET NX PX` and `ZADD GT CH`; no script, and no `PEXPIRE`: the set was renewed with
+/// the first fenced request on each connection, the warm-up's), and the number is the
+/// client's clock in microseconds.
 #[tokio::test]
 async fn a_fenced_acquisition_takes_one_round_trip() {
     let cluster = Cluster::start(3);
@@ -178,7 +179,7 @@ async fn a_fenced_acquisition_takes_one_round_trip() {
         "{calls:?}"
     );
     assert!(
-        calls.iter().filter(|c| c[..3] == [1, 1, 1]).count() >= 2,
+        calls.iter().filter(|c| c[..3] == [1, 1, 0]).count() >= 2,
         "{calls:?}"
     );
     let now_us = std::time::SystemTime::now()
@@ -664,12 +665,11 @@ async fn pttl(cluster: &Cluster, i: usize, key: &[u8]) -> i64 {
     cluster.raw(i).await.pttl(key).await.expect("PTTL")
 }
 
-/// The set of counters gets its expiry (a retention and a half) from a client's first
-/// fenced acquisition, and not again for a quarter retention: later ones send no
-/// `PEXPIRE`. A node that restarted without its data gets the set back with an expiry
-/// at once, not a quarter retention later: as soon as it reconnected, and with the
-/// restart quarantine on, as soon as its quarantine is over (the renewals meanwhile went
-/// to the other nodes only).
+/// The set of counters gets its expiry (a retention and a half) from the first fenced
+/// request on each connection, and not again there for a quarter retention: later ones
+/// send no `PEXPIRE`. A node that restarted without its data gets the set back with an
+/// expiry at once, not a quarter retention later: the reconnect's first fenced request
+/// renews it (with the restart quarantine on, the first after its quarantine is over).
 #[tokio::test]
 async fn a_counter_set_is_renewed_once_per_quarter_retention_and_after_a_restart() {
     renewals_before_and_after_a_restart(false).await;
@@ -801,4 +801,99 @@ fn retention_and_prefix_settings_are_checked() {
             .build()
             .is_ok()
     );
+}
+
+/// The fencing retention of the dropped-connection test: the shortest the builder takes for
+/// its 1 s TTL.
+const SHORT_RETENTION: Duration = Duration::from_secs(10);
+
+/// A counter written after a dropped connection lives a retention, and a client whose
+/// clock is behind still gets a higher number (issue 37's schedule, which made numbers go
+/// back): one node, retention 10 s. Client A renews its set of counters at its first
+/// acquisition; a while later the server closes A's connection (`CLIENT KILL`, as an idle
+/// `timeout`, a proxy or a blip would) just as A's next renewal falls due, so that
+/// acquisition fails; the next one reconnects and writes A's number. The set must then
+/// have at least a retention left: the renewal rides on the new connection's first fenced
+/// request (it used to count as done at the failed acquisition, leaving the set the few
+/// seconds left of the first renewal). Then client B, another process whose clock is 9.9 s
+/// behind (within the bound: the clocks differ by less than the retention minus the node
+/// timeout), locks the name 9.1 s after A's write: within the retention the counter still
+/// holds A's number, so B's proposal, below it, is refused, and B's number is above A's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_written_after_a_dropped_connection_lives_a_retention() {
+    let cluster = Cluster::start(1);
+    let a = builder(cluster.urls())
+        .ttl(Duration::from_secs(1))
+        .node_timeout(Duration::from_millis(50))
+        .fencing_retention(SHORT_RETENTION)
+        .build()
+        .expect("build");
+    let name = "dropped";
+    let set = counter_key(name).0;
+    let first = a.lock(name).await.expect("lock");
+    a.unlock(&first).await;
+    support::wait_for(
+        "the first renewal 6 s old",
+        Duration::from_secs(15),
+        || async { pttl(&cluster, 0, &set).await < 9_000 },
+    )
+    .await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query_async(&mut cluster.raw(0).await)
+        .await
+        .expect("CLIENT KILL");
+    assert!(killed >= 1, "A's connection closed by the server");
+    // On the closed connection (it may fail, or reconnect in time: either way).
+    if let Ok(lock) = a.try_lock(name).await {
+        a.unlock(&lock).await;
+    }
+    let lock = a.lock(name).await.expect("lock after the reconnect");
+    let written = Instant::now();
+    let t_a = token(&lock);
+    a.unlock(&lock).await;
+    let left = pttl(&cluster, 0, &set).await;
+    assert!(
+        left >= i64::try_from(SHORT_RETENTION.as_millis()).expect("ms"),
+        "the counter written at {t_a} has {left} ms left, less than the retention"
+    );
+    tokio::time::sleep_until((written + Duration::from_millis(9_100)).into()).await;
+    let out = tokio::task::block_in_place(|| {
+        support::run_skewed_child(
+            "skewed_client_locks_once",
+            "-9.9",
+            &[
+                ("REDLOCK_CHILD_NODE", cluster.urls()[0].clone()),
+                ("REDLOCK_CHILD_NAME", name.to_owned()),
+            ],
+        )
+    });
+    let t_b: u64 = out
+        .lines()
+        .find_map(|l| l.split("FENCE=").nth(1))
+        .and_then(|n| n.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("the child's number: {out}"));
+    assert!(
+        t_b > t_a,
+        "B (clock 9.9 s behind) got {t_b}, not above A's {t_a}: the numbers went back"
+    );
+}
+
+/// The second client of [`a_counter_written_after_a_dropped_connection_lives_a_retention`]:
+/// run by it as a child process whose clock libfaketime moved; locks a name once and
+/// prints its fencing number.
+#[tokio::test]
+#[ignore = "a child process of a_counter_written_after_a_dropped_connection_lives_a_retention"]
+async fn skewed_client_locks_once() {
+    let node = std::env::var("REDLOCK_CHILD_NODE").expect("run only as a child process");
+    let name = std::env::var("REDLOCK_CHILD_NAME").expect("run only as a child process");
+    let b = builder(vec![node])
+        .ttl(Duration::from_secs(1))
+        .node_timeout(Duration::from_millis(50))
+        .fencing_retention(SHORT_RETENTION)
+        .build()
+        .expect("build");
+    let lock = b.lock(&name).await.expect("lock");
+    println!("FENCE={}", token(&lock));
+    b.unlock(&lock).await;
 }

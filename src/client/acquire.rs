@@ -20,7 +20,8 @@ use crate::node::Node;
 use crate::quorum::{self, NodeMask, Outcome, later};
 use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{
-    ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, MAX_NUMBER, Request, parse_acquire,
+    ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, MAX_NUMBER, Renewal, Request,
+    parse_acquire,
 };
 use crate::token::Lock;
 use crate::votes::Votes;
@@ -333,7 +334,7 @@ impl Redlock {
             at: CounterAt::of(resource),
             value: value.as_bytes(),
             token,
-            expiry_ms: self.inner.upkeep.expiry_ms(),
+            expiry_ms: self.inner.counters_expiry_ms,
         };
         let round = fencing::phase_two(&self.inner.nodes, &write, phase_one, deadline).await?;
         // The number lands on the nodes that had not answered yet, too.
@@ -342,7 +343,8 @@ impl Redlock {
     }
 
     /// Step 2: `SET NX PX` on every node at once (with fencing on, followed by the
-    /// proposal's `ZADD GT CH` on the name's counter, and when due the set's upkeep),
+    /// proposal's `ZADD GT CH` on the name's counter, and the set's renewal, which each
+    /// node sends only when due on its connection),
     /// until the outcome is certain or `deadline`. The round (its calls still out), the
     /// votes, and what the replies said.
     async fn set_round(
@@ -370,7 +372,10 @@ impl Redlock {
                 value: value.as_bytes(),
                 ttl_ms,
                 proposal,
-                renew: self.inner.upkeep.renewal(resource.counter_set),
+                renew: Renewal {
+                    expire_ms: self.inner.counters_expiry_ms,
+                },
+                set: resource.counter_set,
             }
         } else if target.accepts == Accepts::LockOrRecord {
             Request::Script(Invocation {

@@ -19,10 +19,10 @@ use crate::defaults::{
     DEFAULT_FENCING_RETENTION, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO,
 };
 use crate::error::ConfigError;
-use crate::fencing::{Clock, Upkeep};
+use crate::fencing::Clock;
 use crate::keepalive_inbox::{Guards, KeepAlive};
 use crate::name::{CounterSets, prefix_keeps_tags};
-use crate::node::{Node, NodeSettings};
+use crate::node::{Node, NodeSettings, renewal_interval, set_expiry_ms};
 use crate::quorum;
 use crate::waiters::Waiters;
 
@@ -84,6 +84,8 @@ impl RedlockBuilder {
     pub(super) fn settings(self) -> Result<Settings, ConfigError> {
         let fencing_retention = self.validate()?;
         let max_ttl_ms = Arc::new(AtomicU64::new(ttl_ms(self.ttl)));
+        let cluster = self.nodes.iter().any(|node| node.as_cluster().is_some());
+        let counter_sets = CounterSets::for_nodes(cluster);
         let node_settings = NodeSettings {
             connect_timeout: self.connect_timeout,
             reconnect_after_timeouts: self.reconnect_after_timeouts,
@@ -91,12 +93,11 @@ impl RedlockBuilder {
             key_prefix: Arc::from(self.key_prefix.as_slice()),
             max_ttl_ms: Arc::clone(&max_ttl_ms),
             servers: Arc::default(),
-            rejoins: Arc::default(),
+            counter_sets: counter_sets.count(),
+            renew_every: renewal_interval(fencing_retention),
         };
         let nodes = self.nodes(&node_settings)?;
         let n = nodes.len();
-        let cluster = self.nodes.iter().any(|node| node.as_cluster().is_some());
-        let counter_sets = CounterSets::for_nodes(cluster);
         Ok(Settings {
             nodes: nodes.into(),
             ttl: self.ttl,
@@ -119,11 +120,7 @@ impl RedlockBuilder {
             fencing_retention,
             counter_sets,
             clock: Clock::default(),
-            upkeep: Upkeep::new(
-                fencing_retention,
-                counter_sets.count(),
-                Arc::clone(&node_settings.rejoins),
-            ),
+            counters_expiry_ms: set_expiry_ms(fencing_retention),
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
             lifecycle: Lifecycle::default(),
@@ -158,8 +155,9 @@ pub(crate) struct Settings {
     pub(crate) counter_sets: CounterSets,
     /// Where this client's fencing proposals come from.
     pub(crate) clock: Clock,
-    /// When this client renews each of its sets of fencing counters next.
-    pub(crate) upkeep: Upkeep,
+    /// The expiry, in ms, a renewal gives a set of fencing counters (a retention and a
+    /// half; the nodes decide when to send one: see `node::renewals`).
+    pub(crate) counters_expiry_ms: u64,
     /// The keep-alive driver of this client's guards, while one runs.
     pub(crate) guards: Guards,
     /// The tasks waiting for a lock, woken on release.

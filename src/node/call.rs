@@ -217,7 +217,7 @@ impl Node {
         } else {
             None
         };
-        Some(Self::send_on(&wire, generation, call, turn, sending.writes))
+        Some(self.send_on(&wire, generation, call, turn, sending.writes))
     }
 
     /// Runs `call`, waiting for the connection first if need be. With `acquiring`, a
@@ -265,17 +265,31 @@ impl Node {
 
     /// Sends `call` on our own connection `wire` (of `generation`); `turn` if it is a
     /// release holding the node's turn, which the connection drops (hands on) as it reads
-    /// the answer.
+    /// the answer. A fenced acquisition leaves its renewal out where this connection
+    /// renewed the set recently (see `renewals`).
     fn send_on(
+        &self,
         wire: &wire::Wire,
         generation: u64,
         call: &Call,
         turn: Option<batch::Turn>,
         writes: Writes,
     ) -> Flight {
-        let reply = match turn {
-            Some(turn) => wire.request_then(call.packed(), writes, Box::new(turn)),
-            None => wire.request_all(call.packed(), call.commands(), writes),
+        let reply = match (turn, call.renews()) {
+            (Some(turn), _) => wire.request_then(call.packed(), writes, Box::new(turn)),
+            (None, Some(set)) if !self.renewals.due(set, generation) => {
+                let (packed, commands) = call.without_renewal();
+                wire.request_all(packed, commands, writes)
+            }
+            (None, renews) => {
+                let reply = wire.request_all(call.packed(), call.commands(), writes);
+                if let Some(set) = renews {
+                    // Marked once it is on the connection: a request that leaves the
+                    // renewal out for this mark goes after it there.
+                    self.renewals.renewed(set, generation);
+                }
+                reply
+            }
         };
         Flight::Sent {
             generation,
@@ -296,7 +310,7 @@ impl Node {
         let (mut conn, generation) = self.connection(sending.acquiring).await?;
         if let Conn::Own(wire) = &conn {
             // The hot path: the command encoded once for the round.
-            let flight = Self::send_on(wire, generation, call, turn, sending.writes);
+            let flight = self.send_on(wire, generation, call, turn, sending.writes);
             on_sent();
             return NodeCall::new(self, call, flight).await;
         }
@@ -308,7 +322,21 @@ impl Node {
                 .answered(generation, answer)
                 .and_then(|checked| checked);
         }
-        let answer = Box::pin(call.run(&mut conn)).await;
+        let answer = match call.renews() {
+            // On a cluster, the shard behind the connection may change unseen: every
+            // fenced request renews there.
+            Some(set) if !self.is_cluster() => {
+                let renew = self.renewals.due(set, generation);
+                let answer = Box::pin(call.run_renewing(&mut conn, renew)).await;
+                if renew && renewal_ran(&answer) {
+                    // redis-rs's connection orders the requests it is handed, not the
+                    // ones still being handed: the mark waits for the answer.
+                    self.renewals.renewed(set, generation);
+                }
+                answer
+            }
+            _ => Box::pin(call.run(&mut conn)).await,
+        };
         drop(turn);
         self.answered(generation, answer)
     }
@@ -397,4 +425,10 @@ impl Node {
             .map(|a| a.map_err(NodeError::from))
             .collect())
     }
+}
+
+/// Whether a fenced acquisition's answer shows its renewal ran: three replies, the last
+/// one `PEXPIRE`'s.
+fn renewal_ran(answer: &redis::RedisResult<Value>) -> bool {
+    matches!(answer, Ok(Value::Array(replies)) if matches!(replies.get(2), Some(Value::Int(_))))
 }

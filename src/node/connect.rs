@@ -338,7 +338,6 @@ impl Node {
                     st.known = info.identity();
                     st.same_server_as = None;
                     st.generation += 1;
-                    self.settings.rejoins.fetch_add(1, Ordering::Relaxed);
                     st.connected_at = Some(Instant::now());
                     st.slot = Link::Ready(conn);
                     st.backoff = BACKOFF_MIN;

@@ -63,8 +63,9 @@ pub(crate) enum Request<'a> {
     /// A fenced acquisition (phase 1, `docs/fencing.md`): `SET key value NX PX ttl`, then
     /// `ZADD counters GT CH proposal member` (the name's counter is its member's score in
     /// the sorted set of counters: raised to the proposal only if below it, answering 1
-    /// when it was), and, with `renew`, `PEXPIRE counters expire`, pipelined as one
-    /// request with a reply each. No script: a script's
+    /// when it was), and `PEXPIRE counters expire` (the set's renewal, `set`, which a node
+    /// leaves out where its connection renewed the set recently: see `node::renewals`),
+    /// pipelined as one request with a reply each. No script: a script's
     /// `redis.call`s cost the node several times the commands sent on their own. Where the
     /// key is taken, [`HELD_OR_RECORD`](super::lua::HELD_OR_RECORD) follows, for the
     /// holder's TTL or the completion record.
@@ -76,7 +77,9 @@ pub(crate) enum Request<'a> {
         value: &'a [u8],
         ttl_ms: u64,
         proposal: u64,
-        renew: Option<Renewal>,
+        renew: Renewal,
+        /// Which of the client's sets of counters `counters` is.
+        set: u16,
     },
     /// The release of one lock ([`RELEASE`](super::lua::RELEASE)): `key` deleted where it
     /// holds `value`, the waiters told with this client's `id`. A node may send it
@@ -106,6 +109,7 @@ impl Request<'_> {
                 ttl_ms,
                 proposal,
                 renew,
+                set,
             } => {
                 // Room for the other commands' words and headers.
                 let more = 2 * counters.len() + member.len() + 9 * 16 + 2 * 8;
@@ -117,20 +121,14 @@ impl Request<'_> {
                 cmd.bytes(b"CH");
                 cmd.int(*proposal);
                 cmd.bytes(member);
-                let commands = match renew {
-                    Some(renew) => {
-                        cmd.next_command(3);
-                        cmd.bytes(b"PEXPIRE");
-                        cmd.bytes(counters);
-                        cmd.int(renew.expire_ms);
-                        3
-                    }
-                    None => 2,
-                };
+                cmd.next_command(3);
+                cmd.bytes(b"PEXPIRE");
+                cmd.bytes(counters);
+                cmd.int(renew.expire_ms);
                 let kind = CallKind::FencedSetNx {
                     key,
                     value,
-                    commands,
+                    set: *set,
                 };
                 Call::of(cmd, None, kind)
             }
@@ -169,25 +167,23 @@ fn set_nx(key: &[u8], value: &[u8], ttl_ms: u64, more: usize) -> (Packer, usize,
 enum CallKind {
     /// `SET key value NX PX ttl`.
     SetNx { key: usize, value: usize },
-    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal member`, and, when it has
-    /// 3 `commands`, `PEXPIRE counters expire`.
-    FencedSetNx {
-        key: usize,
-        value: usize,
-        commands: u8,
-    },
+    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal member` and `PEXPIRE
+    /// counters expire`, the renewal of counter set `set`, which may be left out.
+    FencedSetNx { key: usize, value: usize, set: u16 },
     /// A [`RELEASE`](super::lua::RELEASE) of one lock.
     Release { key: usize, value: usize, id: usize },
     /// Any other script call.
     Script,
 }
 
+/// Where a fenced acquisition's renewal (`PEXPIRE`) starts among its words.
+const RENEWAL_WORD: usize = 12;
+
 impl CallKind {
     /// Where each command after the first starts among the words (none for one command).
     fn command_starts(self) -> &'static [usize] {
         match self {
-            Self::FencedSetNx { commands: 2, .. } => &[6],
-            Self::FencedSetNx { .. } => &[6, 12],
+            Self::FencedSetNx { .. } => &[6, RENEWAL_WORD],
             _ => &[],
         }
     }
@@ -236,14 +232,42 @@ impl Call {
         self.kind.command_starts().len() + 1
     }
 
+    /// A fenced acquisition's set of counters, whose renewal ends the call: a node may
+    /// leave it out ([`without_renewal`](Self::without_renewal)).
+    pub(crate) fn renews(&self) -> Option<u16> {
+        match self.kind {
+            CallKind::FencedSetNx { set, .. } => Some(set),
+            _ => None,
+        }
+    }
+
+    /// The call without its renewal (a fenced acquisition's last command): the packed
+    /// bytes of the commands before it, and how many they are; the whole call otherwise.
+    pub(crate) fn without_renewal(&self) -> (&[u8], usize) {
+        let end = self
+            .renews()
+            .and_then(|_| self.words.get(RENEWAL_WORD - 1))
+            .and_then(|last| self.packed.get(..last.end + 2));
+        match end {
+            Some(bytes) => (bytes, self.commands() - 1),
+            None => (&self.packed, self.commands()),
+        }
+    }
+
     /// The commands for redis-rs, as a pipeline (a call of several commands) whose errors
     /// come back as values, as on our own connection.
     fn pipeline(&self) -> redis::Pipeline {
+        self.pipeline_of(self.commands())
+    }
+
+    /// The first `commands` commands for redis-rs, as [`pipeline`](Self::pipeline).
+    fn pipeline_of(&self, commands: usize) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         let starts = self.kind.command_starts();
         let ends = starts.iter().copied().chain([self.words.len()]);
-        for (start, end) in [0].into_iter().chain(starts.iter().copied()).zip(ends) {
+        let all = [0].into_iter().chain(starts.iter().copied()).zip(ends);
+        for (start, end) in all.take(commands) {
             let cmd = pipe.cmd(std::str::from_utf8(self.word(start)).unwrap_or_default());
             for i in start + 1..end {
                 cmd.arg(self.word(i));
@@ -329,10 +353,26 @@ impl Call {
     /// sent again with `EVAL`; a `SET NX PX` that finds the key taken asks for the
     /// holder's TTL ([`HOLDER_TTL`](super::lua::HOLDER_TTL)).
     pub(crate) async fn run<C: ConnectionLike>(&self, conn: &mut C) -> redis::RedisResult<Value> {
-        let first = if self.commands() == 1 {
+        self.run_renewing(conn, true).await
+    }
+
+    /// [`run`](Self::run), without a fenced acquisition's renewal unless `renew`.
+    pub(crate) async fn run_renewing<C: ConnectionLike>(
+        &self,
+        conn: &mut C,
+        renew: bool,
+    ) -> redis::RedisResult<Value> {
+        let commands = match self.renews() {
+            Some(_) if !renew => self.commands() - 1,
+            _ => self.commands(),
+        };
+        let first = if commands == 1 {
             self.cmd().query_async::<Value>(conn).await
         } else {
-            let replies = self.pipeline().query_async::<Vec<Value>>(conn).await;
+            let replies = self
+                .pipeline_of(commands)
+                .query_async::<Vec<Value>>(conn)
+                .await;
             replies.map(Value::Array)
         };
         self.finish(first, conn).await

@@ -93,62 +93,78 @@ fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
     }
 }
 
-/// A fenced acquisition is two commands in one request (three when it renews its set's
-/// expiry), packed as redis-rs packs the same pipeline,
-/// with its key and value kept for the busy path's follow-up.
+/// A fenced acquisition is three commands in one request, packed as redis-rs packs the
+/// same pipeline, with its key and value kept for the busy path's follow-up; a node sends
+/// the first two alone where its connection renewed the set recently.
 #[test]
 fn a_fenced_acquisition_is_packed_as_a_pipeline() {
     let (key, counters, value) = (&b"redlock:{k}"[..], &b"redlock:#fencing"[..], &b"v"[..]);
     let member = &b"16383"[..];
-    let renewal = Some(Renewal {
-        expire_ms: u64::MAX,
-    });
-    for (extra, renew) in [None, renewal].into_iter().enumerate() {
-        let call = Request::FencedSetNx {
-            key,
-            counters,
-            member,
-            value,
-            ttl_ms: 10_000,
-            proposal: 1_764_115_200_000_000,
-            renew,
+    let call = Request::FencedSetNx {
+        key,
+        counters,
+        member,
+        value,
+        ttl_ms: 10_000,
+        proposal: 1_764_115_200_000_000,
+        renew: Renewal {
+            expire_ms: u64::MAX,
+        },
+        set: 7,
+    }
+    .call();
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000);
+    pipe.cmd("ZADD")
+        .arg(counters)
+        .arg("GT")
+        .arg("CH")
+        .arg(1_764_115_200_000_000_u64)
+        .arg(member);
+    let unrenewed = pipe.get_packed_pipeline();
+    pipe.cmd("PEXPIRE").arg(counters).arg(u64::MAX);
+    assert_eq!(call.packed(), pipe.get_packed_pipeline());
+    assert_eq!(
+        call.pipeline().get_packed_pipeline(),
+        pipe.get_packed_pipeline()
+    );
+    assert_eq!(call.commands(), 3);
+    assert_eq!(call.renews(), Some(7));
+    assert_eq!(call.without_renewal(), (&unrenewed[..], 2));
+    assert_eq!(call.pipeline_of(2).get_packed_pipeline(), unrenewed);
+    assert!(matches!(
+        call.kind,
+        CallKind::FencedSetNx {
+            key: 1,
+            value: 2,
+            set: 7,
         }
-        .call();
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(key)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(10_000);
-        pipe.cmd("ZADD")
-            .arg(counters)
-            .arg("GT")
-            .arg("CH")
-            .arg(1_764_115_200_000_000_u64)
-            .arg(member);
-        if renew.is_some() {
-            pipe.cmd("PEXPIRE").arg(counters).arg(u64::MAX);
-        }
-        assert_eq!(call.packed(), pipe.get_packed_pipeline());
-        assert_eq!(
-            call.pipeline().get_packed_pipeline(),
-            pipe.get_packed_pipeline()
-        );
-        assert_eq!(call.commands(), 2 + extra);
-        assert!(matches!(
-            call.kind,
-            CallKind::FencedSetNx {
-                key: 1,
-                value: 2,
-                ..
-            }
-        ));
-        assert_eq!((call.word(1), call.word(2)), (key, value));
-        assert!(!call.is_release());
-        // Only a refused `SET` (its reply first) asks for the holder.
-        let replies = |first| Ok(Value::Array(vec![first, Value::Int(1)]));
+    ));
+    assert_eq!((call.word(1), call.word(2)), (key, value));
+    assert!(!call.is_release());
+    // Only a refused `SET` (its reply first) asks for the holder, with or without the
+    // renewal's reply.
+    for renewal in [vec![], vec![Value::Int(1)]] {
+        let replies = |first| {
+            Ok(Value::Array(
+                [vec![first, Value::Int(1)], renewal.clone()].concat(),
+            ))
+        };
         assert!(call.needs_more(&replies(Value::Nil)));
         assert!(!call.needs_more(&replies(Value::Okay)));
     }
+    // Other calls have no renewal to leave out.
+    let plain = Request::SetNx {
+        key,
+        value,
+        ttl_ms: 1,
+    }
+    .call();
+    assert_eq!(plain.renews(), None);
+    assert_eq!(plain.without_renewal(), (plain.packed(), 1));
 }

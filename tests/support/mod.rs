@@ -287,6 +287,36 @@ fn faketime_preload() -> String {
         .clone()
 }
 
+/// Runs test `test` of this test binary in a child process whose wall clock libfaketime
+/// shifts by `offset` (libfaketime's `FAKETIME` format: `-9.9` is 9.9 s behind), with
+/// `env` set: a second client process with a skewed clock. Its standard output, once it
+/// passed (it panics with the child's output if the child failed).
+pub fn run_skewed_child(test: &str, offset: &str, env: &[(&str, String)]) -> String {
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = Command::new(exe)
+        .args([
+            "--ignored",
+            "--exact",
+            test,
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("LD_PRELOAD", faketime_preload())
+        .env("FAKETIME", offset)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run the test binary as a child process");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the child {test} failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// Starts redis-server on `port` and waits until it answers PING; `None` if it exited
 /// (port taken).
 fn spawn_on(port: u16, clock_file: Option<&std::path::Path>, extra: &[String]) -> Option<Child> {
