@@ -48,6 +48,70 @@ async fn second_holder(
     }
 }
 
+/// While a failover runs: the client that was running, and one started now over `nodes`,
+/// try to take `name` until `until` (see [`second_holder`]).
+fn during_the_failover(
+    running: &Redlock,
+    nodes: Vec<NodeConfig>,
+    name: &'static str,
+    until: Instant,
+) -> Vec<tokio::task::JoinHandle<Option<String>>> {
+    vec![
+        tokio::spawn(second_holder(
+            "the running client",
+            running.clone(),
+            name,
+            until,
+        )),
+        tokio::spawn(second_holder(
+            "a client started during the failover",
+            client(nodes),
+            name,
+            until,
+        )),
+    ]
+}
+
+/// The end of a failover scenario, once it is over: a client started after it sees node 0
+/// (`what`) quarantined as promoted, and neither it nor the clients already trying
+/// (`probes`) gets `name` before `until`, the holder's validity; then the name is free
+/// again. The client started after the failover.
+async fn after_the_failover(
+    nodes: Vec<NodeConfig>,
+    what: &str,
+    probes: Vec<tokio::task::JoinHandle<Option<String>>>,
+    name: &str,
+    until: Instant,
+) -> Redlock {
+    let after = client(nodes);
+    let status = after.health().await.nodes()[0].status().clone();
+    assert!(
+        matches!(
+            status,
+            NodeStatus::Quarantined { reason: QuarantineReason::Promoted, remaining } if remaining > TTL / 2
+        ),
+        "a client started after the failover sees {what} quarantined: {status:?}"
+    );
+    let started_after = "a client started after the failover";
+    let mut overlaps = Vec::new();
+    overlaps.extend(second_holder(started_after, after.clone(), name, until).await);
+    for probe in probes {
+        overlaps.extend(probe.await.expect("probe"));
+    }
+    assert!(overlaps.is_empty(), "second holders: {overlaps:?}");
+    wait_for("the name free again", TTL * 3, || async {
+        match after.try_lock(name).await {
+            Ok(lock) => {
+                after.unlock(&lock).await;
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    after
+}
+
 /// `holder` takes `name` on the first two of three nodes: the third holds a stranger's key
 /// while it acquires.
 async fn lock_on_first_two(holder: &Redlock, plain: &Cluster, name: &str) -> Lock {
@@ -92,56 +156,9 @@ async fn a_sentinel_failover_to_a_replica_that_lacks_the_key_makes_no_second_hol
     tokio::task::block_in_place(|| sentinel.lose_on_replica(lock.key()));
 
     let before = tokio::task::block_in_place(|| sentinel.start_failover());
-    let during = client(nodes());
-    let probes = vec![
-        tokio::spawn(second_holder(
-            "the running client",
-            running.clone(),
-            name,
-            until,
-        )),
-        tokio::spawn(second_holder(
-            "a client started during the failover",
-            during,
-            name,
-            until,
-        )),
-    ];
+    let probes = during_the_failover(&running, nodes(), name, until);
     tokio::task::block_in_place(|| sentinel.wait_failover(before));
-    let after = client(nodes());
-    let status = after.health().await.nodes()[0].status().clone();
-    assert!(
-        matches!(
-            status,
-            NodeStatus::Quarantined { reason: QuarantineReason::Promoted, remaining } if remaining > TTL / 2
-        ),
-        "a client started after the failover sees the promoted replica quarantined: {status:?}"
-    );
-    let mut overlaps = Vec::new();
-    overlaps.extend(
-        second_holder(
-            "a client started after the failover",
-            after.clone(),
-            name,
-            until,
-        )
-        .await,
-    );
-    for probe in probes {
-        overlaps.extend(probe.await.expect("probe"));
-    }
-    assert!(overlaps.is_empty(), "second holders: {overlaps:?}");
-    // Once the holder's lock and the quarantine are over, the name and the node serve again.
-    wait_for("the name free again", TTL * 3, || async {
-        match after.try_lock(name).await {
-            Ok(lock) => {
-                after.unlock(&lock).await;
-                true
-            }
-            Err(_) => false,
-        }
-    })
-    .await;
+    let after = after_the_failover(nodes(), "the promoted replica", probes, name, until).await;
     wait_for("the promoted replica up", TTL * 2, || async {
         after.health().await.nodes()[0].status() == &NodeStatus::Up
     })
@@ -154,14 +171,7 @@ async fn a_sentinel_failover_to_a_replica_that_lacks_the_key_makes_no_second_hol
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_is_refused_and_judged_again_once_promoted() {
     let master = RedisNode::start();
-    let replica = RedisNode::start_with_args(
-        None,
-        vec![
-            "--replicaof".into(),
-            "127.0.0.1".into(),
-            master.port().to_string(),
-        ],
-    );
+    let replica = RedisNode::start_replica_of(master.port());
     let ttl = Duration::from_secs(2);
     let aged = Cluster {
         nodes: vec![master, replica],
@@ -203,6 +213,40 @@ async fn a_replica_is_refused_and_judged_again_once_promoted() {
     );
 }
 
+/// A Redis Cluster node, then the plain masters of `plain`.
+#[cfg(feature = "cluster")]
+fn cluster_then_plain(
+    cluster: &support::cluster::RedisCluster,
+    plain: &Cluster,
+) -> Vec<NodeConfig> {
+    let mut nodes = vec![NodeConfig::cluster(cluster.urls())];
+    nodes.extend(plain.urls().into_iter().map(NodeConfig::from));
+    nodes
+}
+
+/// A client over `nodes` once every server of `servers` has been up longer than the TTL
+/// (so that only a failover or a restart can keep a node out) and every node is usable.
+#[cfg(feature = "cluster")]
+async fn running_client<'a>(
+    servers: impl Iterator<Item = &'a RedisNode> + Clone,
+    nodes: Vec<NodeConfig>,
+) -> Redlock {
+    let aged = TTL.as_secs() + 1;
+    wait_for("the servers to age", Duration::from_secs(30), || {
+        let old = servers
+            .clone()
+            .all(|n| n.uptime_secs().is_some_and(|u| u >= aged));
+        async move { old }
+    })
+    .await;
+    let running = client(nodes);
+    wait_for("every node usable", Duration::from_secs(10), || async {
+        running.health().await.usable() == 3
+    })
+    .await;
+    running
+}
+
 /// The same failover on a Redis Cluster node: its shard for the name fails over
 /// (`CLUSTER FAILOVER FORCE`) to a replica cut off before the holder locked, so it lacks
 /// the key; nodes 1 and 2 are plain masters. A client that was running, one started during
@@ -220,27 +264,8 @@ async fn a_cluster_shard_failover_to_a_replica_that_lacks_the_key_makes_no_secon
     let replica = tokio::task::block_in_place(|| cluster.add_replica(owner));
     let plain = Cluster::start(2);
     plain.wait_older_than(TTL).await;
-    let aged = TTL.as_secs() + 1;
-    wait_for("the cluster to age", Duration::from_secs(30), || {
-        let old = cluster
-            .masters
-            .iter()
-            .chain(&cluster.replicas)
-            .all(|n| n.uptime_secs().is_some_and(|u| u >= aged));
-        async move { old }
-    })
-    .await;
-    let urls = cluster.urls();
-    let nodes = || {
-        let mut nodes = vec![NodeConfig::cluster(urls.clone())];
-        nodes.extend(plain.urls().into_iter().map(NodeConfig::from));
-        nodes
-    };
-    let running = client(nodes());
-    wait_for("every node usable", Duration::from_secs(10), || async {
-        running.health().await.usable() == 3
-    })
-    .await;
+    let nodes = || cluster_then_plain(&cluster, &plain);
+    let running = running_client(cluster.masters.iter().chain(&cluster.replicas), nodes()).await;
     tokio::task::block_in_place(|| cluster.cut_replica(replica));
     let holder = client(nodes());
     let lock = lock_on_first_two(&holder, &plain, name).await;
@@ -251,21 +276,7 @@ async fn a_cluster_shard_failover_to_a_replica_that_lacks_the_key_makes_no_secon
     );
 
     tokio::task::block_in_place(|| cluster.start_failover(replica));
-    let during = client(nodes());
-    let probes = vec![
-        tokio::spawn(second_holder(
-            "the running client",
-            running.clone(),
-            name,
-            until,
-        )),
-        tokio::spawn(second_holder(
-            "a client started during the failover",
-            during,
-            name,
-            until,
-        )),
-    ];
+    let probes = during_the_failover(&running, nodes(), name, until);
     tokio::task::block_in_place(|| cluster.wait_promoted(replica, key.as_bytes()));
     assert!(
         !support::query_port::<bool>(
@@ -275,50 +286,7 @@ async fn a_cluster_shard_failover_to_a_replica_that_lacks_the_key_makes_no_secon
         .unwrap_or(true),
         "the promoted replica lacks the key"
     );
-    let after = client(nodes());
-    let status = after.health().await.nodes()[0].status().clone();
-    assert!(
-        matches!(
-            status,
-            NodeStatus::Quarantined { reason: QuarantineReason::Promoted, remaining } if remaining > TTL / 2
-        ),
-        "a client started after the failover sees the cluster node quarantined: {status:?}"
-    );
-    let mut overlaps = Vec::new();
-    overlaps.extend(
-        second_holder(
-            "a client started after the failover",
-            after.clone(),
-            name,
-            until,
-        )
-        .await,
-    );
-    for probe in probes {
-        overlaps.extend(probe.await.expect("probe"));
-    }
-    assert!(overlaps.is_empty(), "second holders: {overlaps:?}");
-    let status = running.health().await.nodes()[0].status().clone();
-    assert!(
-        matches!(
-            status,
-            NodeStatus::Quarantined {
-                reason: QuarantineReason::ShardChanged,
-                ..
-            } | NodeStatus::Up
-        ),
-        "the running client saw the shard change: {status:?}"
-    );
-    wait_for("the name free again", TTL * 3, || async {
-        match after.try_lock(name).await {
-            Ok(lock) => {
-                after.unlock(&lock).await;
-                true
-            }
-            Err(_) => false,
-        }
-    })
-    .await;
+    after_the_failover(nodes(), "the cluster node", probes, name, until).await;
 }
 
 /// A Redis Cluster shard's master restarts empty (same node id, from its nodes.conf; no
@@ -336,26 +304,8 @@ async fn a_restarted_cluster_shard_is_quarantined_by_a_running_client() {
     let owner = cluster.owner(key.as_bytes());
     let plain = Cluster::start(2);
     plain.wait_older_than(TTL).await;
-    let aged = TTL.as_secs() + 1;
-    wait_for("the cluster to age", Duration::from_secs(30), || {
-        let old = cluster
-            .masters
-            .iter()
-            .all(|n| n.uptime_secs().is_some_and(|u| u >= aged));
-        async move { old }
-    })
-    .await;
-    let urls = cluster.urls();
-    let nodes = || {
-        let mut nodes = vec![NodeConfig::cluster(urls.clone())];
-        nodes.extend(plain.urls().into_iter().map(NodeConfig::from));
-        nodes
-    };
-    let running = client(nodes());
-    wait_for("every node usable", Duration::from_secs(10), || async {
-        running.health().await.usable() == 3
-    })
-    .await;
+    let nodes = || cluster_then_plain(&cluster, &plain);
+    let running = running_client(cluster.masters.iter(), nodes()).await;
     let holder = client(nodes());
     let lock = lock_on_first_two(&holder, &plain, name).await;
     let until = lock.valid_until();

@@ -30,11 +30,16 @@ async fn locks_over_tls_with_a_private_ca() {
         .tls_root_certificates(certs.read("ca.pem"))
         .build()
         .expect("build");
-    let mut lock = redlock.lock("tls-1").await.expect("lock over TLS");
+    lock_extend_unlock(&redlock, "tls-1").await;
+}
+
+/// Locks, extends and unlocks `name` on every node of `redlock` (3).
+async fn lock_extend_unlock(redlock: &Redlock, name: &str) {
+    let mut lock = redlock.lock(name).await.expect("lock over TLS");
     redlock
         .extend(&mut lock, Duration::from_secs(10))
         .await
-        .expect("extend");
+        .expect("extend over TLS");
     assert_eq!(redlock.unlock(&lock).await.released(), 3);
 }
 
@@ -50,12 +55,7 @@ async fn locks_on_servers_that_speak_tls_1_2_only() {
         .tls_root_certificates(certs.read("ca.pem"))
         .build()
         .expect("build");
-    let mut lock = redlock.lock("tls-1.2").await.expect("lock over TLS 1.2");
-    redlock
-        .extend(&mut lock, Duration::from_secs(10))
-        .await
-        .expect("extend over TLS 1.2");
-    assert_eq!(redlock.unlock(&lock).await.released(), 3);
+    lock_extend_unlock(&redlock, "tls-1.2").await;
 }
 
 /// A `redis::Client` opened from a `rediss://` URL brings no certificates of its own: it

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{RedisNode, query_port};
+use super::{RedisNode, query_port, wait_blocking};
 
 /// Three masters that share the 16,384 slots, and the replicas added to them.
 pub struct RedisCluster {
@@ -39,18 +39,6 @@ fn cluster_node() -> RedisNode {
             "no".into(),
         ],
     )
-}
-
-/// Polls `cond` until it holds, or panics after `timeout` naming `what`.
-fn wait(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 impl RedisCluster {
@@ -154,7 +142,7 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout)
         );
         let port = replica.port();
-        wait("the replica in sync", Duration::from_secs(30), || {
+        wait_blocking("the replica in sync", Duration::from_secs(30), || {
             query_port::<String>(port, redis::cmd("INFO").arg("replication")).is_some_and(|i| {
                 i.contains("master_link_status:up") && i.contains("repl_backlog_active:1")
             })
@@ -177,7 +165,7 @@ impl RedisCluster {
             port,
             redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("master"),
         );
-        wait("the replica cut off", Duration::from_secs(10), || {
+        wait_blocking("the replica cut off", Duration::from_secs(10), || {
             query_port::<String>(port, redis::cmd("INFO").arg("replication"))
                 .is_some_and(|i| i.contains("master_link_status:down"))
         });
@@ -198,7 +186,7 @@ impl RedisCluster {
         let replica = self.replicas[r].port();
         let slot: i64 = query_port(replica, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
             .expect("CLUSTER KEYSLOT");
-        wait("the failover", Duration::from_secs(30), || {
+        wait_blocking("the failover", Duration::from_secs(30), || {
             query_port::<String>(replica, redis::cmd("CLUSTER").arg("NODES"))
                 .is_some_and(|nodes| owns(&nodes, slot))
                 && self.masters.iter().filter(|m| m.is_running()).all(|m| {

@@ -99,6 +99,18 @@ impl RedisNode {
         Self::start_with(None)
     }
 
+    /// Starts a replica of the node on `master_port` (on a free port).
+    pub fn start_replica_of(master_port: u16) -> Self {
+        Self::start_with_args(
+            None,
+            vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                master_port.to_string(),
+            ],
+        )
+    }
+
     /// Starts a node whose wall clock can be moved with [`set_clock_offset`]
     /// (libfaketime, from Debian's `faketime` package).
     ///
@@ -609,6 +621,19 @@ where
             "timed out after {timeout:?} waiting for: {what}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Polls `cond` from a blocking context until it holds, or panics after `timeout` naming
+/// `what`.
+pub fn wait_blocking(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{RedisNode, free_port, query_port, redis_server_binary};
+use super::{RedisNode, free_port, query_port, redis_server_binary, wait_blocking};
 
 /// One master, its replica, and a sentinel that monitors them as `name`.
 pub struct SentinelNode {
@@ -18,30 +18,11 @@ pub struct SentinelNode {
     conf: PathBuf,
 }
 
-/// Polls `cond` until it holds, or panics after `timeout` naming `what`.
-fn wait(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 impl SentinelNode {
     pub fn start(name: &str) -> Self {
         let master = RedisNode::start();
-        let replica = RedisNode::start_with_args(
-            None,
-            vec![
-                "--replicaof".into(),
-                "127.0.0.1".into(),
-                master.port().to_string(),
-            ],
-        );
-        wait("the replica to sync", Duration::from_secs(20), || {
+        let replica = RedisNode::start_replica_of(master.port());
+        wait_blocking("the replica to sync", Duration::from_secs(20), || {
             query_port::<String>(replica.port(), redis::cmd("INFO").arg("replication"))
                 .is_some_and(|i| i.contains("master_link_status:up"))
         });
@@ -77,7 +58,7 @@ impl SentinelNode {
             sentinel_port,
             conf,
         };
-        wait(
+        wait_blocking(
             "the sentinel to know the replica",
             Duration::from_secs(30),
             || node.replicas() >= 1,
@@ -130,7 +111,7 @@ impl SentinelNode {
 
     /// Waits until the sentinel names another master than the one on port `before`.
     pub fn wait_failover(&self, before: Option<u16>) {
-        wait("the failover", Duration::from_secs(30), || {
+        wait_blocking("the failover", Duration::from_secs(30), || {
             let now = self.master_port();
             now.is_some() && now != before
         });
@@ -151,7 +132,7 @@ impl SentinelNode {
             );
             assert_eq!(done.as_deref(), Some("OK"), "CONFIG SET replica-read-only");
         };
-        wait(
+        wait_blocking(
             "the replica to have the key",
             Duration::from_secs(10),
             || query_port::<bool>(replica, redis::cmd("EXISTS").arg(key)) == Some(true),
@@ -170,7 +151,7 @@ impl SentinelNode {
     /// Waits until both the master and the replica have been up for more than `secs`
     /// seconds, so that a client meeting them does not quarantine them as young.
     pub fn wait_older_than(&self, secs: u64) {
-        wait("the servers to age", Duration::from_secs(60), || {
+        wait_blocking("the servers to age", Duration::from_secs(60), || {
             [&self.master, &self.replica]
                 .iter()
                 .all(|n| n.uptime_secs().is_some_and(|u| u > secs))
