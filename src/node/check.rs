@@ -26,6 +26,33 @@ pub(crate) struct Check {
     pub(crate) role: Option<String>,
 }
 
+impl Check {
+    /// This check of `node` (connected in `generation`), with what its `INFO replication`
+    /// said: the role, and a failure if the replication changed under the connection
+    /// (which is then dropped, so that the next connect judges the server anew).
+    fn with_replication(self, node: &Node, generation: u64, replication: Option<&str>) -> Self {
+        let role = replication.and_then(|info| {
+            info.lines()
+                .find_map(|l| l.trim_end().strip_prefix("role:").map(str::to_owned))
+        });
+        let changed = replication
+            .filter(|_| !node.is_cluster())
+            .and_then(|info| node.moved_on(info));
+        match changed {
+            Some(changed) => {
+                node.invalidate(generation, &changed);
+                Self {
+                    result: Err(changed),
+                    round_trip: None,
+                    role,
+                    ..self
+                }
+            }
+            None => Self { role, ..self },
+        }
+    }
+}
+
 impl Node {
     /// A health check within `deadline`: `PING` and `INFO replication` (for the role) in
     /// one round trip, timed.
@@ -72,25 +99,15 @@ impl Node {
             .next()
             .and_then(Result::ok)
             .and_then(|v| redis::from_redis_value::<String>(v).ok());
-        let role = replication.as_deref().and_then(|info| {
-            info.lines()
-                .find_map(|l| l.trim_end().strip_prefix("role:").map(str::to_owned))
-        });
-        let judged = replication.filter(|_| !self.is_cluster());
-        if let Some(changed) = judged.and_then(|info| self.moved_on(&info)) {
-            // Reconnect, so that the connect's checks (role, quarantine) judge it anew.
-            self.invalidate(generation, &changed);
-            return Check {
-                role,
-                ..failed(changed)
-            };
-        }
-        Check {
+        // The state's lock is not held past this line: the replication's judgment takes it.
+        let version = self.state().version.clone();
+        let checked = Check {
             result: Ok(()),
             round_trip: Some(round_trip),
-            version: self.state().version.clone(),
-            role,
-        }
+            version,
+            role: None,
+        };
+        checked.with_replication(self, generation, replication.as_deref())
     }
 
     /// Whether the server's replication changed under a connection that stayed up: it is

@@ -316,33 +316,7 @@ impl Node {
         {
             let mut st = self.state();
             match outcome {
-                Ok(Opened {
-                    conn,
-                    info,
-                    master_for,
-                }) => {
-                    tracing::debug!(
-                        node = %self.label,
-                        version = %info.version,
-                        uptime_s = info.uptime.as_secs(),
-                        "redlock node connected"
-                    );
-                    // A node without a run id (a cluster, or INFO not allowed) is never
-                    // quarantined: nothing tells its restarts.
-                    if self.settings.quarantine && !info.run_id.is_empty() {
-                        self.quarantine_after_connect(&mut st, &info, master_for);
-                    }
-                    if !info.version.is_empty() {
-                        st.version = Some(info.version.clone());
-                    }
-                    st.known = info.identity();
-                    st.same_server_as = None;
-                    st.generation += 1;
-                    st.connected_at = Some(Instant::now());
-                    st.slot = Link::Ready(conn);
-                    st.backoff = BACKOFF_MIN;
-                    self.consecutive_timeouts.store(0, Ordering::Relaxed);
-                }
+                Ok(opened) => self.ready(&mut st, opened),
                 Err(NodeError::SameServer { node }) => {
                     if st.same_server_as.as_deref() != Some(node.as_str()) {
                         tracing::error!(
@@ -369,6 +343,37 @@ impl Node {
             }
         }
         self.changed.notify_waiters();
+    }
+
+    /// The node is connected through `opened` (the state is locked by the caller): judged
+    /// (the quarantine) and ready.
+    fn ready(&self, st: &mut NodeState, opened: Opened) {
+        let Opened {
+            conn,
+            info,
+            master_for,
+        } = opened;
+        tracing::debug!(
+            node = %self.label,
+            version = %info.version,
+            uptime_s = info.uptime.as_secs(),
+            "redlock node connected"
+        );
+        // A node without a run id (a cluster, or INFO not allowed) is not judged here:
+        // nothing tells its restarts (a cluster's shards are judged by their own check).
+        if self.settings.quarantine && !info.run_id.is_empty() {
+            self.quarantine_after_connect(st, &info, master_for);
+        }
+        if !info.version.is_empty() {
+            st.version = Some(info.version.clone());
+        }
+        st.known = info.identity();
+        st.same_server_as = None;
+        st.generation += 1;
+        st.connected_at = Some(Instant::now());
+        st.slot = Link::Ready(conn);
+        st.backoff = BACKOFF_MIN;
+        self.consecutive_timeouts.store(0, Ordering::Relaxed);
     }
 
     /// Starts a quarantine if the node may have lost keys (see the `identity` module).
