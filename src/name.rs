@@ -118,15 +118,7 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8], sets: CounterSets) -> Result<
     } else {
         hashed()
     };
-    let tagged = |infix: &[u8], tag: &[u8]| {
-        let mut key = Vec::with_capacity(prefix.len() + infix.len() + tag.len() + 2);
-        key.extend_from_slice(prefix);
-        key.extend_from_slice(infix);
-        key.push(b'{');
-        key.extend_from_slice(tag);
-        key.push(b'}');
-        key
-    };
+    let tagged = |infix: &[u8], tag: &[u8]| tagged_key(prefix, infix, tag);
     let lock = tagged(b"", &part);
     let slot = slot::slot(&lock);
     let (counter, set) = match sets {
@@ -148,6 +140,18 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8], sets: CounterSets) -> Result<
         set,
         member: own.to_string().into_bytes(),
     })
+}
+
+/// `{prefix}{infix}{{tag}}`: a key whose hash slot is `tag`'s (unless the prefix has a tag
+/// of its own).
+pub(crate) fn tagged_key(prefix: &[u8], infix: &[u8], tag: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(prefix.len() + infix.len() + tag.len() + 2);
+    key.extend_from_slice(prefix);
+    key.extend_from_slice(infix);
+    key.push(b'{');
+    key.extend_from_slice(tag);
+    key.push(b'}');
+    key
 }
 
 /// `{part}`: the lock key of `part` without a prefix.

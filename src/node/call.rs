@@ -315,9 +315,12 @@ impl Node {
             return NodeCall::new(self, call, flight).await;
         }
         #[cfg(feature = "cluster")]
-        if sending.acquiring && self.settings.quarantine && matches!(conn, Conn::Cluster(_)) {
+        if let (Conn::Cluster(shards), Some(cluster)) = (&mut conn, self.cluster())
+            && sending.acquiring
+            && self.settings.quarantine
+        {
             // Every acquisition on a cluster says where it ran (see the `cluster` module).
-            let answer = Box::pin(self.acquire_on_cluster(call, &mut conn)).await;
+            let answer = Box::pin(self.acquire_on_cluster(cluster, call, shards)).await;
             return self
                 .answered(generation, answer)
                 .and_then(|checked| checked);

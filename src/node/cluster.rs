@@ -42,7 +42,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use super::Node;
 use super::identity::{Identity, PromotionMarker, Role, ServerInfo, quarantine_for};
 use crate::error::{NodeError, QuarantineReason};
-use crate::name::slot::{SLOTS, slot, tag};
+use crate::name::slot::{SLOTS, slot};
 
 /// A Redis Cluster node's client and what it knows of the shards.
 pub(crate) struct ClusterNode {
@@ -226,21 +226,22 @@ struct Seen {
 
 impl Node {
     /// The node's cluster, if it is one.
-    fn cluster(&self) -> Option<&ClusterNode> {
+    pub(super) fn cluster(&self) -> Option<&ClusterNode> {
         match &self.connector {
             super::Connector::Cluster(cluster) => Some(cluster),
             _ => None,
         }
     }
 
-    /// Runs an acquisition's `call` on the cluster connection `conn`, with the commands
+    /// Runs an acquisition's `call` on `cluster`'s connection `conn`, with the commands
     /// that say where it ran ([`PROBE`]); a landing the last check does not vouch for
     /// makes the node check its shards first. A shard that may have lost keys fails the
     /// call (the node is quarantined); the command's own answer otherwise.
-    pub(crate) async fn acquire_on_cluster(
+    pub(super) async fn acquire_on_cluster(
         &self,
+        cluster: &ClusterNode,
         call: &crate::scripts::Call,
-        conn: &mut super::Conn,
+        conn: &mut ClusterConnection,
     ) -> redis::RedisResult<Result<Value, NodeError>> {
         let mut pipe = call.as_pipeline();
         add_probe(&mut pipe);
@@ -261,7 +262,7 @@ impl Node {
             _ => None,
         };
         let slot = slot(call.key());
-        if let Some(refusal) = self.landed_well(conn, slot, landed.as_ref()).await {
+        if let Some(refusal) = self.landed_well(cluster, conn, slot, landed.as_ref()).await {
             return Ok(Err(refusal));
         }
         let first = call.first_of(replies);
@@ -272,24 +273,19 @@ impl Node {
     /// shards first if the last check does not vouch for it; otherwise why not.
     async fn landed_well(
         &self,
-        conn: &mut super::Conn,
+        cluster: &ClusterNode,
+        conn: &mut ClusterConnection,
         slot: u16,
         landed: Option<&Landed>,
     ) -> Option<NodeError> {
-        let cluster = self.cluster()?;
-        let trusted = |cluster: &ClusterNode| {
-            landed.is_some_and(|landed| cluster.shards().trusts(slot, landed))
-        };
-        if !trusted(cluster) {
-            let super::Conn::Cluster(conn) = conn else {
-                return None;
-            };
+        let trusted = || landed.is_some_and(|landed| cluster.shards().trusts(slot, landed));
+        if !trusted() {
             self.check_shards(cluster, conn).await;
         }
         if let Some((remaining, reason)) = self.quarantined_for() {
             return Some(NodeError::Quarantined { remaining, reason });
         }
-        (!trusted(cluster)).then(|| {
+        (!trusted()).then(|| {
             NodeError::Redis(
                 "the cluster shard that took the name is not one this client could check \
                  (a failover or a reconnect under way?): the answer does not count"
@@ -391,11 +387,8 @@ impl Node {
         }
         let master_for = if info.promoted {
             let first_slot = m.slots.first().map_or(0, |r| r.0);
-            let mut key = PromotionMarker::new(&self.settings.key_prefix, &info.replid).key;
-            key.push(b'{');
-            key.extend_from_slice(&tag(first_slot));
-            key.push(b'}');
-            let marker = PromotionMarker { key };
+            let marker =
+                PromotionMarker::in_slot(&self.settings.key_prefix, &info.replid, first_slot);
             match conn.route_pipeline(marker.commands(), 0, 2, route()).await {
                 Ok(replies) => PromotionMarker::master_for(&replies),
                 Err(_) => Duration::ZERO,

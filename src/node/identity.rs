@@ -156,6 +156,16 @@ impl PromotionMarker {
         Self { key }
     }
 
+    /// The marker of `replid` under `prefix` in hash slot `slot` (on a Redis Cluster, the
+    /// marker of a shard's master goes in one of its slots).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn in_slot(prefix: &[u8], replid: &str, slot: u16) -> Self {
+        let infix = [&b"#promoted:"[..], replid.as_bytes()].concat();
+        Self {
+            key: crate::name::tagged_key(prefix, &infix, &crate::name::slot::tag(slot)),
+        }
+    }
+
     /// `SET key 1 NX PX lifetime` and `PTTL key`, in one pipeline.
     pub(crate) fn commands(&self) -> redis::Pipeline {
         let mut pipe = redis::pipe();
@@ -360,5 +370,9 @@ mod tests {
             PromotionMarker::new(b"redlock:", "ab12").key,
             b"redlock:#promoted:ab12".to_vec()
         );
+        // Slot 7638 is that of `{8586}`.
+        let in_slot = PromotionMarker::in_slot(b"redlock:", "ab12", 7638).key;
+        assert_eq!(in_slot, b"redlock:#promoted:ab12{8586}".to_vec());
+        assert_eq!(crate::name::slot::slot(&in_slot), 7638);
     }
 }
