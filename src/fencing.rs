@@ -12,8 +12,8 @@ use crate::node::Node;
 use crate::quorum::{NodeMask, Outcome};
 use crate::round::{Plan, Purpose, Round};
 use crate::scripts::{
-    Arg, FENCE_SCRIPT, FenceRead, INSPECT_SCRIPT, Invocation, MAX_NUMBER, Request, parse_flag,
-    parse_inspect,
+    AcquireReply, Arg, FENCE_SCRIPT, FenceRead, INSPECT_SCRIPT, Invocation, MAX_NUMBER, Request,
+    parse_flag, parse_inspect,
 };
 use crate::votes::Votes;
 
@@ -81,6 +81,7 @@ pub(crate) struct PhaseOne {
     granted: NodeMask,
     /// The highest counter read after phase 1 (see [`read_counters`]).
     highest: Option<u64>,
+    /// The nodes that did not grant: phase 2 skips them.
     pub(crate) refused: NodeMask,
 }
 
@@ -106,24 +107,44 @@ impl PhaseOne {
         }
     }
 
-    /// The attempt's proposal.
-    #[cfg(test)]
-    pub(crate) fn proposal(&self) -> u64 {
-        self.proposal
-    }
-
     /// Takes the answer of node `i`, which granted, to the proposal.
-    pub(crate) fn granted(&mut self, i: usize, read: FenceRead) {
+    fn granted(&mut self, i: usize, read: FenceRead) {
         self.granted.insert(i);
         if read == FenceRead::Accepted {
             self.accepted += 1;
         }
     }
 
+    /// Takes node `i`'s answer to phase 1 (`None`: it failed): what it counts for the
+    /// quorum. A node that did not grant is left out of phase 2 (the lock is not ours
+    /// there); a grant's `ZADD` answer counts towards the proposal's acceptances.
+    pub(crate) fn take(&mut self, i: usize, reply: Option<&AcquireReply>) -> Outcome {
+        let outcome = match reply {
+            Some(AcquireReply::Won { fence }) => {
+                if let Some(read) = fence {
+                    self.granted(i, *read);
+                }
+                return Outcome::Granted;
+            }
+            Some(AcquireReply::HeldElsewhere { .. } | AcquireReply::Record(_)) => {
+                Outcome::HeldElsewhere
+            }
+            None => Outcome::Failed,
+        };
+        self.refused.insert(i);
+        outcome
+    }
+
     /// Whether `quorum` granting nodes accepted the proposal: the number is then the
     /// proposal, and nothing needs to be read.
     pub(crate) fn accepted_by(&self, quorum: usize) -> bool {
         self.accepted >= quorum
+    }
+
+    /// Whether the counters must be read before the number is known: unless `quorum`
+    /// granting nodes accepted the proposal.
+    pub(crate) fn needs_read(&self, quorum: usize) -> bool {
+        !self.accepted_by(quorum)
     }
 
     /// Takes a counter read after phase 1 on a node that granted (`None`: it has none).

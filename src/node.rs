@@ -49,6 +49,8 @@ mod resp;
 mod wire;
 
 pub(crate) use call::{NodeCall, Sending};
+#[cfg(test)]
+pub(crate) use renewals::{due_after, mark_of};
 pub(crate) use renewals::{renewal_interval, set_expiry_ms};
 
 use crate::error::{NodeError, QuarantineReason};

@@ -868,26 +868,89 @@ async fn a_counter_written_after_a_dropped_connection_lives_a_retention() {
             ],
         )
     });
-    let t_b: u64 = out
-        .lines()
-        .find_map(|l| l.split("FENCE=").nth(1))
-        .and_then(|n| n.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("the child's number: {out}"));
+    let t_b = child_number(&out);
     assert!(
         t_b > t_a,
         "B (clock 9.9 s behind) got {t_b}, not above A's {t_a}: the numbers went back"
     );
 }
 
-/// The second client of [`a_counter_written_after_a_dropped_connection_lives_a_retention`]:
-/// run by it as a child process whose clock libfaketime moved; locks a name once and
-/// prints its fencing number.
+/// The fencing number a child process printed.
+fn child_number(out: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.split("FENCE=").nth(1))
+        .and_then(|n| n.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("the child's number: {out}"))
+}
+
+/// Clients whose clocks differ, on contended names, where a node lacks the latest
+/// counter: a proposal that only a minority of the granting nodes accepts is not the
+/// number. Client A's third node is down, so its numbers reach nodes 0 and 1 only, while
+/// two of its tasks contend for the names. Then client B, another process whose clock is
+/// 2 s behind, locks each name on all three nodes: its proposal is below A's numbers on
+/// nodes 0 and 1 and accepted on node 2 alone, one acceptance where the quorum is two.
+/// B must read the counters and take a number above A's (an acquisition that took its
+/// proposal with fewer than a quorum of acceptances would hand out a lower one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_proposal_one_node_accepts_reads_before_taking_a_number() {
+    let cluster = Cluster::start(3);
+    let mut a_nodes = cluster.urls()[..2].to_vec();
+    a_nodes.push(format!("redis://127.0.0.1:{}", support::free_port()));
+    let a = builder(a_nodes)
+        .ttl(Duration::from_secs(2))
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .expect("build");
+    let names = ["contended:0", "contended:1"];
+    let highest = Arc::new(Mutex::new(std::collections::HashMap::new()));
+    let tasks = (0..2).map(|_| {
+        let (a, highest) = (a.clone(), Arc::clone(&highest));
+        tokio::spawn(async move {
+            for round in 0..6 {
+                let name = names[round % 2];
+                let lock = a.lock(name).await.expect("A locks with two nodes of three");
+                let t = token(&lock);
+                a.unlock(&lock).await;
+                let mut highest = highest.lock().expect("not poisoned");
+                let entry = highest.entry(name).or_insert(0);
+                *entry = t.max(*entry);
+            }
+        })
+    });
+    for task in futures_util::future::join_all(tasks).await {
+        task.expect("A's task");
+    }
+    for name in names {
+        let t_a = highest.lock().expect("not poisoned")[name];
+        let out = tokio::task::block_in_place(|| {
+            support::run_skewed_child(
+                "skewed_client_locks_once",
+                "-2",
+                &[
+                    ("REDLOCK_CHILD_NODE", cluster.urls().join(",")),
+                    ("REDLOCK_CHILD_NAME", name.to_owned()),
+                ],
+            )
+        });
+        let t_b = child_number(&out);
+        assert!(
+            t_b > t_a,
+            "B (clock 2 s behind) got {t_b} for {name}, not above A's {t_a}: it took a \
+             proposal that one node of three accepted"
+        );
+    }
+}
+
+/// The second client of [`a_counter_written_after_a_dropped_connection_lives_a_retention`]
+/// and [`a_client_whose_proposal_one_node_accepts_reads_before_taking_a_number`]: run by
+/// them as a child process whose clock libfaketime moved; locks a name once on the nodes
+/// `REDLOCK_CHILD_NODE` (comma-separated) and prints its fencing number.
 #[tokio::test]
 #[ignore = "a child process of a_counter_written_after_a_dropped_connection_lives_a_retention"]
 async fn skewed_client_locks_once() {
-    let node = std::env::var("REDLOCK_CHILD_NODE").expect("run only as a child process");
+    let nodes = std::env::var("REDLOCK_CHILD_NODE").expect("run only as a child process");
     let name = std::env::var("REDLOCK_CHILD_NAME").expect("run only as a child process");
-    let b = builder(vec![node])
+    let b = builder(nodes.split(',').map(str::to_owned).collect())
         .ttl(Duration::from_secs(1))
         .node_timeout(Duration::from_millis(50))
         .fencing_retention(SHORT_RETENTION)

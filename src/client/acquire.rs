@@ -53,30 +53,21 @@ impl SetReplies {
 
     /// Takes node `i`'s reply: what it means for the quorum, or why the node failed.
     fn take(&mut self, i: usize, reply: Result<Value, NodeError>) -> Result<Outcome, NodeError> {
-        let outcome = reply.and_then(parse_acquire).map(|r| match r {
-            AcquireReply::Won { fence } => {
-                if let Some(read) = fence {
-                    self.fencing.granted(i, read);
-                }
-                Outcome::Granted
-            }
+        let parsed = reply.and_then(parse_acquire);
+        let outcome = self.fencing.take(i, parsed.as_ref().ok());
+        match parsed? {
+            AcquireReply::Won { .. } => {}
             AcquireReply::HeldElsewhere { pttl, ours } => {
                 self.retry_after = self.retry_after.max(pttl);
                 self.held_by_others |= !ours;
                 self.foreign.insert(i);
-                Outcome::HeldElsewhere
             }
             AcquireReply::Record(r) => {
                 self.records.push(r);
                 self.foreign.insert(i);
-                Outcome::HeldElsewhere
             }
-        });
-        if !matches!(outcome, Ok(Outcome::Granted)) {
-            // Not ours there: phase 2 of fencing skips the node.
-            self.fencing.refused.insert(i);
         }
-        outcome
+        Ok(outcome)
     }
 }
 
@@ -296,7 +287,7 @@ impl Redlock {
     ) -> Result<Option<u64>, LockError> {
         let quorum = self.quorum();
         let deadline = || self.call_deadline(budget.start, budget.ttl, budget.outer);
-        if !phase_one.accepted_by(quorum) {
+        if phase_one.needs_read(quorum) {
             if quorum::validity(budget.ttl, budget.start.elapsed(), budget.drift).is_none() {
                 return Ok(None);
             }

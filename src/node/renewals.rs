@@ -76,26 +76,40 @@ impl Renewals {
     /// Whether a fenced request in set `set` that goes on the connection of `generation`
     /// now must renew the set. A set the node does not have renews (it cannot hurt).
     pub(crate) fn due(&self, set: u16, generation: u64) -> bool {
-        let Some(mark) = self.marks.get(usize::from(set)) else {
-            return true;
-        };
-        let mark = mark.load(Ordering::Acquire);
-        let (on, at) = (mark >> 32, mark & u64::from(u32::MAX));
-        self.every == 0
-            || on != connection(generation)
-            || u64::from(self.now()) >= at.saturating_add(u64::from(self.every))
+        self.marks.get(usize::from(set)).is_none_or(|mark| {
+            due_after(
+                mark.load(Ordering::Acquire),
+                generation,
+                self.now(),
+                self.every,
+            )
+        })
     }
 
     /// A renewal of set `set` was put on the connection of `generation` (it runs before
     /// any later command on that connection).
     pub(crate) fn renewed(&self, set: u16, generation: u64) {
         if let Some(mark) = self.marks.get(usize::from(set)) {
-            mark.store(
-                (connection(generation) << 32) | u64::from(self.now()),
-                Ordering::Release,
-            );
+            mark.store(mark_of(generation, self.now()), Ordering::Release);
         }
     }
+}
+
+/// Whether a fenced request on the connection of `generation`, at second `now`, must renew
+/// a set whose last renewal left `mark` (0: never), with `every` seconds at most between
+/// two renewals on one connection (0: with every request): when the set was never
+/// renewed, last renewed on another connection, or `every` ago. (The fencing model runs
+/// this same rule.)
+pub(crate) fn due_after(mark: u64, generation: u64, now: u32, every: u32) -> bool {
+    let (on, at) = (mark >> 32, mark & u64::from(u32::MAX));
+    every == 0
+        || on != connection(generation)
+        || u64::from(now) >= at.saturating_add(u64::from(every))
+}
+
+/// The mark a renewal put on the connection of `generation` at second `now` leaves.
+pub(crate) fn mark_of(generation: u64, now: u32) -> u64 {
+    (connection(generation) << 32) | u64::from(now)
 }
 
 /// A connection's generation as kept in a mark: in `1..=2^32 - 1` (0 is "never";
