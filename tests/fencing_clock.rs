@@ -107,7 +107,10 @@ async fn a_client_clock_an_hour_ahead_does_not_drag_the_counters() {
         assert!(counter <= ceiling as f64, "a counter dragged to {counter}");
     }
 
-    let lock = redlock.lock(name).await.expect("lock after the skewed client");
+    let lock = redlock
+        .lock(name)
+        .await
+        .expect("lock after the skewed client");
     let after = token(&lock);
     redlock.unlock(&lock).await;
     assert!(after > skewed, "{after} is not above the skewed {skewed}");
@@ -186,7 +189,10 @@ async fn a_counter_pinned_at_the_maximum_is_reset_by_the_next_acquisition() {
         }
         for counter in counters(&cluster, name).await {
             let counter = counter.expect("a counter on every node");
-            assert!(counter < MAX_NUMBER as f64, "{name}: still pinned: {counter}");
+            assert!(
+                counter < MAX_NUMBER as f64,
+                "{name}: still pinned: {counter}"
+            );
         }
     }
     let errors = logs
