@@ -40,6 +40,8 @@ pub(crate) struct Clock {
     nodes: Arc<NodeClocks>,
     /// The wall clock was found beyond the cap (warned once).
     warned: AtomicBool,
+    /// An acquisition waited for the nodes' first estimates (see [`waited`](Self::waited)).
+    waited: AtomicBool,
 }
 
 impl Clock {
@@ -49,7 +51,19 @@ impl Clock {
             highest: AtomicU64::new(0),
             nodes,
             warned: AtomicBool::new(false),
+            waited: AtomicBool::new(false),
         }
+    }
+
+    /// Whether an acquisition already waited for the nodes' first clock estimates: the
+    /// wait is made once per client, whatever it gave.
+    pub(crate) fn waited(&self) -> bool {
+        self.waited.load(Ordering::Relaxed)
+    }
+
+    /// An acquisition waited for the nodes' first clock estimates.
+    pub(crate) fn waited_once(&self) {
+        self.waited.store(true, Ordering::Relaxed);
     }
 
     /// The next proposal, from the system clock, capped by the nodes' clocks.

@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use redis::Value;
 
 use super::Redlock;
@@ -353,23 +354,36 @@ impl Redlock {
     }
 
     /// The fencing proposal of an attempt (0 without fencing). Until a quorum of nodes gave
-    /// an estimate of their clocks (the first acquisitions of a client), it first waits for
-    /// the connects under way, by `deadline`, so that the first proposals are capped by the
-    /// nodes' clocks too.
+    /// an estimate of their clocks, the client's first acquisitions first wait for the
+    /// connects under way (until that quorum, by `deadline`), so that the first proposals
+    /// are capped by the nodes' clocks too; once one waited, the others do not (nodes
+    /// that give no estimate cost no wait per acquisition).
     async fn propose(&self, deadline: Instant) -> u64 {
         if !self.fencing {
             return 0;
         }
         let clock = &self.inner.clock;
-        if !clock.bounded() {
-            let settled = join_all(self.inner.nodes.iter().map(|node| node.settle()));
+        if !clock.bounded() && !clock.waited() {
             // Cut short: the proposal is the wall clock, as without an estimate.
-            let _ = tokio::time::timeout_at(deadline.into(), settled).await;
+            let _ = tokio::time::timeout_at(deadline.into(), self.settle_clocks()).await;
+            clock.waited_once();
         }
         // Below the largest number a counter holds exactly, so that one above the
         // proposal still is one (a counter at that largest number is pinned: see
         // `PhaseOne::read`).
         clock.propose().min(MAX_NUMBER - 1)
+    }
+
+    /// Waits for the nodes' connects under way until a quorum of them gave an estimate of
+    /// their clocks, or every connect is over.
+    async fn settle_clocks(&self) {
+        let mut settling: FuturesUnordered<_> =
+            self.inner.nodes.iter().map(|node| node.settle()).collect();
+        while settling.next().await.is_some() {
+            if self.inner.clock.bounded() {
+                return;
+            }
+        }
     }
 
     /// Step 2: `SET NX PX` on every node at once (with fencing on, followed by the
