@@ -56,11 +56,19 @@ pub const DEFAULT_EXTEND_FRACTION: f64 = 1.0 / 3.0;
 /// [`crate::fencing`]), in the same round trip, for two more commands per node.
 pub const DEFAULT_FENCING: bool = true;
 /// Default retention of a name's fencing counter after its last fenced acquisition:
-/// 24 hours, or 100 times the client's TTL if that is longer (see
-/// [`RedlockBuilder::fencing_retention`](crate::RedlockBuilder::fencing_retention)).
+/// 24 hours, for every client (see
+/// [`RedlockBuilder::fencing_retention`](crate::RedlockBuilder::fencing_retention)). A
+/// fenced client whose TTL is above a tenth of it must set its retention explicitly.
 pub const DEFAULT_FENCING_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 /// The fencing retention must be at least this many times the TTL of every fenced lock.
 pub const MIN_RETENTION_TO_TTL_RATIO: u32 = 10;
+/// Default bound on how far a fencing proposal may go above the nodes' own clocks: 1 s
+/// (see
+/// [`RedlockBuilder::fencing_clock_bound`](crate::RedlockBuilder::fencing_clock_bound)).
+pub const DEFAULT_FENCING_CLOCK_BOUND: Duration = Duration::from_secs(1);
+/// Nodes that may evict keys are refused by default (see
+/// [`RedlockBuilder::allow_eviction`](crate::RedlockBuilder::allow_eviction)).
+pub const DEFAULT_ALLOW_EVICTION: bool = false;
 /// Restarted and recently started nodes are quarantined by default (see
 /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine)).
 pub const DEFAULT_RESTART_QUARANTINE: bool = true;

@@ -1,8 +1,8 @@
 #![doc = include_str!("../docs/fencing.md")]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
@@ -31,20 +31,55 @@ pub(crate) fn accepts(counter: u64, proposal: u64) -> bool {
 /// the others' numbers catches up after one acquisition that needed phase 2, and two
 /// acquisitions of one client never propose the same number (not even within one
 /// microsecond, which would cost the second phase 2 where the first raised a counter).
-#[derive(Debug, Default)]
+/// Nor above the nodes' clocks plus a bound ([`NodeClocks`]): a client whose clock is
+/// far ahead proposes the cap instead, and says so once.
+#[derive(Debug)]
 pub(crate) struct Clock {
     highest: AtomicU64,
+    /// What this client knows of the nodes' clocks: the cap on proposals.
+    nodes: Arc<NodeClocks>,
+    /// The wall clock was found beyond the cap (warned once).
+    warned: AtomicBool,
+    /// An acquisition waited for the nodes' first estimates (see [`waited`](Self::waited)).
+    waited: AtomicBool,
 }
 
 impl Clock {
-    /// The next proposal, from the system clock.
+    /// The clock of a client whose nodes' clocks are estimated in `nodes`.
+    pub(crate) fn new(nodes: Arc<NodeClocks>) -> Self {
+        Self {
+            highest: AtomicU64::new(0),
+            nodes,
+            warned: AtomicBool::new(false),
+            waited: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether an acquisition already waited for the nodes' first clock estimates: the
+    /// wait is made once per client, whatever it gave.
+    pub(crate) fn waited(&self) -> bool {
+        self.waited.load(Ordering::Relaxed)
+    }
+
+    /// An acquisition waited for the nodes' first clock estimates.
+    pub(crate) fn waited_once(&self) {
+        self.waited.store(true, Ordering::Relaxed);
+    }
+
+    /// The next proposal, from the system clock, capped by the nodes' clocks.
     pub(crate) fn propose(&self) -> u64 {
-        let wall_us = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let wall_us = micros(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or(Duration::ZERO),
+        );
+        let cap = self.nodes.cap(Instant::now());
+        if let Some(ahead) = beyond_cap(wall_us, cap) {
+            self.ahead_of_nodes(ahead);
+        }
         let mut seen = self.highest.load(Ordering::Relaxed);
         loop {
-            let next = proposal(wall_us, seen);
+            let next = capped_proposal(wall_us, seen, cap);
             match self.highest.compare_exchange_weak(
                 seen,
                 next,
@@ -61,12 +96,141 @@ impl Clock {
     pub(crate) fn saw(&self, n: u64) {
         self.highest.fetch_max(n, Ordering::Relaxed);
     }
+
+    /// Whether a quorum of nodes gave an estimate of their clocks (the proposals are
+    /// capped).
+    pub(crate) fn bounded(&self) -> bool {
+        self.nodes.cap(Instant::now()).is_some()
+    }
+
+    /// The wall clock is `ahead_us` beyond the cap: warns, the first time.
+    fn ahead_of_nodes(&self, ahead_us: u64) {
+        if !first_time(&self.warned) {
+            return;
+        }
+        let bound = Duration::from_micros(self.nodes.bound_us);
+        let ahead = Duration::from_micros(ahead_us).saturating_add(bound);
+        tracing::warn!(
+            ahead_of_nodes = ?ahead,
+            bound = ?bound,
+            "redlock client's wall clock is ahead of the nodes' clocks by more than the fencing \
+             clock bound: its fencing proposals are capped at the nodes' clock plus the bound \
+             (so they cannot drag the counters forward); fix this host's clock (NTP)"
+        );
+    }
+}
+
+/// Whether this is the first time `flag` is raised (a warning said once): a load, and a
+/// swap only while it is down.
+pub(crate) fn first_time(flag: &AtomicBool) -> bool {
+    !flag.load(Ordering::Relaxed) && !flag.swap(true, Ordering::Relaxed)
 }
 
 /// The proposal at wall-clock time `wall_us` for a client that has seen numbers up to
 /// `highest`.
 pub(crate) fn proposal(wall_us: u64, highest: u64) -> u64 {
     wall_us.max(highest.saturating_add(1))
+}
+
+/// The proposal at wall-clock time `wall_us` for a client that has seen numbers up to
+/// `highest`, with `cap` the nodes' clock plus the bound (`None`: no estimate yet): the
+/// wall clock, but never above the cap, and never below one above `highest`.
+pub(crate) fn capped_proposal(wall_us: u64, highest: u64, cap: Option<u64>) -> u64 {
+    proposal(cap.map_or(wall_us, |cap| wall_us.min(cap)), highest)
+}
+
+/// How far the wall clock `wall_us` is beyond `cap`, in µs, if it is.
+pub(crate) fn beyond_cap(wall_us: u64, cap: Option<u64>) -> Option<u64> {
+    cap.and_then(|cap| wall_us.checked_sub(cap))
+        .filter(|ahead| *ahead > 0)
+}
+
+/// A duration in whole microseconds, saturating.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// What one client knows of its nodes' clocks: for each node, the node's clock (`INFO
+/// server`'s `server_time_usec`) as of this client's monotonic `base`, estimated at the
+/// node's last handshake (the middle of the request); and the cap on proposals that
+/// follows, kept as of `base` too, so that a proposal reads it with one atomic load and
+/// one monotonic clock read. Anchored on the monotonic clock, the estimates follow real
+/// time whatever this host's wall clock does after the handshake (a step forward is
+/// caught too).
+#[derive(Debug)]
+pub(crate) struct NodeClocks {
+    base: Instant,
+    /// Per node: its clock in µs at `base` (0: no estimate).
+    at_base: Box<[AtomicU64]>,
+    quorum: usize,
+    bound_us: u64,
+    /// The cap at `base` (0: fewer than a quorum of estimates).
+    cap_at_base: AtomicU64,
+    /// Serializes the recomputations of the cap (handshakes only).
+    recompute: Mutex<()>,
+}
+
+impl NodeClocks {
+    /// No estimate yet, for `nodes` nodes, with proposals at most `bound` above the
+    /// clock a quorum of them is at or above.
+    pub(crate) fn new(nodes: usize, bound: Duration) -> Self {
+        Self {
+            base: Instant::now(),
+            at_base: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
+            quorum: crate::quorum::quorum(nodes),
+            bound_us: micros(bound),
+            cap_at_base: AtomicU64::new(0),
+            recompute: Mutex::new(()),
+        }
+    }
+
+    /// The node's clock as of `base`, for a node whose clock read `node_us` at `at`.
+    pub(crate) fn estimate(&self, node_us: u64, at: Instant) -> u64 {
+        node_us
+            .saturating_sub(micros(at.saturating_duration_since(self.base)))
+            .max(1)
+    }
+
+    /// Node `node`'s clock read `node_us` at `at` (on this client's monotonic clock).
+    pub(crate) fn record(&self, node: usize, node_us: u64, at: Instant) {
+        self.set(node, self.estimate(node_us, at));
+    }
+
+    /// Node `node`'s clock is `estimate` as of `base` (see [`estimate`](Self::estimate)).
+    pub(crate) fn set(&self, node: usize, estimate: u64) {
+        let _one = self
+            .recompute
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = self.at_base.get(node) {
+            slot.store(estimate, Ordering::Relaxed);
+        }
+        let mut known: Vec<u64> = self
+            .at_base
+            .iter()
+            .map(|e| e.load(Ordering::Relaxed))
+            .filter(|e| *e != 0)
+            .collect();
+        let cap = quorum_clock(&mut known, self.quorum)
+            .map_or(0, |clock| clock.saturating_add(self.bound_us).max(1));
+        self.cap_at_base.store(cap, Ordering::Relaxed);
+    }
+
+    /// The cap on proposals at `now`, once a quorum of nodes gave an estimate.
+    pub(crate) fn cap(&self, now: Instant) -> Option<u64> {
+        let at_base = self.cap_at_base.load(Ordering::Relaxed);
+        (at_base != 0)
+            .then(|| at_base.saturating_add(micros(now.saturating_duration_since(self.base))))
+    }
+}
+
+/// The clock that `quorum` of the nodes' `known` clock estimates are at or above (the
+/// `quorum`-th highest), if at least `quorum` are known: a minority of nodes whose clocks
+/// are far ahead cannot raise it.
+pub(crate) fn quorum_clock(known: &mut [u64], quorum: usize) -> Option<u64> {
+    let at = known.len().checked_sub(quorum.max(1))?;
+    known.sort_unstable();
+    known.get(at).copied()
 }
 
 /// What phase 1 learned across the nodes of one attempt: the nodes that granted and how
@@ -79,8 +243,10 @@ pub(crate) struct PhaseOne {
     accepted: usize,
     /// The nodes whose grant was counted: the counters are read there.
     granted: NodeMask,
-    /// The highest counter read after phase 1 (see [`read_counters`]).
+    /// The highest counter read after phase 1 (see [`read_counters`]), but those pinned.
     highest: Option<u64>,
+    /// A counter read was pinned at [`MAX_NUMBER`]: phase 2 resets it.
+    pinned: bool,
     /// The nodes that did not grant: phase 2 skips them.
     pub(crate) refused: NodeMask,
 }
@@ -103,6 +269,7 @@ impl PhaseOne {
             accepted: 0,
             granted: NodeMask::default(),
             highest: None,
+            pinned: false,
             refused: NodeMask::default(),
         }
     }
@@ -148,15 +315,22 @@ impl PhaseOne {
     }
 
     /// Takes a counter read after phase 1 on a node that granted (`None`: it has none).
-    /// A counter at [`MAX_NUMBER`] fails the node: no number above it can be recorded.
+    /// A counter at [`MAX_NUMBER`] (or above) is *pinned*: no number above it can be
+    /// recorded, so it does not count towards the number, and phase 2's script resets it
+    /// to the number (the only write that lowers a counter; see `docs/fencing.md`, "A
+    /// counter pinned at the maximum"). Never fails: the `Result` is the model check's
+    /// seam for a read that does.
     pub(crate) fn read(&mut self, counter: Option<u64>) -> Result<(), NodeError> {
-        if counter.is_some_and(|c| c >= MAX_NUMBER) {
-            return Err(NodeError::Protocol(
-                "the fencing counter is at its maximum (2^53) and cannot grow".into(),
-            ));
+        match counter {
+            Some(c) if c >= MAX_NUMBER => self.pinned = true,
+            _ => self.highest = self.highest.max(counter),
         }
-        self.highest = self.highest.max(counter);
         Ok(())
+    }
+
+    /// Whether a counter read was pinned at the maximum (phase 2 resets it).
+    pub(crate) fn pinned(&self) -> bool {
+        self.pinned
     }
 
     /// The highest counter read, if any.
@@ -171,7 +345,7 @@ impl PhaseOne {
         if self.accepted_by(quorum) {
             Number::Accepted(self.proposal)
         } else {
-            // `read` keeps every counter below MAX_NUMBER.
+            // `read` keeps every counter that counts below MAX_NUMBER.
             Number::Raise(
                 self.highest
                     .unwrap_or(0)
@@ -370,10 +544,115 @@ mod tests {
         assert!(p.read(Some(250)).is_ok());
         assert!(p.read(None).is_ok());
         assert_eq!(p.number(3), Number::Raise(251));
-        assert!(p.read(Some(MAX_NUMBER)).is_err());
+        assert!(!p.pinned());
         assert!(p.read(Some(MAX_NUMBER - 1)).is_ok());
         assert_eq!(p.number(3), Number::Raise(MAX_NUMBER));
         assert_eq!(p.highest(), Some(MAX_NUMBER - 1));
+    }
+
+    #[test]
+    fn a_pinned_counter_does_not_count_and_is_marked_for_the_reset() {
+        let mut p = PhaseOne::new(1_000);
+        p.granted(0, FenceRead::Refused);
+        p.granted(1, FenceRead::Refused);
+        assert!(p.read(Some(MAX_NUMBER)).is_ok());
+        assert!(p.pinned());
+        assert_eq!(p.highest(), None);
+        assert_eq!(p.number(2), Number::Raise(1_001));
+        assert!(p.read(Some(500)).is_ok());
+        assert!(p.read(Some(MAX_NUMBER + 1)).is_ok());
+        assert_eq!(p.highest(), Some(500));
+        assert_eq!(p.number(2), Number::Raise(1_001));
+        assert!(p.read(Some(2_000)).is_ok());
+        assert_eq!(p.number(2), Number::Raise(2_001));
+        let mut below = PhaseOne::new(1_000);
+        assert!(below.read(Some(MAX_NUMBER - 1)).is_ok());
+        assert!(!below.pinned());
+    }
+
+    #[test]
+    fn proposals_never_exceed_the_cap_nor_fall_below_what_was_seen() {
+        // No estimate: the wall clock, as before.
+        assert_eq!(capped_proposal(1_000, 0, None), 1_000);
+        assert_eq!(capped_proposal(1_000, 5_000, None), 5_001);
+        // A wall clock within the cap is the proposal.
+        assert_eq!(capped_proposal(1_000, 0, Some(1_000)), 1_000);
+        assert_eq!(capped_proposal(999, 0, Some(1_000)), 999);
+        // Beyond it, the cap is, unless the client saw higher numbers.
+        assert_eq!(capped_proposal(1_001, 0, Some(1_000)), 1_000);
+        assert_eq!(capped_proposal(u64::MAX, 10, Some(1_000)), 1_000);
+        assert_eq!(capped_proposal(5_000, 2_000, Some(1_000)), 2_001);
+        assert_eq!(capped_proposal(5_000, u64::MAX, Some(1_000)), u64::MAX);
+        assert_eq!(beyond_cap(1_000, None), None);
+        assert_eq!(beyond_cap(1_000, Some(1_000)), None);
+        assert_eq!(beyond_cap(999, Some(1_000)), None);
+        assert_eq!(beyond_cap(1_001, Some(1_000)), Some(1));
+        assert_eq!(beyond_cap(u64::MAX, Some(0)), Some(u64::MAX));
+    }
+
+    #[test]
+    fn the_cap_is_the_clock_a_quorum_of_nodes_is_at_or_above() {
+        assert_eq!(quorum_clock(&mut [], 1), None);
+        assert_eq!(quorum_clock(&mut [7], 1), Some(7));
+        assert_eq!(quorum_clock(&mut [7], 2), None);
+        assert_eq!(quorum_clock(&mut [30, 10, 20], 2), Some(20));
+        assert_eq!(quorum_clock(&mut [30, 10], 2), Some(10));
+        assert_eq!(quorum_clock(&mut [u64::MAX, 10, 20], 2), Some(20));
+        assert_eq!(quorum_clock(&mut [50, 40, 10, 30, 20], 3), Some(30));
+        assert_eq!(quorum_clock(&mut [50, 40, 10, 30], 3), Some(30));
+        assert_eq!(quorum_clock(&mut [50, 40, 10], 3), Some(10));
+        assert_eq!(quorum_clock(&mut [5, 6], 0), Some(6));
+    }
+
+    #[test]
+    fn node_clocks_give_a_cap_once_a_quorum_answered() {
+        let clocks = NodeClocks::new(3, Duration::from_millis(1));
+        let base = clocks.base;
+        assert_eq!(clocks.cap(base), None);
+        // Node 0's clock read 10 s at 2 s after base: 8 s at base.
+        let at = base + Duration::from_secs(2);
+        clocks.record(0, 10_000_000, at);
+        assert_eq!(clocks.cap(at), None, "one of three is no quorum");
+        clocks.record(2, 100_000_000, at);
+        // The lower of the two: 8 s at base, plus the bound, plus the time since base.
+        assert_eq!(clocks.cap(base), Some(8_001_000));
+        assert_eq!(clocks.cap(at), Some(10_001_000));
+        clocks.record(1, 9_000_000, base);
+        assert_eq!(clocks.cap(base), Some(9_001_000));
+        // A node estimated again replaces its estimate.
+        clocks.record(2, 1_000_000, base);
+        assert_eq!(clocks.cap(base), Some(8_001_000));
+        // Out of range: ignored.
+        clocks.set(7, 1);
+        assert_eq!(clocks.cap(base), Some(8_001_000));
+        // Saturating: a clock read before base, a bound of Duration::MAX.
+        assert_eq!(clocks.estimate(0, at), 1);
+        let unbounded = NodeClocks::new(1, Duration::MAX);
+        unbounded.record(0, 5, unbounded.base);
+        assert_eq!(unbounded.cap(unbounded.base), Some(u64::MAX));
+    }
+
+    #[test]
+    fn a_clock_ahead_of_the_cap_proposes_the_cap_and_warns_once() {
+        let nodes = Arc::new(NodeClocks::new(1, Duration::ZERO));
+        // The node's clock is an hour behind this host's.
+        let wall = micros(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default(),
+        );
+        nodes.record(0, wall - 3_600_000_000, Instant::now());
+        let clock = Clock::new(Arc::clone(&nodes));
+        assert!(clock.bounded());
+        let p = clock.propose();
+        let cap = nodes.cap(Instant::now()).unwrap_or(0);
+        assert!(p <= cap && p + 60_000_000 > cap, "{p} is the cap {cap}");
+        assert!(clock.warned.load(Ordering::Relaxed));
+        // The decision: once.
+        let flag = AtomicBool::new(false);
+        assert!(first_time(&flag));
+        assert!(!first_time(&flag));
+        assert!(!first_time(&flag));
     }
 
     #[test]
@@ -381,7 +660,8 @@ mod tests {
         assert_eq!(proposal(1_000, 0), 1_000);
         assert_eq!(proposal(1_000, 5_000), 5_001);
         assert_eq!(proposal(0, u64::MAX), u64::MAX);
-        let clock = Clock::default();
+        let clock = Clock::new(Arc::new(NodeClocks::new(1, Duration::from_secs(1))));
+        assert!(!clock.bounded());
         let first = clock.propose();
         clock.saw(first.saturating_add(1_000_000_000));
         assert!(clock.propose() > first.saturating_add(1_000_000_000));

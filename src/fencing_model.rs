@@ -24,7 +24,8 @@
 //! late `ZADD` could only raise a counter, and a late renewal runs at once, no later than
 //! it would have).
 //!
-//! The clients decide with the crate's own code: the proposal ([`proposal`]), each reply's
+//! The clients decide with the crate's own code: the proposal ([`capped_proposal`], the
+//! nodes' clocks being real time), each reply's
 //! parsing ([`parse_acquire`] of the pipeline's answer, built as a node sends it) and what
 //! it counts for ([`PhaseOne::take`]), the quorums ([`Votes`]), whether to read
 //! ([`PhaseOne::needs_read`]), the counters read ([`PhaseOne::read`]), the number
@@ -59,7 +60,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::{Number, PhaseOne, accepts, proposal};
+use super::{Number, PhaseOne, accepts, capped_proposal};
 use crate::error::NodeError;
 use crate::node::{due_after, mark_of, renewal_interval, set_expiry_ms};
 use crate::quorum::{Outcome, quorum, validity};
@@ -508,6 +509,20 @@ impl Model {
         real.saturating_add_signed(skew)
     }
 
+    /// A client's proposal at `tick`: its clock, capped by the nodes' clocks (real time)
+    /// plus a bound as wide as the scope's skew.
+    fn propose(&self, tick: u16, client: Client) -> u64 {
+        let bound = self
+            .scope
+            .skews
+            .iter()
+            .map(|k| k.unsigned_abs())
+            .max()
+            .unwrap_or(0);
+        let cap = self.clock(tick, 0).saturating_add(bound);
+        capped_proposal(self.clock(tick, client.skew), client.highest, Some(cap))
+    }
+
     /// The set's expiry a renewal gives, in ticks.
     fn set_expiry(&self) -> u16 {
         let retention = Duration::from_secs(u64::from(self.scope.retention));
@@ -686,7 +701,7 @@ impl Model {
                 let node = &st.nodes[i];
                 if st.tick >= node.quarantined_until {
                     let client = st.clients[c];
-                    let p = proposal(self.clock(st.tick, client.skew), client.highest);
+                    let p = self.propose(st.tick, client);
                     st.clients[c].highest = p;
                     let counter = st.nodes[i].counter;
                     st.nodes[i].counter = (self.rules.zadd)(counter, p).0;
@@ -713,7 +728,7 @@ impl Model {
 
     fn start(&self, st: &mut State, c: usize) {
         let client = st.clients[c];
-        let p = proposal(self.clock(st.tick, client.skew), client.highest);
+        let p = self.propose(st.tick, client);
         let a = st.attempts.len();
         st.attempts.push(Attempt {
             client: u8::try_from(c).unwrap_or(0),

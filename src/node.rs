@@ -136,6 +136,10 @@ pub(crate) struct NodeSettings {
     /// The longest a connection goes between two renewals of a set of counters (a
     /// quarter of the fencing retention; see `renewals`).
     pub(crate) renew_every: Duration,
+    /// The client's estimates of its nodes' clocks: each handshake gives its node's.
+    pub(crate) clocks: Arc<crate::fencing::NodeClocks>,
+    /// Whether a node that may evict keys is taken (with a warning) rather than refused.
+    pub(crate) allow_eviction: bool,
 }
 
 /// The node that counts for a server: its index and label.
@@ -440,6 +444,8 @@ mod tests {
             servers: Arc::default(),
             counter_sets: 1,
             renew_every: Duration::from_secs(3600),
+            clocks: Arc::new(crate::fencing::NodeClocks::new(1, Duration::from_secs(1))),
+            allow_eviction: false,
         };
         let node = Node::new(0, "n".into(), Connector::Direct(Box::new(client)), settings);
         let before = Instant::now();

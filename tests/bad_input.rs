@@ -139,6 +139,18 @@ async fn bad_inputs_give_the_documented_errors() {
         "`fencing_retention(1 s)` with a 60 s TTL",
         built(b().fencing_retention(Duration::from_secs(1)).build()),
     );
+    row(
+        "`ttl(3 h)` with fencing on and no `fencing_retention`",
+        built(b().ttl(Duration::from_secs(3 * 3600)).build()),
+    );
+    row(
+        "`ttl(3 h)` with `fencing(false)`",
+        built(
+            b().ttl(Duration::from_secs(3 * 3600))
+                .fencing(false)
+                .build(),
+        ),
+    );
 
     // Names and per-call settings.
     let redlock = node_builder(urls.clone()).build().expect("build");
@@ -191,6 +203,24 @@ async fn bad_inputs_give_the_documented_errors() {
         row(
             "a node out of memory (`maxmemory` reached, `noeviction`)",
             locked(&full.try_lock("oom").await),
+        );
+    }
+    {
+        let one = Cluster::start(1);
+        ports.push(one.nodes[0].port());
+        for (setting, value) in [("maxmemory", "100mb"), ("maxmemory-policy", "volatile-lru")] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(setting)
+                .arg(value)
+                .query_async(&mut one.raw(0).await)
+                .await
+                .expect("CONFIG SET");
+        }
+        let evicting = node_builder(one.urls()).build().expect("build");
+        row(
+            "a node that may evict keys (`maxmemory 100mb`, `volatile-lru`)",
+            locked(&evicting.try_lock("evicting").await),
         );
     }
     {

@@ -3,24 +3,75 @@
 mod support;
 
 use support::{CapturedLogs, RedisNode};
+use tower_redlock::{LockError, NodeError};
 
-/// A node whose `maxmemory-policy` evicts keys gets one warning that names the policy and
-/// the fix, however often the client connects; a `noeviction` node gets none.
+/// A node with a memory limit and a policy that evicts keys is refused by default, with
+/// the typed error in the no-quorum error (and a message that says what to set); with
+/// `allow_eviction(true)` it is used, with one warning per client that names the policy
+/// and the fix; a node without a memory limit evicts nothing and is used without a word,
+/// whatever its policy.
 #[tokio::test]
-async fn a_node_that_may_evict_keys_is_warned_about_once() {
+async fn a_node_that_may_evict_keys_is_refused_unless_allowed() {
     let evicting = RedisNode::start_with_args(
         None,
-        vec!["--maxmemory-policy".into(), "volatile-lru".into()],
+        ["--maxmemory", "100mb", "--maxmemory-policy", "volatile-lru"]
+            .map(String::from)
+            .to_vec(),
+    );
+    let unlimited = RedisNode::start_with_args(
+        None,
+        vec!["--maxmemory-policy".into(), "allkeys-lru".into()],
     );
     let safe = [RedisNode::start(), RedisNode::start()];
     let logs = CapturedLogs::start();
-    let redlock = support::builder([evicting.url(), safe[0].url(), safe[1].url()])
+
+    let refused = support::builder([evicting.url()])
+        .max_attempts(1)
         .build()
         .expect("build");
-    support::warm(&redlock).await;
-    // A second client: its own connections, its own warning.
-    let again = support::builder([evicting.url()]).build().expect("build");
+    let error = refused.lock("evicting").await.expect_err("refused");
+    let LockError::NoQuorum { failures, .. } = &error else {
+        panic!("not a no-quorum error: {error:?}");
+    };
+    assert!(
+        failures.iter().any(|f| f.node == evicting.addr()
+            && f.error
+                == NodeError::Evicting {
+                    policy: "volatile-lru".into()
+                }),
+        "{error:?}"
+    );
+    let message = failures[0].to_string();
+    assert!(message.contains("maxmemory-policy noeviction"), "{message}");
+    assert!(message.contains("allow_eviction"), "{message}");
+
+    // A quorum without it still locks; the refused node is listed nowhere else.
+    let three = support::builder([evicting.url(), safe[0].url(), safe[1].url()])
+        .build()
+        .expect("build");
+    support::warm(&three).await;
+
+    let allowed = support::builder([evicting.url(), safe[0].url(), safe[1].url()])
+        .allow_eviction(true)
+        .build()
+        .expect("build");
+    support::warm(&allowed).await;
+    let lock = allowed.lock("evicting").await.expect("lock");
+    assert_eq!(
+        allowed.unlock(&lock).await.released(),
+        3,
+        "every node took it"
+    );
+    // Another client: its own connections, its own warning.
+    let again = support::builder([evicting.url()])
+        .allow_eviction(true)
+        .build()
+        .expect("build");
     support::warm(&again).await;
+
+    let no_limit = support::builder([unlimited.url()]).build().expect("build");
+    support::warm(&no_limit).await;
+
     let text = logs.text();
     let warnings: Vec<&str> = text
         .lines()
@@ -29,13 +80,19 @@ async fn a_node_that_may_evict_keys_is_warned_about_once() {
     assert_eq!(
         warnings.len(),
         2,
-        "one per client and evicting node: {text}"
+        "one per allowing client and evicting node: {text}"
     );
     for line in warnings {
         assert!(line.contains(&evicting.addr()), "{line}");
         assert!(line.contains("volatile-lru"), "{line}");
         assert!(line.contains("set maxmemory-policy noeviction"), "{line}");
     }
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.contains(&unlimited.addr()) && l.contains("evict")),
+        "a node without a memory limit evicts nothing: {text}"
+    );
 }
 
 /// Nodes given as `redis::ConnectionInfo`s with TCP settings (keep-alive, linger, user

@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use redis::Value;
 
 use super::Redlock;
@@ -293,6 +295,15 @@ impl Redlock {
             }
             let at = CounterAt::of(resource);
             fencing::read_counters(&self.inner.nodes, at, phase_one, deadline()).await?;
+            if phase_one.pinned() {
+                tracing::error!(
+                    "redlock fencing counter at its maximum (2^53) on a node: this acquisition \
+                     resets it to its own number in phase 2, a deliberate loss of that counter \
+                     (a number that high can only come from a hand-written counter or a client \
+                     with an unbounded clock); a store that saw such a number refuses the new \
+                     ones until it is reset too"
+                );
+            }
             if let Some(highest) = phase_one.highest() {
                 self.inner.clock.saw(highest);
             }
@@ -333,6 +344,39 @@ impl Redlock {
         Ok(token)
     }
 
+    /// The fencing proposal of an attempt (0 without fencing). Until a quorum of nodes gave
+    /// an estimate of their clocks, the client's first acquisitions first wait for the
+    /// connects under way (until that quorum, by `deadline`), so that the first proposals
+    /// are capped by the nodes' clocks too; once one waited, the others do not (nodes
+    /// that give no estimate cost no wait per acquisition).
+    async fn propose(&self, deadline: Instant) -> u64 {
+        if !self.fencing {
+            return 0;
+        }
+        let clock = &self.inner.clock;
+        if !clock.bounded() && !clock.waited() {
+            // Cut short: the proposal is the wall clock, as without an estimate.
+            let _ = tokio::time::timeout_at(deadline.into(), self.settle_clocks()).await;
+            clock.waited_once();
+        }
+        // Below the largest number a counter holds exactly, so that one above the
+        // proposal still is one (a counter at that largest number is pinned: see
+        // `PhaseOne::read`).
+        clock.propose().min(MAX_NUMBER - 1)
+    }
+
+    /// Waits for the nodes' connects under way until a quorum of them gave an estimate of
+    /// their clocks, or every connect is over.
+    async fn settle_clocks(&self) {
+        let mut settling: FuturesUnordered<_> =
+            self.inner.nodes.iter().map(|node| node.settle()).collect();
+        while settling.next().await.is_some() {
+            if self.inner.clock.bounded() {
+                return;
+            }
+        }
+    }
+
     /// Step 2: `SET NX PX` on every node at once (with fencing on, followed by the
     /// proposal's `ZADD GT CH` on the name's counter, and the set's renewal, which each
     /// node sends only when due on its connection),
@@ -347,13 +391,7 @@ impl Redlock {
     ) -> (Round, Votes, SetReplies) {
         let resource = &target.resource;
         let ttl_ms = super::ttl_ms(ttl);
-        let proposal = if self.fencing {
-            // Below the largest number a counter holds exactly, so that one above the
-            // proposal still is one (a counter at that largest number fails the read).
-            self.inner.clock.propose().min(MAX_NUMBER - 1)
-        } else {
-            0
-        };
+        let proposal = self.propose(deadline).await;
         let args = [Arg::Bytes(value.as_bytes()), Arg::Int(ttl_ms)];
         let request = if self.fencing {
             Request::FencedSetNx {

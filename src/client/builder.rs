@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use super::node_config::NodeConfig;
 use crate::defaults::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION, DEFAULT_FENCING,
-    DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT,
-    DEFAULT_RECONNECT_AFTER_TIMEOUTS, DEFAULT_RESTART_QUARANTINE, DEFAULT_RETRY_DELAY,
-    DEFAULT_RETRY_JITTER, DEFAULT_TTL,
+    DEFAULT_ALLOW_EVICTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION,
+    DEFAULT_FENCING, DEFAULT_FENCING_CLOCK_BOUND, DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_NODE_TIMEOUT, DEFAULT_RECONNECT_AFTER_TIMEOUTS, DEFAULT_RESTART_QUARANTINE,
+    DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL,
 };
 
 /// Builds a [`Redlock`](crate::Redlock); see [`Redlock::builder`](crate::Redlock::builder). Every setting has a documented default;
@@ -44,6 +44,8 @@ pub struct RedlockBuilder {
     pub(super) max_extensions: Option<u32>,
     pub(super) fencing: bool,
     pub(super) fencing_retention: Option<Duration>,
+    pub(super) fencing_clock_bound: Duration,
+    pub(super) allow_eviction: bool,
     pub(super) restart_quarantine: bool,
     pub(super) log_names: bool,
     #[cfg(feature = "tls-rustls")]
@@ -75,6 +77,8 @@ impl RedlockBuilder {
             max_extensions: None,
             fencing: DEFAULT_FENCING,
             fencing_retention: None,
+            fencing_clock_bound: DEFAULT_FENCING_CLOCK_BOUND,
+            allow_eviction: DEFAULT_ALLOW_EVICTION,
             restart_quarantine: DEFAULT_RESTART_QUARANTINE,
             log_names: false,
             #[cfg(feature = "tls-rustls")]
@@ -376,8 +380,13 @@ impl RedlockBuilder {
     }
 
     /// How long the fencing counters live on after the last fenced acquisition on a node
-    /// (default: [`DEFAULT_FENCING_RETENTION`](crate::defaults::DEFAULT_FENCING_RETENTION), 24 hours, or 100 times the TTL if that is
-    /// longer). At least [`MIN_RETENTION_TO_TTL_RATIO`](crate::defaults::MIN_RETENTION_TO_TTL_RATIO) times the TTL of every fenced lock.
+    /// (default: [`DEFAULT_FENCING_RETENTION`](crate::defaults::DEFAULT_FENCING_RETENTION),
+    /// 24 hours, whatever the TTL, so that every client of the same nodes keeps the same
+    /// retention unless told otherwise). At least
+    /// [`MIN_RETENTION_TO_TTL_RATIO`](crate::defaults::MIN_RETENTION_TO_TTL_RATIO) times
+    /// the TTL of every fenced lock: a fenced client whose TTL is longer than a tenth of
+    /// the default (2.4 hours) must set the retention itself, or `build` fails with
+    /// [`ConfigError::FencingRetentionNeeded`](crate::ConfigError::FencingRetentionNeeded).
     ///
     /// A name's counter is shared with the names of its hash slot, so a node holds at most
     /// 16,384 counters per key prefix (about 1.6 MB) whatever the names; they sit in one
@@ -405,10 +414,81 @@ impl RedlockBuilder {
     /// // Under 10 times the (default, 10 s) TTL:
     /// let short = Redlock::builder(nodes).fencing_retention(Duration::from_secs(60)).build();
     /// assert!(matches!(short, Err(ConfigError::FencingRetentionTooShort { .. })));
+    /// // A 3-hour TTL needs at least 30 hours: the default (24 h) is not taken silently.
+    /// let long = Redlock::builder(nodes).ttl(Duration::from_secs(3 * 3600)).build();
+    /// assert!(matches!(long, Err(ConfigError::FencingRetentionNeeded { .. })));
     /// # Ok(()) }
     /// ```
     pub fn fencing_retention(mut self, retention: Duration) -> Self {
         self.fencing_retention = Some(retention);
+        self
+    }
+
+    /// How far above the nodes' own clocks a fencing proposal may go
+    /// ([`DEFAULT_FENCING_CLOCK_BOUND`]: 1 s).
+    ///
+    /// A fenced acquisition proposes its number from this client's wall clock (see
+    /// [`crate::fencing`]); a client whose clock is far ahead would drag every counter it
+    /// touches forward, and every other client would then pay phase 2 until real time
+    /// caught up. So each node's handshake also reads the node's clock (`INFO server`'s
+    /// `server_time_usec`, Redis 5 and later, Valkey) and the client keeps an estimate
+    /// of it; a proposal is never above the clock a quorum of nodes is at or above, plus
+    /// this bound. A client whose wall clock is beyond that proposes the cap instead and
+    /// logs a warning once (fix its clock: NTP). Until a quorum of nodes has given an
+    /// estimate (the first acquisition waits for the connects under way; nodes that
+    /// refuse `INFO`, or a Redis Cluster with the restart quarantine off, give none),
+    /// proposals are the wall clock as before.
+    ///
+    /// The bound also absorbs the estimate's error (at most half a handshake's round
+    /// trip) and how far the nodes' clocks are from one another; a bound of a few
+    /// milliseconds or less makes clients in sync with the nodes propose the cap and warn.
+    /// Zero is allowed (proposals at most the nodes' clock); `Duration::MAX` turns the
+    /// cap off.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Clients and nodes in sync by NTP to a few ms: numbers at most 100 ms ahead.
+    /// let redlock = Redlock::builder(nodes)
+    ///     .fencing_clock_bound(Duration::from_millis(100))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fencing_clock_bound(mut self, bound: Duration) -> Self {
+        self.fencing_clock_bound = bound;
+        self
+    }
+
+    /// Whether a node that may evict keys is used anyway, with a warning
+    /// ([`DEFAULT_ALLOW_EVICTION`]: off, it is refused).
+    ///
+    /// A node with a memory limit (`maxmemory` not 0) and a `maxmemory-policy` other than
+    /// `noeviction` may evict keys under memory pressure, and every key of ours has a TTL,
+    /// so the `volatile-*` policies evict them too: an evicted lock key lets a second
+    /// client take a lock that is still held, and an evicted fencing counter lets the
+    /// numbers go back at once (its only protection is then the clients' clocks, with no
+    /// margin). Such a node is refused at connect with
+    /// [`NodeError::Evicting`](crate::NodeError::Evicting) (an acquisition that cannot
+    /// get a quorum without it fails with a no-quorum error that shows it), and connects
+    /// again after a backoff, so that a fix of its configuration is picked up. A node
+    /// without a memory limit (the default) evicts nothing, whatever its policy. With this
+    /// on, such a node is used, and the client warns once per node, as before this
+    /// setting existed.
+    ///
+    /// ```
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // A shared cache with `allkeys-lru`, accepted knowingly for best-effort locks.
+    /// let redlock = Redlock::builder(nodes).allow_eviction(true).build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
         self
     }
 

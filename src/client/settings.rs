@@ -19,7 +19,7 @@ use crate::defaults::{
     DEFAULT_FENCING_RETENTION, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO,
 };
 use crate::error::ConfigError;
-use crate::fencing::Clock;
+use crate::fencing::{Clock, NodeClocks};
 use crate::keepalive_inbox::{Guards, KeepAlive};
 use crate::name::{CounterSets, prefix_keeps_tags};
 use crate::node::{Node, NodeSettings, renewal_interval, set_expiry_ms};
@@ -62,7 +62,14 @@ impl RedlockBuilder {
                 // A node refuses an expiry past the largest time it can represent.
                 retention.min(LONGEST_RETENTION)
             }
-            None => DEFAULT_FENCING_RETENTION.max(self.ttl.saturating_mul(100)),
+            // One default for every client, never stretched by a long TTL.
+            None => {
+                if self.fencing {
+                    check_retention(DEFAULT_FENCING_RETENTION, self.ttl)
+                        .map_err(|_| ConfigError::FencingRetentionNeeded { ttl: self.ttl })?;
+                }
+                DEFAULT_FENCING_RETENTION
+            }
         };
         if !prefix_keeps_tags(&self.key_prefix) {
             return Err(ConfigError::KeyPrefixBrace {
@@ -95,6 +102,8 @@ impl RedlockBuilder {
             servers: Arc::default(),
             counter_sets: counter_sets.count(),
             renew_every: renewal_interval(fencing_retention),
+            clocks: Arc::new(NodeClocks::new(self.nodes.len(), self.fencing_clock_bound)),
+            allow_eviction: self.allow_eviction,
         };
         let nodes = self.nodes(&node_settings)?;
         let n = nodes.len();
@@ -119,7 +128,7 @@ impl RedlockBuilder {
             fencing: self.fencing,
             fencing_retention,
             counter_sets,
-            clock: Clock::default(),
+            clock: Clock::new(node_settings.clocks),
             counters_expiry_ms: set_expiry_ms(fencing_retention),
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),

@@ -10,7 +10,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::defaults::{MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO};
+use crate::defaults::{
+    DEFAULT_FENCING_RETENTION, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO,
+};
 
 /// A configuration the builder refuses; returned by [`RedlockBuilder::build`](crate::RedlockBuilder::build)
 /// and, for per-call TTL overrides, inside [`LockError::Config`](crate::LockError::Config).
@@ -108,6 +110,19 @@ pub enum ConfigError {
         /// The TTL it was checked against.
         ttl: Duration,
     },
+    /// The client is fenced and its TTL is longer than the default fencing retention
+    /// ([`DEFAULT_FENCING_RETENTION`](crate::defaults::DEFAULT_FENCING_RETENTION), 24 h)
+    /// allows (at least
+    /// [`MIN_RETENTION_TO_TTL_RATIO`](crate::defaults::MIN_RETENTION_TO_TTL_RATIO) times
+    /// the TTL): set
+    /// [`fencing_retention`](crate::RedlockBuilder::fencing_retention) explicitly (and
+    /// give every client of the same nodes and key prefix that retention), or lower the
+    /// TTL. The default is not stretched silently, so that clients with different TTLs do
+    /// not end up with different retentions.
+    FencingRetentionNeeded {
+        /// The TTL.
+        ttl: Duration,
+    },
     /// The key prefix has a `{` that does not open a non-empty `{...}` within the prefix,
     /// so a lock key and its fencing counter could land in different hash slots: remove
     /// it, or close it (such as `"{app}:lock:"`).
@@ -166,10 +181,25 @@ impl fmt::Display for ConfigError {
             ),
             Self::ZeroAttempts => f.write_str("max_attempts is zero"),
             Self::ZeroConnectTimeout => f.write_str("the connect timeout is zero"),
+            _ => self.fmt_rest(f),
+        }
+    }
+}
+
+impl ConfigError {
+    /// [`Display`](fmt::Display) of the variants from the fencing retention on.
+    fn fmt_rest(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Self::FencingRetentionTooShort { retention, ttl } => write!(
                 f,
                 "the fencing retention {retention:?} is shorter than \
-                 {MIN_RETENTION_TO_TTL_RATIO} times the TTL {ttl:?}"
+                     {MIN_RETENTION_TO_TTL_RATIO} times the TTL {ttl:?}"
+            ),
+            Self::FencingRetentionNeeded { ttl } => write!(
+                f,
+                "the TTL {ttl:?} needs a fencing retention of at least {MIN_RETENTION_TO_TTL_RATIO} \
+                     times it, more than the default {DEFAULT_FENCING_RETENTION:?}: set \
+                     fencing_retention explicitly (the same for every client of these nodes)"
             ),
             Self::KeyPrefixBrace { prefix } => write!(
                 f,
@@ -178,6 +208,8 @@ impl fmt::Display for ConfigError {
             Self::ExtendFractionOutOfRange { fraction } => {
                 write!(f, "the extension fraction {fraction} is outside (0, 1)")
             }
+            // Every other variant is written by `fmt`.
+            other => write!(f, "{other:?}"),
         }
     }
 }

@@ -74,6 +74,17 @@ pub enum NodeError {
         /// The node (`host:port`) that counts for the server.
         node: String,
     },
+    /// The server may evict keys: it has a memory limit (`maxmemory`) and a
+    /// `maxmemory-policy` other than `noeviction` (`policy`), so it is refused, and
+    /// connects again after a backoff. An evicted lock key lets a second client take a
+    /// lock that is still held, and an evicted fencing counter lets fencing numbers go
+    /// back. Set `maxmemory-policy noeviction` on lock nodes (or remove the limit), or
+    /// accept the risk with
+    /// [`RedlockBuilder::allow_eviction`](crate::RedlockBuilder::allow_eviction).
+    Evicting {
+        /// The server's `maxmemory-policy`.
+        policy: String,
+    },
 }
 
 impl NodeError {
@@ -106,6 +117,12 @@ impl fmt::Display for NodeError {
             Self::SameServer { node } => {
                 write!(f, "the same Redis server as node {node} (equal run_id)")
             }
+            Self::Evicting { policy } => write!(
+                f,
+                "the server may evict lock keys and fencing counters (maxmemory-policy \
+                 {policy} with a maxmemory limit): set maxmemory-policy noeviction on lock \
+                 nodes, or opt in with RedlockBuilder::allow_eviction(true)"
+            ),
             Self::LockLost => {
                 f.write_str("the lock key vanished before its fencing number was recorded")
             }

@@ -222,6 +222,9 @@ struct Seen {
     landed: Landed,
     /// How long it has been a master at least (its promotion marker).
     master_for: Duration,
+    /// Its clock as of the client's base (see `fencing::NodeClocks`), if `INFO server`
+    /// told.
+    clock: Option<u64>,
 }
 
 impl Node {
@@ -318,6 +321,10 @@ impl Node {
             }
         };
         let seen = join_all(masters.iter().map(|m| self.see(conn.clone(), m))).await;
+        // The cluster node's clock: its slowest shard's (a lower cap is the safe side).
+        if let Some(clock) = seen.iter().flatten().filter_map(|s| s.clock).min() {
+            self.settings.clocks.set(self.index, clock);
+        }
         let max_ttl = self.max_ttl();
         let mut judged = Vec::new();
         {
@@ -368,7 +375,9 @@ impl Node {
             .cmd("INFO")
             .arg("replication");
         add_probe(&mut pipe);
+        let sent = std::time::Instant::now();
         let replies = conn.route_pipeline(pipe, 0, 2 + PROBE, route()).await;
+        let clock_at = sent + sent.elapsed() / 2;
         let replies = match replies {
             Ok(r) => r,
             Err(e) => {
@@ -396,10 +405,14 @@ impl Node {
         } else {
             Duration::ZERO
         };
+        let clock = info
+            .time_us
+            .map(|us| self.settings.clocks.estimate(us, clock_at));
         Some(Seen {
             info,
             landed,
             master_for,
+            clock,
         })
     }
 }

@@ -32,6 +32,12 @@ pub(super) struct Opened {
     info: ServerInfo,
     /// How long the server has been a master at least (see [`Node::master_for`]).
     master_for: Duration,
+    /// When, on this client's monotonic clock, the server read its clock for `INFO
+    /// server` (the middle of the handshake's request).
+    clock_at: Instant,
+    /// The server's eviction policy, if it may evict keys (see [`evicting_policy`]) and
+    /// the client does not allow it.
+    evicting: Option<String>,
 }
 
 impl Node {
@@ -97,6 +103,8 @@ impl Node {
                     conn: Conn::Cluster(conn),
                     info: ServerInfo::default(),
                     master_for: Duration::ZERO,
+                    clock_at: Instant::now(),
+                    evicting: None,
                 });
             }
             Connector::Direct(client) => (**client).clone(),
@@ -120,9 +128,9 @@ impl Node {
             Ok(Err(e)) => return Err(self.connect_failed(e, tls)),
             Err(_) => return Err(self.connect_timed_out(tls)),
         };
-        match &opened.info.role {
-            Role::Other(role) => Err(NodeError::NotMaster { role: role.clone() }),
-            Role::Master | Role::Unknown => Ok(opened),
+        match refusal(&opened) {
+            Some(refused) => Err(refused),
+            None => Ok(opened),
         }
     }
 
@@ -130,36 +138,12 @@ impl Node {
     /// replication` and `INFO memory` and loads the scripts; then, for a promoted master,
     /// reads how long it has been one ([`master_for`](Self::master_for)).
     async fn handshake(&self, client: &Client) -> redis::RedisResult<Opened> {
-        let mut conn = match wire::plain_tcp(client) {
-            Some((host, port, tcp)) => {
-                let wire = wire::Wire::connect(host, port, tcp).await?;
-                wire::handshake(&wire, client.get_connection_info().redis_settings()).await?;
-                Conn::Own(wire)
-            }
-            None => {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.settings.connect_timeout))
-                    .set_response_timeout(None);
-                Conn::Single(
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await?,
-                )
-            }
-        };
-        // `INFO server` and `INFO replication` feed the restart quarantine (see the
-        // `identity` module), the role check and the same-server check; a user that may
-        // not run them can still lock with the quarantine off. `INFO memory` tells the
-        // eviction policy (see `warn_if_evicting`); a server that refuses it is simply not
-        // checked.
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors().cmd("INFO").arg("server");
-        pipe.cmd("INFO").arg("replication");
-        pipe.cmd("INFO").arg("memory");
-        for s in scripts::all() {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
-        }
-        let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut conn).await?;
+        let mut conn = self.connect_to(client).await?;
+        let sent = Instant::now();
+        let replies: Vec<redis::RedisResult<Value>> =
+            handshake_pipe().query_async(&mut conn).await?;
+        // The server read its clock for `INFO server` between the two.
+        let clock_at = sent + sent.elapsed() / 2;
         let mut replies = replies.into_iter();
         let server = replies.next().unwrap_or(Ok(Value::Nil));
         let replication = replies.next().and_then(Result::ok);
@@ -167,9 +151,9 @@ impl Node {
         if let Some(failed) = replies.find_map(Result::err) {
             return Err(failed); // a script could not be loaded
         }
-        if let Some(memory) = memory.and_then(|v| redis::from_redis_value::<String>(v).ok()) {
-            self.warn_if_evicting(&memory);
-        }
+        let evicting = memory
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .and_then(|memory| self.refuses_eviction(&memory));
         let server = match server {
             Ok(v) => redis::from_redis_value_ref::<String>(&v)?,
             Err(e) if self.settings.quarantine => return Err(e),
@@ -187,6 +171,30 @@ impl Node {
             conn,
             info,
             master_for,
+            clock_at,
+            evicting,
+        })
+    }
+
+    /// The connection to the server behind `client`: our own for plain TCP, redis-rs's
+    /// otherwise.
+    async fn connect_to(&self, client: &Client) -> redis::RedisResult<Conn> {
+        Ok(match wire::plain_tcp(client) {
+            Some((host, port, tcp)) => {
+                let wire = wire::Wire::connect(host, port, tcp).await?;
+                wire::handshake(&wire, client.get_connection_info().redis_settings()).await?;
+                Conn::Own(wire)
+            }
+            None => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.settings.connect_timeout))
+                    .set_response_timeout(None);
+                Conn::Single(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                )
+            }
         })
     }
 
@@ -232,34 +240,30 @@ impl Node {
         NodeError::from(e)
     }
 
-    /// Warns, once per node, when `INFO memory` shows a policy that evicts keys: lock keys
-    /// and fencing counters must stay until they expire. An evicted lock key lets a second
-    /// client take a lock that is still held; an evicted counter leaves the next fencing
-    /// number to a client's clock alone, which may be behind the lost one. Only
-    /// `noeviction` is safe: the `volatile-*` policies evict keys with a TTL, which is
-    /// every key of ours.
-    fn warn_if_evicting(&self, memory: &str) {
-        let policy = memory
-            .lines()
-            .find_map(|l| l.trim_end().strip_prefix("maxmemory_policy:"));
-        let Some(policy) = policy.filter(|p| *p != "noeviction") else {
-            return;
-        };
-        if self.eviction_warned.swap(true, Ordering::Relaxed) {
-            return;
+    /// What `INFO memory` (`memory`) says of eviction: `Some(policy)` when the server may
+    /// evict keys ([`evicting_policy`]) and the client does not allow it (the connect is
+    /// then refused with [`NodeError::Evicting`]); with
+    /// [`allow_eviction`](crate::RedlockBuilder::allow_eviction), a warning instead, once
+    /// per node.
+    fn refuses_eviction(&self, memory: &str) -> Option<String> {
+        let policy = evicting_policy(memory)?;
+        if !self.settings.allow_eviction {
+            return Some(policy.to_owned());
         }
-        let maxmemory = memory
-            .lines()
-            .find_map(|l| l.trim_end().strip_prefix("maxmemory:"))
-            .unwrap_or("?");
+        if self.eviction_warned.swap(true, Ordering::Relaxed) {
+            return None;
+        }
+        let maxmemory = info_field(memory, "maxmemory").unwrap_or("?");
         tracing::warn!(
             node = %self.label,
             policy,
             maxmemory,
-            "redlock node may evict keys (maxmemory-policy is not noeviction): an evicted lock \
-             key lets another client take a held lock, and an evicted fencing counter lets \
-             fencing numbers go back; set maxmemory-policy noeviction on lock nodes"
+            "redlock node may evict keys (maxmemory-policy is not noeviction, and allow_eviction \
+             is on): an evicted lock key lets another client take a held lock, and an evicted \
+             fencing counter lets fencing numbers go back; set maxmemory-policy noeviction on \
+             lock nodes"
         );
+        None
     }
 
     /// The error of a connect that got no answer in time (over TLS if `tls`). A plain
@@ -352,7 +356,12 @@ impl Node {
             conn,
             info,
             master_for,
+            clock_at,
+            evicting: _,
         } = opened;
+        if let Some(time_us) = info.time_us {
+            self.settings.clocks.record(self.index, time_us, clock_at);
+        }
         tracing::debug!(
             node = %self.label,
             version = %info.version,
@@ -408,6 +417,12 @@ impl Node {
         self.changed.notify_waiters();
     }
 
+    /// Waits for a connect in progress (starting one if the node is idle, or down with
+    /// its backoff run out); at once when the node is connected, or down.
+    pub(crate) async fn settle(self: &Arc<Self>) {
+        let _ = self.connection(false).await;
+    }
+
     /// The current connection, waiting for a connect in progress. Fails at once while the
     /// node is down and its backoff has not run out, and, when `acquiring`, while it is
     /// quarantined.
@@ -455,6 +470,56 @@ impl Drop for Unfinished<'_> {
     }
 }
 
+/// Why a server just `opened` may not be a lock node, if it may not: it evicts keys (and
+/// the client does not allow it), or it is not a master.
+fn refusal(opened: &Opened) -> Option<NodeError> {
+    if let Some(policy) = &opened.evicting {
+        return Some(NodeError::Evicting {
+            policy: policy.clone(),
+        });
+    }
+    match &opened.info.role {
+        Role::Other(role) => Some(NodeError::NotMaster { role: role.clone() }),
+        Role::Master | Role::Unknown => None,
+    }
+}
+
+/// The commands of a handshake, in one pipeline: `INFO server` and `INFO replication`
+/// feed the restart quarantine (see the `identity` module), the role check, the
+/// same-server check and the node's clock estimate (`server_time_usec`; see
+/// `fencing::NodeClocks`); a user that may not run them can still lock with the quarantine
+/// off. `INFO memory` tells the eviction policy (see [`evicting_policy`]); a server that
+/// refuses it is simply not checked. Then `SCRIPT LOAD` of every script.
+fn handshake_pipe() -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors().cmd("INFO").arg("server");
+    pipe.cmd("INFO").arg("replication");
+    pipe.cmd("INFO").arg("memory");
+    for s in scripts::all() {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
+    }
+    pipe
+}
+
+/// The value of `field` in an `INFO` reply.
+fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.trim_end().strip_prefix(field)?.strip_prefix(':'))
+}
+
+/// The eviction policy of a server whose `INFO memory` is `memory`, if it may evict keys:
+/// a `maxmemory-policy` other than `noeviction` with a memory limit (`maxmemory` not 0;
+/// a reply without one counts as a limit). Lock keys and fencing counters must stay until
+/// they expire: an evicted lock key lets a second client take a lock that is still held;
+/// an evicted counter leaves the next fencing number to a client's clock alone, which
+/// may be behind the lost one. The `volatile-*` policies evict keys with a TTL, which is
+/// every key of ours. Without a limit (`maxmemory 0`, the default) nothing is evicted.
+pub(crate) fn evicting_policy(memory: &str) -> Option<&str> {
+    let policy = info_field(memory, "maxmemory_policy").filter(|p| *p != "noeviction")?;
+    let unlimited = info_field(memory, "maxmemory").is_some_and(|m| m == "0");
+    (!unlimited).then_some(policy)
+}
+
 /// The message of a panic payload.
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
     payload
@@ -462,4 +527,36 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_policy_that_evicts_under_a_memory_limit_evicts() {
+        let memory = |max: &str, policy: &str| {
+            format!(
+                "# Memory\r\nused_memory:1000\r\nmaxmemory:{max}\r\nmaxmemory_human:x\r\n\
+                 maxmemory_policy:{policy}\r\n"
+            )
+        };
+        assert_eq!(
+            evicting_policy(&memory("104857600", "volatile-lru")),
+            Some("volatile-lru")
+        );
+        assert_eq!(
+            evicting_policy(&memory("1", "allkeys-lfu")),
+            Some("allkeys-lfu")
+        );
+        assert_eq!(evicting_policy(&memory("104857600", "noeviction")), None);
+        assert_eq!(evicting_policy(&memory("0", "volatile-lru")), None);
+        assert_eq!(
+            evicting_policy("maxmemory_policy:volatile-ttl\r\n"),
+            Some("volatile-ttl"),
+            "no maxmemory line: counts as a limit"
+        );
+        assert_eq!(evicting_policy("maxmemory:100\r\n"), None, "no policy");
+        assert_eq!(evicting_policy(""), None);
+    }
 }

@@ -56,6 +56,9 @@ pub(crate) struct ServerInfo {
     pub(crate) replid: String,
     /// `master_replid2` is set: the server was promoted to master (at some time).
     pub(crate) promoted: bool,
+    /// `server_time_usec`: the server's clock, in µs since the Unix epoch, when it wrote
+    /// the reply (Redis 5 and later, Valkey).
+    pub(crate) time_us: Option<u64>,
 }
 
 /// `master_replid2` of a server that was never promoted.
@@ -77,6 +80,7 @@ impl ServerInfo {
                 "role" => out.role = Role::Other(v.to_owned()),
                 "master_replid" => out.replid = v.to_owned(),
                 "master_replid2" => out.promoted = !v.is_empty() && v != NO_REPLID,
+                "server_time_usec" => out.time_us = v.parse().ok(),
                 _ => {}
             }
         }
@@ -210,6 +214,7 @@ mod tests {
             role: Role::Master,
             replid: replid.into(),
             promoted,
+            time_us: None,
         }
     }
 
@@ -305,8 +310,8 @@ mod tests {
 
     #[test]
     fn parses_info_server_and_replication() {
-        let server =
-            "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n";
+        let server = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n\
+             server_time_usec:1764115200123456\r\n";
         let replication = "# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\
              master_replid:c70cabafba6da01746872b7d0fe1dc5ce1ce997d\r\n\
              master_replid2:2f28f74cc6fd3da380f78cdfe24446b3d02d5cda\r\n";
@@ -317,6 +322,8 @@ mod tests {
         assert_eq!(s.role, Role::Master);
         assert_eq!(s.replid, "c70cabafba6da01746872b7d0fe1dc5ce1ce997d");
         assert!(s.promoted);
+        assert_eq!(s.time_us, Some(1_764_115_200_123_456));
+        assert_eq!(ServerInfo::parse(["server_time_usec:x\r\n"]).time_us, None);
         let fresh = ServerInfo::parse([&*format!("role:master\r\nmaster_replid2:{NO_REPLID}\r\n")]);
         assert!(!fresh.promoted);
         let replica = ServerInfo::parse(["role:slave\r\nmaster_host:10.0.0.1\r\n"]);

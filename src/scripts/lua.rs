@@ -84,12 +84,21 @@ return {0, -2, 1}
 ///
 /// Only while the lock key still holds our value: raises the counter to the fencing number
 /// (`ZADD GT`: `counter = max(counter, token)`), renews the set's expiry, and returns 1;
-/// otherwise returns 0 and changes nothing.
+/// otherwise returns 0 and changes nothing. A counter *pinned* at 2^53 or above (the
+/// largest whole number a score holds exactly; only a hand-written counter or an unbounded
+/// client puts it there) is reset to the number instead: the one write that lowers a
+/// counter, a deliberate loss of it (see `docs/fencing.md`), so that the slot does not stay
+/// pinned.
 pub(super) const FENCE: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('ZADD', KEYS[2], 'GT', ARGV[2], ARGV[4])
+local counter = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[4]) or '0')
+if counter == nil or counter >= 9007199254740992 then
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[4])
+else
+  redis.call('ZADD', KEYS[2], 'GT', ARGV[2], ARGV[4])
+end
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1
 "#;

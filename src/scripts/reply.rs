@@ -47,7 +47,11 @@ pub(crate) fn parse_inspect(v: Value) -> Result<Inspected, NodeError> {
     };
     let counter = match counter {
         Value::BulkString(b) if b.is_empty() => None,
-        score => Some(counter_score(score).ok_or_else(bad)?),
+        score => Some(
+            counter_score(score)
+                .or_else(|| pinned(score))
+                .ok_or_else(bad)?,
+        ),
     };
     Ok(Inspected {
         held: *kind != 0,
@@ -194,6 +198,16 @@ fn counter_score(v: &Value) -> Option<u64> {
     exact.then_some(x as u64)
 }
 
+/// A counter above [`MAX_NUMBER`] (`"9007199254740993"`, `"1e+17"`, `"inf"`): read as
+/// [`MAX_NUMBER`], *pinned* (fencing's phase 2 resets it).
+fn pinned(v: &Value) -> Option<u64> {
+    let Value::BulkString(b) = v else {
+        return None;
+    };
+    let x: f64 = std::str::from_utf8(b).ok()?.parse().ok()?;
+    (x >= MAX_NUMBER as f64).then_some(MAX_NUMBER)
+}
+
 /// One key's answer in a [`RELEASE_MANY`](super::lua::RELEASE_MANY) reply: `{message}` is the error the key's
 /// `GET` raised, as the server would have sent it for that key alone.
 pub(super) fn key_answer(answer: Value) -> redis::RedisResult<Value> {
@@ -335,5 +349,16 @@ mod tests {
         assert_eq!(inspected(bulk("")).ok(), Some(None));
         assert_eq!(inspected(bulk("42")).ok(), Some(Some(42)));
         assert!(matches!(inspected(bulk("x")), Err(NodeError::Protocol(_))));
+        // Above the largest exact number: pinned, read as the maximum.
+        for above in ["9007199254740993", "1e+17", "inf"] {
+            assert_eq!(
+                inspected(bulk(above)).ok(),
+                Some(Some(MAX_NUMBER)),
+                "{above}"
+            );
+        }
+        for garbage in ["-1", "1.5", "nan", "-inf"] {
+            assert!(inspected(bulk(garbage)).is_err(), "{garbage}");
+        }
     }
 }
