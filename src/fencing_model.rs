@@ -29,11 +29,12 @@
 //! parsing ([`parse_acquire`] of the pipeline's answer, built as a node sends it) and what
 //! it counts for ([`PhaseOne::take`]), the quorums ([`Votes`]), whether to read
 //! ([`PhaseOne::needs_read`]), the counters read ([`PhaseOne::read`]), the number
-//! ([`PhaseOne::number`]), phase 2's nodes ([`PhaseOne::refused`]), whether an answer came
-//! in time ([`in_time`], which [`Round`](crate::round::Round) applies), the validity
+//! ([`PhaseOne::number`]), phase 2's nodes ([`PhaseOne::refused`]), the validity
 //! ([`validity`]), the renewal schedule ([`due_after`], [`mark_of`], [`set_expiry_ms`],
-//! [`renewal_interval`]). The nodes follow Redis's rules for the commands (the model's own
-//! code: the server is not ours).
+//! [`renewal_interval`]). Two rules are the model's own: the nodes follow Redis's rules for
+//! the commands (the server is not ours), and an answer counts only if it came before the
+//! node timeout ([`in_time`]: a round gives its calls up at its deadline with tokio's
+//! timer, which the model cannot call).
 //!
 //! What it asserts, whenever an acquisition returns a number `n`:
 //! - **real-time order**: `n` is above every number returned before the acquisition
@@ -64,7 +65,6 @@ use super::{Number, PhaseOne, accepts, capped_proposal};
 use crate::error::NodeError;
 use crate::node::{due_after, mark_of, renewal_interval, set_expiry_ms};
 use crate::quorum::{Outcome, quorum, validity};
-use crate::round::in_time;
 use crate::scripts::parse_acquire;
 use crate::votes::Votes;
 
@@ -80,6 +80,13 @@ struct Rules {
     in_time: fn(u16, u16) -> bool,
     /// Whether a request renews: the mark, the connection, the second, the interval.
     renewal_due: fn(u64, u64, u32, u32) -> bool,
+}
+
+/// Whether an answer at tick `answered` counts for a request whose node timeout ends at
+/// `deadline`. (The model's own: a [`Round`](crate::round::Round) gives up its calls at
+/// its deadline with tokio's timer, and only counts what answered before.)
+fn in_time(answered: u16, deadline: u16) -> bool {
+    answered < deadline
 }
 
 /// Redis's `ZADD GT CH`: a missing member is added; an existing one is raised only above.

@@ -174,13 +174,8 @@ impl<C: InFlight + 'static> Round<C> {
         }
         let deadline = tokio::time::Instant::from_std(self.deadline);
         let answer = std::future::poll_fn(|cx| self.poll_calls(cx));
-        if let Ok((i, answer)) = tokio::time::timeout_at(deadline, answer).await {
-            // An answer found ready only after the deadline (the task ran late) came too
-            // late all the same: its node's write may have run any time until now.
-            if in_time(tokio::time::Instant::now(), deadline) {
-                return Some((i, answer));
-            }
-            return Some((i, Err(NodeError::Timeout)));
+        if let Ok(answer) = tokio::time::timeout_at(deadline, answer).await {
+            return Some(answer);
         }
         // Every call still out failed: it got no answer in time.
         let mut calls = std::mem::take(&mut self.calls);
@@ -299,10 +294,4 @@ impl Wake for Gate {
             self.task.wake();
         }
     }
-}
-
-/// Whether an answer that came at `answered` counts for a round given up at `deadline`:
-/// only one that came before it (the fencing model checks the same rule in ticks).
-pub(crate) fn in_time<T: PartialOrd>(answered: T, deadline: T) -> bool {
-    answered < deadline
 }
