@@ -1335,24 +1335,21 @@ fn numbers_increase_in_real_time_and_holder_order() {
     }
 }
 
+/// A client that takes its proposal when one acceptance short of a quorum.
+const ONE_SHORT: Rules = Rules {
+    needs_read: |p1, quorum| p1.needs_read(quorum - 1),
+    number: |p1, quorum| p1.number(quorum - 1),
+    ..SHIPPED
+};
+
 #[test]
 fn the_check_catches_taking_the_proposal_one_acceptance_short_with_3_nodes() {
-    let mutant = Rules {
-        needs_read: |p1, quorum| p1.needs_read(quorum - 1),
-        number: |p1, quorum| p1.number(quorum - 1),
-        ..SHIPPED
-    };
-    assert_caught(mutant, 0);
+    assert_caught(ONE_SHORT, 0);
 }
 
 #[test]
 fn the_check_catches_taking_the_proposal_one_acceptance_short_with_5_nodes() {
-    let mutant = Rules {
-        needs_read: |p1, quorum| p1.needs_read(quorum - 1),
-        number: |p1, quorum| p1.number(quorum - 1),
-        ..SHIPPED
-    };
-    assert_caught(mutant, 1);
+    assert_caught(ONE_SHORT, 1);
 }
 
 #[test]
