@@ -310,7 +310,7 @@ impl Node {
     /// Drops the connection of `generation` (if still current) so the next call reconnects.
     /// Our own connection is closed at once: what it had not written yet (a straggling
     /// `SET`, say) is never sent, so it cannot reach the node after a release sent on the
-    /// next connection; its calls still out fail.
+    /// next connection; its calls still out fail (as timed out, when `why` is a timeout).
     fn invalidate(&self, generation: u64, why: &NodeError) {
         let old = {
             let mut st = self.state();
@@ -325,7 +325,7 @@ impl Node {
             std::mem::replace(&mut st.slot, down)
         };
         if let Link::Ready(Conn::Own(wire)) = old {
-            wire.close();
+            wire.close(*why == NodeError::Timeout);
         }
     }
 
@@ -417,10 +417,8 @@ impl Node {
         let n = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= self.settings.reconnect_after_timeouts {
             self.consecutive_timeouts.store(0, Ordering::Relaxed);
-            self.invalidate(
-                generation,
-                &NodeError::Connection(format!("{n} consecutive timeouts").into()),
-            );
+            tracing::debug!(node = %self.label, "redlock node stopped answering: {n} consecutive timeouts");
+            self.invalidate(generation, &NodeError::Timeout);
         }
     }
 }

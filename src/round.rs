@@ -175,7 +175,7 @@ impl<C: InFlight + 'static> Round<C> {
         let deadline = tokio::time::Instant::from_std(self.deadline);
         let answer = std::future::poll_fn(|cx| self.poll_calls(cx));
         if let Ok(answer) = tokio::time::timeout_at(deadline, answer).await {
-            return Some(answer);
+            return Some(self.as_of_deadline(answer));
         }
         // Every call still out failed: it got no answer in time.
         let mut calls = std::mem::take(&mut self.calls);
@@ -195,10 +195,29 @@ impl<C: InFlight + 'static> Round<C> {
             return Some((i, Err(NodeError::Timeout)));
         }
         std::future::poll_fn(|cx| match self.poll_calls(cx) {
-            Poll::Ready(answer) => Poll::Ready(Some(answer)),
+            Poll::Ready(answer) => Poll::Ready(Some(self.as_of_deadline(answer))),
             Poll::Pending => Poll::Ready(None),
         })
         .await
+    }
+
+    /// An answer as the round counts it: a connection that broke once the deadline had
+    /// passed (closed after other calls' timeouts, say) gave its call no answer in time,
+    /// so the call timed out like the others still out then.
+    fn as_of_deadline(
+        &self,
+        (i, answer): (usize, Result<Value, NodeError>),
+    ) -> (usize, Result<Value, NodeError>) {
+        match answer {
+            Err(e)
+                if e.breaks_connection()
+                    && tokio::time::Instant::now()
+                        >= tokio::time::Instant::from_std(self.deadline) =>
+            {
+                (i, Err(NodeError::Timeout))
+            }
+            answer => (i, answer),
+        }
     }
 
     /// Wakes the polling task only once `n` calls have news (at least 1): fewer answers

@@ -256,13 +256,22 @@ impl Wire {
     }
 
     /// Closes the connection now: nothing more is written (what was not written yet is
-    /// dropped), and every request still out fails. For a connection that is replaced.
-    pub(crate) fn close(&self) {
+    /// dropped), and every request still out fails. For a connection that is replaced;
+    /// one replaced because its node stopped answering (`timed_out`) fails them as timed
+    /// out, which is what happened to them.
+    pub(crate) fn close(&self, timed_out: bool) {
         let shared = &self.0.0;
-        shared.break_with(Broken::Io(
-            io::ErrorKind::ConnectionAborted,
-            "the connection was dropped (too many timeouts, or a broken reply)".into(),
-        ));
+        shared.break_with(if timed_out {
+            Broken::Io(
+                io::ErrorKind::TimedOut,
+                "the connection was dropped after consecutive timeouts".into(),
+            )
+        } else {
+            Broken::Io(
+                io::ErrorKind::ConnectionAborted,
+                "the connection was dropped (a broken reply, or a failover)".into(),
+            )
+        });
         shared.wake.notify_one();
     }
 

@@ -284,6 +284,21 @@ async fn a_cut_mid_reply_fails_what_is_out() {
     assert!(after.await.expect("answered at once").is_err());
 }
 
+/// A connection closed because its node stopped answering fails what is still out as
+/// timed out (which is what happened to it); one closed for another reason, as dropped.
+#[tokio::test]
+async fn a_connection_closed_after_timeouts_fails_its_requests_as_timed_out() {
+    for timed_out in [true, false] {
+        let (wire, _server) = in_memory(1024);
+        let out = wire.request(b"*1\r\n$4\r\nPING\r\n", Writes::Caller);
+        wire.close(timed_out);
+        let got = tokio::time::timeout(PATIENCE, out).await;
+        let error = got.expect("answered at once").expect_err("closed");
+        assert_eq!(error.is_timeout(), timed_out, "{error}");
+        assert!(error.is_io_error(), "{error}");
+    }
+}
+
 /// Reads one request of `len` bytes on the server side and answers `+OK`.
 async fn answer(server: &mut tokio::net::TcpStream, len: usize) {
     use tokio::io::AsyncWriteExt;
@@ -343,7 +358,7 @@ async fn a_closed_connection_writes_nothing_more() {
     let straggler = wire.request(&set("straggler", b"late"), Writes::Task);
     let kept = wire.clone();
     assert!(!wire.0.0.state().out.is_empty());
-    wire.close();
+    wire.close(false);
     let failed = tokio::time::timeout(Duration::from_secs(5), async {
         (straggler.await.is_err(), filler.await.is_err())
     });
