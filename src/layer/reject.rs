@@ -7,6 +7,7 @@
 //! | the extractor refused the request, bad name | 400 | `INVALID_ARGUMENT` (3) |
 //! | a misconfigured layer (bad TTL) | 500 | `INTERNAL` (13) |
 //! | with replay: the key was used for a different request | 422 | `INVALID_ARGUMENT` (3) |
+//! | with replay: the request completed, its response was too large to keep | 410 | `ALREADY_EXISTS` (6) |
 //!
 //! HTTP bodies are a line of text, or a problem document (RFC 9457) for clients that
 //! accept `application/problem+json` (or plain JSON for `application/json`); busy and
@@ -74,11 +75,15 @@ pub enum RejectionKind {
     /// The lock name (an idempotency key) was already used, with replay on, for a
     /// different request (another method or path).
     KeyReused,
+    /// With replay: the request with this key completed, but its response was larger
+    /// than [`ReplayPolicy::max_body`](super::ReplayPolicy::max_body), so it was not kept
+    /// and cannot be replayed (the handler does not run again either).
+    ResponseNotKept,
 }
 
 impl RejectionKind {
     /// The kind as the `kind` member of problem documents: `busy`, `unavailable`,
-    /// `bad_request`, `internal` or `key_reused`.
+    /// `bad_request`, `internal`, `key_reused` or `response_not_kept`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RejectionKind::Busy { .. } => "busy",
@@ -86,6 +91,7 @@ impl RejectionKind {
             RejectionKind::BadRequest => "bad_request",
             RejectionKind::Internal => "internal",
             RejectionKind::KeyReused => "key_reused",
+            RejectionKind::ResponseNotKept => "response_not_kept",
         }
     }
 }
@@ -116,6 +122,7 @@ pub const DEFAULT_RETRY_AFTER_CAP: Duration = Duration::from_secs(1);
 /// gRPC status codes used here.
 mod code {
     pub(super) const INVALID_ARGUMENT: u8 = 3;
+    pub(super) const ALREADY_EXISTS: u8 = 6;
     pub(super) const ABORTED: u8 = 10;
     pub(super) const INTERNAL: u8 = 13;
     pub(super) const UNAVAILABLE: u8 = 14;
@@ -220,6 +227,18 @@ impl Rejection {
         )
     }
 
+    /// A rejection for a request whose key's request completed with a response too large
+    /// to keep (replay): 410 / `ALREADY_EXISTS`. It cannot be mistaken for the original
+    /// response: the handler ran once, and its answer is gone.
+    pub fn response_not_kept(protocol: Protocol) -> Self {
+        Self::new(
+            RejectionKind::ResponseNotKept,
+            "the request with this idempotency key was completed, but its response was too large to keep for replay".to_owned(),
+            protocol,
+            None,
+        )
+    }
+
     /// A rejection for a request whose name has a completion record that cannot be read
     /// (replay): 503 / `UNAVAILABLE`, until the record expires or is removed.
     pub(crate) fn unreadable_record(protocol: Protocol) -> Self {
@@ -265,6 +284,7 @@ impl Rejection {
             RejectionKind::BadRequest => StatusCode::BAD_REQUEST,
             RejectionKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             RejectionKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            RejectionKind::ResponseNotKept => StatusCode::GONE,
         }
     }
 
@@ -276,6 +296,7 @@ impl Rejection {
             RejectionKind::BadRequest => code::INVALID_ARGUMENT,
             RejectionKind::Internal => code::INTERNAL,
             RejectionKind::KeyReused => code::INVALID_ARGUMENT,
+            RejectionKind::ResponseNotKept => code::ALREADY_EXISTS,
         }
     }
 
