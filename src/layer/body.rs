@@ -3,8 +3,9 @@
 //!
 //! In body-end release mode ([`RedlockLayer::release_on_body_end`](crate::RedlockLayer::release_on_body_end))
 //! the body holds the lock until the stream ends (its last frame, an error, trailers) or
-//! the body is dropped, and then releases it in the background. With replay on, a gRPC
-//! reply streams through the replay room's recording body (`replay::recording`).
+//! the body is dropped, and then releases it in the background. With replay on, a
+//! response to keep streams through the replay room's recording body
+//! (`replay::recording`), which holds the lock until the record is stored.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -15,7 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::rejection_hook::{Answer, BoxBody};
-use super::replay::completion::GrpcRecorder;
+use super::replay::completion::Recorder;
 use super::replay::recording::RecordingBody;
 use crate::guard::LockGuard;
 
@@ -67,7 +68,7 @@ impl<B> ResponseBody<B> {
     }
 
     /// Bytes known in full, and the trailers of a gRPC reply if any: a rejection's default
-    /// body, a replayed response's, or a response collected for its record.
+    /// body, or a replayed response's.
     pub(crate) fn fixed(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self {
             kind: BodyKind::Fixed {
@@ -77,17 +78,21 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    /// A gRPC reply that streams through `recorder`.
-    pub(crate) fn recording(body: B, recorder: GrpcRecorder) -> Self {
+    /// A response to keep, streaming through `recorder` (`sized`: its size marks its
+    /// last frame).
+    pub(crate) fn recording(body: B, recorder: Recorder, sized: bool) -> Self
+    where
+        B: Body,
+    {
         Self {
             kind: BodyKind::Recording {
-                body: RecordingBody::new(body, recorder),
+                body: RecordingBody::new(body, recorder, sized),
             },
         }
     }
 
-    /// Whether this body still holds a lock (body-end release mode or a gRPC reply being
-    /// recorded, stream not ended).
+    /// Whether this body still holds a lock (body-end release mode, or a response being
+    /// recorded for replay, until its record is stored).
     pub fn holds_lock(&self) -> bool {
         match &self.kind {
             BodyKind::Inner { held, .. } => held.is_some(),

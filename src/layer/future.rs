@@ -4,13 +4,16 @@
 //! [`LockToken`](crate::LockToken) in the request extensions, then (in the default release
 //! mode) releasing before the response is returned. Each state holds what it needs; `poll`
 //! hands each state to one small function. Dropping the future in any state releases what
-//! it holds in the background.
+//! it holds in the background. The future runs in a `redlock.layer` span (at `debug`) that
+//! records the request's `outcome`: `acquired`, `replayed`, `rejected` (with the
+//! `rejection` kind) or `lost` (abort on loss).
 //!
 //! ```text
 //! Acquiring --lock--> Calling --response--> Releasing --> response
-//!     |                  |  \--kept for replay--> Keeping (the replay room) --> response
+//!     |                  |  \--kept for replay--> response whose body records it
+//!     |                  |       (the replay room; the lock is held until the record is stored)
 //!     |                  |  \--lost (abort on loss)--> Releasing --> 503
-//!     |--record--> Replayed (the replay room's answer) --> stored response / 422
+//!     |--record--> Replayed (the replay room's answer) --> stored response / 422 / 410
 //!     \--error--> Rejected --> 409 / 503 / 400
 //! Passthrough (no lock name) --> response
 //! ```
@@ -30,8 +33,8 @@ use super::body::ResponseBody;
 use super::config::{Config, ReleaseOn};
 use super::reject::{Protocol, Rejection};
 use super::rejection_hook::Answer;
+use super::replay::completion::{Keep, Recorder};
 use super::replay::fingerprint::Fingerprint;
-use super::replay::keep::{Keep, KeepFuture};
 use super::replay::{self};
 use crate::client::{Acquired, Redlock, Released};
 use crate::error::LockError;
@@ -49,8 +52,8 @@ pub(crate) trait PendingCall<F>: Send {
 /// Calls the inner service once the lock is held.
 pub(crate) type CallFn<F> = Box<dyn PendingCall<F>>;
 
-/// Acquires the lock.
-pub(crate) type AcquireFuture = BoxFuture<'static, Result<Acquired, Denied>>;
+/// Acquires the lock (or, with replay, finds the name's record); with the name.
+pub(crate) type AcquireFuture = BoxFuture<'static, Result<(Acquired, Vec<u8>), Denied>>;
 
 /// Why a request got no lock: the error, and the name for the rejection.
 pub(crate) struct Denied {
@@ -63,6 +66,8 @@ pin_project! {
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         state: State<F, B, E>,
+        // The request's `redlock.layer` span (none for requests passed through).
+        span: tracing::Span,
     }
 }
 
@@ -116,10 +121,6 @@ pin_project! {
             response: Response<Bytes>,
             trailers: Option<http::HeaderMap>,
         },
-        Keeping {
-            #[pin]
-            fut: KeepFuture<B>,
-        },
         Done,
     }
 }
@@ -136,18 +137,26 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     pub(crate) fn passthrough(fut: F) -> Self {
         Self {
             state: State::Passthrough { fut },
+            span: tracing::Span::none(),
         }
     }
 
-    pub(crate) fn rejected(response: Response<Answer>) -> Self {
+    pub(crate) fn rejected(response: Response<Answer>, span: tracing::Span) -> Self {
         Self {
             state: State::Rejected { response },
+            span,
         }
     }
 
-    pub(crate) fn acquiring(acquire: AcquireFuture, call: CallFn<F>, ctx: Ctx) -> Self {
+    pub(crate) fn acquiring(
+        acquire: AcquireFuture,
+        call: CallFn<F>,
+        ctx: Ctx,
+        span: tracing::Span,
+    ) -> Self {
         Self {
             state: State::Acquiring { acquire, call, ctx },
+            span,
         }
     }
 }
@@ -161,7 +170,6 @@ impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
             State::Releasing { .. } => "releasing",
             State::Rejected { .. } => "rejected",
             State::Replayed { .. } => "replayed",
-            State::Keeping { .. } => "keeping for replay",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -179,19 +187,25 @@ where
     type Output = Ready<B, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
+        let this = self.project();
+        let span = &*this.span;
+        let _entered = span.enter();
+        let mut state = this.state;
         loop {
             let step = match state.as_mut().project() {
                 StateProj::Acquiring { acquire, .. } => {
                     let result = ready!(acquire.as_mut().poll(cx));
-                    acquired(state.as_mut(), result)
+                    acquired(state.as_mut(), result, span)
                 }
                 StateProj::Passthrough { fut } => {
                     Step::Ready(ready!(fut.poll(cx)).map(|res| wrap(res, None)))
                 }
                 StateProj::Calling { fut, lost, .. } => {
                     match lost.as_mut().map(|lost| lost.as_mut().poll(cx)) {
-                        Some(Poll::Ready(reason)) => lost_while_calling(state.as_mut(), &reason),
+                        Some(Poll::Ready(reason)) => {
+                            span.record("outcome", "lost");
+                            lost_while_calling(state.as_mut(), &reason)
+                        }
                         _ => {
                             let output = ready!(fut.poll(cx));
                             called(state.as_mut(), output)
@@ -204,7 +218,6 @@ where
                 }
                 StateProj::Rejected { .. } => rejected(state.as_mut()),
                 StateProj::Replayed { .. } => replayed(state.as_mut()),
-                StateProj::Keeping { fut } => Step::Ready(Ok(ready!(fut.poll(cx)))),
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             if let Step::Ready(output) = step {
@@ -216,14 +229,24 @@ where
 
 type StatePin<'a, F, B, E> = Pin<&'a mut State<F, B, E>>;
 
-/// The lock is held: call the inner service. Or it is not: reject.
+/// The lock is held: call the inner service. Or it is not: reject. The outcome goes to
+/// the request's `span`.
 fn acquired<F, B, E>(
     mut state: StatePin<'_, F, B, E>,
-    result: Result<Acquired, Denied>,
+    result: Result<(Acquired, Vec<u8>), Denied>,
+    span: &tracing::Span,
 ) -> Step<B, E> {
     if let StateOwned::Acquiring { call, ctx, .. } = state.as_mut().project_replace(State::Done) {
+        let reject = |rejection: Rejection, call: CallFn<F>| {
+            span.record("outcome", "rejected");
+            span.record("rejection", rejection.kind().as_str());
+            State::Rejected {
+                response: ctx.config.respond(rejection, &call.head()),
+            }
+        };
         let next = match result {
-            Ok(Acquired::Lock(lock)) => {
+            Ok((Acquired::Lock(lock), _)) => {
+                span.record("outcome", "acquired");
                 let guard = if ctx.config.auto_extend {
                     ctx.redlock.guard(lock)
                 } else {
@@ -246,17 +269,16 @@ fn acquired<F, B, E>(
             Err(Denied { error, name }) => {
                 log_rejected(&ctx.redlock, &error, &name);
                 let rejection = Rejection::from_lock_error(error, ctx.protocol).with_name(name);
-                State::Rejected {
-                    response: ctx.config.respond(rejection, &call.head()),
-                }
+                reject(rejection, call)
             }
             // The name's work is done: the replay room says what the request gets.
-            Ok(Acquired::Record { record, .. }) => {
-                match replay::answer(&record.0, &ctx.fingerprint, ctx.protocol) {
-                    Ok((response, trailers)) => State::Replayed { response, trailers },
-                    Err(rejection) => State::Rejected {
-                        response: ctx.config.respond(rejection, &call.head()),
-                    },
+            Ok((Acquired::Record { record, .. }, name)) => {
+                match replay::answer(&record.0, &ctx.fingerprint, ctx.protocol, name) {
+                    Ok((response, trailers)) => {
+                        span.record("outcome", "replayed");
+                        State::Replayed { response, trailers }
+                    }
+                    Err(rejection) => reject(rejection, call),
                 }
             }
         };
@@ -265,29 +287,30 @@ fn acquired<F, B, E>(
     Step::Next
 }
 
-/// The inner service answered: hand a response to keep over to the replay room, release
-/// first (default), or hand the lock to the body.
+/// The inner service answered: hand a response to keep to the replay room's recording
+/// body (which holds the lock until the record is stored), release first (default), or
+/// hand the lock to the body.
 fn called<F, B, E>(mut state: StatePin<'_, F, B, E>, output: Result<Response<B>, E>) -> Step<B, E>
 where
     B: Body,
 {
-    let StateOwned::Calling { guard, ctx, .. } = state.as_mut().project_replace(State::Done) else {
+    let StateOwned::Calling { mut guard, ctx, .. } = state.as_mut().project_replace(State::Done)
+    else {
         return Step::Next;
     };
-    let policy = ctx.config.replay.as_ref();
-    match output {
-        Ok(res) if let Some(policy) = policy.filter(|p| p.keeps(res.status())) => {
-            let keep = Keep {
-                policy: policy.clone(),
-                redlock: ctx.redlock,
-                fingerprint: ctx.fingerprint,
-                protocol: ctx.protocol,
-            };
-            state.set(State::Keeping {
-                fut: KeepFuture::new(res, guard, keep),
-            });
-            Step::Next
+    let output = match (output, ctx.config.replay.as_ref()) {
+        (Ok(res), Some(policy)) if policy.keeps(res.status()) => {
+            match recording(res, guard, policy, &ctx) {
+                Ok(res) => return Step::Ready(Ok(res)),
+                Err((res, given_back)) => {
+                    guard = given_back;
+                    Ok(res)
+                }
+            }
         }
+        (output, _) => output,
+    };
+    match output {
         Ok(res) if ctx.config.release == ReleaseOn::BodyEnd => {
             Step::Ready(Ok(wrap(res, Some(guard))))
         }
@@ -295,6 +318,34 @@ where
             state.set(releasing(guard, Output::Inner(output)));
             Step::Next
         }
+    }
+}
+
+/// A response to keep, its body recorded as it streams; the response back (with the
+/// guard) when it cannot be recorded.
+#[allow(clippy::result_large_err)]
+fn recording<B: Body>(
+    res: Response<B>,
+    guard: LockGuard,
+    policy: &crate::layer::ReplayPolicy,
+    ctx: &Ctx,
+) -> Result<Response<ResponseBody<B>>, (Response<B>, LockGuard)> {
+    let (parts, body) = res.into_parts();
+    let keep = Keep {
+        policy: policy.clone(),
+        redlock: ctx.redlock.clone(),
+        fingerprint: ctx.fingerprint,
+        protocol: ctx.protocol,
+    };
+    // An HTTP body's size marks its last frame (for an HTTP/1 client it ends the
+    // response); a gRPC reply always ends with its trailers.
+    let sized = ctx.protocol == Protocol::Http;
+    match Recorder::new(&parts, body.size_hint().exact(), guard, keep) {
+        Ok(recorder) => Ok(Response::from_parts(
+            parts,
+            ResponseBody::recording(body, recorder, sized),
+        )),
+        Err(guard) => Err((Response::from_parts(parts, body), guard)),
     }
 }
 

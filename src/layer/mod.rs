@@ -72,6 +72,6 @@ pub use rejection_hook::IntoRejectionResponse;
 pub use replay::body_fingerprint::{BodyFingerprint, BodyFingerprintLayer, PrefixedBody};
 pub use replay::fingerprint::RequestFingerprint;
 pub use replay::principal::Principal;
-pub use replay::record::{REPLAYED_HEADER, ReplayPolicy};
+pub use replay::record::{DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};
 pub use scoped::{PerPrincipal, PerRoute};
 pub use service::RedlockService;

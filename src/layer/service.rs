@@ -73,8 +73,13 @@ impl<S, E> RedlockService<S, E> {
     }
 }
 
-/// Acquires the lock per the busy policy (with replay: or finds the name's record).
-async fn acquire(redlock: Redlock, name: Vec<u8>, config: Arc<Config>) -> Result<Acquired, Denied> {
+/// Acquires the lock per the busy policy (with replay: or finds the name's record); with
+/// the name.
+async fn acquire(
+    redlock: Redlock,
+    name: Vec<u8>,
+    config: Arc<Config>,
+) -> Result<(Acquired, Vec<u8>), Denied> {
     let ttl = config.ttl.unwrap_or_else(|| redlock.ttl());
     let replay = config.replay.is_some();
     let attempt = |deadline: Option<Instant>| {
@@ -104,7 +109,10 @@ async fn acquire(redlock: Redlock, name: Vec<u8>, config: Arc<Config>) -> Result
         }
         _ => first,
     };
-    result.map_err(|error| Denied { error, name })
+    match result {
+        Ok(acquired) => Ok((acquired, name)),
+        Err(error) => Err(Denied { error, name }),
+    }
 }
 
 impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for RedlockService<S, E>
@@ -134,11 +142,16 @@ where
             Ok(Some(name)) => name,
             Ok(None) => return ResponseFuture::passthrough(self.inner.call(req)),
             Err(e) => {
+                let span = self.span(None);
+                span.record("outcome", "rejected");
+                span.record("rejection", "bad_request");
                 let (head, _) = req.into_parts();
                 let rejection = Rejection::bad_request(e.message(), protocol);
-                return ResponseFuture::rejected(self.config.respond(rejection, &head));
+                let response = span.in_scope(|| self.config.respond(rejection, &head));
+                return ResponseFuture::rejected(response, span);
             }
         };
+        let span = self.span(Some(&name));
         let head = self.config.abort_on_loss.then(|| Box::new(head_of(&req)));
         // Keep the service that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
@@ -158,7 +171,30 @@ where
                 fingerprint,
                 head,
             },
+            span,
         )
+    }
+}
+
+impl<S, E> RedlockService<S, E> {
+    /// The `redlock.layer` span of a request for lock `name` (shown as the client shows
+    /// lock names: a hash unless names are logged), its `outcome` to be recorded.
+    fn span(&self, name: Option<&[u8]>) -> tracing::Span {
+        let span = tracing::debug_span!(
+            "redlock.layer",
+            lock = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            rejection = tracing::field::Empty,
+        );
+        if let Some(name) = name
+            && !span.is_disabled()
+        {
+            span.record(
+                "lock",
+                tracing::field::display(self.redlock.shown_name(name)),
+            );
+        }
+        span
     }
 }
 

@@ -1,26 +1,46 @@
-//! Writing completion records (idempotent replay): once a kept response is known, the
-//! record is stored on the nodes where the lock is held, and only then is the lock
-//! released. HTTP responses are recorded by the response future before the response goes
-//! out; gRPC replies by the response body, which holds the trailers back until the record
-//! is stored ([`GrpcRecorder`]).
+//! Writing completion records (idempotent replay). A response whose status the policy
+//! keeps streams to the client through a [`Recorder`] (see
+//! [`recording`](super::recording)): it copies the body as it goes, up to the policy's
+//! limit, and when the body has ended, stores the record on the nodes where the lock is
+//! held and only then releases the lock. A body that fails, or that is dropped before its
+//! end (the client went away), leaves no record: the recorder is dropped with the lock
+//! guard, which releases in the background.
 //!
 //! ```text
-//! handler done --> lock still held? --yes--> record (status, headers, body[, trailers])
-//!              |                              --> COMPLETE on held nodes --> release
-//!              \--no (lost, validity over)--> release (no record)
-//!              --> response (or trailers) to the client
+//! body ended --> lock still held? --yes--> record (status, headers, body or "not kept"
+//!            |                              [, trailers]) --> COMPLETE on held nodes
+//!            \--no (lost, validity over)--> (no record)
+//!            --> release --> last frame (or end of stream) to the client
+//! ```
+//!
+//! ```no_run
+//! # #[cfg(feature = "axum")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tower_redlock::layer::Header;
+//! use tower_redlock::{Redlock, RedlockLayer};
+//!
+//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! // Each kept response is recorded as it streams, and stored before its last frame.
+//! let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key").required())
+//!     .replay(Duration::from_secs(24 * 60 * 60));
+//! # let _ = layer; Ok(()) }
 //! ```
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use http::{HeaderMap, StatusCode};
+use http::HeaderMap;
 
 use super::fingerprint::Fingerprint;
 use super::record::{self, ReplayPolicy};
 use crate::client::Redlock;
 use crate::guard::LockGuard;
+use crate::layer::reject::Protocol;
 
 /// Stores `record` where `guard`'s lock is held, keeping it for `retention`, then releases
 /// the lock. A lock that is no longer held (lost, or its validity ran out, as with a
@@ -56,83 +76,230 @@ pub(crate) fn store_then_release(
     })
 }
 
-/// Copies a gRPC reply as it streams to the client, and at its end decides whether it is
-/// kept: one message within the size limit, and a status the policy keeps.
-pub(crate) struct GrpcRecorder {
-    /// The reply so far; `None` once it cannot be kept (too large, unreadable).
-    buf: Option<Vec<u8>>,
-    status: StatusCode,
-    headers: HeaderMap,
-    fingerprint: Fingerprint,
-    policy: ReplayPolicy,
-    redlock: Redlock,
+/// What recording a response needs besides the response and its lock.
+pub(crate) struct Keep {
+    pub(crate) redlock: Redlock,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) policy: ReplayPolicy,
+    pub(crate) protocol: Protocol,
+}
+
+/// Copies a kept response as it streams to the client, and at its end stores its record
+/// (see the module docs). Dropped before the end, it leaves no record, and its guard
+/// releases the lock in the background.
+pub(crate) struct Recorder {
+    /// The record's head: marker, fingerprint, status and kept headers.
+    head: Vec<u8>,
+    /// The body so far; `None` once it is over the policy's limit (the record then says
+    /// "completed, response not kept").
+    body: Option<Vec<u8>>,
+    /// A gRPC reply: its message framing, and the status its headers give (a
+    /// trailers-only reply).
+    grpc: Option<(GrpcFrames, Option<u16>)>,
+    keep: Keep,
     guard: LockGuard,
 }
 
-impl GrpcRecorder {
+impl Recorder {
+    /// Records the response of `parts`, whose body is expected to be of `size` bytes if
+    /// known; `Err` gives the guard back when the response cannot be recorded (more
+    /// header fields to keep than a record holds).
     pub(crate) fn new(
         parts: &http::response::Parts,
-        fingerprint: Fingerprint,
-        policy: ReplayPolicy,
-        redlock: Redlock,
+        size: Option<u64>,
         guard: LockGuard,
-    ) -> Self {
-        Self {
-            buf: Some(Vec::new()),
-            status: parts.status,
-            headers: parts.headers.clone(),
-            fingerprint,
-            policy,
-            redlock,
+        keep: Keep,
+    ) -> Result<Self, LockGuard> {
+        let Some(head) = keep
+            .policy
+            .encode_head(&keep.fingerprint, parts.status, &parts.headers)
+        else {
+            tracing::warn!("redlock layer: too many headers to keep; no completion record");
+            return Err(guard);
+        };
+        let limit = keep.policy.body_limit();
+        let capacity = size
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n <= limit)
+            .unwrap_or(0);
+        let grpc = (keep.protocol == Protocol::Grpc)
+            .then(|| (GrpcFrames::default(), record::grpc_status(&parts.headers)));
+        Ok(Self {
+            head,
+            body: Some(Vec::with_capacity(capacity)),
+            grpc,
+            keep,
             guard,
-        }
+        })
     }
 
-    /// A data frame went by. A frame that is not one contiguous chunk, or that takes the
-    /// reply past the size limit, ends the recording (the lock is still held to the end).
-    pub(crate) fn data(&mut self, data: &impl bytes::Buf) {
-        let chunk = data.chunk();
-        let contiguous = chunk.len() == data.remaining();
-        let limit = self.policy.body_limit();
-        if let Some(buf) = &mut self.buf {
-            if contiguous && buf.len().saturating_add(chunk.len()) <= limit {
-                buf.extend_from_slice(chunk);
+    /// A data frame went by.
+    pub(crate) fn data(&mut self, data: &[u8]) {
+        if let Some((frames, _)) = &mut self.grpc {
+            frames.feed(data);
+        }
+        let limit = self.keep.policy.body_limit();
+        if let Some(body) = &mut self.body {
+            if body.len().saturating_add(data.len()) <= limit {
+                body.extend_from_slice(data);
             } else {
-                self.buf = None;
+                self.body = None;
             }
         }
     }
 
-    /// The reply ended (with `trailers`, if any): the work that stores its record and
-    /// releases the lock, or `None` if it is not kept (too large, more than one message, a
-    /// status the policy does not keep, or too many header fields; the lock is released in
-    /// the background as the recorder drops).
-    pub(crate) fn finish(mut self, trailers: Option<&HeaderMap>) -> Option<Finishing> {
-        let buf = self.buf.take()?;
-        let code = trailers
-            .and_then(record::grpc_status)
-            .or_else(|| record::grpc_status(&self.headers))?;
-        if !self.policy.keeps_grpc(code) || !record::is_unary_grpc_body(&buf) {
-            return None;
-        }
-        let record = self.policy.encode(
-            &self.fingerprint,
-            self.status,
-            &self.headers,
-            Some(&buf),
-            trailers,
-        )?;
-        let retention = self.policy.retention();
-        let work = store_then_release(&mut self.guard, &self.redlock, record, retention);
-        Some(Finishing {
-            work,
-            guard: self.guard,
+    /// The body ended (with `trailers`, if any): the work that stores the record and
+    /// releases the lock, or only releases it when the response is not kept after all (a
+    /// gRPC status worth a retry, a streaming gRPC reply). It runs on its own task, so a
+    /// client that goes away now does not cut a record short.
+    pub(crate) fn finish(mut self, trailers: Option<&HeaderMap>) -> Finishing {
+        let record = self.record(trailers);
+        let mut guard = self.guard;
+        let work = match record {
+            Some(record) => store_then_release(
+                &mut guard,
+                &self.keep.redlock,
+                record,
+                self.keep.policy.retention(),
+            ),
+            None => {
+                let release = guard.release_future();
+                Box::pin(async move {
+                    release.await;
+                })
+            }
+        };
+        Finishing::start(async move {
+            work.await;
+            guard.disarm();
         })
+    }
+
+    /// The record of the response, or `None` when it is not kept.
+    fn record(&mut self, trailers: Option<&HeaderMap>) -> Option<Vec<u8>> {
+        let body = self.body.take();
+        let trailers = match &self.grpc {
+            Some((frames, code)) => {
+                let code = trailers.and_then(record::grpc_status).or(*code)?;
+                if !self.keep.policy.keeps_grpc(code) || !frames.is_unary() {
+                    return None;
+                }
+                trailers
+            }
+            // HTTP trailers are not kept.
+            None => None,
+        };
+        let mut out = std::mem::take(&mut self.head);
+        let written = self
+            .keep
+            .policy
+            .encode_tail(&mut out, body.as_deref(), trailers);
+        if written.is_none() {
+            tracing::warn!("redlock layer: too many trailers to keep; no completion record");
+        }
+        written.map(|()| out)
     }
 }
 
-/// A kept reply's record being stored; the guard is disarmed once `work` is done.
-pub(crate) struct Finishing {
-    pub(crate) work: BoxFuture<'static, ()>,
-    pub(crate) guard: LockGuard,
+/// A gRPC reply's framing, followed across data frames: each message is a compressed
+/// flag byte, a big-endian u32 length and the message.
+#[derive(Debug, Default)]
+struct GrpcFrames {
+    /// Messages begun.
+    messages: u32,
+    /// Bytes of the current message's prefix seen (0 to 4), and the prefix.
+    prefix: [u8; 5],
+    prefix_len: usize,
+    /// Bytes of the current message still to come.
+    left: u64,
+}
+
+impl GrpcFrames {
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.left > 0 {
+                let n = usize::try_from(self.left).map_or(bytes.len(), |l| l.min(bytes.len()));
+                self.left = self.left.saturating_sub(n as u64);
+                bytes = bytes.get(n..).unwrap_or_default();
+                continue;
+            }
+            let n = (5 - self.prefix_len).min(bytes.len());
+            if let (Some(dst), Some(src)) = (
+                self.prefix.get_mut(self.prefix_len..self.prefix_len + n),
+                bytes.get(..n),
+            ) {
+                dst.copy_from_slice(src);
+            }
+            self.prefix_len += n;
+            bytes = bytes.get(n..).unwrap_or_default();
+            if self.prefix_len == 5 {
+                let [_, a, b, c, d] = self.prefix;
+                self.left = u64::from(u32::from_be_bytes([a, b, c, d]));
+                self.messages = self.messages.saturating_add(1);
+                self.prefix_len = 0;
+            }
+        }
+    }
+
+    /// Whether the reply so far is at most one whole message (a unary reply).
+    fn is_unary(&self) -> bool {
+        self.messages <= 1 && self.prefix_len == 0 && self.left == 0
+    }
+}
+
+/// A record being stored and the lock released, on a task of its own (or, outside a
+/// tokio runtime, polled by the body).
+pub(crate) enum Finishing {
+    Task(tokio::task::JoinHandle<()>),
+    Inline(BoxFuture<'static, ()>),
+}
+
+impl Finishing {
+    fn start(work: impl Future<Output = ()> + Send + 'static) -> Self {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => Self::Task(runtime.spawn(work)),
+            Err(_) => Self::Inline(Box::pin(work)),
+        }
+    }
+
+    /// Whether the work is done.
+    pub(crate) fn poll_done(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self {
+            // A task that panicked or was cancelled (its runtime shut down) is done too.
+            Self::Task(task) => Pin::new(task).poll(cx).map(drop),
+            Self::Inline(work) => work.as_mut().poll(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GrpcFrames;
+
+    /// One message, split at every byte, is unary; two messages, or a message cut short,
+    /// are not; no message (a trailers-only reply) is.
+    #[test]
+    fn grpc_framing_is_followed_across_frames() {
+        let one = b"\x00\x00\x00\x00\x02hi";
+        for split in 0..=one.len() {
+            let mut frames = GrpcFrames::default();
+            let (a, b) = one.split_at(split);
+            frames.feed(a);
+            frames.feed(b);
+            assert!(frames.is_unary(), "split at {split}");
+        }
+        let mut two = GrpcFrames::default();
+        two.feed(b"\x00\x00\x00\x00\x02hi\x00\x00\x00\x00\x00");
+        assert!(!two.is_unary());
+        let mut cut = GrpcFrames::default();
+        cut.feed(b"\x00\x00\x00\x00\x05hi");
+        assert!(!cut.is_unary());
+        let mut prefix_only = GrpcFrames::default();
+        prefix_only.feed(b"\x00\x00\x00");
+        assert!(!prefix_only.is_unary());
+        assert!(GrpcFrames::default().is_unary());
+        let mut empty_message = GrpcFrames::default();
+        empty_message.feed(b"\x00\x00\x00\x00\x00");
+        assert!(empty_message.is_unary());
+    }
 }

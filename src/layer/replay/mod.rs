@@ -1,12 +1,15 @@
 //! Idempotent replay, in its own room: the completion record (its format and the policy of
-//! what is kept), storing it before the lock is released, the request fingerprint (with
-//! the caller's identity) and the body-fingerprint layer. The lock layer's future and
-//! body hand over to it when [`RedlockLayer::replay`](crate::RedlockLayer::replay) is on.
+//! what is kept), recording a response as it streams and storing it before the lock is
+//! released, the request fingerprint (with the caller's identity) and the body-fingerprint
+//! layer. The lock layer's future and body hand over to it when
+//! [`RedlockLayer::replay`](crate::RedlockLayer::replay) is on.
 //!
 //! ```text
-//! first request  -> lock -> handler -> 201 -> record stored under the lock key -> release
+//! first request  -> lock -> handler -> 201, body streams out (copied) -> body ends
+//!                -> record stored under the lock key -> release -> last frame out
 //! retry          -> SET NX finds the record (a quorum agreeing) -> 201 replayed, no handler
 //! other request  -> same key, other fingerprint -> 422
+//! response over the limit -> "completed, not kept" -> a retry gets 410
 //! ```
 //!
 //! ```no_run
@@ -26,7 +29,6 @@
 pub(crate) mod body_fingerprint;
 pub(crate) mod completion;
 pub(crate) mod fingerprint;
-pub(crate) mod keep;
 pub(crate) mod principal;
 pub(crate) mod record;
 pub(crate) mod recording;
@@ -39,22 +41,28 @@ use fingerprint::Fingerprint;
 
 /// What a request gets for the completion `record` found under its key: the stored
 /// response (and trailers, for a gRPC reply) when it was recorded for the same request
-/// (`fingerprint`), else 422 (the key was used for another request), or 503 when the record
-/// cannot be read.
+/// (`fingerprint`); else 422 (the key was used for another request), 410 when the
+/// response was too large to keep, or 503 when the record cannot be read. Rejections
+/// name the lock (`name`).
 pub(crate) fn answer(
     record: &[u8],
     fingerprint: &Fingerprint,
     protocol: Protocol,
+    name: Vec<u8>,
 ) -> Result<(Response<Bytes>, Option<HeaderMap>), Rejection> {
-    match record::decode(record) {
-        Ok(record) if record.fingerprint == *fingerprint => {
-            crate::metrics::replayed();
-            Ok(record.into_response())
-        }
-        Ok(_) => Err(Rejection::key_reused(protocol)),
+    let rejection = match record::decode(record) {
+        Ok(record) if record.fingerprint == *fingerprint => match record.into_response() {
+            Some(response) => {
+                crate::metrics::replayed();
+                return Ok(response);
+            }
+            None => Rejection::response_not_kept(protocol),
+        },
+        Ok(_) => Rejection::key_reused(protocol),
         Err(error) => {
             tracing::warn!(%error, "redlock layer found a completion record it cannot read");
-            Err(Rejection::unreadable_record(protocol))
+            Rejection::unreadable_record(protocol)
         }
-    }
+    };
+    Err(rejection.with_name(name))
 }

@@ -1,14 +1,16 @@
 //! Completion records for idempotent replay: what the layer keeps of a finished response
 //! under its lock key, and how a later request with the same name gets it back.
 //!
-//! A record holds the status, the headers of [`ReplayPolicy::headers`] and the body, when
-//! the response says its body is at most [`ReplayPolicy::max_body`] bytes (a body of
-//! unknown or larger size keeps status and headers only). A gRPC record also holds the
-//! reply message and the trailers (`grpc-status`, `grpc-message`,
-//! `grpc-status-details-bin` and the selected headers); a gRPC reply is kept only when it
-//! is one message within the size limit, so streaming responses are not replayed. A record
-//! is stored with a marker that no lock value has, so the acquire script can tell a record
-//! from a holder.
+//! A record holds the status, the headers of [`ReplayPolicy::headers`] and the body, byte
+//! for byte, whatever its size hint (a sized, a streamed or a compressed body alike), when
+//! it is at most [`ReplayPolicy::max_body`] bytes. A larger body is not kept: the record
+//! then says "completed, response not kept", and a retry gets the explicit
+//! [`RejectionKind::ResponseNotKept`](crate::layer::RejectionKind::ResponseNotKept) answer
+//! (410 / `ALREADY_EXISTS`, or the rejection hook's), never an empty success. A gRPC
+//! record also holds the trailers; gRPC records always keep `content-type` and every
+//! `grpc-*` header and trailer, whatever the header list. A gRPC reply is kept only when
+//! it is one message, so streaming responses are not replayed. A record is stored with a
+//! marker that no lock value has, so the acquire script can tell a record from a holder.
 //!
 //! A record holds at most [`MAX_RECORD_HEADERS`] header fields in each of its header and
 //! trailer sections: a response with more is not kept, and a stored record with more (one
@@ -41,8 +43,13 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// with more fields to keep is not recorded; a stored record with more is refused.
 pub(crate) const MAX_RECORD_HEADERS: usize = 1_000;
 
-/// The gRPC status headers (trailers, or headers of a trailers-only reply): always kept.
-const GRPC_STATUS_HEADERS: [&str; 3] = ["grpc-status", "grpc-message", "grpc-status-details-bin"];
+/// The default [`ReplayPolicy::max_body`]: 256 KiB. It covers the answers of typical JSON
+/// APIs whole (an object is a few KiB; a page of 100 list items, tens to a couple of
+/// hundred KiB), while bounding what one in-flight request buffers. A record costs, on
+/// each node and for the retention, its body, its kept headers and about 100 bytes
+/// (marker, fingerprint, status, lengths, and Redis's own per-key overhead): a 2 KiB JSON
+/// answer takes about 2.2 KiB per node; a record at the limit, about 256 KiB per node.
+pub const DEFAULT_REPLAY_MAX_BODY: usize = 256 * 1024;
 
 /// Which responses the layer keeps for replay, and how much of them.
 #[derive(Debug, Clone)]
@@ -53,8 +60,9 @@ pub struct ReplayPolicy {
 }
 
 impl ReplayPolicy {
-    /// Keeps records for `retention`, bodies up to 8 KiB, and the headers `content-type`,
-    /// `content-encoding`, `content-language`, `location`, `etag` and `last-modified`.
+    /// Keeps records for `retention`, bodies up to [`DEFAULT_REPLAY_MAX_BODY`] (256 KiB), and the
+    /// headers `content-type`, `content-encoding`, `content-language`, `location`, `etag`
+    /// and `last-modified`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -67,7 +75,7 @@ impl ReplayPolicy {
     pub fn new(retention: Duration) -> Self {
         Self {
             retention,
-            max_body: 8 * 1024,
+            max_body: DEFAULT_REPLAY_MAX_BODY,
             headers: vec![
                 header::CONTENT_TYPE,
                 header::CONTENT_ENCODING,
@@ -79,15 +87,20 @@ impl ReplayPolicy {
         }
     }
 
-    /// The largest body kept (default 8 KiB): a response whose body is larger, or of
-    /// unknown size (streamed), is kept with status and headers only. (A response with
-    /// more than 1,000 header fields to keep is not kept at all.)
+    /// The largest body kept, byte for byte (default [`DEFAULT_REPLAY_MAX_BODY`], 256 KiB). The
+    /// layer buffers up to this much of each kept response while it streams, and the
+    /// record costs its size on each node for the retention (see [`DEFAULT_REPLAY_MAX_BODY`]).
+    /// A request whose response was larger is recorded as "completed, response not kept":
+    /// its retries get 410 / `ALREADY_EXISTS` (or the rejection hook's answer for
+    /// [`RejectionKind::ResponseNotKept`](crate::layer::RejectionKind::ResponseNotKept)),
+    /// and the handler does not run again. (A response with more than 1,000 header fields
+    /// to keep is not kept at all.)
     ///
     /// ```
     /// use std::time::Duration;
     /// use tower_redlock::layer::ReplayPolicy;
     ///
-    /// // JSON answers up to 64 KiB replay whole; larger ones replay status and headers only.
+    /// // Small JSON answers only: a retry of a larger one gets 410 instead of the response.
     /// let policy = ReplayPolicy::new(Duration::from_secs(3600)).max_body(64 * 1024);
     /// # let _ = policy;
     /// ```
@@ -175,9 +188,47 @@ impl ReplayPolicy {
         self.max_body
     }
 
-    /// The record of a response with `status`, `headers` and, if kept, `body` and
-    /// `trailers`, for a request with `fingerprint`; `None` when the headers or trailers
-    /// to keep are more than [`MAX_RECORD_HEADERS`] fields (such a response is not kept).
+    /// The head of the record of a response with `status` and `headers`, for a request
+    /// with `fingerprint`: marker, fingerprint, status and kept headers; `None` when the
+    /// headers to keep are more than [`MAX_RECORD_HEADERS`] fields (such a response is not
+    /// kept).
+    pub(crate) fn encode_head(
+        &self,
+        fingerprint: &Fingerprint,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<Vec<u8>> {
+        let mut out = RECORD_MARKER.to_vec();
+        out.extend_from_slice(fingerprint);
+        out.extend_from_slice(&status.as_u16().to_be_bytes());
+        self.put_headers(&mut out, headers)?;
+        Some(out)
+    }
+
+    /// Completes a record's head: the body (`None`: over the limit, "completed, response
+    /// not kept") and the trailers, if any; `None` when the trailers to keep are more than
+    /// [`MAX_RECORD_HEADERS`] fields.
+    pub(crate) fn encode_tail(
+        &self,
+        out: &mut Vec<u8>,
+        body: Option<&[u8]>,
+        trailers: Option<&HeaderMap>,
+    ) -> Option<()> {
+        match body {
+            Some(body) => {
+                out.push(BODY_KEPT);
+                put_bytes(out, body);
+            }
+            None => out.push(BODY_NOT_KEPT),
+        }
+        if let Some(trailers) = trailers {
+            self.put_headers(out, trailers)?;
+        }
+        Some(())
+    }
+
+    /// The whole record (head and tail) of a response.
+    #[cfg(test)]
     pub(crate) fn encode(
         &self,
         fingerprint: &Fingerprint,
@@ -186,31 +237,18 @@ impl ReplayPolicy {
         body: Option<&[u8]>,
         trailers: Option<&HeaderMap>,
     ) -> Option<Vec<u8>> {
-        let mut out = RECORD_MARKER.to_vec();
-        out.extend_from_slice(fingerprint);
-        out.extend_from_slice(&status.as_u16().to_be_bytes());
-        self.put_headers(&mut out, headers)?;
-        match body {
-            Some(body) => {
-                out.push(1);
-                put_bytes(&mut out, body);
-            }
-            None => out.push(0),
-        }
-        if let Some(trailers) = trailers {
-            self.put_headers(&mut out, trailers)?;
-        }
+        let mut out = self.encode_head(fingerprint, status, headers)?;
+        self.encode_tail(&mut out, body, trailers)?;
         Some(out)
     }
 
-    /// Writes the kept headers of `headers`: the policy's, and gRPC's status headers;
-    /// `None` when they are more than [`MAX_RECORD_HEADERS`].
+    /// Writes the kept headers of `headers`: the policy's, and those a gRPC client needs
+    /// (every `grpc-*` field, and a gRPC `content-type`); `None` when they are more than
+    /// [`MAX_RECORD_HEADERS`].
     fn put_headers(&self, out: &mut Vec<u8>, headers: &HeaderMap) -> Option<()> {
         let kept: Vec<_> = headers
             .iter()
-            .filter(|(name, _)| {
-                self.headers.contains(name) || GRPC_STATUS_HEADERS.contains(&name.as_str())
-            })
+            .filter(|(name, value)| self.headers.contains(name) || is_grpc_field(name, value))
             .collect();
         if kept.len() > MAX_RECORD_HEADERS {
             return None;
@@ -230,18 +268,18 @@ pub(crate) fn grpc_status(headers: &HeaderMap) -> Option<u16> {
     headers.get("grpc-status")?.to_str().ok()?.parse().ok()
 }
 
-/// Whether `body` is at most one whole gRPC message (a unary reply; a stream that sent
-/// more is not kept).
-pub(crate) fn is_unary_grpc_body(body: &[u8]) -> bool {
-    // A message: a compressed flag byte, a big-endian u32 length, the message.
-    let Some((_flag, rest)) = body.split_first() else {
-        return true;
-    };
-    let Some((len, message)) = rest.split_first_chunk::<4>() else {
-        return false;
-    };
-    usize::try_from(u32::from_be_bytes(*len)).is_ok_and(|len| len == message.len())
+/// Whether a header field is one a gRPC client needs: `grpc-*` (status, message,
+/// details, encoding), or a gRPC `content-type`.
+fn is_grpc_field(name: &HeaderName, value: &HeaderValue) -> bool {
+    name.as_str().starts_with("grpc-")
+        || (name == header::CONTENT_TYPE && value.as_bytes().starts_with(b"application/grpc"))
 }
+
+/// The body flag of a record whose body is kept (its length and bytes follow).
+const BODY_KEPT: u8 = 1;
+/// The body flag of a record whose body was not kept (over the limit; a record of an
+/// older version with a body of unknown size reads the same).
+const BODY_NOT_KEPT: u8 = 0;
 
 fn put_len(out: &mut Vec<u8>, len: usize) {
     out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
@@ -259,7 +297,8 @@ pub(crate) struct Record {
     pub(crate) fingerprint: Fingerprint,
     status: StatusCode,
     headers: HeaderMap,
-    body: Bytes,
+    /// `None`: the request completed, its response was not kept.
+    body: Option<Bytes>,
     trailers: Option<HeaderMap>,
 }
 
@@ -296,8 +335,9 @@ pub(crate) fn decode(record: &[u8]) -> Result<Record, RecordError> {
     let status = StatusCode::from_u16(u16::from_be_bytes(status)).map_err(|_| Unreadable)?;
     let headers = r.headers()?;
     let body = match r.take(1)? {
-        [1] => Bytes::copy_from_slice(r.bytes()?),
-        _ => Bytes::new(),
+        [BODY_KEPT] => Some(Bytes::copy_from_slice(r.bytes()?)),
+        [BODY_NOT_KEPT] => None,
+        _ => return Err(Unreadable),
     };
     let trailers = if r.0.is_empty() {
         None
@@ -357,14 +397,15 @@ impl<'a> Reader<'a> {
 }
 
 impl Record {
-    /// The replayed response, marked with [`REPLAYED_HEADER`], and its trailers (gRPC).
-    pub(crate) fn into_response(self) -> (Response<Bytes>, Option<HeaderMap>) {
-        let mut res = Response::new(self.body);
+    /// The replayed response, marked with [`REPLAYED_HEADER`], and its trailers (gRPC);
+    /// `None` when the response was not kept.
+    pub(crate) fn into_response(self) -> Option<(Response<Bytes>, Option<HeaderMap>)> {
+        let mut res = Response::new(self.body?);
         *res.status_mut() = self.status;
         *res.headers_mut() = self.headers;
         res.headers_mut()
             .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-        (res, self.trailers)
+        Some((res, self.trailers))
     }
 }
 
@@ -388,7 +429,8 @@ mod tests {
             .unwrap_or_default();
         assert_eq!(decode(&encoded).map(|r| r.fingerprint), Ok([7; 32]));
         let (res, trailers) = decode(&encoded)
-            .map(Record::into_response)
+            .ok()
+            .and_then(Record::into_response)
             .unwrap_or_default();
         assert!(trailers.is_none());
         assert_eq!(res.status(), StatusCode::CREATED);
@@ -401,13 +443,35 @@ mod tests {
             Some(RecordError::Unreadable)
         );
         assert_eq!(decode(b"0123abcd").err(), Some(RecordError::Unreadable));
-        let headers_only = policy
+        // Over the limit: "completed, not kept", never an empty success.
+        let not_kept = policy
             .encode(&[7; 32], parts.status, &parts.headers, None, None)
             .unwrap_or_default();
-        let (res, _) = decode(&headers_only)
-            .map(Record::into_response)
+        let record = decode(&not_kept).expect("a record");
+        assert_eq!(record.fingerprint, [7; 32]);
+        assert!(record.into_response().is_none());
+        // An empty body is kept as empty.
+        let empty = policy
+            .encode(
+                &[7; 32],
+                StatusCode::NO_CONTENT,
+                &parts.headers,
+                Some(b""),
+                None,
+            )
             .unwrap_or_default();
+        let (res, _) = decode(&empty)
+            .ok()
+            .and_then(Record::into_response)
+            .unwrap_or_default();
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
         assert!(res.body().is_empty());
+        // An unknown body flag is unreadable, not an empty body.
+        let mut unknown = policy
+            .encode_head(&[7; 32], parts.status, &parts.headers)
+            .unwrap_or_default();
+        unknown.push(7);
+        assert_eq!(decode(&unknown).err(), Some(RecordError::Unreadable));
     }
 
     #[test]
@@ -416,29 +480,41 @@ mod tests {
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", HeaderValue::from_static("0"));
         trailers.insert("x-internal", HeaderValue::from_static("not kept"));
+        trailers.insert("grpc-custom-bin", HeaderValue::from_static("AAE"));
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        headers.insert("grpc-encoding", HeaderValue::from_static("gzip"));
+        headers.insert("x-internal", HeaderValue::from_static("not kept"));
         let message = b"\x00\x00\x00\x00\x02hi";
+        // A header list without content-type: gRPC's fields are kept all the same.
+        let policy = policy.headers([header::LOCATION]);
         let encoded = policy
             .encode(
                 &[1; 32],
                 StatusCode::OK,
-                &HeaderMap::new(),
+                &headers,
                 Some(message),
                 Some(&trailers),
             )
             .unwrap_or_default();
         let (res, kept) = decode(&encoded)
-            .map(Record::into_response)
+            .ok()
+            .and_then(Record::into_response)
             .unwrap_or_default();
         assert_eq!(res.body().as_ref(), message);
+        assert_eq!(
+            res.headers()[header::CONTENT_TYPE],
+            "application/grpc+proto"
+        );
+        assert_eq!(res.headers()["grpc-encoding"], "gzip");
+        assert!(res.headers().get("x-internal").is_none());
         let kept = kept.unwrap_or_default();
         assert_eq!(grpc_status(&kept), Some(0));
+        assert_eq!(kept["grpc-custom-bin"], "AAE");
         assert!(kept.get("x-internal").is_none());
-        assert!(is_unary_grpc_body(message));
-        assert!(is_unary_grpc_body(b""));
-        assert!(!is_unary_grpc_body(
-            b"\x00\x00\x00\x00\x02hi\x00\x00\x00\x00\x00"
-        ));
-        assert!(!is_unary_grpc_body(b"\x00\x00\x00"));
         assert!(policy.keeps_grpc(0) && policy.keeps_grpc(5));
         assert!(!policy.keeps_grpc(10) && !policy.keeps_grpc(14));
     }

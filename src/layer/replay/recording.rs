@@ -1,9 +1,15 @@
-//! A gRPC reply that streams through its recorder: the frames pass on as they come; at
-//! the end, when the reply is kept, its trailers wait until its record is stored, and the
-//! lock is held until then.
+//! A kept response that streams through its [`Recorder`]: its frames pass on as they
+//! come; its last frame (the last data frame of a body whose end is known, or its
+//! trailers), or else the end of the stream, waits until the record is stored and the
+//! lock released. So a client never sees a complete response whose record is not yet
+//! stored, and a body that fails or is dropped before its end (the client went away)
+//! leaves no record; the client sees the failure as a failure, since the body is passed
+//! on as it is.
 //!
 //! ```text
-//! data, data, ... -> (recorder copies them) -> trailers -> store the record -> trailers out
+//! data, data, ... -> (copied) -> last data / trailers / end -> store the record
+//!                 -> release -> last frame out
+//! error, or dropped before the end -> no record, release in the background
 //! ```
 //!
 //! ```no_run
@@ -23,84 +29,90 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use http::HeaderMap;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::completion::{Finishing, GrpcRecorder};
+use super::completion::{Finishing, Recorder};
 
 pin_project! {
-    /// A gRPC reply being recorded.
+    /// A kept response's body, being recorded.
     pub(crate) struct RecordingBody<B> {
         #[pin]
         body: B,
-        // Boxed: most responses never need it.
+        // Boxed: the body stays small in the response body enum.
         rec: Box<Recording>,
     }
 }
 
 /// Where the recording is.
 struct Recording {
-    recorder: Option<GrpcRecorder>,
-    /// The record being stored (the reply is kept), with the lock.
+    /// Until the body ends or fails.
+    recorder: Option<Recorder>,
+    /// The record being stored and the lock released, once the body has ended.
     finishing: Option<Finishing>,
-    /// The trailers, held until the record is stored.
-    trailers: Option<HeaderMap>,
-    finished: bool,
+    /// The last frame, out once the record is stored.
+    held: Option<Frame<Bytes>>,
+    /// The body's size, when it gave one: its last data frame is known as it comes.
+    size: Option<u64>,
+    /// Bytes passed on so far.
+    seen: u64,
+    /// The body ended, or failed: it is not polled again.
+    ended: bool,
 }
 
-impl<B> RecordingBody<B> {
-    /// `body`, recorded by `recorder`.
-    pub(crate) fn new(body: B, recorder: GrpcRecorder) -> Self {
+impl<B: Body> RecordingBody<B> {
+    /// `body`, recorded by `recorder` (`sized`: the body's exact size marks its last data
+    /// frame, as it does for an HTTP/1 client).
+    pub(crate) fn new(body: B, recorder: Recorder, sized: bool) -> Self {
+        let size = if sized {
+            body.size_hint().exact()
+        } else {
+            None
+        };
         Self {
             body,
             rec: Box::new(Recording {
                 recorder: Some(recorder),
                 finishing: None,
-                trailers: None,
-                finished: false,
+                held: None,
+                size,
+                seen: 0,
+                ended: false,
             }),
         }
     }
+}
 
-    /// Whether the lock is still held (the stream has not ended, or its record is being
+impl<B> RecordingBody<B> {
+    /// Whether the lock is still held (the body has not ended, or its record is being
     /// stored).
     pub(crate) fn holds_lock(&self) -> bool {
-        !self.rec.finished
+        self.rec.recorder.is_some() || self.rec.finishing.is_some()
     }
 }
 
 impl Recording {
-    /// The record is being stored: the trailers, once it is.
-    fn poll_stored<D, E>(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<D>, E>>> {
-        if let Some(f) = self.finishing.as_mut() {
-            ready!(f.work.as_mut().poll(cx));
-        }
-        if let Some(mut f) = self.finishing.take() {
-            f.guard.disarm();
-        }
-        self.finished = true;
-        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    /// The body ended, with `trailers` if any: the record is stored (or the lock only
+    /// released), and `last` waits for it.
+    fn end(&mut self, last: Option<Frame<Bytes>>) {
+        self.ended = true;
+        let trailers = last.as_ref().and_then(Frame::trailers_ref);
+        self.finishing = self.recorder.take().map(|r| r.finish(trailers));
+        self.held = last;
     }
 
-    /// The stream ended (with `trailers`, if any): the record is stored if the reply is
-    /// kept, and the trailers wait for it.
-    fn end<D, E>(
-        &mut self,
-        trailers: Option<HeaderMap>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<D>, E>>> {
-        self.trailers = trailers;
-        self.finishing = self
-            .recorder
-            .take()
-            .and_then(|r| r.finish(self.trailers.as_ref()));
-        // Polled now, so that the work is registered with the waker.
-        self.poll_stored(cx)
+    /// Whether `data` is the body's last data frame, as far as its size tells.
+    fn completes_size(&self) -> bool {
+        self.size.is_some_and(|size| self.seen >= size)
     }
 }
 
-impl<B: Body> Body for RecordingBody<B> {
+impl<B> Body for RecordingBody<B>
+where
+    B: Body,
+    B::Data: From<Bytes>,
+{
     type Data = B::Data;
     type Error = B::Error;
 
@@ -108,38 +120,71 @@ impl<B: Body> Body for RecordingBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
+        let mut this = self.project();
         let rec = &mut **this.rec;
-        if rec.finished {
-            return Poll::Ready(None);
-        }
-        if rec.finishing.is_some() {
-            return rec.poll_stored(cx);
-        }
-        match ready!(this.body.poll_frame(cx)) {
-            Some(Ok(frame)) => match frame.into_trailers() {
-                Ok(trailers) => rec.end(Some(trailers), cx),
-                Err(frame) => {
-                    if let (Some(r), Some(data)) = (rec.recorder.as_mut(), frame.data_ref()) {
-                        r.data(data);
-                    }
-                    Poll::Ready(Some(Ok(frame)))
-                }
-            },
-            None => rec.end(None, cx),
-            Some(Err(e)) => {
-                // No record; dropping the recorder releases in the background.
-                rec.recorder.take();
-                Poll::Ready(Some(Err(e)))
+        loop {
+            if let Some(finishing) = rec.finishing.as_mut() {
+                ready!(finishing.poll_done(cx));
+                rec.finishing = None;
             }
+            if let Some(frame) = rec.held.take() {
+                return Poll::Ready(Some(Ok(frame.map_data(B::Data::from))));
+            }
+            if rec.ended {
+                return Poll::Ready(None);
+            }
+            let frame = match ready!(this.body.as_mut().poll_frame(cx)) {
+                None => {
+                    rec.end(None);
+                    continue;
+                }
+                Some(Err(e)) => {
+                    // No record; dropping the recorder releases in the background.
+                    rec.ended = true;
+                    rec.recorder = None;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Some(Ok(frame)) => frame,
+            };
+            let frame = match frame.into_data() {
+                Ok(mut data) => {
+                    let data = data.copy_to_bytes(data.remaining());
+                    rec.seen = rec.seen.saturating_add(data.len() as u64);
+                    if let Some(recorder) = rec.recorder.as_mut() {
+                        recorder.data(&data);
+                    }
+                    if this.body.is_end_stream() || rec.completes_size() {
+                        rec.end(Some(Frame::data(data)));
+                        continue;
+                    }
+                    Frame::data(B::Data::from(data))
+                }
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => {
+                        rec.end(Some(Frame::trailers(trailers)));
+                        continue;
+                    }
+                    Err(other) => other,
+                },
+            };
+            return Poll::Ready(Some(Ok(frame)));
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.rec.finished
+        self.rec.ended && self.rec.finishing.is_none() && self.rec.held.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.rec.ended {
+            let held = self
+                .rec
+                .held
+                .as_ref()
+                .and_then(Frame::data_ref)
+                .map_or(0, |d| d.len() as u64);
+            return SizeHint::with_exact(held);
+        }
         self.body.size_hint()
     }
 }
