@@ -17,7 +17,7 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use support::{Cluster, query_port, wait_for};
 use tower::{Layer, ServiceExt, service_fn};
-use tower_redlock::layer::Header;
+use tower_redlock::layer::{Header, PrefixedBody};
 use tower_redlock::{NodeConfig, Redlock, RedlockLayer};
 
 const TTL: Duration = Duration::from_secs(1);
@@ -138,7 +138,7 @@ async fn exercise(nodes: impl Fn() -> Vec<NodeConfig>, subscriber: Option<u16>) 
         .replay(Duration::from_secs(60))
         .layer(service_fn({
             let runs = Arc::clone(&runs);
-            move |_: Request<Full<Bytes>>| {
+            move |_: Request<PrefixedBody<Full<Bytes>>>| {
                 let runs = Arc::clone(&runs);
                 async move {
                     runs.fetch_add(1, Ordering::SeqCst);

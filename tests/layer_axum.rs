@@ -115,7 +115,16 @@ fn spawn_delivery(
     )
 }
 
-fn app(layer: RedlockLayer<Header>, state: App) -> Router {
+/// The gated route behind `layer` (a `RedlockLayer` with or without replay).
+fn app<L>(layer: L, state: App) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service:
+        tower::Service<http::Request<Body>, Error = Infallible> + Clone + Send + Sync + 'static,
+    <L::Service as tower::Service<http::Request<Body>>>::Response:
+        axum::response::IntoResponse + 'static,
+    <L::Service as tower::Service<http::Request<Body>>>::Future: Send + 'static,
+{
     Router::new()
         .route("/hook", post(gated))
         .route_layer(layer)

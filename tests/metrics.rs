@@ -136,7 +136,7 @@ async fn the_documented_metrics_are_recorded() {
             RedlockLayer::new(redlock.clone(), Header::new("idempotency-key"))
                 .replay(Duration::from_secs(60)),
         )
-        .service(service_fn(|_req: http::Request<String>| async {
+        .service(service_fn(|_req: http::Request<_>| async {
             Ok::<_, Infallible>(http::Response::new(String::from("done")))
         }));
     for _ in 0..3 {
@@ -146,6 +146,9 @@ async fn the_documented_metrics_are_recorded() {
             .expect("request");
         let res = svc.clone().oneshot(req).await.expect("response");
         assert_eq!(res.status(), 200);
+        // The response is recorded once its body has gone out whole.
+        let body = http_body_util::BodyExt::collect(res.into_body()).await;
+        assert_eq!(body.expect("body").to_bytes(), "done");
     }
     assert_eq!(s.value("redlock_replayed_total"), 2.0);
 

@@ -9,6 +9,7 @@
 //! `rejection` kind) or `lost` (abort on loss).
 //!
 //! ```text
+//! (replay, by default: Reading the start of the request body, for its fingerprint -->)
 //! Acquiring --lock--> Calling --response--> Releasing --> response
 //!     |                  |  \--kept for replay--> response whose body records it
 //!     |                  |       (the replay room; the lock is held until the record is stored)
@@ -33,7 +34,7 @@ use super::body::ResponseBody;
 use super::config::{Config, ReleaseOn};
 use super::reject::{Protocol, Rejection};
 use super::rejection_hook::Answer;
-use super::replay::completion::{Keep, Recorder};
+use super::replay::completion::{Finishing, Keep, Recorder};
 use super::replay::fingerprint::Fingerprint;
 use super::replay::{self};
 use crate::client::{Acquired, Redlock, Released};
@@ -51,6 +52,10 @@ pub(crate) trait PendingCall<F>: Send {
 
 /// Calls the inner service once the lock is held.
 pub(crate) type CallFn<F> = Box<dyn PendingCall<F>>;
+
+/// Reads the start of the request's body (replay's body fingerprint): the call, with the
+/// request's fingerprint.
+pub(crate) type ReadFuture<F> = BoxFuture<'static, (CallFn<F>, Fingerprint)>;
 
 /// Acquires the lock (or, with replay, finds the name's record); with the name.
 pub(crate) type AcquireFuture = BoxFuture<'static, Result<(Acquired, Vec<u8>), Denied>>;
@@ -81,6 +86,8 @@ pub(crate) struct Ctx {
     /// A copy of the request's head, kept for the rejection when the lock may be lost
     /// while the inner service has the request (abort on loss).
     pub(crate) head: Option<Box<http::request::Parts>>,
+    /// A `HEAD` request: its response's body is never sent.
+    pub(crate) head_request: bool,
 }
 
 /// What a releasing future returns once the lock is released.
@@ -93,6 +100,11 @@ pin_project! {
     #[project = StateProj]
     #[project_replace = StateOwned]
     enum State<F, B, E> {
+        Reading {
+            read: ReadFuture<F>,
+            acquire: AcquireFuture,
+            ctx: Ctx,
+        },
         Acquiring {
             acquire: AcquireFuture,
             call: CallFn<F>,
@@ -121,6 +133,10 @@ pin_project! {
             response: Response<Bytes>,
             trailers: Option<http::HeaderMap>,
         },
+        Storing {
+            finishing: Finishing,
+            response: Option<Response<ResponseBody<B>>>,
+        },
         Done,
     }
 }
@@ -148,6 +164,19 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
+    /// Reads the start of the request's body first (for its fingerprint), then acquires.
+    pub(crate) fn reading(
+        read: ReadFuture<F>,
+        acquire: AcquireFuture,
+        ctx: Ctx,
+        span: tracing::Span,
+    ) -> Self {
+        Self {
+            state: State::Reading { read, acquire, ctx },
+            span,
+        }
+    }
+
     pub(crate) fn acquiring(
         acquire: AcquireFuture,
         call: CallFn<F>,
@@ -164,12 +193,14 @@ impl<F, B, E> ResponseFuture<F, B, E> {
 impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.state {
+            State::Reading { .. } => "reading the request body",
             State::Acquiring { .. } => "acquiring",
             State::Passthrough { .. } => "passthrough",
             State::Calling { .. } => "calling",
             State::Releasing { .. } => "releasing",
             State::Rejected { .. } => "rejected",
             State::Replayed { .. } => "replayed",
+            State::Storing { .. } => "storing the record of a response without a body",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -193,6 +224,10 @@ where
         let mut state = this.state;
         loop {
             let step = match state.as_mut().project() {
+                StateProj::Reading { read, .. } => {
+                    let (call, fingerprint) = ready!(read.as_mut().poll(cx));
+                    read_body(state.as_mut(), call, fingerprint)
+                }
                 StateProj::Acquiring { acquire, .. } => {
                     let result = ready!(acquire.as_mut().poll(cx));
                     acquired(state.as_mut(), result, span)
@@ -218,6 +253,16 @@ where
                 }
                 StateProj::Rejected { .. } => rejected(state.as_mut()),
                 StateProj::Replayed { .. } => replayed(state.as_mut()),
+                StateProj::Storing {
+                    finishing,
+                    response,
+                } => {
+                    ready!(finishing.poll_done(cx));
+                    match response.take() {
+                        Some(response) => Step::Ready(Ok(response)),
+                        None => Step::Next,
+                    }
+                }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             if let Step::Ready(output) = step {
@@ -228,6 +273,22 @@ where
 }
 
 type StatePin<'a, F, B, E> = Pin<&'a mut State<F, B, E>>;
+
+/// The start of the body is read: acquire, with the request's fingerprint.
+fn read_body<F, B, E>(
+    mut state: StatePin<'_, F, B, E>,
+    call: CallFn<F>,
+    fingerprint: Fingerprint,
+) -> Step<B, E> {
+    if let StateOwned::Reading {
+        acquire, mut ctx, ..
+    } = state.as_mut().project_replace(State::Done)
+    {
+        ctx.fingerprint = fingerprint;
+        state.set(State::Acquiring { acquire, call, ctx });
+    }
+    Step::Next
+}
 
 /// The lock is held: call the inner service. Or it is not: reject. The outcome goes to
 /// the request's `span`.
@@ -301,8 +362,15 @@ where
     let output = match (output, ctx.config.replay.as_ref()) {
         (Ok(res), Some(policy)) if policy.keeps(res.status()) => {
             match recording(res, guard, policy, &ctx) {
-                Ok(res) => return Step::Ready(Ok(res)),
-                Err((res, given_back)) => {
+                Recording::Streams(res) => return Step::Ready(Ok(res)),
+                Recording::Storing(finishing, res) => {
+                    state.set(State::Storing {
+                        finishing,
+                        response: Some(res),
+                    });
+                    return Step::Next;
+                }
+                Recording::NotKept(res, given_back) => {
                     guard = given_back;
                     Ok(res)
                 }
@@ -321,15 +389,24 @@ where
     }
 }
 
-/// A response to keep, its body recorded as it streams; the response back (with the
-/// guard) when it cannot be recorded.
-#[allow(clippy::result_large_err)]
+/// How a response to keep is recorded.
+enum Recording<B> {
+    /// Its body records it as it streams.
+    Streams(Response<ResponseBody<B>>),
+    /// It has no body to send (empty, a 204 or 304, an answer to `HEAD`): its record is
+    /// stored before it goes out (a server may drop such a body without polling it).
+    Storing(Finishing, Response<ResponseBody<B>>),
+    /// It cannot be recorded (too many headers to keep): the response and the guard back.
+    NotKept(Response<B>, LockGuard),
+}
+
+/// A response to keep, recorded.
 fn recording<B: Body>(
     res: Response<B>,
     guard: LockGuard,
     policy: &crate::layer::ReplayPolicy,
     ctx: &Ctx,
-) -> Result<Response<ResponseBody<B>>, (Response<B>, LockGuard)> {
+) -> Recording<B> {
     let (parts, body) = res.into_parts();
     let keep = Keep {
         policy: policy.clone(),
@@ -340,12 +417,22 @@ fn recording<B: Body>(
     // An HTTP body's size marks its last frame (for an HTTP/1 client it ends the
     // response); a gRPC reply always ends with its trailers.
     let sized = ctx.protocol == Protocol::Http;
+    let bodiless = ctx.head_request
+        || body.is_end_stream()
+        || matches!(
+            parts.status,
+            http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
+        );
     match Recorder::new(&parts, body.size_hint().exact(), guard, keep) {
-        Ok(recorder) => Ok(Response::from_parts(
+        Ok(recorder) if bodiless => Recording::Storing(
+            recorder.finish(None),
+            Response::from_parts(parts, ResponseBody::inner(body, None)),
+        ),
+        Ok(recorder) => Recording::Streams(Response::from_parts(
             parts,
             ResponseBody::recording(body, recorder, sized),
         )),
-        Err(guard) => Err((Response::from_parts(parts, body), guard)),
+        Err(guard) => Recording::NotKept(Response::from_parts(parts, body), guard),
     }
 }
 

@@ -67,9 +67,13 @@ pub use extract::{
 };
 pub use future::ResponseFuture;
 pub use grpc_methods::GrpcMethods;
+pub use redlock_layer::BodyMode;
 pub use reject::{Protocol, Rejection, RejectionKind};
 pub use rejection_hook::IntoRejectionResponse;
-pub use replay::body_fingerprint::{BodyFingerprint, BodyFingerprintLayer, PrefixedBody};
+pub use replay::body_fingerprint::{
+    BodyFingerprint, BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
+    PrefixedBody,
+};
 pub use replay::fingerprint::RequestFingerprint;
 pub use replay::principal::Principal;
 pub use replay::record::{DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};

@@ -22,6 +22,9 @@ use tower_layer::Layer;
 use super::config::{BusyPolicy, Config, ReleaseOn, WaitPolicy};
 use super::reject::Rejection;
 use super::rejection_hook::{self, IntoRejectionResponse};
+use super::replay::body_fingerprint::{
+    BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
+};
 use super::service::RedlockService;
 use crate::client::Redlock;
 
@@ -47,11 +50,19 @@ use crate::client::Redlock;
 /// );
 /// # Ok(()) }
 /// ```
+///
+/// `F` says what the layer does with request bodies: without replay it hands them on as
+/// they are ([`NoBodyFingerprint`]); with [`replay`](Self::replay) it reads the start of
+/// each locked request's body for the request's fingerprint ([`BodyFingerprintLayer`]),
+/// and the inner service gets a [`PrefixedBody`](super::PrefixedBody) (axum routers and
+/// tonic servers take any body; see [`without_body_fingerprint`](Self::without_body_fingerprint)
+/// for services that need the original body type).
 #[derive(Debug, Clone)]
-pub struct RedlockLayer<E> {
+pub struct RedlockLayer<E, F = NoBodyFingerprint> {
     redlock: Redlock,
     extractor: E,
     config: Arc<Config>,
+    body: F,
 }
 
 impl<E> RedlockLayer<E> {
@@ -61,6 +72,7 @@ impl<E> RedlockLayer<E> {
         Self {
             redlock,
             extractor,
+            body: NoBodyFingerprint,
             config: Arc::new(Config {
                 ttl: None,
                 busy: BusyPolicy::Reject,
@@ -73,7 +85,9 @@ impl<E> RedlockLayer<E> {
             }),
         }
     }
+}
 
+impl<E, F> RedlockLayer<E, F> {
     fn config(&mut self) -> &mut Config {
         Arc::make_mut(&mut self.config)
     }
@@ -280,7 +294,10 @@ impl<E> RedlockLayer<E> {
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
-    pub fn replay(self, retention: Duration) -> Self {
+    pub fn replay(self, retention: Duration) -> RedlockLayer<E, BodyFingerprintLayer>
+    where
+        F: BodyMode,
+    {
         self.replay_policy(super::ReplayPolicy::new(retention))
     }
 
@@ -302,9 +319,20 @@ impl<E> RedlockLayer<E> {
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
-    pub fn replay_policy(mut self, policy: super::ReplayPolicy) -> Self {
+    pub fn replay_policy(
+        mut self,
+        policy: super::ReplayPolicy,
+    ) -> RedlockLayer<E, BodyFingerprintLayer>
+    where
+        F: BodyMode,
+    {
         self.config().replay = Some(policy);
-        self
+        RedlockLayer {
+            redlock: self.redlock,
+            extractor: self.extractor,
+            config: self.config,
+            body: self.body.fingerprinting(),
+        }
     }
 
     /// The longest `Retry-After` the layer advises (default 1 s): a busy answer advises the
@@ -391,9 +419,9 @@ impl<E> RedlockLayer<E> {
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
-    pub fn on_rejection<F, R>(mut self, hook: F) -> Self
+    pub fn on_rejection<H, R>(mut self, hook: H) -> Self
     where
-        F: Fn(Rejection, &Parts) -> R + Send + Sync + 'static,
+        H: Fn(Rejection, &Parts) -> R + Send + Sync + 'static,
         R: IntoRejectionResponse,
     {
         self.config().on_rejection = Some(rejection_hook::hook(hook));
@@ -401,8 +429,101 @@ impl<E> RedlockLayer<E> {
     }
 }
 
-impl<S, E: Clone> Layer<S> for RedlockLayer<E> {
-    type Service = RedlockService<S, E>;
+impl<E> RedlockLayer<E, BodyFingerprintLayer> {
+    /// How many bytes of each locked request's body count in its fingerprint (default
+    /// [`DEFAULT_BODY_FINGERPRINT_LIMIT`](super::DEFAULT_BODY_FINGERPRINT_LIMIT), 1 MiB):
+    /// the same key with a body that differs within them is refused with 422; bodies that
+    /// differ only beyond them count as the same request. Up to this much of each body is
+    /// held (not copied) until the handler reads it. `0` reads nothing (the body does not
+    /// count), and the inner service still gets a [`PrefixedBody`](super::PrefixedBody).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::Header;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // Uploads of up to 16 MiB, where any changed byte must count.
+    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
+    ///     .replay(Duration::from_secs(3600))
+    ///     .body_fingerprint(16 << 20);
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn body_fingerprint(mut self, limit: usize) -> Self {
+        self.body = BodyFingerprintLayer::new(limit);
+        self
+    }
+
+    /// Replays without reading request bodies: the inner service gets each request as
+    /// it came (`Request<B>`, for services that need their own body type), and the same
+    /// key sent with a different body gets the first request's response, unless your
+    /// own [`RequestFingerprint`](super::RequestFingerprint) (or an outer
+    /// [`BodyFingerprintLayer`]) counts the body.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::Duration;
+    /// use http::{Request, Response};
+    /// use tower::{ServiceBuilder, service_fn};
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::Header;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // A service of `Request<String>`: its body type stays.
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(
+    ///         RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
+    ///             .replay(Duration::from_secs(3600))
+    ///             .without_body_fingerprint(),
+    ///     )
+    ///     .service(service_fn(|req: Request<String>| async move {
+    ///         Ok::<_, Infallible>(Response::new(req.into_body()))
+    ///     }));
+    /// # let _ = svc;
+    /// # Ok(()) }
+    /// ```
+    pub fn without_body_fingerprint(self) -> RedlockLayer<E, NoBodyFingerprint> {
+        RedlockLayer {
+            redlock: self.redlock,
+            extractor: self.extractor,
+            config: self.config,
+            body: NoBodyFingerprint,
+        }
+    }
+}
+
+/// What a [`RedlockLayer`] does with request bodies: [`NoBodyFingerprint`] or
+/// [`BodyFingerprintLayer`]. Sealed.
+pub trait BodyMode: sealed::Sealed + Clone {
+    /// The body fingerprinting that replay turns on: this one, or the default.
+    #[doc(hidden)]
+    fn fingerprinting(self) -> BodyFingerprintLayer;
+}
+
+impl BodyMode for NoBodyFingerprint {
+    fn fingerprinting(self) -> BodyFingerprintLayer {
+        BodyFingerprintLayer::new(DEFAULT_BODY_FINGERPRINT_LIMIT)
+    }
+}
+
+impl BodyMode for BodyFingerprintLayer {
+    fn fingerprinting(self) -> BodyFingerprintLayer {
+        self
+    }
+}
+
+mod sealed {
+    /// Seals [`BodyMode`](super::BodyMode).
+    pub trait Sealed {}
+    impl Sealed for super::NoBodyFingerprint {}
+    impl Sealed for super::BodyFingerprintLayer {}
+}
+
+impl<S, E: Clone, F: BodyMode> Layer<S> for RedlockLayer<E, F> {
+    type Service = RedlockService<S, E, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RedlockService::new(
@@ -410,6 +531,7 @@ impl<S, E: Clone> Layer<S> for RedlockLayer<E> {
             self.redlock.clone(),
             self.extractor.clone(),
             Arc::clone(&self.config),
+            self.body.clone(),
         )
     }
 }

@@ -29,31 +29,45 @@ use tower_service::Service;
 
 use super::config::{BusyPolicy, Config};
 use super::extract::ExtractLockName;
-use super::future::{Ctx, Denied, PendingCall, ResponseFuture};
+use super::future::{AcquireFuture, CallFn, Ctx, Denied, PendingCall, ResponseFuture};
 use super::reject::{Protocol, Rejection};
-use super::replay::fingerprint;
+use super::replay::body_fingerprint::{
+    BodyFingerprintLayer, NoBodyFingerprint, PrefixedBody, read_prefix,
+};
+use super::replay::fingerprint::{self, Fingerprint};
 use crate::client::{Acquired, Redlock};
 use crate::error::LockError;
 use crate::quorum::later;
 use crate::token::LockToken;
 
 /// Holds a quorum lock, named by the extractor, while the inner service runs. Created by
-/// [`RedlockLayer`](crate::RedlockLayer).
+/// [`RedlockLayer`](crate::RedlockLayer). `F` is what it does with request bodies: hands
+/// them on as they are ([`NoBodyFingerprint`]: the inner service gets `Request<B>`), or,
+/// with replay, reads the start of each locked request's body for its fingerprint
+/// ([`BodyFingerprintLayer`]: the inner service gets `Request<PrefixedBody<B>>`).
 #[derive(Debug, Clone)]
-pub struct RedlockService<S, E> {
+pub struct RedlockService<S, E, F = NoBodyFingerprint> {
     inner: S,
     redlock: Redlock,
     extractor: E,
     config: Arc<Config>,
+    body: F,
 }
 
-impl<S, E> RedlockService<S, E> {
-    pub(crate) fn new(inner: S, redlock: Redlock, extractor: E, config: Arc<Config>) -> Self {
+impl<S, E, F> RedlockService<S, E, F> {
+    pub(crate) fn new(
+        inner: S,
+        redlock: Redlock,
+        extractor: E,
+        config: Arc<Config>,
+        body: F,
+    ) -> Self {
         Self {
             inner,
             redlock,
             extractor,
             config,
+            body,
         }
     }
 
@@ -115,7 +129,7 @@ async fn acquire(
     }
 }
 
-impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for RedlockService<S, E>
+impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for RedlockService<S, E, NoBodyFingerprint>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     E: ExtractLockName<ReqBody>,
@@ -133,50 +147,129 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let protocol = Protocol::of(&req);
+        let (name, span) = match self.name(&req, protocol) {
+            Named::Lock(name, span) => (name, span),
+            Named::Rejected(rejected) => return rejected,
+            Named::PassThrough => return ResponseFuture::passthrough(self.inner.call(req)),
+        };
         let fingerprint = if self.config.replay.is_some() {
             fingerprint::fingerprint(&req)
         } else {
             [0; 32]
         };
-        let name = match self.extractor.extract(&req) {
-            Ok(Some(name)) => name,
-            Ok(None) => return ResponseFuture::passthrough(self.inner.call(req)),
+        let (acquire, ctx) = self.start(&req, name, protocol, fingerprint);
+        let inner = self.take_ready();
+        ResponseFuture::acquiring(acquire, Box::new(Pending { inner, req }), ctx, span)
+    }
+}
+
+/// With replay (by default): the start of each locked request's body counts in its
+/// fingerprint, so the same key sent with another body is refused with 422.
+impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>>
+    for RedlockService<S, E, BodyFingerprintLayer>
+where
+    S: Service<Request<PrefixedBody<ReqBody>>, Response = Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    E: ExtractLockName<ReqBody>,
+    ReqBody: http_body::Body + Send + Unpin + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Send,
+    ResBody: http_body::Body,
+    ResBody::Data: From<bytes::Bytes>,
+{
+    type Response = Response<super::ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let protocol = Protocol::of(&req);
+        let (name, span) = match self.name(&req, protocol) {
+            Named::Lock(name, span) => (name, span),
+            Named::Rejected(rejected) => return rejected,
+            Named::PassThrough => {
+                return ResponseFuture::passthrough(
+                    self.inner.call(req.map(PrefixedBody::untouched)),
+                );
+            }
+        };
+        // The fingerprint comes once the start of the body is read.
+        let (acquire, ctx) = self.start(&req, name, protocol, [0; 32]);
+        let inner = self.take_ready();
+        let limit = self.body.limit();
+        let read = Box::pin(async move {
+            let req = read_prefix(req, limit).await;
+            let fingerprint = fingerprint::fingerprint(&req);
+            let call: CallFn<S::Future> = Box::new(Pending { inner, req });
+            (call, fingerprint)
+        });
+        ResponseFuture::reading(read, acquire, ctx, span)
+    }
+}
+
+impl<S, E, F> RedlockService<S, E, F> {
+    /// Names `req`'s lock, with the request's span.
+    fn name<R, Fut, B, Er>(&self, req: &Request<R>, protocol: Protocol) -> Named<Fut, B, Er>
+    where
+        E: ExtractLockName<R>,
+    {
+        match self.extractor.extract(req) {
+            Ok(Some(name)) => {
+                let span = self.span(Some(&name));
+                Named::Lock(name, span)
+            }
+            Ok(None) => Named::PassThrough,
             Err(e) => {
                 let span = self.span(None);
                 span.record("outcome", "rejected");
                 span.record("rejection", "bad_request");
-                let (head, _) = req.into_parts();
+                let head = head_of(req);
                 let rejection = Rejection::bad_request(e.message(), protocol);
                 let response = span.in_scope(|| self.config.respond(rejection, &head));
-                return ResponseFuture::rejected(response, span);
+                Named::Rejected(ResponseFuture::rejected(response, span))
             }
-        };
-        let span = self.span(Some(&name));
-        let head = self.config.abort_on_loss.then(|| Box::new(head_of(&req)));
-        // Keep the service that was driven to readiness; leave a fresh clone behind.
+        }
+    }
+
+    /// The service that was driven to readiness; a fresh clone is left behind.
+    fn take_ready(&mut self) -> S
+    where
+        S: Clone,
+    {
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        std::mem::replace(&mut self.inner, clone)
+    }
+
+    /// The acquisition of `name`, and what the future needs once it holds the lock.
+    fn start<R>(
+        &self,
+        req: &Request<R>,
+        name: Vec<u8>,
+        protocol: Protocol,
+        fingerprint: Fingerprint,
+    ) -> (AcquireFuture, Ctx) {
+        let head = self.config.abort_on_loss.then(|| Box::new(head_of(req)));
         let acquire = Box::pin(acquire(
             self.redlock.clone(),
             name,
             Arc::clone(&self.config),
         ));
-        ResponseFuture::acquiring(
-            acquire,
-            Box::new(Pending { inner, req }),
-            Ctx {
-                redlock: self.redlock.clone(),
-                config: Arc::clone(&self.config),
-                protocol,
-                fingerprint,
-                head,
-            },
-            span,
-        )
+        let ctx = Ctx {
+            redlock: self.redlock.clone(),
+            config: Arc::clone(&self.config),
+            protocol,
+            fingerprint,
+            head,
+            head_request: req.method() == http::Method::HEAD,
+        };
+        (acquire, ctx)
     }
-}
 
-impl<S, E> RedlockService<S, E> {
     /// The `redlock.layer` span of a request for lock `name` (shown as the client shows
     /// lock names: a hash unless names are logged), its `outcome` to be recorded.
     fn span(&self, name: Option<&[u8]>) -> tracing::Span {
@@ -196,6 +289,17 @@ impl<S, E> RedlockService<S, E> {
         }
         span
     }
+}
+
+/// What a request's extraction came to (returned, never stored: its size does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Named<Fut, B, E> {
+    /// Its lock name, and the request's span.
+    Lock(Vec<u8>, tracing::Span),
+    /// No name: the request passes through.
+    PassThrough,
+    /// A bad request, rejected.
+    Rejected(ResponseFuture<Fut, B, E>),
 }
 
 /// A request waiting for its lock, with the service to call.

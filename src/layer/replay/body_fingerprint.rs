@@ -34,7 +34,7 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::fingerprint::RequestFingerprint;
+use super::fingerprint::{Hasher, RequestFingerprint};
 
 /// Fingerprints each request with up to `limit` bytes of its body (a
 /// [`RequestFingerprint`] in its extensions), then calls the inner service with the whole
@@ -68,10 +68,26 @@ pub struct BodyFingerprintLayer {
     limit: usize,
 }
 
+/// The default body fingerprint limit of a replay layer
+/// ([`RedlockLayer::replay`](crate::RedlockLayer::replay)): 1 MiB, half of axum's default
+/// request body limit, so that every request body a typical JSON API accepts counts whole.
+/// The cost, per locked request: the frames read are held (not copied) until the handler
+/// reads them, at most this much; and the handler starts once they are in (a handler
+/// that reads its body waits for them anyway) and hashed (SHA-256, a few ms per MiB).
+pub const DEFAULT_BODY_FINGERPRINT_LIMIT: usize = 1 << 20;
+
+/// What a [`RedlockLayer`](crate::RedlockLayer) without replay (or with
+/// [`without_body_fingerprint`](crate::RedlockLayer::without_body_fingerprint)) does with
+/// request bodies: hands them to the inner service as they are.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoBodyFingerprint;
+
 impl BodyFingerprintLayer {
     /// Reads (and hashes) up to `limit` bytes of each body before the inner service runs;
     /// the rest streams on unread. Bodies that differ only beyond `limit` bytes have the
-    /// same fingerprint.
+    /// same fingerprint. Of a gRPC call, only the first message is read (a streaming
+    /// client may wait for the reply before it sends more). A request that already has a
+    /// [`RequestFingerprint`] (your own, or an outer layer's) is not read.
     ///
     /// ```
     /// use std::time::Duration;
@@ -90,6 +106,17 @@ impl BodyFingerprintLayer {
     /// ```
     pub fn new(limit: usize) -> Self {
         Self { limit }
+    }
+
+    /// How many bytes of each body are read and hashed.
+    ///
+    /// ```
+    /// use tower_redlock::layer::BodyFingerprintLayer;
+    ///
+    /// assert_eq!(BodyFingerprintLayer::new(4096).limit(), 4096);
+    /// ```
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 }
 
@@ -132,45 +159,72 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limit = self.limit;
-        Box::pin(async move {
-            let (parts, mut body) = req.into_parts();
-            let mut read = PrefixedBody {
-                frames: VecDeque::new(),
-                error: None,
-                rest: None,
-            };
-            let mut seen = Vec::new();
-            let mut ended = false;
-            while seen.len() < limit {
-                match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-                    None => {
-                        ended = true;
-                        break;
-                    }
-                    Some(Err(e)) => {
-                        read.error = Some(e);
-                        ended = true;
-                        break;
-                    }
-                    Some(Ok(frame)) => {
-                        let frame = frame.map_data(|mut d| d.copy_to_bytes(d.remaining()));
-                        if let Some(data) = frame.data_ref() {
-                            let take = data.len().min(limit - seen.len());
-                            seen.extend_from_slice(&data[..take]);
+        Box::pin(async move { inner.call(read_prefix(req, limit).await).await })
+    }
+}
+
+/// Reads up to `limit` bytes of `req`'s body (for a gRPC call: its first message, at most
+/// `limit` bytes; a streaming call's later messages may wait for the reply) and puts a
+/// [`RequestFingerprint`] of the request and those bytes into its extensions, unless it
+/// has one already (then nothing is read); the request with the whole body, the bytes
+/// read first. The bytes are hashed as they come: what is held is the frames themselves.
+pub(crate) async fn read_prefix<B>(req: Request<B>, limit: usize) -> Request<PrefixedBody<B>>
+where
+    B: Body + Unpin,
+{
+    if req.extensions().get::<RequestFingerprint>().is_some() {
+        return req.map(PrefixedBody::untouched);
+    }
+    let grpc = crate::layer::Protocol::of(&req) == crate::layer::Protocol::Grpc;
+    let mut hasher = Hasher::new(&req);
+    let (parts, mut body) = req.into_parts();
+    let mut read = PrefixedBody {
+        frames: VecDeque::new(),
+        error: None,
+        rest: None,
+    };
+    let mut seen = 0usize;
+    // A gRPC call: the length of its first message, once its prefix is in.
+    let mut prefix = Vec::new();
+    let mut wanted = limit;
+    let mut ended = false;
+    while seen < wanted {
+        match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            None => {
+                ended = true;
+                break;
+            }
+            Some(Err(e)) => {
+                read.error = Some(e);
+                ended = true;
+                break;
+            }
+            Some(Ok(frame)) => {
+                let frame = frame.map_data(|mut d| d.copy_to_bytes(d.remaining()));
+                if let Some(data) = frame.data_ref() {
+                    let take = data.len().min(wanted - seen);
+                    let counted = data.get(..take).unwrap_or_default();
+                    hasher.body(counted);
+                    seen += take;
+                    if grpc && prefix.len() < 5 {
+                        prefix.extend(counted.iter().take(5 - prefix.len()));
+                        if let [_, a, b, c, d] = prefix[..] {
+                            let message = u32::from_be_bytes([a, b, c, d]);
+                            let message = usize::try_from(message).unwrap_or(usize::MAX);
+                            wanted = limit.min(message.saturating_add(5));
                         }
-                        read.frames.push_back(frame);
                     }
                 }
+                read.frames.push_back(frame);
             }
-            if !ended {
-                read.rest = Some(body);
-            }
-            let mut req = Request::from_parts(parts, read);
-            let fingerprint = RequestFingerprint::of(&req, &seen);
-            req.extensions_mut().insert(fingerprint);
-            inner.call(req).await
-        })
+        }
     }
+    if !ended {
+        read.rest = Some(body);
+    }
+    let mut req = Request::from_parts(parts, read);
+    req.extensions_mut().insert(hasher.finish());
+    req
 }
 
 pin_project! {
@@ -189,6 +243,17 @@ impl<B: Body> std::fmt::Debug for PrefixedBody<B> {
             .field("read_frames", &self.frames.len())
             .field("more", &self.rest.is_some())
             .finish()
+    }
+}
+
+impl<B: Body> PrefixedBody<B> {
+    /// `body`, none of it read.
+    pub(crate) fn untouched(body: B) -> Self {
+        Self {
+            frames: VecDeque::new(),
+            error: None,
+            rest: Some(body),
+        }
     }
 }
 

@@ -44,20 +44,9 @@ impl RequestFingerprint {
     /// [`Principal`](crate::layer::Principal), or else a hash of its `Authorization` header), and
     /// `body` (the whole body, or the part of it you want to count).
     pub fn of<B>(request: &http::Request<B>, body: &[u8]) -> Self {
-        let mut h = Sha256::new();
-        h.update(request.method().as_str().as_bytes());
-        h.update(b" ");
-        let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
-        h.update(target.as_bytes());
-        if let Some(caller) = caller_digest(request.headers(), request.extensions()) {
-            h.update(b"\ncaller ");
-            h.update(caller);
-        }
-        if !body.is_empty() {
-            h.update(b"\n");
-            h.update(body);
-        }
-        Self(h.finalize().into())
+        let mut h = Hasher::new(request);
+        h.body(body);
+        h.finish()
     }
 
     /// The digest.
@@ -70,6 +59,48 @@ impl fmt::Debug for RequestFingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let hex: String = self.0[..8].iter().map(|b| format!("{b:02x}")).collect();
         write!(f, "RequestFingerprint({hex}..)")
+    }
+}
+
+/// A [`RequestFingerprint`] computed as the body comes, chunk by chunk (the same digest
+/// as [`RequestFingerprint::of`] with the chunks joined).
+pub(crate) struct Hasher {
+    h: Sha256,
+    body_started: bool,
+}
+
+impl Hasher {
+    /// Starts with `request`'s method, path, query and caller.
+    pub(crate) fn new<B>(request: &http::Request<B>) -> Self {
+        let mut h = Sha256::new();
+        h.update(request.method().as_str().as_bytes());
+        h.update(b" ");
+        let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
+        h.update(target.as_bytes());
+        if let Some(caller) = caller_digest(request.headers(), request.extensions()) {
+            h.update(b"\ncaller ");
+            h.update(caller);
+        }
+        Self {
+            h,
+            body_started: false,
+        }
+    }
+
+    /// The next bytes of the body.
+    pub(crate) fn body(&mut self, chunk: &[u8]) {
+        if chunk.is_empty() {
+            return;
+        }
+        if !self.body_started {
+            self.h.update(b"\n");
+            self.body_started = true;
+        }
+        self.h.update(chunk);
+    }
+
+    pub(crate) fn finish(self) -> RequestFingerprint {
+        RequestFingerprint(self.h.finalize().into())
     }
 }
 
