@@ -10,8 +10,11 @@
 //! | with replay: the request completed, its response was too large to keep | 410 | `ALREADY_EXISTS` (6) |
 //!
 //! HTTP bodies are a line of text, or a problem document (RFC 9457) for clients that
-//! accept `application/problem+json` (or plain JSON for `application/json`); busy and
-//! unavailable answers carry `Retry-After`. gRPC requests are recognised by
+//! accept `application/problem+json` (or plain JSON for `application/json`). With
+//! [`replay`](crate::RedlockLayer::replay) on, the layer is an idempotency layer and its
+//! default is the problem document, as the IETF Idempotency-Key draft answers: clients
+//! that state no preference (no `Accept`, `*/*`) get one, clients that ask for
+//! `text/plain` still get text. Busy and unavailable answers carry `Retry-After`. gRPC requests are recognised by
 //! `content-type: application/grpc*` and answered with HTTP 200 and `grpc-status` /
 //! `grpc-message` headers and no body. A hook set with
 //! [`RedlockLayer::on_rejection`](crate::RedlockLayer::on_rejection) sees the rejection and
@@ -181,9 +184,16 @@ impl Rejection {
     /// The same rejection, answered in the format the request's `Accept` headers rate
     /// best: a problem document (RFC 9457) for `application/problem+json`, the same
     /// document as `application/json`, or text (the default, also for `*/*`). The layer
-    /// does this before it calls the rejection hook.
-    pub fn negotiate(mut self, request_headers: &HeaderMap) -> Self {
-        self.format = Format::negotiate(request_headers);
+    /// does this before it calls the rejection hook; with
+    /// [`replay`](crate::RedlockLayer::replay) on, its default is the problem document.
+    pub fn negotiate(self, request_headers: &HeaderMap) -> Self {
+        self.negotiate_or(request_headers, Format::Text)
+    }
+
+    /// [`negotiate`](Self::negotiate), with `default` for a client that states no
+    /// preference (see [`problem`](super::problem)).
+    pub(crate) fn negotiate_or(mut self, request_headers: &HeaderMap, default: Format) -> Self {
+        self.format = Format::negotiate(request_headers, default);
         self
     }
 
