@@ -108,8 +108,10 @@ pub(crate) struct Config {
 impl Config {
     /// The answer to a rejected request with head `head`: the hook's, or the default in
     /// the format the request accepts (without a preference: a problem document with
-    /// replay on, as the IETF Idempotency-Key draft answers, else text).
+    /// replay on, as the IETF Idempotency-Key draft answers, else text). Every rejection
+    /// the layer answers passes here, and is counted by kind.
     pub(crate) fn respond(&self, rejection: Rejection, head: &Parts) -> Response<Answer> {
+        crate::metrics::rejected(rejection.kind().as_str());
         let default = if self.replay.is_some() {
             Format::Problem
         } else {
