@@ -134,8 +134,9 @@ async fn main() -> Result<(), Error> {
             let client = client.clone();
             let uri = uri.clone();
             tokio::spawn(async move {
+                // The IETF draft's form, a structured-field string: "order-1001".
                 let req = hyper::Request::post(uri)
-                    .header("idempotency-key", &key)
+                    .header("idempotency-key", format!("\"{key}\""))
                     .body(Full::from("{\"amount_cents\":1999}"))?;
                 let res = client.request(req).await?;
                 let status = res.status();
@@ -180,7 +181,7 @@ async fn main() -> Result<(), Error> {
     );
 
     let reused = hyper::Request::post(uri)
-        .header("idempotency-key", "order-1001")
+        .header("idempotency-key", "order-1001") // unquoted: the same key
         .body(Full::from("{\"amount_cents\":99999}"))?;
     let res = client.request(reused).await?;
     let status = res.status();

@@ -11,6 +11,7 @@
 //! | `redlock_hold_seconds` | histogram | | from acquisition to release |
 //! | `redlock_lost_total` | counter | `reason`: `extend_failed`, `max_hold`, `max_extensions`, `keep_alive_stopped` | guarded locks lost before their release |
 //! | `redlock_replayed_total` | counter | | requests the layer answered from a completion record |
+//! | `redlock_layer_rejections_total` | counter | `kind`: `busy`, `unavailable`, `bad_request`, `internal`, `key_reused`, `response_not_kept` | requests the layer rejected (also those a rejection hook answered), by [`RejectionKind`](crate::layer::RejectionKind) |
 //! | `redlock_fenced_total` | counter | `rounds`: `1` (a quorum accepted the proposal), `2` (phase 2 ran) | fenced acquisitions that got their number, by round trips |
 //! | `redlock_held_locks` | gauge | | guarded locks held now (guards, and the layer's locks) |
 //! | `redlock_waiting` | gauge | | lock calls waiting in a queue for a busy name |
@@ -68,6 +69,14 @@ pub(crate) fn fenced(rounds: &'static str) {
 pub(crate) fn replayed() {
     #[cfg(feature = "metrics")]
     metrics::counter!("redlock_replayed_total").increment(1);
+}
+
+/// Counts a request the layer rejected, by its kind (`RejectionKind::as_str`).
+pub(crate) fn rejected(kind: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("redlock_layer_rejections_total", "kind" => kind).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = kind;
 }
 
 /// A gauge moved by one.

@@ -361,6 +361,27 @@ async fn bad_inputs_give_the_documented_errors() {
         Err(e) => format!("every request rejected with 400: {e}"),
     };
     row("`layer::Header::new(\"Not A Header!\")`", bad_header);
+    let key = Header::new("Idempotency-Key");
+    for (input, values) in [
+        ("`Idempotency-Key: \"k` (no closing quote)", &["\"k"][..]),
+        (
+            "`Idempotency-Key: \"a\", \"b\"` (a list)",
+            &["\"a\", \"b\""],
+        ),
+        ("`Idempotency-Key: \"\"` (empty string)", &["\"\""]),
+        ("`Idempotency-Key` sent twice", &["\"a\"", "\"a\""]),
+    ] {
+        let mut request = http::Request::post("/jobs/42");
+        for value in values {
+            request = request.header("idempotency-key", *value);
+        }
+        let request = request.body(()).expect("request");
+        let outcome = match key.extract(&request) {
+            Ok(name) => format!("{name:?}"),
+            Err(e) => format!("rejected with 400: {e}"),
+        };
+        row(input, outcome);
+    }
 
     let mut table = String::from("| input | what the crate answers |\n|---|---|\n");
     for Row { input, outcome } in &rows {

@@ -822,6 +822,16 @@ async fn serve_counting(
 }
 
 fn counting_app(redlock: Redlock, runs: Arc<AtomicUsize>, replay: Duration) -> Router {
+    counting_app_keyed_by(Header::new(KEY_HEADER), redlock, runs, replay)
+}
+
+/// [`counting_app`], with the lock names from `key`.
+fn counting_app_keyed_by(
+    key: Header,
+    redlock: Redlock,
+    runs: Arc<AtomicUsize>,
+    replay: Duration,
+) -> Router {
     let handler = move |req: http::Request<Body>| {
         let runs = runs.clone();
         async move {
@@ -839,7 +849,7 @@ fn counting_app(redlock: Redlock, runs: Arc<AtomicUsize>, replay: Duration) -> R
             )
         }
     };
-    let layer = RedlockLayer::new(redlock, Header::new(KEY_HEADER))
+    let layer = RedlockLayer::new(redlock, key)
         .fencing(false)
         .replay(replay);
     Router::new()
@@ -1030,6 +1040,111 @@ async fn with_replay_the_same_key_for_another_request_is_422() {
     .await;
     assert_eq!((same.status.as_u16(), &same.body), (201, &first.body));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// The IETF draft's contract end to end: `Idempotency-Key` is a structured-field string
+/// (`"k"` and `k` are one key; a list or a repeated header is 400), and the replay layer's
+/// rejections are problem documents unless the client asks for text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_keys_are_sf_strings_and_rejections_are_problem_documents() {
+    let cluster = Cluster::start(3);
+    let r = redlock(&cluster).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = counting_app_keyed_by(
+        Header::new("Idempotency-Key"),
+        r.clone(),
+        runs.clone(),
+        Duration::from_secs(60),
+    );
+    let addr = serve(app).await;
+    let client = http1();
+    let request = |path: &str, keys: &[&'static str], accept: Option<&'static str>| {
+        let mut req = post_req(addr, path, None);
+        for key in keys {
+            req.headers_mut()
+                .append("idempotency-key", http::HeaderValue::from_static(key));
+        }
+        if let Some(accept) = accept {
+            req.headers_mut()
+                .insert(http::header::ACCEPT, http::HeaderValue::from_static(accept));
+        }
+        req
+    };
+    let problem = |reply: &support::http::Reply, status: u16, kind: &str| {
+        assert_eq!(reply.status, status, "{}", reply.body);
+        assert_eq!(reply.headers["content-type"], "application/problem+json");
+        assert!(
+            reply.body.contains(&format!(r#""status":{status}"#))
+                && reply.body.contains(&format!(r#""kind":"{kind}""#)),
+            "{}",
+            reply.body
+        );
+    };
+
+    let first = send(&client, request("/hook", &[r#""pay-1""#], None)).await;
+    assert_eq!(
+        (first.status.as_u16(), first.body.as_str()),
+        (201, r#"{"run":1}"#)
+    );
+    for same in ["pay-1", r#" "pay-1";v=2 "#] {
+        let again = send(&client, request("/hook", &[same], None)).await;
+        assert_eq!(
+            (again.status.as_u16(), &again.body),
+            (201, &first.body),
+            "{same}"
+        );
+        assert!(again.replayed(), "{same}");
+    }
+
+    // The key on another request: 422, a problem document without Accept or with */*.
+    for accept in [None, Some("*/*")] {
+        let other = send(&client, request("/other", &["pay-1"], accept)).await;
+        problem(&other, 422, "key_reused");
+        assert!(other.body.contains("different request"), "{}", other.body);
+    }
+    let text = send(&client, request("/other", &["pay-1"], Some("text/plain"))).await;
+    assert_eq!(text.status, 422);
+    assert_eq!(text.headers["content-type"], "text/plain; charset=utf-8");
+    assert_eq!(
+        text.body,
+        "this idempotency key was already used for a different request\n"
+    );
+
+    // Keys that are not one sf-string.
+    let list = send(&client, request("/hook", &[r#""pay-2", "pay-3""#], None)).await;
+    problem(&list, 400, "bad_request");
+    assert!(list.body.contains("it is a list"), "{}", list.body);
+    let twice = send(
+        &client,
+        request("/hook", &[r#""pay-2""#, r#""pay-2""#], None),
+    )
+    .await;
+    problem(&twice, 400, "bad_request");
+    assert!(
+        twice
+            .body
+            .contains("the idempotency-key header is sent more than once"),
+        "{}",
+        twice.body
+    );
+    let empty = send(&client, request("/hook", &[r#""""#], None)).await;
+    problem(&empty, 400, "bad_request");
+
+    // Busy: a problem document with Retry-After.
+    let holder = r.try_lock(b"held").await.expect("lock");
+    let busy = send(&client, request("/hook", &[r#""held""#], None)).await;
+    problem(&busy, 409, "busy");
+    assert_eq!(busy.headers["retry-after"], "1");
+    let busy = send(&client, request("/hook", &["held"], Some("text/*"))).await;
+    assert_eq!(
+        (busy.status.as_u16(), busy.body.as_str()),
+        (
+            409,
+            "the resource is locked by another request; retry later\n"
+        )
+    );
+    assert_eq!(r.unlock(&holder).await.released(), 3);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only the first request ran");
 }
 
 /// A handler that panics leaves no record: the lock is released and the retry runs it.

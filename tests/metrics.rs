@@ -8,10 +8,11 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use support::{Cluster, wait_for};
+use tokio::sync::Semaphore;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_redlock::layer::Header;
 use tower_redlock::{LockError, LostReason, RedlockLayer};
@@ -168,4 +169,91 @@ async fn the_documented_metrics_are_recorded() {
         || async { s.value("redlock_quarantined_nodes") == 3.0 },
     )
     .await;
+}
+
+/// Every rejection the layer answers is counted with its kind: a busy key (409), a
+/// malformed key (400) and, with replay on, a key reused on another path (422).
+///
+/// The test records into its own recorder, local to its thread: its runtime is
+/// single-threaded, so the layer, the client and their tasks all run there, and neither
+/// test sees the other's counts.
+#[tokio::test]
+async fn rejections_are_counted_by_kind() {
+    let recorder = DebuggingRecorder::new();
+    let s = Totals {
+        snapshotter: recorder.snapshotter(),
+        seen: Mutex::default(),
+    };
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let cluster = Cluster::start(1);
+    let redlock = cluster.client(|b| b).await;
+    let started = Arc::new(Semaphore::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let handler = {
+        let (started, gate) = (started.clone(), gate.clone());
+        service_fn(move |_req: http::Request<_>| {
+            let (started, gate) = (started.clone(), gate.clone());
+            async move {
+                started.add_permits(1);
+                gate.acquire().await.expect("gate").forget();
+                Ok::<_, Infallible>(http::Response::new(String::from("paid")))
+            }
+        })
+    };
+    let svc = ServiceBuilder::new()
+        .layer(
+            RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
+                .replay(Duration::from_secs(60)),
+        )
+        .service(handler);
+    let request = |path: &str, key: &'static str| {
+        http::Request::post(path)
+            .header("idempotency-key", key)
+            .body(String::new())
+            .expect("request")
+    };
+    let counted = |kind: &str| s.value(&format!("redlock_layer_rejections_total{{kind={kind}}}"));
+
+    // The first request runs (and waits at the gate) while a duplicate is busy.
+    let first = status(svc.clone(), request("/pay", r#""r-1""#));
+    let duplicate = async {
+        started.acquire().await.expect("the first runs").forget();
+        let busy = status(svc.clone(), request("/pay", "r-1")).await;
+        gate.add_permits(1);
+        busy
+    };
+    assert_eq!(tokio::join!(first, duplicate), (200, 409));
+    assert_eq!(counted("busy"), 1.0);
+
+    assert_eq!(status(svc.clone(), request("/pay", r#""r-2"#)).await, 400);
+    assert_eq!(counted("bad_request"), 1.0);
+
+    assert_eq!(status(svc.clone(), request("/other", "r-1")).await, 422);
+    for (kind, want) in [
+        ("busy", 1.0),
+        ("bad_request", 1.0),
+        ("key_reused", 1.0),
+        ("unavailable", 0.0),
+        ("internal", 0.0),
+        ("response_not_kept", 0.0),
+    ] {
+        assert_eq!(counted(kind), want, "{kind}");
+    }
+    assert_eq!(s.value("redlock_layer_rejections_total"), 3.0);
+}
+
+/// The status of `svc`'s answer to `req`, its body read to the end.
+async fn status<S, B>(svc: S, req: http::Request<String>) -> u16
+where
+    S: tower::Service<http::Request<String>, Response = http::Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let res = svc.oneshot(req).await.expect("response");
+    let status = res.status().as_u16();
+    http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .expect("body");
+    status
 }

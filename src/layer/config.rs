@@ -25,6 +25,7 @@ use http::Response;
 use http::request::Parts;
 use tokio::sync::Semaphore;
 
+use super::problem::Format;
 use super::reject::Rejection;
 use super::rejection_hook::{Answer, RejectionHook};
 use super::replay::record::ReplayPolicy;
@@ -106,11 +107,19 @@ pub(crate) struct Config {
 
 impl Config {
     /// The answer to a rejected request with head `head`: the hook's, or the default in
-    /// the format the request accepts.
+    /// the format the request accepts (without a preference: a problem document with
+    /// replay on, as the IETF Idempotency-Key draft answers, else text). Every rejection
+    /// the layer answers passes here, and is counted by kind.
     pub(crate) fn respond(&self, rejection: Rejection, head: &Parts) -> Response<Answer> {
+        crate::metrics::rejected(rejection.kind().as_str());
+        let default = if self.replay.is_some() {
+            Format::Problem
+        } else {
+            Format::Text
+        };
         let rejection = rejection
             .with_retry_cap(self.retry_after_cap)
-            .negotiate(&head.headers);
+            .negotiate_or(&head.headers, default);
         match &self.on_rejection {
             Some(hook) => hook(rejection, head),
             None => rejection

@@ -4,7 +4,8 @@
 //! (lock that name), `Ok(None)` (pass the request through without a lock) or `Err(_)`
 //! (reject it as bad input: HTTP 400 / gRPC `INVALID_ARGUMENT`). The stock extractors:
 //!
-//! - [`Header`]: a header's value, e.g. `Idempotency-Key` or `X-GitHub-Delivery`;
+//! - [`Header`]: a header's value, e.g. `X-GitHub-Delivery`, or `Idempotency-Key` read as
+//!   the structured-field string the IETF draft defines (`"k-1"`, or unquoted `k-1`);
 //! - [`PathSegment`] and [`PathParam`]: a segment of the URI path, by position or by a
 //!   route template such as `/webhooks/{provider}/{id}`;
 //! - [`extract_fn`]: a closure over the [`RequestHead`];
@@ -17,7 +18,7 @@
 //! use http::Request;
 //! use tower_redlock::layer::{ExtractLockName, Header, PerRoute, extract_fn};
 //!
-//! let req = Request::post("/orders").header("idempotency-key", "k-1").body(()).unwrap();
+//! let req = Request::post("/orders").header("idempotency-key", r#""k-1""#).body(()).unwrap();
 //! assert_eq!(Header::new("idempotency-key").extract(&req).unwrap(), Some(b"k-1".to_vec()));
 //! assert_eq!(
 //!     PerRoute::new(Header::new("idempotency-key")).extract(&req).unwrap(),
@@ -32,6 +33,8 @@ use std::fmt;
 
 use http::header::HeaderName;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
+
+use super::structured_field::{self, KeyError};
 
 /// An extractor's refusal: the request is malformed for locking (answered with HTTP 400 /
 /// gRPC `INVALID_ARGUMENT` and the message).
@@ -131,13 +134,24 @@ impl<'a> RequestHead<'a> {
 
 /// The lock name is a header's value (such as `Idempotency-Key`, `X-GitHub-Delivery` or
 /// gRPC metadata). A missing header passes the request through, or is rejected when
-/// [`required`](Self::required); an empty value is always rejected.
+/// [`required`](Self::required); an empty value, and a header sent more than once, are
+/// always rejected.
+///
+/// The `Idempotency-Key` header is read as the IETF draft sends it, a structured-field
+/// string (`Idempotency-Key: "8e03978e-40d5"`, see [`structured`](Self::structured)):
+/// the name is the string, so `"k"` and an unquoted `k` name the same lock. Other headers'
+/// values are the name as they are, unless [`structured`](Self::structured) says otherwise.
 #[derive(Debug, Clone)]
 pub struct Header {
     /// The header, or the text that is not a valid header name.
     name: Result<HeaderName, &'static str>,
     required: bool,
+    /// Whether the value is parsed as a structured-field string.
+    structured: bool,
 }
+
+/// The header whose values are structured-field strings unless told otherwise.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 impl Header {
     /// Uses the header `name`, in any case (`Idempotency-Key` and `idempotency-key` are
@@ -159,9 +173,13 @@ impl Header {
     /// # Ok(()) }
     /// ```
     pub fn new(name: &'static str) -> Self {
-        Self {
-            name: HeaderName::from_bytes(name.as_bytes()).map_err(|_| name),
-            required: false,
+        match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(name) => Self::from_name(name),
+            Err(_) => Self {
+                name: Err(name),
+                required: false,
+                structured: false,
+            },
         }
     }
 
@@ -182,6 +200,7 @@ impl Header {
     /// ```
     pub fn from_name(name: HeaderName) -> Self {
         Self {
+            structured: name.as_str() == IDEMPOTENCY_KEY,
             name: Ok(name),
             required: false,
         }
@@ -204,6 +223,50 @@ impl Header {
         self.required = true;
         self
     }
+
+    /// Reads the value as an RFC 8941 structured-field string (`on`), or takes it as it is
+    /// (`!on`). On by default for `Idempotency-Key` only, as the IETF draft
+    /// (draft-ietf-httpapi-idempotency-key-header) defines it.
+    ///
+    /// A structured value is an Item whose bare item is a String: `"..."` of printable
+    /// ASCII (0x20 to 0x7E) with `\"` and `\\` the only escapes; the name is the string,
+    /// unescaped. Parameters after it (`"k";a=1`) must be well formed and are ignored;
+    /// spaces and tabs around the value are trimmed. For clients that send keys unquoted, a
+    /// value that does not start with `"` is the name as it is when it is visible ASCII
+    /// without `"`, `,`, `;` or spaces (any sf-token, such as a UUID), so `"k"` and `k`
+    /// name the same lock. Anything else is rejected with 400 / `INVALID_ARGUMENT` and a
+    /// message saying what is wrong: an empty string `""`, a missing closing quote, another
+    /// escape, a byte outside printable ASCII, something after the string, or a list
+    /// (`"a", "b"`).
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractLockName, Header};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let req = |key: &str| Request::post("/payments").header("idempotency-key", key).body(());
+    /// // The draft's form, and the unquoted one, name the same lock.
+    /// let key = Header::new("Idempotency-Key");
+    /// assert_eq!(key.extract(&req(r#""8e03978e-40d5""#)?)?, Some(b"8e03978e-40d5".to_vec()));
+    /// assert_eq!(key.extract(&req("8e03978e-40d5")?)?, Some(b"8e03978e-40d5".to_vec()));
+    /// assert_eq!(key.extract(&req(r#""a \"quoted\" key";v=1"#)?)?, Some(br#"a "quoted" key"#.to_vec()));
+    /// assert!(key.extract(&req(r#""a", "b""#)?).is_err()); // two keys
+    /// assert!(key.extract(&req(r#""unterminated"#)?).is_err());
+    ///
+    /// // Keys taken byte for byte, quotes included, as before the draft.
+    /// let raw = Header::new("Idempotency-Key").structured(false);
+    /// assert_eq!(raw.extract(&req(r#""k""#)?)?, Some(br#""k""#.to_vec()));
+    ///
+    /// // Another header with structured-field strings.
+    /// let other = Header::new("x-request-key").structured(true);
+    /// let req = Request::post("/").header("x-request-key", r#""k""#).body(())?;
+    /// assert_eq!(other.extract(&req)?, Some(b"k".to_vec()));
+    /// # Ok(()) }
+    /// ```
+    pub fn structured(mut self, on: bool) -> Self {
+        self.structured = on;
+        self
+    }
 }
 
 impl<B> ExtractLockName<B> for Header {
@@ -213,15 +276,36 @@ impl<B> ExtractLockName<B> for Header {
                 "the lock layer is configured with {bad:?}, which is not a valid header name"
             ))
         })?;
-        match request.headers().get(name) {
-            Some(v) if v.is_empty() => Err(ExtractError::new(format!(
-                "the {name} header (gRPC: metadata) is empty"
+        let mut values = request.headers().get_all(name).iter();
+        let Some(value) = values.next() else {
+            return if self.required {
+                Err(ExtractError::new(format!(
+                    "the {name} header (gRPC: metadata) is required"
+                )))
+            } else {
+                Ok(None)
+            };
+        };
+        if values.next().is_some() {
+            return Err(ExtractError::new(format!(
+                "the {name} header is sent more than once"
+            )));
+        }
+        let empty = || ExtractError::new(format!("the {name} header (gRPC: metadata) is empty"));
+        if !self.structured {
+            return if value.is_empty() {
+                Err(empty())
+            } else {
+                Ok(Some(value.as_bytes().to_vec()))
+            };
+        }
+        match structured_field::string_item(value.as_bytes()) {
+            Ok(key) => Ok(Some(key)),
+            Err(KeyError::Empty) => Err(empty()),
+            Err(KeyError::Malformed { problem, at }) => Err(ExtractError::new(format!(
+                "the {name} header is not a structured-field string such as \"k-1\" \
+                 (RFC 8941): {problem} (at byte {at})"
             ))),
-            Some(v) => Ok(Some(v.as_bytes().to_vec())),
-            None if self.required => Err(ExtractError::new(format!(
-                "the {name} header (gRPC: metadata) is required"
-            ))),
-            None => Ok(None),
         }
     }
 }
@@ -422,6 +506,153 @@ mod tests {
             .body(())
             .unwrap_or_default();
         assert!(h.extract(&empty).is_err());
+    }
+
+    fn with_headers(headers: &[(&str, &[u8])]) -> Request<()> {
+        let mut req = req("/");
+        for (name, value) in headers {
+            let value = http::HeaderValue::from_bytes(value);
+            let name = HeaderName::from_bytes(name.as_bytes());
+            if let (Ok(name), Ok(value)) = (name, value) {
+                req.headers_mut().append(name, value);
+            }
+        }
+        req
+    }
+
+    #[test]
+    fn idempotency_keys_are_structured_field_strings_and_other_headers_are_raw() {
+        let key = Header::new("Idempotency-Key");
+        let from_name = Header::from_name(HeaderName::from_static("idempotency-key"));
+        let raw_key = Header::new("idempotency-key").structured(false);
+        let other = Header::new("x-id");
+        let structured_other = Header::new("x-id").structured(true);
+        let long = format!("\"{}", "s".repeat(300));
+        type Want = Result<Option<&'static [u8]>, &'static str>;
+        // (extractor, header, value, expected name or a part of the error message)
+        let cases: &[(&Header, &str, &[u8], Want)] = &[
+            (&key, "idempotency-key", b"\"k\"", Ok(Some(b"k"))),
+            (&key, "idempotency-key", b"k", Ok(Some(b"k"))),
+            (&from_name, "idempotency-key", b"\"k\"", Ok(Some(b"k"))),
+            (
+                &key,
+                "idempotency-key",
+                b" \"a\\\"b\";x=1 ",
+                Ok(Some(b"a\"b")),
+            ),
+            (
+                &key,
+                "idempotency-key",
+                b"\"\"",
+                Err("the idempotency-key header (gRPC: metadata) is empty"),
+            ),
+            (
+                &key,
+                "idempotency-key",
+                b"",
+                Err("the idempotency-key header (gRPC: metadata) is empty"),
+            ),
+            (
+                &key,
+                "idempotency-key",
+                b"\"k",
+                Err("the string has no closing quote (at byte 0)"),
+            ),
+            (
+                &key,
+                "idempotency-key",
+                b"\"a\\n\"",
+                Err("a backslash may only escape"),
+            ),
+            (
+                &key,
+                "idempotency-key",
+                b"\"\xc3\xa9\"",
+                Err("printable ASCII (at byte 1)"),
+            ),
+            (
+                &key,
+                "idempotency-key",
+                b"\"k\" x",
+                Err("something after the string (at byte 4)"),
+            ),
+            (
+                &key,
+                "idempotency-key",
+                b"\"a\", \"b\"",
+                Err("it is a list; send one key (at byte 3)"),
+            ),
+            (
+                &key,
+                "idempotency-key",
+                b"a b",
+                Err("unquoted key holds only visible ASCII"),
+            ),
+            (
+                &key,
+                "idempotency-key",
+                long.as_bytes(),
+                Err("the idempotency-key header is not a structured-field string"),
+            ),
+            (&raw_key, "idempotency-key", b"\"k\"", Ok(Some(b"\"k\""))),
+            (&raw_key, "idempotency-key", b"a, b", Ok(Some(b"a, b"))),
+            (&other, "x-id", b"\"k\"", Ok(Some(b"\"k\""))),
+            (&other, "x-id", b"a b\xff", Ok(Some(b"a b\xff"))),
+            (
+                &other,
+                "x-id",
+                b"",
+                Err("the x-id header (gRPC: metadata) is empty"),
+            ),
+            (&structured_other, "x-id", b"\"k\"", Ok(Some(b"k"))),
+            (
+                &structured_other,
+                "x-id",
+                b"\"k",
+                Err("the x-id header is not a structured-field string"),
+            ),
+            (&key, "x-other", b"\"k\"", Ok(None)),
+        ];
+        for (extractor, header, value, want) in cases {
+            let got = extractor.extract(&with_headers(&[(header, value)]));
+            let shown = String::from_utf8_lossy(value);
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got.as_deref(), *want, "{header}: {shown}"),
+                (Err(got), Err(want)) => {
+                    assert!(got.message().contains(want), "{header}: {shown}: {got}");
+                    assert!(got.message().len() < 200, "{header}: {shown}: {got}");
+                }
+                (got, want) => panic!("{header}: {shown}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_header_sent_more_than_once_is_refused_by_every_header_extractor() {
+        for extractor in [
+            Header::new("Idempotency-Key"),
+            Header::new("idempotency-key").structured(false),
+            Header::new("idempotency-key").required(),
+            Header::new("x-id").structured(true),
+        ] {
+            let name = match &extractor.name {
+                Ok(name) => name.as_str().to_owned(),
+                Err(bad) => panic!("{bad}"),
+            };
+            for values in [&[&b"\"a\""[..], b"\"b\""][..], &[b"a", b"a"], &[b"a", b""]] {
+                let headers: Vec<(&str, &[u8])> =
+                    values.iter().map(|v| (name.as_str(), *v)).collect();
+                let got = extractor.extract(&with_headers(&headers));
+                assert_eq!(
+                    got.map_err(|e| e.message().to_owned()),
+                    Err(format!("the {name} header is sent more than once")),
+                    "{values:?}"
+                );
+            }
+            // Once is fine, and another header beside it does not count.
+            let once = with_headers(&[(name.as_str(), b"\"a\""), ("x-other", b"\"b\"")]);
+            assert!(matches!(extractor.extract(&once), Ok(Some(_))), "{name}");
+        }
     }
 
     #[test]

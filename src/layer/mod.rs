@@ -55,6 +55,7 @@ mod rejection_hook;
 pub(crate) mod replay;
 mod scoped;
 mod service;
+mod structured_field;
 
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]

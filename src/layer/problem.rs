@@ -2,8 +2,13 @@
 //! the problem document (RFC 9457) for JSON clients.
 //!
 //! A client that accepts `application/problem+json` gets one, `application/json` gets the
-//! same document as plain JSON, and anything else (no `Accept`, `*/*`, `text/*`) gets a
-//! line of text. Quality values count: `application/problem+json;q=0` refuses it.
+//! same document as plain JSON, and `text/plain` (or `text/*`) a line of text. Quality
+//! values count: `application/problem+json;q=0` refuses it. A client that states no
+//! preference (no `Accept`, only `*/*`, several formats at the same quality) or accepts
+//! none of them gets the layer's default: text, or with
+//! [`replay`](crate::RedlockLayer::replay) on a problem document, the answer the IETF
+//! Idempotency-Key draft specifies. The most specific range decides, so
+//! `text/plain, */*` is text whatever the default.
 //!
 //! ```
 //! use http::{Request, StatusCode, header};
@@ -36,7 +41,8 @@ pub(crate) enum Format {
 }
 
 impl Format {
-    /// The formats in the order preferred when the client likes several equally.
+    /// The formats in the order preferred, after the default, when the client likes
+    /// several equally.
     const PREFERENCE: [Format; 3] = [Format::Text, Format::Problem, Format::Json];
 
     /// The body's `content-type`.
@@ -56,13 +62,24 @@ impl Format {
         }
     }
 
-    /// The format the request's `Accept` headers rate best (text without `Accept`, or
-    /// when the client accepts none of them).
-    pub(crate) fn negotiate(headers: &HeaderMap) -> Format {
+    /// The format the request's `Accept` headers rate best, `default` when they state no
+    /// preference: no `Accept`, the same quality and specificity for `default` as for the
+    /// best other (`*/*` alone, for one), or none of the formats acceptable.
+    pub(crate) fn negotiate(headers: &HeaderMap, default: Format) -> Format {
         let mut accept = headers.get_all(header::ACCEPT).iter().peekable();
         if accept.peek().is_none() {
-            return Format::Text;
+            return default;
         }
+        let mut order = [default; 3];
+        for (slot, format) in order
+            .iter_mut()
+            .skip(1)
+            .zip(Self::PREFERENCE.into_iter().filter(|f| *f != default))
+        {
+            *slot = format;
+        }
+        // Per format of `order`: the quality of the most specific range that matches it,
+        // and that specificity.
         let mut best: [(u16, u8); 3] = [(0, 0); 3];
         for range in accept
             .filter_map(|v| v.to_str().ok())
@@ -71,7 +88,7 @@ impl Format {
             let Some((ty, sub, q)) = parse_range(range) else {
                 continue;
             };
-            for (i, format) in Self::PREFERENCE.iter().enumerate() {
+            for (format, slot) in order.iter().zip(best.iter_mut()) {
                 let (fty, fsub) = format.media_type();
                 let specificity = match (ty, sub) {
                     ("*", "*") => 1,
@@ -79,17 +96,16 @@ impl Format {
                     (t, s) if t.eq_ignore_ascii_case(fty) && s.eq_ignore_ascii_case(fsub) => 3,
                     _ => continue,
                 };
-                // The most specific range that matches decides the quality.
-                let slot = &mut best[i];
                 if specificity > slot.1 || (specificity == slot.1 && q > slot.0) {
                     *slot = (q, specificity);
                 }
             }
         }
-        let mut chosen = (Format::Text, 0u16, 0u8);
-        for (format, (q, specificity)) in Self::PREFERENCE.iter().zip(best) {
+        // The best quality wins, then the more specific range, then the earlier in `order`.
+        let mut chosen = (default, 0u16, 0u8);
+        for (format, (q, specificity)) in order.into_iter().zip(best) {
             if q > chosen.1 || (q == chosen.1 && q > 0 && specificity > chosen.2) {
-                chosen = (*format, q, specificity);
+                chosen = (format, q, specificity);
             }
         }
         chosen.0
@@ -181,12 +197,16 @@ fn push_json_string(out: &mut String, s: &str) {
 mod tests {
     use super::*;
 
-    fn accept(values: &[&str]) -> Format {
+    fn accept_or(values: &[&str], default: Format) -> Format {
         let mut h = HeaderMap::new();
         for v in values {
             h.append(header::ACCEPT, v.parse().expect("header value"));
         }
-        Format::negotiate(&h)
+        Format::negotiate(&h, default)
+    }
+
+    fn accept(values: &[&str]) -> Format {
+        accept_or(values, Format::Text)
     }
 
     #[test]
@@ -210,6 +230,71 @@ mod tests {
             accept(&["APPLICATION/Problem+JSON ; Q=1.0"]),
             Format::Problem
         );
+    }
+
+    #[test]
+    fn a_client_without_a_preference_gets_the_default() {
+        use Format::{Json, Problem, Text};
+        // (Accept, with a text default, with a problem default)
+        let cases: &[(&[&str], Format, Format)] = &[
+            // No preference: the default.
+            (&[], Text, Problem),
+            (&["*/*"], Text, Problem),
+            (&["*/*;q=0.3"], Text, Problem),
+            (&["*/*", "*/*;q=0.5"], Text, Problem),
+            (&["text/plain, application/problem+json"], Text, Problem),
+            (
+                &["text/plain;q=0.5, application/problem+json;q=0.5"],
+                Text,
+                Problem,
+            ),
+            (
+                &["text/html,application/xhtml+xml,*/*;q=0.8"],
+                Text,
+                Problem,
+            ),
+            // Nothing acceptable: the default.
+            (&["text/html"], Text, Problem),
+            (&["image/png, application/xml"], Text, Problem),
+            (&["*/*;q=0"], Text, Problem),
+            (&["garbage"], Text, Problem),
+            // A stated preference wins over the default.
+            (&["text/plain"], Text, Text),
+            (&["text/*"], Text, Text),
+            (&["text/plain, */*"], Text, Text),
+            (&["text/plain, */*;q=0.9"], Text, Text),
+            (&["*/*, application/problem+json;q=0"], Text, Text),
+            (
+                &["application/problem+json, text/plain;q=0.9"],
+                Problem,
+                Problem,
+            ),
+            (&["application/json"], Json, Json),
+            (&["application/json, */*;q=0.1"], Json, Json),
+            (&["application/*"], Problem, Problem),
+            (
+                &["application/json, application/problem+json"],
+                Problem,
+                Problem,
+            ),
+            (&["*/*, text/plain;q=0"], Problem, Problem),
+        ];
+        for (values, text_default, problem_default) in cases {
+            assert_eq!(
+                accept_or(values, Text),
+                *text_default,
+                "{values:?}, text default"
+            );
+            assert_eq!(
+                accept_or(values, Problem),
+                *problem_default,
+                "{values:?}, problem default"
+            );
+        }
+        // A JSON default, for completeness: equal preferences go to it.
+        assert_eq!(accept_or(&["*/*"], Json), Json);
+        assert_eq!(accept_or(&["application/*"], Json), Json);
+        assert_eq!(accept_or(&["text/plain"], Json), Text);
     }
 
     #[test]

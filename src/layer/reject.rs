@@ -2,20 +2,29 @@
 //!
 //! | case | HTTP | gRPC (trailers-only) |
 //! |---|---|---|
-//! | held by someone else | 409 + `Retry-After` | `ABORTED` (10) |
-//! | no quorum, validity exhausted, lock lost (abort on loss) | 503 | `UNAVAILABLE` (14) |
+//! | held by someone else | 409 + `Retry-After` | `ABORTED` (10) + `grpc-retry-pushback-ms` |
+//! | no quorum, validity exhausted, lock lost (abort on loss) | 503 + `Retry-After` | `UNAVAILABLE` (14) + `grpc-retry-pushback-ms` |
 //! | the extractor refused the request, bad name | 400 | `INVALID_ARGUMENT` (3) |
 //! | a misconfigured layer (bad TTL) | 500 | `INTERNAL` (13) |
 //! | with replay: the key was used for a different request | 422 | `INVALID_ARGUMENT` (3) |
 //! | with replay: the request completed, its response was too large to keep | 410 | `ALREADY_EXISTS` (6) |
 //!
 //! HTTP bodies are a line of text, or a problem document (RFC 9457) for clients that
-//! accept `application/problem+json` (or plain JSON for `application/json`); busy and
-//! unavailable answers carry `Retry-After`. gRPC requests are recognised by
-//! `content-type: application/grpc*` and answered with HTTP 200 and `grpc-status` /
-//! `grpc-message` headers and no body. A hook set with
-//! [`RedlockLayer::on_rejection`](crate::RedlockLayer::on_rejection) sees the rejection and
-//! the request's head, and can answer as it likes.
+//! accept `application/problem+json` (or plain JSON for `application/json`). With
+//! [`replay`](crate::RedlockLayer::replay) on, the layer is an idempotency layer and its
+//! default is the problem document, as the IETF Idempotency-Key draft answers: clients
+//! that state no preference (no `Accept`, `*/*`) get one, clients that ask for
+//! `text/plain` still get text.
+//!
+//! gRPC requests are recognised by `content-type: application/grpc*` and answered with
+//! HTTP 200 and `grpc-status` / `grpc-message` headers and no body.
+//!
+//! Busy and unavailable answers advise when to retry: HTTP answers with `Retry-After`
+//! (whole seconds), gRPC answers with `grpc-retry-pushback-ms` (the same advice in
+//! milliseconds, which gRPC clients with a retry policy follow) and no `Retry-After`.
+//!
+//! A hook set with [`RedlockLayer::on_rejection`](crate::RedlockLayer::on_rejection) sees
+//! the rejection and the request's head, and can answer as it likes.
 //!
 //! ```
 //! use tower_redlock::layer::{Protocol, Rejection, RejectionKind};
@@ -181,9 +190,16 @@ impl Rejection {
     /// The same rejection, answered in the format the request's `Accept` headers rate
     /// best: a problem document (RFC 9457) for `application/problem+json`, the same
     /// document as `application/json`, or text (the default, also for `*/*`). The layer
-    /// does this before it calls the rejection hook.
-    pub fn negotiate(mut self, request_headers: &HeaderMap) -> Self {
-        self.format = Format::negotiate(request_headers);
+    /// does this before it calls the rejection hook; with
+    /// [`replay`](crate::RedlockLayer::replay) on, its default is the problem document.
+    pub fn negotiate(self, request_headers: &HeaderMap) -> Self {
+        self.negotiate_or(request_headers, Format::Text)
+    }
+
+    /// [`negotiate`](Self::negotiate), with `default` for a client that states no
+    /// preference (see [`problem`](super::problem)).
+    pub(crate) fn negotiate_or(mut self, request_headers: &HeaderMap, default: Format) -> Self {
+        self.format = Format::negotiate(request_headers, default);
         self
     }
 
@@ -307,12 +323,7 @@ impl Rejection {
     /// a holder usually releases long before its TTL runs out). Another unavailable
     /// rejection advises the cap.
     pub fn retry_after_secs(&self) -> Option<u64> {
-        let hint = match self.kind {
-            RejectionKind::Busy { retry_after } => retry_after,
-            RejectionKind::Unavailable => self.error.as_deref().and_then(quarantine_ends),
-            _ => return None,
-        };
-        let after = hint.map_or(self.retry_cap, |d| d.min(self.retry_cap));
+        let after = self.retry_advice()?;
         Some(
             u64::try_from(after.as_millis().div_ceil(1000))
                 .unwrap_or(u64::MAX)
@@ -320,13 +331,55 @@ impl Rejection {
         )
     }
 
+    /// The same advice as [`retry_after_secs`](Self::retry_after_secs) in milliseconds,
+    /// not rounded to seconds (at least 1): the `grpc-retry-pushback-ms` of gRPC answers.
+    fn retry_pushback_ms(&self) -> Option<u64> {
+        let after = self.retry_advice()?;
+        Some(u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1))
+    }
+
+    /// How long to wait before a retry, for busy and unavailable rejections: the hint
+    /// (holder's TTL, end of the quarantine), or the cap without one, at most the cap.
+    fn retry_advice(&self) -> Option<Duration> {
+        let hint = match self.kind {
+            RejectionKind::Busy { retry_after } => retry_after,
+            RejectionKind::Unavailable => self.error.as_deref().and_then(quarantine_ends),
+            _ => return None,
+        };
+        Some(hint.map_or(self.retry_cap, |d| d.min(self.retry_cap)))
+    }
+
     /// The default response: the status of [`http_status`](Self::http_status) with a
-    /// text or JSON body (see [`negotiate`](Self::negotiate)), or for gRPC a
-    /// trailers-only answer with [`grpc_code`](Self::grpc_code) and the message; plus
-    /// `Retry-After` when [`retry_after_secs`](Self::retry_after_secs) advises one.
+    /// text or JSON body (see [`negotiate`](Self::negotiate)) and `Retry-After` when
+    /// [`retry_after_secs`](Self::retry_after_secs) advises one; or for gRPC a
+    /// trailers-only answer with [`grpc_code`](Self::grpc_code) and the message, and
+    /// instead of `Retry-After` (which gRPC clients do not read) the same advice in
+    /// `grpc-retry-pushback-ms`, which gRPC clients with a retry policy follow.
+    ///
+    /// ```
+    /// use http::{Request, header};
+    /// use tower_redlock::LockError;
+    /// use tower_redlock::layer::{Protocol, Rejection};
+    /// # use std::time::Duration;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let req = Request::post("/demo.Payments/Charge")
+    ///     .header(header::CONTENT_TYPE, "application/grpc")
+    ///     .body(())?;
+    /// # let busy = LockError::Busy { held_elsewhere: 2, nodes: 3, retry_after: Some(Duration::from_millis(250)), attempts: 1 };
+    /// // `busy`: the holder's lock expires in 250 ms.
+    /// let res = Rejection::from_lock_error(busy.clone(), Protocol::of(&req)).into_response();
+    /// assert_eq!(res.headers()["grpc-status"], "10"); // ABORTED
+    /// assert_eq!(res.headers()["grpc-retry-pushback-ms"], "250");
+    /// assert!(res.headers().get(header::RETRY_AFTER).is_none());
+    ///
+    /// let res = Rejection::from_lock_error(busy, Protocol::Http).into_response();
+    /// assert_eq!(res.status(), 409);
+    /// assert_eq!(res.headers()[header::RETRY_AFTER], "1"); // whole seconds, rounded up
+    /// # Ok(()) }
+    /// ```
     pub fn into_response(self) -> Response<String> {
-        let retry_after = self.retry_after_secs();
-        let mut res = if self.protocol == Protocol::Grpc {
+        if self.protocol == Protocol::Grpc {
             let mut res = Response::new(String::new());
             let h = res.headers_mut();
             h.insert(
@@ -340,26 +393,28 @@ impl Rejection {
             if let Ok(v) = HeaderValue::from_str(&percent_encode(&self.message)) {
                 h.insert("grpc-message", v);
             }
-            res
-        } else {
-            let status = self.http_status();
-            let body = match self.format {
-                Format::Text => format!("{}\n", self.message),
-                Format::Problem | Format::Json => {
-                    problem::document(status, self.kind.as_str(), &self.message, retry_after)
-                }
-            };
-            let mut res = Response::new(body);
-            *res.status_mut() = status;
-            res.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(self.format.content_type()),
-            );
-            res
+            if let Some(ms) = self.retry_pushback_ms() {
+                h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
+            }
+            return res;
+        }
+        let retry_after = self.retry_after_secs();
+        let status = self.http_status();
+        let body = match self.format {
+            Format::Text => format!("{}\n", self.message),
+            Format::Problem | Format::Json => {
+                problem::document(status, self.kind.as_str(), &self.message, retry_after)
+            }
         };
+        let mut res = Response::new(body);
+        *res.status_mut() = status;
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(self.format.content_type()),
+        );
         if let Some(secs) = retry_after {
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         res
     }
@@ -426,6 +481,169 @@ mod tests {
         assert_eq!(grpc.status(), StatusCode::OK);
         assert_eq!(grpc.headers()["grpc-status"], "10");
         assert!(grpc.body().is_empty());
+    }
+
+    #[test]
+    fn grpc_answers_advise_retries_in_pushback_ms_and_http_answers_in_retry_after() {
+        let busy = |ms: Option<u64>| LockError::Busy {
+            held_elsewhere: 2,
+            nodes: 3,
+            retry_after: ms.map(Duration::from_millis),
+            attempts: 1,
+        };
+        let quarantined = LockError::NoQuorum {
+            needed: 2,
+            reached: 1,
+            held_elsewhere: 0,
+            failures: vec![crate::error::NodeFailure {
+                node: "n:1".into(),
+                error: crate::error::NodeError::Quarantined {
+                    remaining: Duration::from_millis(4_200),
+                    reason: crate::error::QuarantineReason::Restarted,
+                },
+            }],
+            attempts: 1,
+        };
+        let no_quorum = LockError::NoQuorum {
+            needed: 2,
+            reached: 0,
+            held_elsewhere: 0,
+            failures: vec![],
+            attempts: 1,
+        };
+        let ms = Duration::from_millis;
+        const U64_MAX: &str = "18446744073709551615";
+        // (rejection, retry cap, Retry-After of HTTP, grpc-retry-pushback-ms of gRPC)
+        let cases: Vec<(Rejection, Duration, Option<&str>, Option<&str>)> = vec![
+            // The hint, not rounded, capped.
+            (
+                Rejection::from_lock_error(busy(Some(250)), Protocol::Http),
+                ms(1_000),
+                Some("1"),
+                Some("250"),
+            ),
+            (
+                Rejection::from_lock_error(busy(Some(2_100)), Protocol::Http),
+                ms(1_000),
+                Some("1"),
+                Some("1000"),
+            ),
+            (
+                Rejection::from_lock_error(busy(Some(2_100)), Protocol::Http),
+                ms(30_000),
+                Some("3"),
+                Some("2100"),
+            ),
+            // No hint: the cap.
+            (
+                Rejection::from_lock_error(busy(None), Protocol::Http),
+                ms(1_500),
+                Some("2"),
+                Some("1500"),
+            ),
+            (
+                Rejection::from_lock_error(no_quorum.clone(), Protocol::Http),
+                ms(1_000),
+                Some("1"),
+                Some("1000"),
+            ),
+            // The end of the quarantine.
+            (
+                Rejection::from_lock_error(quarantined.clone(), Protocol::Http),
+                ms(60_000),
+                Some("5"),
+                Some("4200"),
+            ),
+            (
+                Rejection::from_lock_error(quarantined, Protocol::Http),
+                ms(1_000),
+                Some("1"),
+                Some("1000"),
+            ),
+            (
+                Rejection::lost(&LostReason::MaxHoldReached, Protocol::Http),
+                ms(700),
+                Some("1"),
+                Some("700"),
+            ),
+            // At least 1 ms, at least 1 s.
+            (
+                Rejection::from_lock_error(busy(Some(0)), Protocol::Http),
+                ms(1_000),
+                Some("1"),
+                Some("1"),
+            ),
+            (
+                Rejection::from_lock_error(busy(Some(5)), Protocol::Http),
+                Duration::ZERO,
+                Some("1"),
+                Some("1"),
+            ),
+            (
+                Rejection::from_lock_error(busy(Some(5)), Protocol::Http),
+                Duration::from_micros(1_999),
+                Some("1"),
+                Some("1"),
+            ),
+            (
+                Rejection::from_lock_error(busy(None), Protocol::Http),
+                Duration::MAX,
+                Some(U64_MAX),
+                Some(U64_MAX),
+            ),
+            // Nothing to wait for.
+            (
+                Rejection::bad_request("bad", Protocol::Http),
+                ms(1_000),
+                None,
+                None,
+            ),
+            (Rejection::key_reused(Protocol::Http), ms(1_000), None, None),
+            (
+                Rejection::response_not_kept(Protocol::Http),
+                ms(1_000),
+                None,
+                None,
+            ),
+            (
+                Rejection::from_lock_error(
+                    LockError::InvalidName { reason: "empty" },
+                    Protocol::Http,
+                ),
+                ms(1_000),
+                None,
+                None,
+            ),
+        ];
+        for (i, (rejection, cap, retry_after, pushback)) in cases.into_iter().enumerate() {
+            let rejection = rejection.with_retry_cap(cap);
+            let grpc = Rejection {
+                protocol: Protocol::Grpc,
+                ..rejection.clone()
+            };
+            let http = rejection.into_response();
+            assert_eq!(
+                http.headers().get("grpc-retry-pushback-ms"),
+                None,
+                "case {i}"
+            );
+            assert_eq!(
+                http.headers()
+                    .get(header::RETRY_AFTER)
+                    .map(|v| v.to_str().unwrap_or("?")),
+                retry_after,
+                "case {i}"
+            );
+            let grpc = grpc.into_response();
+            assert_eq!(grpc.headers().get(header::RETRY_AFTER), None, "case {i}");
+            assert_eq!(
+                grpc.headers()
+                    .get("grpc-retry-pushback-ms")
+                    .map(|v| v.to_str().unwrap_or("?")),
+                pushback,
+                "case {i}"
+            );
+        }
     }
 
     #[test]
