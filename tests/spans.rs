@@ -116,3 +116,59 @@ async fn a_node_that_hangs_behind_a_quorum_gets_a_new_connection() {
     )
     .await;
 }
+
+/// Each request the layer locks runs in a `redlock.layer` span that records its outcome:
+/// acquired, replayed, or rejected with the kind; the lock as a hash, never the name.
+#[tokio::test]
+async fn the_layer_span_records_each_requests_outcome() {
+    use tower::{Layer, ServiceExt, service_fn};
+    use tower_redlock::RedlockLayer;
+    use tower_redlock::layer::Header;
+
+    let logs = support::CapturedLogs::start_with(tracing_subscriber::fmt::format::FmtSpan::CLOSE);
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    let svc = RedlockLayer::new(redlock.clone(), Header::new("idempotency-key").required())
+        .fencing(false)
+        .replay(Duration::from_secs(60))
+        .without_body_fingerprint()
+        .layer(service_fn(|_req: http::Request<String>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::from("done")))
+        }));
+    let call = |key: Option<&str>| {
+        let mut req = http::Request::post("/pay");
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let req = req.body(String::new()).expect("request");
+        let svc = svc.clone();
+        async move {
+            let res = svc.oneshot(req).await.expect("response");
+            let status = res.status();
+            http_body_util::BodyExt::collect(res.into_body())
+                .await
+                .expect("body");
+            status
+        }
+    };
+    assert_eq!(call(Some("span-secret-1")).await, 200);
+    assert_eq!(call(Some("span-secret-1")).await, 200);
+    let held = redlock.lock("span-secret-2").await.expect("lock");
+    assert_eq!(call(Some("span-secret-2")).await, 409);
+    redlock.unlock(&held).await;
+    assert_eq!(call(None).await, 400);
+    let logged = logs.text();
+    for needle in [
+        "redlock.layer{lock=#",
+        "outcome=\"acquired\"",
+        "outcome=\"replayed\"",
+        "outcome=\"rejected\" rejection=\"busy\"",
+        "outcome=\"rejected\" rejection=\"bad_request\"",
+    ] {
+        assert!(
+            logged.contains(needle),
+            "{needle:?} missing from:\n{logged}"
+        );
+    }
+    assert!(!logged.contains("span-secret"), "a name shows:\n{logged}");
+}
