@@ -249,37 +249,55 @@ impl<E, F> RedlockLayer<E, F> {
     /// Makes the layer an idempotency layer: a response the handler finished with is kept
     /// under the lock name for `retention`, and a later request with the same name gets it
     /// back (marked `idempotent-replayed: true`) without running the handler. See
-    /// [`ReplayPolicy`](super::ReplayPolicy) for what is kept (2xx and 4xx except 409/429;
-    /// bodies up to 8 KiB of known size) and [`replay_policy`](Self::replay_policy) to
-    /// change it.
+    /// [`ReplayPolicy`](super::ReplayPolicy) for what is kept (2xx and 4xx except 409/429,
+    /// bodies up to 256 KiB byte for byte) and [`replay_policy`](Self::replay_policy) to
+    /// change it. With an `Idempotency-Key` [`Header`](super::Header) this is the IETF
+    /// Idempotency-Key draft's contract (the README has its table): the key is read as a
+    /// structured-field string, and rejections are problem documents unless the client
+    /// asks for text.
     ///
-    /// The record is written on the nodes that hold the lock, while they hold it, before
-    /// the lock is released; the lookup is part of the acquire round trip. A record
-    /// written on a quorum is seen by every later acquirer (any quorum it can take shares
-    /// a node with the record's). If the record reaches fewer nodes, a retry may run the
-    /// handler again (at least once, logged at `warn`). Only a record that a quorum of
-    /// nodes hold, byte for byte, is replayed: a record on fewer nodes, or records that
-    /// differ from node to node, count as the name being held, so the request is busy
-    /// (409 / `ABORTED`) until they expire, or, if it takes the lock on a quorum, runs the
-    /// handler and records anew; it never gets a minority's response. A handler that panics, or a client
-    /// that disconnects, leaves no record; nor does a handler that outlived its lock (lost,
-    /// or past its validity, as without [`auto_extend`](Self::auto_extend)): the lock is
-    /// only released, and a retry runs the handler again.
+    /// The response is recorded as it streams: its body goes out frame by frame while a
+    /// copy is kept, and once the body has ended the record is written on the nodes that
+    /// hold the lock, while they hold it, and the lock released, before the last frame
+    /// (or the end of the stream) goes out. So the lock is held until then (as with
+    /// [`release_on_body_end`](Self::release_on_body_end)), and a client that has the
+    /// whole response finds the record when it retries. A response over the policy's
+    /// [`max_body`](super::ReplayPolicy::max_body) is recorded as "completed, not kept":
+    /// its retries get 410 / `ALREADY_EXISTS` (or the hook's answer for
+    /// [`RejectionKind::ResponseNotKept`](super::RejectionKind::ResponseNotKept)), never an
+    /// empty success. A body that fails, a client that goes away before the body's end, a
+    /// handler that panics, or a handler that outlived its lock (lost, or past its
+    /// validity, as without [`auto_extend`](Self::auto_extend)) leaves no record: the lock
+    /// is only released, and a retry runs the handler again. A failed body reaches the
+    /// client as the failure it is.
     ///
-    /// gRPC: a unary reply (one message within the size limit, its status kept by
+    /// The lookup is part of the acquire round trip. A record written on a quorum is seen
+    /// by every later acquirer (any quorum it can take shares a node with the record's).
+    /// If the record reaches fewer nodes, a retry may run the handler again (at least
+    /// once, logged at `warn`). Only a record that a quorum of nodes hold, byte for byte,
+    /// is replayed: a record on fewer nodes, or records that differ from node to node,
+    /// count as the name being held, so the request is busy (409 / `ABORTED`) until they
+    /// expire, or, if it takes the lock on a quorum, runs the handler and records anew; it
+    /// never gets a minority's response.
+    ///
+    /// gRPC: a unary reply (one message, its status kept by
     /// [`ReplayPolicy::keeps_grpc`](super::ReplayPolicy::keeps_grpc)) is replayed with its
-    /// message and trailers. The lock is then held until the reply's body ends, and the
-    /// trailers wait until the record is stored. Streaming responses (more than one
-    /// message) are not replayed.
+    /// message, `content-type`, `grpc-*` headers and trailers; its trailers wait until the
+    /// record is stored. Streaming responses (more than one message) are not replayed.
     ///
     /// A later request with the same name but a different fingerprint (method, path,
-    /// query and caller; add the body with
-    /// [`BodyFingerprintLayer`](super::BodyFingerprintLayer)) is refused with 422 /
-    /// `INVALID_ARGUMENT`. The caller is the [`Principal`](super::Principal) your
-    /// authentication middleware put into the request extensions, or else (a hash of) the
-    /// `Authorization` header: another caller that sends the same key never gets the first
-    /// caller's response. Wrap the extractor in [`PerPrincipal`](super::PerPrincipal) to
-    /// scope keys to the caller instead (each caller then runs its own request).
+    /// query, caller, and the first MiB of the body) is refused with 422 /
+    /// `INVALID_ARGUMENT`. To count the body, the layer reads the start of each locked
+    /// request's body before the lock is taken (see
+    /// [`body_fingerprint`](RedlockLayer::body_fingerprint)), so the inner service gets a
+    /// [`PrefixedBody`](super::PrefixedBody) (axum routers and tonic servers take it as
+    /// they take any body); [`without_body_fingerprint`](RedlockLayer::without_body_fingerprint)
+    /// keeps the request's own body type. The caller is the
+    /// [`Principal`](super::Principal) your authentication middleware put into the request
+    /// extensions, or else (a hash of) the `Authorization` header: another caller that
+    /// sends the same key never gets the first caller's response. Wrap the extractor in
+    /// [`PerPrincipal`](super::PerPrincipal) to scope keys to the caller instead (each
+    /// caller then runs its own request).
     ///
     /// ```
     /// use std::time::Duration;
