@@ -1,7 +1,11 @@
 //! Layer overhead (the last workload of `BENCHMARKS.md`): an axum 0.8 route `POST /hook`
 //! that answers 200 "ok" at once, served plain, behind `RedlockLayer` keyed by the
-//! `x-request-id` header (fencing off), and behind `RedlockLayer` with fencing on, on 1 and
-//! 5 local redis-server nodes started by the test harness.
+//! `x-request-id` header (fencing off), behind `RedlockLayer` with fencing on, and behind
+//! `RedlockLayer` with replay, every timed request a retry answered from its record
+//! (**replayed**), on 1 and 5 local redis-server nodes started by the test harness. With
+//! `LAYER_BASELINE_EXE=path` (this bench built from another commit) the replayed variant
+//! also runs served by that binary (**replayed-before**), interleaved with the others, so
+//! that a change's cost per replayed request is measured in the same run.
 //!
 //! `cargo bench --bench layer --features axum` (or `scripts/bench layer`).
 //!
@@ -20,6 +24,7 @@
 //! Environment:
 //! - `LAYER_QUICK=1`: a smoke run (2,000 requests, one repeat);
 //! - `LAYER_REQUESTS`, `LAYER_REPEATS`: sizes (default 20,000 and 3);
+//! - `LAYER_BASELINE_EXE=path`: the replayed-before variant's server binary;
 //! - `LAYER_REPORT=path`: also write the report (a `## Layer overhead` section, to be merged
 //!   into `docs/performance.md`) to that file. By default the report goes to stdout only.
 
@@ -95,9 +100,31 @@ enum Variant {
     Plain,
     Locked,
     Fenced,
+    Replayed,
+    /// The replayed variant, served by `LAYER_BASELINE_EXE`.
+    ReplayedBefore,
 }
 
-const VARIANTS: [Variant; 3] = [Variant::Plain, Variant::Locked, Variant::Fenced];
+const VARIANTS: [Variant; 5] = [
+    Variant::Plain,
+    Variant::Locked,
+    Variant::Fenced,
+    Variant::Replayed,
+    Variant::ReplayedBefore,
+];
+const BASELINE_ENV: &str = "LAYER_BASELINE_EXE";
+
+/// The variants of this run: the baseline's only with `LAYER_BASELINE_EXE`.
+fn variants() -> Vec<Variant> {
+    let baseline = std::env::var(BASELINE_ENV).is_ok_and(|p| !p.is_empty());
+    VARIANTS
+        .into_iter()
+        .filter(|v| baseline || *v != Variant::ReplayedBefore)
+        .collect()
+}
+
+/// How many records a replayed run answers from (the warm-up writes them).
+const REPLAY_KEYS: usize = WARMUP_REQUESTS;
 
 impl Variant {
     fn id(self) -> &'static str {
@@ -105,7 +132,13 @@ impl Variant {
             Variant::Plain => "plain",
             Variant::Locked => "locked",
             Variant::Fenced => "fenced",
+            Variant::Replayed | Variant::ReplayedBefore => "replayed",
         }
+    }
+
+    /// Whether its requests are retries answered from records.
+    fn replays(self) -> bool {
+        matches!(self, Variant::Replayed | Variant::ReplayedBefore)
     }
 
     fn label(self) -> &'static str {
@@ -113,6 +146,8 @@ impl Variant {
             Variant::Plain => "plain",
             Variant::Locked => "locked",
             Variant::Fenced => "locked-fenced",
+            Variant::Replayed => "replayed",
+            Variant::ReplayedBefore => "replayed-before",
         }
     }
 
@@ -151,17 +186,22 @@ fn serve_child(spec: &str) {
         let app = Router::new().route("/hook", post(hook));
         let app = match variant {
             Variant::Plain => app,
-            Variant::Locked | Variant::Fenced => {
+            _ => {
                 let redlock = support::builder(urls)
                     .ttl(TTL)
                     .fencing(variant == Variant::Fenced)
                     .build()
                     .expect("build tower-redlock");
                 support::warm(&redlock).await;
-                app.route_layer(tower_redlock::RedlockLayer::new(
+                let layer = tower_redlock::RedlockLayer::new(
                     redlock,
                     tower_redlock::layer::Header::new(KEY_HEADER).required(),
-                ))
+                );
+                if variant.replays() {
+                    app.route_layer(layer.replay(Duration::from_secs(600)))
+                } else {
+                    app.route_layer(layer)
+                }
             }
         };
         use axum::serve::ListenerExt as _;
@@ -189,7 +229,12 @@ impl Server {
     /// Starts the server for `variant` over `urls`. Call from the main thread: the child's
     /// `PR_SET_PDEATHSIG` fires when the thread that spawned it ends.
     fn start(variant: Variant, urls: &[String]) -> Self {
-        let exe = std::env::current_exe().expect("current exe");
+        let exe = match variant {
+            Variant::ReplayedBefore => std::env::var(BASELINE_ENV)
+                .map(std::path::PathBuf::from)
+                .expect("LAYER_BASELINE_EXE"),
+            _ => std::env::current_exe().expect("current exe"),
+        };
         let mut spec = variant.id().to_owned();
         for url in urls {
             spec.push(',');
@@ -351,19 +396,21 @@ struct TaskSamples {
 }
 
 /// The operations the tasks of one phase share out: `total` of them, counted by `next`,
-/// with ids `{tag}-{i}`.
+/// with ids `{tag}-{i}` (`{tag}-{i % keys}` when `keys` is given: retries of those).
 #[derive(Clone, Copy)]
 struct Share<'a> {
     tag: &'a str,
     next: &'a AtomicUsize,
     total: usize,
+    keys: Option<usize>,
 }
 
 impl Share<'_> {
     /// The id of the next operation, while fewer than `total` are taken.
     fn next_id(self) -> Option<String> {
         let i = self.next.fetch_add(1, Ordering::Relaxed);
-        (i < self.total).then(|| format!("{}-{i}", self.tag))
+        let key = self.keys.map_or(i, |keys| i % keys.max(1));
+        (i < self.total).then(|| format!("{}-{key}", self.tag))
     }
 }
 
@@ -462,15 +509,26 @@ async fn run(
         .map(|_| {
             let (warm_next, next, ready) = (warm_next.clone(), next.clone(), ready.clone());
             let mut go = go_rx.clone();
-            let tag = tag.to_owned();
+            // A replayed run: the warm-up writes the records the timed requests retry.
+            let keys = server.variant.replays().then_some(REPLAY_KEYS);
+            let tag = if keys.is_some() {
+                "replay".to_owned()
+            } else {
+                tag.to_owned()
+            };
             tokio::spawn(async move {
                 let mut sender = connect(addr).await;
                 let mut warm = TaskSamples::default();
-                let warm_tag = format!("{tag}w");
+                let warm_tag = if keys.is_some() {
+                    tag.clone()
+                } else {
+                    format!("{tag}w")
+                };
                 let share = Share {
                     tag: &warm_tag,
                     next: &warm_next,
                     total: WARMUP_REQUESTS,
+                    keys,
                 };
                 drive(&mut sender, addr, share, &mut warm).await;
                 let mut s = TaskSamples {
@@ -483,6 +541,7 @@ async fn run(
                     tag: &tag,
                     next: &next,
                     total: requests,
+                    keys,
                 };
                 drive(&mut sender, addr, share, &mut s).await;
                 s
@@ -531,6 +590,7 @@ async fn run_client(
                 tag: &tag,
                 next: &next,
                 total,
+                keys: None,
             };
             pairs(&redlock, share, &mut s).await;
             s
@@ -557,7 +617,7 @@ async fn run_client(
 /// The runs of one node count: `runs[repeat][variant]`.
 struct Cell {
     nodes: usize,
-    runs: Vec<[Metrics; 3]>,
+    runs: Vec<Vec<Metrics>>,
     /// The client alone (no HTTP), per repeat.
     client: Vec<Metrics>,
 }
@@ -621,7 +681,10 @@ async fn bench(cfg: &Config) -> Vec<Cell> {
         for i in 0..n {
             conns.push(cluster.raw(i).await);
         }
-        let servers: Vec<Server> = VARIANTS.iter().map(|&v| Server::start(v, &urls)).collect();
+        let servers: Vec<Server> = variants()
+            .into_iter()
+            .map(|v| Server::start(v, &urls))
+            .collect();
         let client = support::builder(urls.clone())
             .ttl(TTL)
             .fencing(false)
@@ -634,7 +697,7 @@ async fn bench(cfg: &Config) -> Vec<Cell> {
             client: Vec::with_capacity(cfg.repeats),
         };
         for rep in 0..cfg.repeats {
-            let mut trio = [Metrics::default(); 3];
+            let mut trio = vec![Metrics::default(); servers.len()];
             for (v, server) in servers.iter().enumerate() {
                 run_id += 1;
                 flush_all(&mut conns).await;
@@ -732,7 +795,7 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
          |---|---|---:|---:|---:|---:|---:|---:|"
     );
     for cell in cells {
-        for (v, variant) in VARIANTS.iter().enumerate() {
+        for (v, variant) in variants().iter().enumerate() {
             let errors = cell.errors(v);
             let _ = writeln!(
                 w,
@@ -774,7 +837,7 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
          |---|---|---:|---:|---:|---:|---:|---:|---:|"
     );
     for cell in cells {
-        for (v, variant) in VARIANTS.iter().enumerate().skip(1) {
+        for (v, variant) in variants().iter().enumerate().skip(1) {
             let _ = writeln!(
                 w,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} |",
@@ -791,6 +854,37 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
                 fmt_num(cell.delta(v, |m| m.p50)),
                 fmt_num(cell.delta(v, |m| m.p99)),
                 cell.ratio(v, |m| m.throughput),
+            );
+        }
+    }
+    let names = variants();
+    let at = |v: Variant| names.iter().position(|n| *n == v);
+    if let (Some(now), Some(before)) = (at(Variant::Replayed), at(Variant::ReplayedBefore)) {
+        let _ = writeln!(
+            w,
+            "\n**Replayed, this build ÷ the baseline** (`{BASELINE_ENV}`, same run, median over \
+             the repeats of the per-repeat ratio): the layer's cost per replayed request \
+             (server CPU − plain) and p50.\n\n| N | layer CPU ÷ before | p50 ÷ before | req/s ÷ before |\n|---|---:|---:|---:|"
+        );
+        for cell in cells {
+            let ratio = |field: fn(&Metrics) -> f64, minus_plain: bool| {
+                let mut values: Vec<f64> = cell
+                    .runs
+                    .iter()
+                    .map(|r| {
+                        let plain = if minus_plain { field(&r[0]) } else { 0.0 };
+                        (field(&r[now]) - plain) / (field(&r[before]) - plain)
+                    })
+                    .collect();
+                median(&mut values)
+            };
+            let _ = writeln!(
+                w,
+                "| {} | {:.2} | {:.2} | {:.2} |",
+                cell.nodes,
+                ratio(|m| m.server_cpu, true),
+                ratio(|m| m.p50, false),
+                ratio(|m| m.throughput, false),
             );
         }
     }

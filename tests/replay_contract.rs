@@ -255,13 +255,16 @@ async fn a_reused_key_with_another_body_is_422_by_default() {
     assert_eq!(other.body, first.body);
 }
 
+/// A rejection's kind and lock name, as the hook saw them.
+type Named = (String, Option<Vec<u8>>);
+
 /// The rejection hook gets the lock name with every replay rejection: a key reused for
 /// another request (422), a record that cannot be read (503), a response that was too
 /// large to keep (410).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rejection_hook_gets_the_lock_name_for_every_replay_rejection() {
     let cluster = Cluster::start(3);
-    let seen: Arc<Mutex<Vec<(String, Option<Vec<u8>>)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Named>>> = Arc::default();
     let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY))
         .fencing(false)
         .replay_policy(ReplayPolicy::new(Duration::from_secs(60)).max_body(16))

@@ -417,7 +417,11 @@ fn recording<B: Body>(
     // An HTTP body's size marks its last frame (for an HTTP/1 client it ends the
     // response); a gRPC reply always ends with its trailers.
     let sized = ctx.protocol == Protocol::Http;
+    // An HTTP body that says it has no bytes: a server sends `content-length: 0` and may
+    // drop it unpolled. (A gRPC reply's trailers come in its body: it is polled.)
+    let empty = sized && body.size_hint().exact() == Some(0);
     let bodiless = ctx.head_request
+        || empty
         || body.is_end_stream()
         || matches!(
             parts.status,

@@ -34,7 +34,7 @@ use super::reject::{Protocol, Rejection};
 use super::replay::body_fingerprint::{
     BodyFingerprintLayer, NoBodyFingerprint, PrefixedBody, read_prefix,
 };
-use super::replay::fingerprint::{self, Fingerprint};
+use super::replay::fingerprint::{self, Fingerprint, RequestFingerprint};
 use crate::client::{Acquired, Redlock};
 use crate::error::LockError;
 use crate::quorum::later;
@@ -198,6 +198,14 @@ where
                 );
             }
         };
+        // Nothing to read (no body, or a fingerprint given): on at once, as without.
+        if req.body().is_end_stream() || req.extensions().get::<RequestFingerprint>().is_some() {
+            let fingerprint = fingerprint::fingerprint(&req);
+            let (acquire, ctx) = self.start(&req, name, protocol, fingerprint);
+            let inner = self.take_ready();
+            let req = req.map(PrefixedBody::untouched);
+            return ResponseFuture::acquiring(acquire, Box::new(Pending { inner, req }), ctx, span);
+        }
         // The fingerprint comes once the start of the body is read.
         let (acquire, ctx) = self.start(&req, name, protocol, [0; 32]);
         let inner = self.take_ready();
