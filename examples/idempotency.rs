@@ -5,12 +5,13 @@
 //! The layer locks the `Idempotency-Key` header's value and, with
 //! `.wait(WaitPolicy::up_to(Duration::from_secs(5)).max_waiters(32))`, lets a request whose key is busy wait up to 5 s
 //! for it (at most 32 such requests wait at once; beyond that they get 409). With
-//! `.replay(..)`, the layer keeps the first response under the key (on the Redis nodes,
-//! for 24 h) before it releases the lock, and answers every later request with that key
-//! from the record, marked `idempotent-replayed: true`, without running the handler.
+//! `.replay(..)`, the layer records the first response as it goes out (on the Redis nodes,
+//! for 24 h, stored before its last byte and before the lock is released), and answers
+//! every later request with that key from the record, marked `idempotent-replayed: true`,
+//! without running the handler.
 //!
-//! `BodyFingerprintLayer` in front of the lock fingerprints each request with its body: the
-//! same key sent with a different body gets 422 instead of another request's payment.
+//! The request body counts in the request's fingerprint: the same key sent with a
+//! different body gets 422 instead of another request's payment.
 //!
 //! The example starts the server, fires 5 concurrent requests with one key and 5 with
 //! distinct keys, prints when each completed, then reuses a key with another amount, and
@@ -41,8 +42,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower::ServiceBuilder;
-use tower_redlock::layer::{BodyFingerprintLayer, Header, ReplayPolicy, WaitPolicy};
+use tower_redlock::layer::{Header, ReplayPolicy, WaitPolicy};
 use tower_redlock::{LockToken, Redlock, RedlockLayer};
 
 /// How long creating a payment takes (calling the card processor, say).
@@ -106,12 +106,7 @@ async fn main() -> Result<(), Error> {
         );
     let router = Router::new()
         .route("/payments", post(create_payment))
-        .route_layer(
-            ServiceBuilder::new()
-                // Outside the lock: the same key with another body is refused with 422.
-                .layer(BodyFingerprintLayer::new(64 * 1024))
-                .layer(layer),
-        )
+        .route_layer(layer)
         .with_state(App {
             epoch: started,
             next_payment: Arc::default(),

@@ -73,7 +73,9 @@ pub struct BodyFingerprintLayer {
 /// request body limit, so that every request body a typical JSON API accepts counts whole.
 /// The cost, per locked request: the frames read are held (not copied) until the handler
 /// reads them, at most this much; and the handler starts once they are in (a handler
-/// that reads its body waits for them anyway) and hashed (SHA-256, a few ms per MiB).
+/// that reads its body waits for them anyway) and hashed (SHA-256: about 0.6 ms per MiB
+/// on a CPU with SHA extensions, such as the 2-core test machine, which hashes 1.7 GB/s;
+/// a few ms per MiB without). A request without a body costs nothing more.
 pub const DEFAULT_BODY_FINGERPRINT_LIMIT: usize = 1 << 20;
 
 /// What a [`RedlockLayer`](crate::RedlockLayer) without replay (or with

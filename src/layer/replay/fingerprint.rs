@@ -3,14 +3,16 @@
 //! 422 (gRPC `INVALID_ARGUMENT`) instead of being answered with another request's
 //! response.
 //!
-//! By default a request's fingerprint is the SHA-256 of its method, path and query, and of
-//! its caller: the [`Principal`](crate::layer::Principal) in its extensions, or else its
-//! `Authorization` header (a hash of it; the credential is not stored). So another caller
-//! that sends the same key (clients numbering their keys 1, 2, 3, or one that learned
-//! another's key) gets 422, never the first caller's response. A [`RequestFingerprint`] in
-//! the request extensions replaces the default: put one there yourself (for example a hash
-//! of the parsed JSON and the account), or let
-//! [`BodyFingerprintLayer`](crate::layer::BodyFingerprintLayer) add the body.
+//! By default a request's fingerprint is the SHA-256 of its method, path and query, of its
+//! caller (the [`Principal`](crate::layer::Principal) in its extensions, or else its
+//! `Authorization` header: a hash of it; the credential is not stored), and of the start
+//! of its body (the first MiB, read by the replay layer before the lock; see
+//! [`RedlockLayer::body_fingerprint`](crate::RedlockLayer::body_fingerprint)). So another
+//! caller that sends the same key (clients numbering their keys 1, 2, 3, or one that
+//! learned another's key) gets 422, never the first caller's response, and so does the
+//! same key with another body. A [`RequestFingerprint`] in the request extensions replaces
+//! the default (the body is then not read): put one there yourself, for example a hash of
+//! the parsed JSON and the account.
 //!
 //! ```
 //! use tower_redlock::layer::RequestFingerprint;
