@@ -287,3 +287,7 @@ impl Drop for Sender {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "batch_tests.rs"]
+mod tests;
