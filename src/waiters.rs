@@ -60,6 +60,8 @@ use crate::name::CLIENT_ID_LEN;
 use crate::node::Node;
 
 mod pubsub;
+#[cfg(test)]
+mod tests;
 
 use pubsub::PubSub;
 
