@@ -392,3 +392,61 @@ async fn a_grpc_replay_keeps_what_grpc_clients_need_under_any_header_list() {
     assert_eq!(trailers["grpc-status"], "0");
     assert_eq!(trailers["grpc-message"], "ok");
 }
+
+/// Extreme retentions still record: `Duration::MAX` keeps the record 100 years (a `PX` the
+/// nodes accept), `Duration::ZERO` 1 ms (the handler runs again), and neither fails the
+/// request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extreme_retentions_record_for_as_long_as_the_nodes_allow() {
+    let cluster = Cluster::start(3);
+    let client = http1();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let cluster = &cluster;
+    let layer = |retention| async move {
+        RedlockLayer::new(redlock(cluster).await, Header::new(KEY))
+            .fencing(false)
+            .replay_policy(ReplayPolicy::new(retention))
+    };
+    let forever = serve(payments(
+        layer(Duration::MAX).await,
+        Arc::clone(&runs),
+        Arc::clone(&gate),
+    ))
+    .await;
+    assert_eq!(
+        send(&client, post_to(forever, "/pay", Some("r-1"), "1"))
+            .await
+            .status,
+        201
+    );
+    assert!(
+        send(&client, post_to(forever, "/pay", Some("r-1"), "1"))
+            .await
+            .replayed()
+    );
+    let mut conn = cluster.raw(0).await;
+    let pttl: i64 = conn.pttl("redlock:{r-1}").await.expect("PTTL");
+    assert!(pttl > 50 * 365 * 24 * 3600 * 1000, "{pttl} ms");
+    let at_once = serve(payments(
+        layer(Duration::ZERO).await,
+        Arc::clone(&runs),
+        Arc::clone(&gate),
+    ))
+    .await;
+    assert_eq!(
+        send(&client, post_to(at_once, "/pay", Some("r-2"), "1"))
+            .await
+            .status,
+        201
+    );
+    support::wait_for(
+        "the 1 ms record to expire",
+        Duration::from_secs(10),
+        || async { cluster.nodes_holding("redlock:{r-2}").await == 0 },
+    )
+    .await;
+    let again = send(&client, post_to(at_once, "/pay", Some("r-2"), "1")).await;
+    assert_eq!((again.status.as_u16(), again.replayed()), (201, false));
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}

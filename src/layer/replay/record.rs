@@ -43,6 +43,10 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// with more fields to keep is not recorded; a stored record with more is refused.
 pub(crate) const MAX_RECORD_HEADERS: usize = 1_000;
 
+/// The longest a record is kept: 100 years (a `PX` of `Duration::MAX` is refused by the
+/// nodes, "invalid expire time", and no record would be stored).
+const LONGEST_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
 /// The default [`ReplayPolicy::max_body`]: 256 KiB. It covers the answers of typical JSON
 /// APIs whole (an object is a few KiB; a page of 100 list items, tens to a couple of
 /// hundred KiB), while bounding what one in-flight request buffers. A record costs, on
@@ -62,7 +66,8 @@ pub struct ReplayPolicy {
 impl ReplayPolicy {
     /// Keeps records for `retention`, bodies up to [`DEFAULT_REPLAY_MAX_BODY`] (256 KiB), and the
     /// headers `content-type`, `content-encoding`, `content-language`, `location`, `etag`
-    /// and `last-modified`.
+    /// and `last-modified`. The retention is taken between 1 ms and 100 years (an expiry
+    /// the nodes accept: `Duration::ZERO` keeps records 1 ms, `Duration::MAX` 100 years).
     ///
     /// ```
     /// use std::time::Duration;
@@ -74,7 +79,7 @@ impl ReplayPolicy {
     /// ```
     pub fn new(retention: Duration) -> Self {
         Self {
-            retention,
+            retention: retention.clamp(Duration::from_millis(1), LONGEST_RETENTION),
             max_body: DEFAULT_REPLAY_MAX_BODY,
             headers: vec![
                 header::CONTENT_TYPE,
@@ -517,6 +522,14 @@ mod tests {
         assert!(kept.get("x-internal").is_none());
         assert!(policy.keeps_grpc(0) && policy.keeps_grpc(5));
         assert!(!policy.keeps_grpc(10) && !policy.keeps_grpc(14));
+    }
+
+    #[test]
+    fn retentions_are_ones_the_nodes_accept() {
+        let kept = |d: Duration| ReplayPolicy::new(d).retention();
+        assert_eq!(kept(Duration::ZERO), Duration::from_millis(1));
+        assert_eq!(kept(Duration::MAX), LONGEST_RETENTION);
+        assert_eq!(kept(Duration::from_secs(60)), Duration::from_secs(60));
     }
 
     #[test]
