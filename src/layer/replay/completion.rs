@@ -118,10 +118,12 @@ impl Recorder {
             return Err(guard);
         };
         let limit = keep.policy.body_limit();
+        // Room for the whole body when its size is known and kept, up to 1 MiB: more grows
+        // as it comes (a size hint is no reason to allocate gigabytes up front).
         let capacity = size
             .and_then(|n| usize::try_from(n).ok())
             .filter(|n| *n <= limit)
-            .unwrap_or(0);
+            .map_or(0, |n| n.min(1 << 20));
         let grpc = (keep.protocol == Protocol::Grpc)
             .then(|| (GrpcFrames::default(), record::grpc_status(&parts.headers)));
         Ok(Self {
