@@ -40,6 +40,7 @@ use tokio::sync::Notify;
 mod batch;
 mod call;
 mod check;
+pub(crate) mod clocks;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod connect;
@@ -137,7 +138,7 @@ pub(crate) struct NodeSettings {
     /// quarter of the fencing retention; see `renewals`).
     pub(crate) renew_every: Duration,
     /// The client's estimates of its nodes' clocks: each handshake gives its node's.
-    pub(crate) clocks: Arc<crate::fencing::NodeClocks>,
+    pub(crate) clocks: Arc<clocks::NodeClocks>,
     /// Whether a node that may evict keys is taken (with a warning) rather than refused.
     pub(crate) allow_eviction: bool,
 }
@@ -442,7 +443,7 @@ mod tests {
             servers: Arc::default(),
             counter_sets: 1,
             renew_every: Duration::from_secs(3600),
-            clocks: Arc::new(crate::fencing::NodeClocks::new(1, Duration::from_secs(1))),
+            clocks: Arc::new(clocks::NodeClocks::new(1, Duration::from_secs(1))),
             allow_eviction: false,
         };
         let node = Node::new(0, "n".into(), Connector::Direct(Box::new(client)), settings);

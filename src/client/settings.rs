@@ -19,9 +19,10 @@ use crate::defaults::{
     DEFAULT_FENCING_RETENTION, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO,
 };
 use crate::error::ConfigError;
-use crate::fencing::{Clock, NodeClocks};
+use crate::fencing::Clock;
 use crate::keepalive_inbox::{Guards, KeepAlive};
 use crate::name::{CounterSets, prefix_keeps_tags};
+use crate::node::clocks::NodeClocks;
 use crate::node::{Node, NodeSettings, renewal_interval, set_expiry_ms};
 use crate::quorum;
 use crate::waiters::Waiters;

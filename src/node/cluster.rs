@@ -222,7 +222,7 @@ struct Seen {
     landed: Landed,
     /// How long it has been a master at least (its promotion marker).
     master_for: Duration,
-    /// Its clock as of the client's base (see `fencing::NodeClocks`), if `INFO server`
+    /// Its clock as of the client's base (see `node::clocks::NodeClocks`), if `INFO server`
     /// told.
     clock: Option<u64>,
 }

@@ -487,7 +487,7 @@ fn refusal(opened: &Opened) -> Option<NodeError> {
 /// The commands of a handshake, in one pipeline: `INFO server` and `INFO replication`
 /// feed the restart quarantine (see the `identity` module), the role check, the
 /// same-server check and the node's clock estimate (`server_time_usec`; see
-/// `fencing::NodeClocks`); a user that may not run them can still lock with the quarantine
+/// `node::clocks::NodeClocks`); a user that may not run them can still lock with the quarantine
 /// off. `INFO memory` tells the eviction policy (see [`evicting_policy`]); a server that
 /// refuses it is simply not checked. Then `SCRIPT LOAD` of every script.
 fn handshake_pipe() -> redis::Pipeline {
