@@ -40,6 +40,8 @@ use crate::token::Lock;
 
 mod acquire;
 pub(crate) mod builder;
+#[cfg(feature = "tls-rustls")]
+mod builder_tls;
 mod extend;
 mod health;
 mod lifecycle;

@@ -1,6 +1,7 @@
 //! TLS settings of the builder (feature `tls-rustls`): a private CA to trust, a client
 //! certificate to present (mTLS), and the rustls crypto provider, chosen by the crate so
-//! that enabling the feature is enough.
+//! that enabling the feature is enough. The builder's methods that set them are in
+//! `builder_tls.rs`.
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,7 +23,6 @@ use std::fmt;
 
 use redis::{Client, ClientTlsConfig, ConnectionInfo, TlsCertificates};
 
-use super::RedlockBuilder;
 use crate::error::ConfigError;
 
 /// The builder's TLS settings. `Debug` shows what is set, never the certificates or key.
@@ -42,6 +42,16 @@ impl fmt::Debug for TlsSettings {
 }
 
 impl TlsSettings {
+    /// Trusts the CA certificates in `pem`.
+    pub(crate) fn set_root(&mut self, pem: Vec<u8>) {
+        self.root = Some(pem);
+    }
+
+    /// Presents the client certificate `cert` with its private key `key`.
+    pub(crate) fn set_client(&mut self, cert: Vec<u8>, key: Vec<u8>) {
+        self.client = Some((cert, key));
+    }
+
     /// The client of a `rediss://` node, with these settings.
     pub(crate) fn client(&self, info: ConnectionInfo, label: &str) -> Result<Client, ConfigError> {
         install_provider();
@@ -110,64 +120,5 @@ fn install_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Another thread may install one meanwhile: either way one is installed.
         let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
-#[cfg_attr(docsrs, doc(cfg(feature = "tls-rustls")))]
-impl RedlockBuilder {
-    /// Trusts the CA certificates in `pem` (one or more PEM certificates) for `rediss://`
-    /// nodes, instead of the system's roots: for servers with certificates from a private
-    /// CA. Unreadable certificates are refused by [`build`](Self::build)
-    /// ([`ConfigError::Tls`]), as are certificates for a client without `rediss://`
-    /// nodes. Needs the `tls-rustls` feature.
-    ///
-    /// This and [`tls_client_certificate`](Self::tls_client_certificate) apply to every
-    /// `rediss://` node without TLS settings of its own: URLs, `redis::ConnectionInfo`s,
-    /// and `redis::Client`s opened from a URL. A `redis::Client` built with
-    /// `Client::build_with_tls(..)` keeps the certificates it was built with (see
-    /// [`NodeConfig`](crate::NodeConfig)'s `From<redis::Client>`).
-    ///
-    /// ```no_run
-    /// use tower_redlock::Redlock;
-    ///
-    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let nodes = ["rediss://redis-1:6380", "rediss://redis-2:6380", "rediss://redis-3:6380"];
-    /// // The servers' certificates come from the company's CA, which the system does not trust.
-    /// let ca = std::fs::read("/etc/redis/tls/ca.pem")?;
-    /// let redlock = Redlock::builder(nodes).tls_root_certificates(ca).build()?;
-    /// # let _ = redlock;
-    /// # Ok(()) }
-    /// ```
-    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls.root = Some(pem.into());
-        self
-    }
-
-    /// Presents the client certificate `cert_pem` with its private key `key_pem` (PEM) to
-    /// `rediss://` nodes that ask for one (`tls-auth-clients yes`): mutual TLS. Needs the
-    /// `tls-rustls` feature.
-    ///
-    /// ```no_run
-    /// use tower_redlock::Redlock;
-    ///
-    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let nodes = ["rediss://redis-1:6380", "rediss://redis-2:6380", "rediss://redis-3:6380"];
-    /// // The servers run with `tls-auth-clients yes`: present this service's certificate.
-    /// let cert = std::fs::read("/etc/redis/tls/client.pem")?;
-    /// let key = std::fs::read("/etc/redis/tls/client.key")?;
-    /// let redlock = Redlock::builder(nodes)
-    ///     .tls_root_certificates(std::fs::read("/etc/redis/tls/ca.pem")?)
-    ///     .tls_client_certificate(cert, key)
-    ///     .build()?;
-    /// # let _ = redlock;
-    /// # Ok(()) }
-    /// ```
-    pub fn tls_client_certificate(
-        mut self,
-        cert_pem: impl Into<Vec<u8>>,
-        key_pem: impl Into<Vec<u8>>,
-    ) -> Self {
-        self.tls.client = Some((cert_pem.into(), key_pem.into()));
-        self
     }
 }
