@@ -55,7 +55,6 @@ use futures_util::future::join_all;
 use tokio::sync::mpsc::{self, UnboundedSender, error::SendError};
 use tokio::sync::{Notify, oneshot};
 
-use crate::error::NodeError;
 use crate::name::CLIENT_ID_LEN;
 use crate::node::Node;
 
@@ -63,7 +62,7 @@ mod pubsub;
 #[cfg(test)]
 mod tests;
 
-use pubsub::PubSub;
+use pubsub::{Listener, PubSub, Subscription};
 
 /// The waiters of one client, per lock key, and its pub/sub connections.
 #[derive(Debug)]
@@ -118,13 +117,6 @@ impl Queue {
         head.notify_one();
         Some(*id)
     }
-}
-
-/// A request to a node's subscription manager.
-#[derive(Debug)]
-enum Subscription {
-    Subscribe(Box<[u8]>, oneshot::Sender<Result<(), NodeError>>),
-    Unsubscribe(Box<[u8]>),
 }
 
 impl Waiters {
@@ -237,7 +229,8 @@ impl Waiters {
         if tx.send(request).is_err() {
             return false;
         }
-        handle.spawn(PubSub::new(Arc::downgrade(self), Arc::clone(node), rx).run());
+        let listener: std::sync::Weak<dyn Listener> = Arc::downgrade(self) as _;
+        handle.spawn(PubSub::new(listener, Arc::clone(node), rx).run());
         *slot = Some(tx);
         true
     }
@@ -322,6 +315,21 @@ impl Waiters {
             // A manager that is gone has nothing to unsubscribe.
             let _ = tx.send(Subscription::Unsubscribe(key.into()));
         }
+    }
+}
+
+/// The waiters hear what their subscription managers hear.
+impl Listener for Waiters {
+    fn client_id(&self) -> &[u8] {
+        Waiters::id(self)
+    }
+
+    fn released(&self, key: &[u8]) {
+        Waiters::released(self, key);
+    }
+
+    fn reconnected(&self) {
+        self.wake_heads();
     }
 }
 

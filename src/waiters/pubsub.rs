@@ -25,10 +25,27 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::oneshot;
 
-use super::{Subscription, Waiters};
 use crate::error::NodeError;
 use crate::node::Node;
+
+/// A request to a node's subscription manager.
+#[derive(Debug)]
+pub(super) enum Subscription {
+    Subscribe(Box<[u8]>, oneshot::Sender<Result<(), NodeError>>),
+    Unsubscribe(Box<[u8]>),
+}
+
+/// Whom a subscription manager tells what it hears: the waiters of its client.
+pub(super) trait Listener: Send + Sync {
+    /// What the client's own release messages carry (they are not passed on).
+    fn client_id(&self) -> &[u8];
+    /// A node said `key` was released.
+    fn released(&self, key: &[u8]);
+    /// The connection is (back) up: messages may have been lost while it was down.
+    fn reconnected(&self);
+}
 
 /// Shortest wait before reconnecting a pub/sub connection after a failure.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -37,7 +54,7 @@ const BACKOFF_MAX: Duration = Duration::from_millis(1_000);
 
 /// A node's subscription manager (see the module docs).
 pub(super) struct PubSub {
-    waiters: Weak<Waiters>,
+    waiters: Weak<dyn Listener>,
     node: Arc<Node>,
     requests: UnboundedReceiver<Subscription>,
     /// The keys subscribed (or to subscribe once connected).
@@ -56,7 +73,7 @@ enum Ended {
 
 impl PubSub {
     pub(super) fn new(
-        waiters: Weak<Waiters>,
+        waiters: Weak<dyn Listener>,
         node: Arc<Node>,
         requests: UnboundedReceiver<Subscription>,
     ) -> Self {
@@ -137,7 +154,7 @@ impl PubSub {
     /// first: messages may have been lost while it was down.
     async fn serve(&mut self, mut sink: PubSubSink, mut stream: PubSubStream) -> Ended {
         match self.waiters.upgrade() {
-            Some(w) => w.wake_heads(),
+            Some(w) => w.reconnected(),
             None => return Ended::ClientGone,
         }
         loop {
@@ -150,7 +167,7 @@ impl PubSub {
                     // None: the connection broke; reconnect and renew the subscriptions.
                     let Some(message) = message else { return Ended::Broken };
                     let Some(w) = self.waiters.upgrade() else { return Ended::ClientGone };
-                    let ours = message.get_payload_bytes() == w.id();
+                    let ours = message.get_payload_bytes() == w.client_id();
                     if let (false, Ok(key)) = (ours, message.get_channel::<Vec<u8>>()) {
                         w.released(&key);
                     }
