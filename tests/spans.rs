@@ -172,3 +172,58 @@ async fn the_layer_span_records_each_requests_outcome() {
     }
     assert!(!logged.contains("span-secret"), "a name shows:\n{logged}");
 }
+
+/// A completion record that reaches fewer than a quorum of nodes is logged (a retry may
+/// run the handler again); one that reaches exactly a quorum is not.
+#[tokio::test]
+async fn a_record_stored_on_too_few_nodes_is_logged() {
+    use std::sync::{Arc, Mutex};
+    use tower::{Layer, ServiceExt, service_fn};
+    use tower_redlock::RedlockLayer;
+    use tower_redlock::layer::Header;
+
+    const TOO_FEW: &str = "stored the completion record on too few nodes";
+    let logs = support::CapturedLogs::start();
+    for (kill, warned) in [(1, false), (2, true)] {
+        let cluster = Arc::new(Mutex::new(Cluster::start(3)));
+        let urls = cluster.lock().expect("cluster").urls();
+        let redlock = builder(urls)
+            .node_timeout(Duration::from_millis(200))
+            .build()
+            .expect("build");
+        support::warm(&redlock).await;
+        let before = logs.text().matches(TOO_FEW).count();
+        let svc = RedlockLayer::new(redlock, Header::new("idempotency-key"))
+            .fencing(false)
+            .replay(Duration::from_secs(60))
+            .without_body_fingerprint()
+            .layer(service_fn({
+                let cluster = Arc::clone(&cluster);
+                move |_req: http::Request<String>| {
+                    // The handler ran with the lock on 3 nodes; `kill` of them die now.
+                    let mut cluster = cluster.lock().expect("cluster");
+                    for node in cluster.nodes.iter_mut().take(kill) {
+                        node.kill();
+                    }
+                    async {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("done")))
+                    }
+                }
+            }));
+        let req = http::Request::post("/pay")
+            .header("idempotency-key", format!("few-{kill}"))
+            .body(String::new())
+            .expect("request");
+        let res = svc.oneshot(req).await.expect("response");
+        http_body_util::BodyExt::collect(res.into_body())
+            .await
+            .expect("body");
+        let after = logs.text().matches(TOO_FEW).count();
+        assert_eq!(
+            after > before,
+            warned,
+            "{kill} node(s) down:\n{}",
+            logs.text()
+        );
+    }
+}
