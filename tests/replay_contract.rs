@@ -450,3 +450,163 @@ async fn extreme_retentions_record_for_as_long_as_the_nodes_allow() {
     assert_eq!((again.status.as_u16(), again.replayed()), (201, false));
     assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
+
+/// On slow links too, a client that has the whole response finds the record on the
+/// nodes: with 100 ms to every node, the record is there (read directly) the moment the
+/// client has the last byte, for a sized body and for a streamed one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_is_on_the_nodes_before_the_client_has_the_last_byte() {
+    let cluster = Cluster::start(3);
+    let mut proxies = Vec::new();
+    for node in &cluster.nodes {
+        proxies.push(support::FaultProxy::start(node.addr()).await);
+    }
+    let redlock = support::builder(proxies.iter().map(support::FaultProxy::url))
+        .ttl(Duration::from_secs(30))
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .expect("build");
+    support::warm(&redlock).await;
+    for proxy in &proxies {
+        proxy.set(support::Mode::Delay {
+            to_node: (Duration::from_millis(100), Duration::from_millis(100)),
+            to_client: (Duration::ZERO, Duration::ZERO),
+        });
+    }
+    let sized = || async { (StatusCode::CREATED, "a sized body") };
+    let streamed = || async {
+        let chunks = futures_util::stream::iter(
+            ["a ", "streamed ", "body"]
+                .map(|c| Ok::<_, std::io::Error>(Bytes::from_static(c.as_bytes()))),
+        );
+        (StatusCode::CREATED, Body::from_stream(chunks))
+    };
+    let layer = RedlockLayer::new(redlock, Header::new(KEY))
+        .fencing(false)
+        .replay(Duration::from_secs(60));
+    let addr = serve(
+        Router::new()
+            .route("/sized", post(sized))
+            .route("/streamed", post(streamed))
+            .route_layer(layer),
+    )
+    .await;
+    let client = http1();
+    for (path, key) in [("/sized", "slow-1"), ("/streamed", "slow-2")] {
+        let first = send(&client, post_to(addr, path, Some(key), "")).await;
+        assert_eq!(first.status, 201);
+        let mut records = 0;
+        for i in 0..3 {
+            let mut conn = cluster.raw(i).await;
+            let value: Option<Vec<u8>> = conn.get(format!("redlock:{{{key}}}")).await.expect("GET");
+            records += usize::from(value.is_some_and(|v| v.starts_with(b"#record\n")));
+        }
+        assert_eq!(
+            records, 3,
+            "{path}: the record reached {records} node(s) when the client had it all"
+        );
+    }
+}
+
+/// A gRPC reply is kept only when it is one message with a status a retry would repeat:
+/// a streaming reply (two messages) and an `UNAVAILABLE` one run again on the retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_replies_of_several_messages_or_a_retryable_status_are_not_kept() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let reply = |body: &'static [u8], status: &'static str| {
+        let runs = Arc::clone(&runs);
+        move || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static(status));
+            let frames = futures_util::stream::iter([
+                Ok::<_, std::io::Error>(http_body::Frame::data(Bytes::from_static(body))),
+                Ok(http_body::Frame::trailers(trailers)),
+            ]);
+            async move {
+                http::Response::builder()
+                    .header(header::CONTENT_TYPE, "application/grpc")
+                    .body(Body::new(http_body_util::StreamBody::new(frames)))
+                    .expect("response")
+            }
+        }
+    };
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new("idempotency-key"))
+        .fencing(false)
+        .replay(Duration::from_secs(60));
+    let addr = serve(
+        Router::new()
+            .route(
+                "/test.Svc/Stream",
+                post(reply(b"\x00\x00\x00\x00\x01a\x00\x00\x00\x00\x01b", "0")),
+            )
+            .route(
+                "/test.Svc/Unavailable",
+                post(reply(b"\x00\x00\x00\x00\x01a", "14")),
+            )
+            .route("/test.Svc/Ok", post(reply(b"\x00\x00\x00\x00\x01a", "0")))
+            .route_layer(layer),
+    )
+    .await;
+    let client = http2();
+    let call = |method: &str, key: &str| {
+        http::Request::post(format!("http://{addr}/test.Svc/{method}"))
+            .header(header::CONTENT_TYPE, "application/grpc")
+            .header("te", "trailers")
+            .header("idempotency-key", key)
+            .body(Body::from(&b"\x00\x00\x00\x00\x00"[..]))
+            .expect("request")
+    };
+    for (method, key, kept) in [
+        ("Stream", "gs-1", false),
+        ("Unavailable", "gs-2", false),
+        ("Ok", "gs-3", true),
+    ] {
+        let before = runs.load(Ordering::SeqCst);
+        send(&client, call(method, key)).await;
+        let again = send(&client, call(method, key)).await;
+        assert_eq!(again.replayed(), kept, "{method}");
+        assert_eq!(
+            runs.load(Ordering::SeqCst) - before,
+            if kept { 1 } else { 2 },
+            "{method}"
+        );
+    }
+}
+
+/// A response being recorded holds its lock until its body has ended (and its record is
+/// stored), as `ResponseBody::holds_lock` says.
+#[tokio::test]
+async fn a_recorded_response_holds_its_lock_until_its_body_ends() {
+    use tower::{Layer, ServiceExt, service_fn};
+    let cluster = Cluster::start(3);
+    let svc = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY))
+        .fencing(false)
+        .replay(Duration::from_secs(60))
+        .without_body_fingerprint()
+        .layer(service_fn(|_req: http::Request<Body>| async {
+            let chunks = futures_util::stream::iter(
+                ["one ", "two"].map(|c| Ok::<_, std::io::Error>(Bytes::from_static(c.as_bytes()))),
+            );
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::from_stream(chunks)))
+        }));
+    let req = http::Request::post("/x")
+        .header(KEY, "held-1")
+        .body(Body::empty())
+        .expect("request");
+    let mut body = svc.oneshot(req).await.expect("response").into_body();
+    assert!(body.holds_lock());
+    assert_eq!(cluster.nodes_holding("redlock:{held-1}").await, 3);
+    let mut got = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.expect("frame").into_data() {
+            got.extend_from_slice(&data);
+        }
+    }
+    assert_eq!(got, b"one two");
+    assert!(
+        !body.holds_lock(),
+        "the record is stored and the lock released"
+    );
+}
