@@ -451,9 +451,31 @@ async fn extreme_retentions_record_for_as_long_as_the_nodes_allow() {
     assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
 
+/// A body that gives its size but never says it has ended (`is_end_stream` is only a
+/// hint): its size marks its last frame, which an HTTP/1 client takes as the end.
+struct Unmarked(Vec<Bytes>);
+
+impl http_body::Body for Unmarked {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        let next = (!self.0.is_empty()).then(|| self.0.remove(0));
+        std::task::Poll::Ready(next.map(|b| Ok(http_body::Frame::data(b))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.0.iter().map(|b| b.len() as u64).sum())
+    }
+}
+
 /// On slow links too, a client that has the whole response finds the record on the
 /// nodes: with 100 ms to every node, the record is there (read directly) the moment the
-/// client has the last byte, for a sized body and for a streamed one.
+/// client has the last byte, for a sized body (also one that never says it ended) and
+/// for a streamed one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_record_is_on_the_nodes_before_the_client_has_the_last_byte() {
     let cluster = Cluster::start(3);
@@ -481,6 +503,10 @@ async fn the_record_is_on_the_nodes_before_the_client_has_the_last_byte() {
         );
         (StatusCode::CREATED, Body::from_stream(chunks))
     };
+    let unmarked = || async {
+        let parts = vec![Bytes::from_static(b"never "), Bytes::from_static(b"marked")];
+        (StatusCode::CREATED, Body::new(Unmarked(parts)))
+    };
     let layer = RedlockLayer::new(redlock, Header::new(KEY))
         .fencing(false)
         .replay(Duration::from_secs(60));
@@ -488,11 +514,16 @@ async fn the_record_is_on_the_nodes_before_the_client_has_the_last_byte() {
         Router::new()
             .route("/sized", post(sized))
             .route("/streamed", post(streamed))
+            .route("/unmarked", post(unmarked))
             .route_layer(layer),
     )
     .await;
     let client = http1();
-    for (path, key) in [("/sized", "slow-1"), ("/streamed", "slow-2")] {
+    for (path, key) in [
+        ("/sized", "slow-1"),
+        ("/streamed", "slow-2"),
+        ("/unmarked", "slow-3"),
+    ] {
         let first = send(&client, post_to(addr, path, Some(key), "")).await;
         assert_eq!(first.status, 201);
         let mut records = 0;
