@@ -157,9 +157,7 @@ where
         } else {
             [0; 32]
         };
-        let (acquire, ctx) = self.start(&req, name, protocol, fingerprint);
-        let inner = self.take_ready();
-        ResponseFuture::acquiring(acquire, Box::new(Pending { inner, req }), ctx, span)
+        self.acquire_then_call(req, (name, span), protocol, fingerprint)
     }
 }
 
@@ -201,10 +199,8 @@ where
         // Nothing to read (no body, or a fingerprint given): on at once, as without.
         if req.body().is_end_stream() || req.extensions().get::<RequestFingerprint>().is_some() {
             let fingerprint = fingerprint::fingerprint(&req);
-            let (acquire, ctx) = self.start(&req, name, protocol, fingerprint);
-            let inner = self.take_ready();
             let req = req.map(PrefixedBody::untouched);
-            return ResponseFuture::acquiring(acquire, Box::new(Pending { inner, req }), ctx, span);
+            return self.acquire_then_call(req, (name, span), protocol, fingerprint);
         }
         // The fingerprint comes once the start of the body is read.
         let (acquire, ctx) = self.start(&req, name, protocol, [0; 32]);
@@ -251,6 +247,24 @@ impl<S, E, F> RedlockService<S, E, F> {
     {
         let clone = self.inner.clone();
         std::mem::replace(&mut self.inner, clone)
+    }
+
+    /// The future of a request whose lock (`name`, and the request's span) is acquired,
+    /// then the inner service called with `req`.
+    fn acquire_then_call<R, Body>(
+        &mut self,
+        req: Request<R>,
+        (name, span): (Vec<u8>, tracing::Span),
+        protocol: Protocol,
+        fingerprint: Fingerprint,
+    ) -> ResponseFuture<S::Future, Body, S::Error>
+    where
+        S: Service<Request<R>, Response = Response<Body>> + Clone + Send + 'static,
+        R: Send + 'static,
+    {
+        let (acquire, ctx) = self.start(&req, name, protocol, fingerprint);
+        let inner = self.take_ready();
+        ResponseFuture::acquiring(acquire, Box::new(Pending { inner, req }), ctx, span)
     }
 
     /// The acquisition of `name`, and what the future needs once it holds the lock.
