@@ -18,44 +18,16 @@ use http::{HeaderMap, StatusCode, header};
 use http_body_util::BodyExt;
 use redis::AsyncCommands;
 use support::Cluster;
-use support::http::{HttpClient, http1, http2, serve};
+use support::http::{HttpClient, Seen, exchange, http1, http2, serve};
 use tokio::sync::Semaphore;
-use tower_redlock::layer::{Header, REPLAYED_HEADER, ReplayPolicy};
+use tower_redlock::layer::{Header, ReplayPolicy};
 use tower_redlock::{Redlock, RedlockLayer};
 
 const KEY: &str = "Idempotency-Key";
 
-/// Status, headers, body and trailers of a response.
-struct Seen {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-    trailers: Option<HeaderMap>,
-}
-
-impl Seen {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    fn replayed(&self) -> bool {
-        self.headers
-            .get(REPLAYED_HEADER)
-            .is_some_and(|v| v == "true")
-    }
-}
-
+/// Sends `req` and reads the whole response (it must not fail).
 async fn send(client: &HttpClient, req: http::Request<Body>) -> Seen {
-    let res = client.request(req).await.expect("request");
-    let (parts, body) = res.into_parts();
-    let collected = body.collect().await.expect("body");
-    let trailers = collected.trailers().cloned();
-    Seen {
-        status: parts.status,
-        headers: parts.headers,
-        body: collected.to_bytes(),
-        trailers,
-    }
+    exchange(client, req).await.expect("response")
 }
 
 fn post_to(

@@ -38,7 +38,7 @@ use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use redis::AsyncCommands;
 use support::Cluster;
-use support::http::{HttpClient, http1, http2, serve};
+use support::http::{Seen, exchange, http1, http2, serve};
 use tower_redlock::RedlockLayer;
 use tower_redlock::layer::{Header, REPLAYED_HEADER};
 
@@ -359,15 +359,6 @@ async fn app(cluster: &Cluster, opts: Opts, server: Server) -> Router {
     .with_state(server)
 }
 
-/// What a client saw.
-#[derive(Debug)]
-struct Seen {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-    trailers: Option<HeaderMap>,
-}
-
 /// The request of a cell: `fail` on the first request, nothing on a retry.
 fn request(
     addr: std::net::SocketAddr,
@@ -392,23 +383,6 @@ fn request(
         Body::empty()
     };
     b.body(body).unwrap_or_default()
-}
-
-/// Sends `req` and reads the whole response; `Err` when the exchange failed.
-async fn exchange(client: &HttpClient, req: http::Request<Body>) -> Result<Seen, String> {
-    let res = client
-        .request(req)
-        .await
-        .map_err(|e| format!("request: {e}"))?;
-    let (parts, body) = res.into_parts();
-    let collected = body.collect().await.map_err(|e| format!("body: {e}"))?;
-    let trailers = collected.trailers().cloned();
-    Ok(Seen {
-        status: parts.status,
-        headers: parts.headers,
-        body: collected.to_bytes(),
-        trailers,
-    })
 }
 
 /// What a node holds under a lock key.

@@ -70,3 +70,44 @@ pub fn post(addr: SocketAddr, path: &str, header: Option<(&str, &str)>) -> http:
     }
     b.body(Body::empty()).expect("request")
 }
+
+/// Status, headers, body bytes and trailers of a response, as a client saw them.
+#[derive(Debug)]
+pub struct Seen {
+    pub status: http::StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: bytes::Bytes,
+    pub trailers: Option<http::HeaderMap>,
+}
+
+impl Seen {
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// Whether the layer answered from a completion record (`idempotent-replayed: true`).
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get(tower_redlock::layer::REPLAYED_HEADER)
+            .is_some_and(|v| v == "true")
+    }
+}
+
+/// Sends `req` and reads the whole response, trailers included; `Err` when the exchange
+/// failed (the request, or the body mid-way).
+pub async fn exchange(client: &HttpClient, req: http::Request<Body>) -> Result<Seen, String> {
+    let res = client
+        .request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    let (parts, body) = res.into_parts();
+    let collected = body.collect().await.map_err(|e| format!("body: {e}"))?;
+    let trailers = collected.trailers().cloned();
+    Ok(Seen {
+        status: parts.status,
+        headers: parts.headers,
+        body: collected.to_bytes(),
+        trailers,
+    })
+}
