@@ -1,7 +1,8 @@
 //! [`LockGuard`] and its keep-alive: a held lock that extends itself while the work runs.
 //!
-//! The guard depends on the client (it extends and releases through it); the client knows
-//! nothing of guards. `Redlock::acquire` and `Redlock::guard` are defined here for that reason.
+//! The guard depends on its lock backend (it extends and releases through it, see
+//! [`LockBackend`]); the client knows nothing of guards. `Redlock::acquire` and
+//! `Redlock::guard` are defined here for that reason.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -16,10 +17,9 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use crate::client::{Deletion, Redlock, Released, Wake};
+use crate::backend::LockBackend;
+use crate::client::{Redlock, Released};
 use crate::error::LockError;
-use crate::keepalive;
-use crate::keepalive_inbox::KeepAlive;
 use crate::token::{Lock, LockToken, LostReason, Shared};
 
 /// A held lock that extends itself while the work runs and says when it is lost.
@@ -73,15 +73,18 @@ use crate::token::{Lock, LockToken, LostReason, Shared};
 ///
 /// Release it with [`release`](Self::release); dropping it releases in a spawned task
 /// (never blocking, also while the runtime shuts down).
-pub struct LockGuard {
-    redlock: Redlock,
+///
+/// `L` is the lock service that holds it: [`Redlock`], or, in tests, the in-memory lock of
+/// the `testing` feature (see [`LockBackend`]).
+pub struct LockGuard<L: LockBackend = Redlock> {
+    backend: L,
     token: LockToken,
     /// The lock's id with the client's keep-alive driver, while it extends the lock.
     keep_alive: Option<u64>,
     released: bool,
 }
 
-impl fmt::Debug for LockGuard {
+impl<L: LockBackend> fmt::Debug for LockGuard<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
             .field("token", &self.token)
@@ -89,15 +92,15 @@ impl fmt::Debug for LockGuard {
     }
 }
 
-impl LockGuard {
-    /// Guards `lock`, extending it in the background per `keep_alive` (if given).
-    pub(crate) fn new(redlock: Redlock, lock: Lock, keep_alive: Option<KeepAlive>) -> Self {
+impl<L: LockBackend> LockGuard<L> {
+    /// Guards `lock`, extending it in the background (when `extend`) the way `backend`
+    /// keeps locks alive.
+    pub(crate) fn new(backend: L, lock: Lock, extend: bool) -> Self {
         let shared = Shared::new(lock);
-        let keep_alive =
-            keep_alive.and_then(|policy| keepalive::start(&redlock, Arc::clone(&shared), policy));
+        let keep_alive = backend.keep(&shared, extend);
         crate::metrics::gauge(crate::metrics::Gauge::HeldLocks, crate::metrics::Move::Up);
         Self {
-            redlock,
+            backend,
             token: LockToken::from_shared(shared),
             keep_alive,
             released: false,
@@ -119,10 +122,10 @@ impl LockGuard {
     /// it still releases in the background) until [`disarm`](Self::disarm).
     pub(crate) fn release_future(&mut self) -> BoxFuture<'static, Released> {
         self.stop_extending();
-        let redlock = self.redlock.clone();
         let shared = Arc::clone(self.token.shared());
+        let release = self.backend.release(Arc::clone(&shared));
         Box::pin(async move {
-            let out = redlock.unlock(&shared.lock).await;
+            let out = release.await;
             shared.mark_lost(LostReason::Released);
             out
         })
@@ -130,7 +133,7 @@ impl LockGuard {
 
     fn stop_extending(&mut self) {
         if let Some(id) = self.keep_alive.take() {
-            keepalive::stop(&self.redlock, id);
+            self.backend.stop(id);
         }
     }
 
@@ -173,17 +176,11 @@ impl Redlock {
     /// # Ok(()) }
     /// ```
     pub fn guard(&self, lock: Lock) -> LockGuard {
-        LockGuard::new(self.clone(), lock, Some(self.keep_alive()))
-    }
-
-    /// Guards a held lock without extending it: for the lost signal and drop-safe release
-    /// only.
-    pub(crate) fn guard_without_extension(&self, lock: Lock) -> LockGuard {
-        LockGuard::new(self.clone(), lock, None)
+        LockGuard::new(self.clone(), lock, true)
     }
 }
 
-impl std::ops::Deref for LockGuard {
+impl<L: LockBackend> std::ops::Deref for LockGuard<L> {
     type Target = LockToken;
 
     fn deref(&self) -> &LockToken {
@@ -191,16 +188,14 @@ impl std::ops::Deref for LockGuard {
     }
 }
 
-impl Drop for LockGuard {
+impl<L: LockBackend> Drop for LockGuard<L> {
     fn drop(&mut self) {
         crate::metrics::gauge(crate::metrics::Gauge::HeldLocks, crate::metrics::Move::Down);
         self.stop_extending();
         if !self.released {
             let shared = self.token.shared();
             shared.mark_lost(LostReason::Released);
-            let lock = &shared.lock;
-            self.redlock
-                .release_in_background(Deletion::of(lock, Wake::OnSent));
+            self.backend.release_in_background(shared);
         }
     }
 }

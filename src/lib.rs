@@ -122,6 +122,7 @@
 )]
 #![warn(rust_2018_idioms)]
 
+mod backend;
 mod client;
 pub mod defaults;
 mod error;
@@ -138,6 +139,9 @@ pub mod quorum;
 mod round;
 mod scripts;
 mod sentinel;
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod token;
 mod votes;
 mod waiters;
@@ -152,6 +156,7 @@ mod tonic_token;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use axum_extractor::MissingLockToken;
+pub use backend::LockBackend;
 pub use client::{
     Health, Inspection, NodeConfig, NodeHealth, NodeStatus, Redlock, RedlockBuilder, Released,
     Shutdown,

@@ -40,6 +40,17 @@ pub struct Released {
 }
 
 impl Released {
+    /// A release that deleted the key on `released` nodes and found it no longer ours on
+    /// `not_held`, with no node failing (the in-memory lock's release).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn counted(released: usize, not_held: usize) -> Self {
+        Self {
+            released,
+            not_held,
+            failures: Vec::new(),
+        }
+    }
+
     /// Nodes on which the key still held our value and was deleted.
     pub fn released(&self) -> usize {
         self.released

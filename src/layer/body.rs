@@ -18,23 +18,25 @@ use pin_project_lite::pin_project;
 use super::rejection_hook::{Answer, BoxBody};
 use super::replay::completion::Recorder;
 use super::replay::recording::RecordingBody;
+use crate::backend::LockBackend;
+use crate::client::Redlock;
 use crate::guard::LockGuard;
 
 pin_project! {
     /// The body of responses from [`RedlockService`](super::RedlockService).
-    pub struct ResponseBody<B> {
+    pub struct ResponseBody<B, L: LockBackend = Redlock> {
         #[pin]
-        kind: BodyKind<B>,
+        kind: BodyKind<B, L>,
     }
 }
 
 pin_project! {
     #[project = BodyKindProj]
-    enum BodyKind<B> {
+    enum BodyKind<B, L: LockBackend> {
         Inner {
             #[pin]
             body: B,
-            held: Option<LockGuard>,
+            held: Option<LockGuard<L>>,
         },
         Fixed {
             data: Option<Bytes>,
@@ -42,7 +44,7 @@ pin_project! {
         },
         Recording {
             #[pin]
-            body: RecordingBody<B>,
+            body: RecordingBody<B, L>,
         },
         Hook {
             body: Option<BoxBody>,
@@ -50,8 +52,8 @@ pin_project! {
     }
 }
 
-impl<B> ResponseBody<B> {
-    pub(crate) fn inner(body: B, held: Option<LockGuard>) -> Self {
+impl<B, L: LockBackend> ResponseBody<B, L> {
+    pub(crate) fn inner(body: B, held: Option<LockGuard<L>>) -> Self {
         Self {
             kind: BodyKind::Inner { body, held },
         }
@@ -80,7 +82,7 @@ impl<B> ResponseBody<B> {
 
     /// A response to keep, streaming through `recorder` (`sized`: its size marks its
     /// last frame).
-    pub(crate) fn recording(body: B, recorder: Recorder, sized: bool) -> Self
+    pub(crate) fn recording(body: B, recorder: Recorder<L>, sized: bool) -> Self
     where
         B: Body,
     {
@@ -102,7 +104,7 @@ impl<B> ResponseBody<B> {
     }
 }
 
-impl<B> std::fmt::Debug for ResponseBody<B> {
+impl<B, L: LockBackend> std::fmt::Debug for ResponseBody<B, L> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
             BodyKind::Inner { held, .. } => f
@@ -123,9 +125,10 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
     }
 }
 
-impl<B> Body for ResponseBody<B>
+impl<B, L> Body for ResponseBody<B, L>
 where
     B: Body,
+    L: LockBackend,
     B::Data: From<Bytes>,
 {
     type Data = B::Data;
@@ -174,9 +177,9 @@ where
 type NextFrame<D, E> = Poll<Option<Result<Frame<D>, E>>>;
 
 /// The inner body's next frame; its last one (or an error) releases the lock it held.
-fn poll_holding<B: Body>(
+fn poll_holding<B: Body, L: LockBackend>(
     body: Pin<&mut B>,
-    held: &mut Option<LockGuard>,
+    held: &mut Option<LockGuard<L>>,
     cx: &mut Context<'_>,
 ) -> NextFrame<B::Data, B::Error> {
     let frame = ready!(body.poll_frame(cx));

@@ -37,6 +37,7 @@ use super::rejection_hook::Answer;
 use super::replay::completion::{Finishing, Keep, Recorder};
 use super::replay::fingerprint::Fingerprint;
 use super::replay::{self};
+use crate::backend::LockBackend;
 use crate::client::{Acquired, Redlock, Released};
 use crate::error::LockError;
 use crate::guard::LockGuard;
@@ -68,17 +69,17 @@ pub(crate) struct Denied {
 
 pin_project! {
     /// The response future of [`RedlockService`](super::RedlockService).
-    pub struct ResponseFuture<F, B, E> {
+    pub struct ResponseFuture<F, B, E, L: LockBackend = Redlock> {
         #[pin]
-        state: State<F, B, E>,
+        state: State<F, B, E, L>,
         // The request's `redlock.layer` span (none for requests passed through).
         span: tracing::Span,
     }
 }
 
 /// What the future needs once the lock is held.
-pub(crate) struct Ctx {
-    pub(crate) redlock: Redlock,
+pub(crate) struct Ctx<L> {
+    pub(crate) lock: L,
     pub(crate) config: Arc<Config>,
     pub(crate) protocol: Protocol,
     /// The request's fingerprint, with replay on.
@@ -99,16 +100,16 @@ enum Output<B, E> {
 pin_project! {
     #[project = StateProj]
     #[project_replace = StateOwned]
-    enum State<F, B, E> {
+    enum State<F, B, E, L: LockBackend> {
         Reading {
             read: ReadFuture<F>,
             acquire: AcquireFuture,
-            ctx: Ctx,
+            ctx: Ctx<L>,
         },
         Acquiring {
             acquire: AcquireFuture,
             call: CallFn<F>,
-            ctx: Ctx,
+            ctx: Ctx<L>,
         },
         Passthrough {
             #[pin]
@@ -117,13 +118,13 @@ pin_project! {
         Calling {
             #[pin]
             fut: F,
-            guard: LockGuard,
+            guard: LockGuard<L>,
             lost: Option<BoxFuture<'static, LostReason>>,
-            ctx: Ctx,
+            ctx: Ctx<L>,
         },
         Releasing {
             release: BoxFuture<'static, Released>,
-            guard: LockGuard,
+            guard: LockGuard<L>,
             output: Output<B, E>,
         },
         Rejected {
@@ -135,21 +136,21 @@ pin_project! {
         },
         Storing {
             finishing: Finishing,
-            response: Option<Response<ResponseBody<B>>>,
+            response: Option<Response<ResponseBody<B, L>>>,
         },
         Done,
     }
 }
 
-type Ready<B, E> = Result<Response<ResponseBody<B>>, E>;
+type Ready<B, E, L> = Result<Response<ResponseBody<B, L>>, E>;
 
 /// What one step of a state gave: a new state was set, or the output is ready.
-enum Step<B, E> {
+enum Step<B, E, L: LockBackend> {
     Next,
-    Ready(Ready<B, E>),
+    Ready(Ready<B, E, L>),
 }
 
-impl<F, B, E> ResponseFuture<F, B, E> {
+impl<F, B, E, L: LockBackend> ResponseFuture<F, B, E, L> {
     pub(crate) fn passthrough(fut: F) -> Self {
         Self {
             state: State::Passthrough { fut },
@@ -168,7 +169,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     pub(crate) fn reading(
         read: ReadFuture<F>,
         acquire: AcquireFuture,
-        ctx: Ctx,
+        ctx: Ctx<L>,
         span: tracing::Span,
     ) -> Self {
         Self {
@@ -180,7 +181,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     pub(crate) fn acquiring(
         acquire: AcquireFuture,
         call: CallFn<F>,
-        ctx: Ctx,
+        ctx: Ctx<L>,
         span: tracing::Span,
     ) -> Self {
         Self {
@@ -190,7 +191,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     }
 }
 
-impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
+impl<F, B, E, L: LockBackend> std::fmt::Debug for ResponseFuture<F, B, E, L> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.state {
             State::Reading { .. } => "reading the request body",
@@ -209,13 +210,14 @@ impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B, E>
+impl<F, B, E, L> Future for ResponseFuture<F, B, E, L>
 where
+    L: LockBackend,
     F: Future<Output = Result<Response<B>, E>>,
     B: Body,
     B::Data: From<Bytes>,
 {
-    type Output = Ready<B, E>;
+    type Output = Ready<B, E, L>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -272,14 +274,14 @@ where
     }
 }
 
-type StatePin<'a, F, B, E> = Pin<&'a mut State<F, B, E>>;
+type StatePin<'a, F, B, E, L> = Pin<&'a mut State<F, B, E, L>>;
 
 /// The start of the body is read: acquire, with the request's fingerprint.
-fn read_body<F, B, E>(
-    mut state: StatePin<'_, F, B, E>,
+fn read_body<F, B, E, L: LockBackend>(
+    mut state: StatePin<'_, F, B, E, L>,
     call: CallFn<F>,
     fingerprint: Fingerprint,
-) -> Step<B, E> {
+) -> Step<B, E, L> {
     if let StateOwned::Reading {
         acquire, mut ctx, ..
     } = state.as_mut().project_replace(State::Done)
@@ -292,11 +294,11 @@ fn read_body<F, B, E>(
 
 /// The lock is held: call the inner service. Or it is not: reject. The outcome goes to
 /// the request's `span`.
-fn acquired<F, B, E>(
-    mut state: StatePin<'_, F, B, E>,
+fn acquired<F, B, E, L: LockBackend>(
+    mut state: StatePin<'_, F, B, E, L>,
     result: Result<(Acquired, Vec<u8>), Denied>,
     span: &tracing::Span,
-) -> Step<B, E> {
+) -> Step<B, E, L> {
     if let StateOwned::Acquiring { call, ctx, .. } = state.as_mut().project_replace(State::Done) {
         let reject = |rejection: Rejection, call: CallFn<F>| {
             span.record("outcome", "rejected");
@@ -308,11 +310,7 @@ fn acquired<F, B, E>(
         let next = match result {
             Ok((Acquired::Lock(lock), _)) => {
                 span.record("outcome", "acquired");
-                let guard = if ctx.config.auto_extend {
-                    ctx.redlock.guard(lock)
-                } else {
-                    ctx.redlock.guard_without_extension(lock)
-                };
+                let guard = LockGuard::new(ctx.lock.clone(), lock, ctx.config.auto_extend);
                 let lost = ctx.config.abort_on_loss.then(|| {
                     let token = guard.token();
                     let lost: BoxFuture<'static, LostReason> =
@@ -328,7 +326,7 @@ fn acquired<F, B, E>(
                 }
             }
             Err(Denied { error, name }) => {
-                log_rejected(&ctx.redlock, &error, &name);
+                log_rejected(&ctx.lock, &error, &name);
                 let rejection = Rejection::from_lock_error(error, ctx.protocol).with_name(name);
                 reject(rejection, call)
             }
@@ -351,7 +349,10 @@ fn acquired<F, B, E>(
 /// The inner service answered: hand a response to keep to the replay room's recording
 /// body (which holds the lock until the record is stored), release first (default), or
 /// hand the lock to the body.
-fn called<F, B, E>(mut state: StatePin<'_, F, B, E>, output: Result<Response<B>, E>) -> Step<B, E>
+fn called<F, B, E, L: LockBackend>(
+    mut state: StatePin<'_, F, B, E, L>,
+    output: Result<Response<B>, E>,
+) -> Step<B, E, L>
 where
     B: Body,
 {
@@ -390,27 +391,27 @@ where
 }
 
 /// How a response to keep is recorded.
-enum Recording<B> {
+enum Recording<B, L: LockBackend> {
     /// Its body records it as it streams.
-    Streams(Response<ResponseBody<B>>),
+    Streams(Response<ResponseBody<B, L>>),
     /// It has no body to send (empty, a 204 or 304, an answer to `HEAD`): its record is
     /// stored before it goes out (a server may drop such a body without polling it).
-    Storing(Finishing, Response<ResponseBody<B>>),
+    Storing(Finishing, Response<ResponseBody<B, L>>),
     /// It cannot be recorded (too many headers to keep): the response and the guard back.
-    NotKept(Response<B>, LockGuard),
+    NotKept(Response<B>, LockGuard<L>),
 }
 
 /// A response to keep, recorded.
-fn recording<B: Body>(
+fn recording<B: Body, L: LockBackend>(
     res: Response<B>,
-    guard: LockGuard,
+    guard: LockGuard<L>,
     policy: &crate::layer::ReplayPolicy,
-    ctx: &Ctx,
-) -> Recording<B> {
+    ctx: &Ctx<L>,
+) -> Recording<B, L> {
     let (parts, body) = res.into_parts();
     let keep = Keep {
         policy: policy.clone(),
-        redlock: ctx.redlock.clone(),
+        lock: ctx.lock.clone(),
         fingerprint: ctx.fingerprint,
         protocol: ctx.protocol,
     };
@@ -441,10 +442,10 @@ fn recording<B: Body>(
 }
 
 /// Abort on loss: drop the inner future, release, and answer 503 / `UNAVAILABLE`.
-fn lost_while_calling<F, B, E>(
-    mut state: StatePin<'_, F, B, E>,
+fn lost_while_calling<F, B, E, L: LockBackend>(
+    mut state: StatePin<'_, F, B, E, L>,
     reason: &LostReason,
-) -> Step<B, E> {
+) -> Step<B, E, L> {
     if let StateOwned::Calling { mut guard, ctx, .. } = state.as_mut().project_replace(State::Done)
     {
         let rejection = Rejection::lost(reason, ctx.protocol).with_name(guard.name().to_vec());
@@ -462,7 +463,7 @@ fn lost_while_calling<F, B, E>(
 }
 
 /// The lock is released: return what was kept.
-fn released<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
+fn released<F, B, E, L: LockBackend>(mut state: StatePin<'_, F, B, E, L>) -> Step<B, E, L> {
     let StateOwned::Releasing {
         mut guard, output, ..
     } = state.as_mut().project_replace(State::Done)
@@ -476,7 +477,7 @@ fn released<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
     })
 }
 
-fn replayed<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
+fn replayed<F, B, E, L: LockBackend>(mut state: StatePin<'_, F, B, E, L>) -> Step<B, E, L> {
     match state.as_mut().project_replace(State::Done) {
         StateOwned::Replayed { response, trailers } => {
             Step::Ready(Ok(response.map(|data| ResponseBody::fixed(data, trailers))))
@@ -485,7 +486,7 @@ fn replayed<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
     }
 }
 
-fn rejected<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
+fn rejected<F, B, E, L: LockBackend>(mut state: StatePin<'_, F, B, E, L>) -> Step<B, E, L> {
     match state.as_mut().project_replace(State::Done) {
         StateOwned::Rejected { response } => Step::Ready(Ok(response.map(ResponseBody::answer))),
         _ => Step::Next,
@@ -493,7 +494,10 @@ fn rejected<F, B, E>(mut state: StatePin<'_, F, B, E>) -> Step<B, E> {
 }
 
 /// Releases the lock, then returns `output`.
-fn releasing<F, B, E>(mut guard: LockGuard, output: Output<B, E>) -> State<F, B, E> {
+fn releasing<F, B, E, L: LockBackend>(
+    mut guard: LockGuard<L>,
+    output: Output<B, E>,
+) -> State<F, B, E, L> {
     State::Releasing {
         release: guard.release_future(),
         guard,
@@ -505,8 +509,8 @@ fn releasing<F, B, E>(mut guard: LockGuard, output: Output<B, E>) -> State<F, B,
 /// `warn`, contention at `debug`. Lock names are logged as the client shows them (a hash
 /// unless [`log_lock_names`](crate::RedlockBuilder::log_lock_names) is on), lock values
 /// never.
-fn log_rejected(redlock: &Redlock, error: &LockError, name: &[u8]) {
-    let name = redlock.shown_name(name);
+fn log_rejected<L: LockBackend>(lock: &L, error: &LockError, name: &[u8]) {
+    let name = lock.shown_name(name);
     match error {
         LockError::Busy { .. } | LockError::InvalidName { .. } => {
             tracing::debug!(lock = %name, %error, "redlock layer rejected a request");
@@ -515,6 +519,13 @@ fn log_rejected(redlock: &Redlock, error: &LockError, name: &[u8]) {
     }
 }
 
-fn wrap<B>(res: Response<B>, held: Option<LockGuard>) -> Response<ResponseBody<B>> {
+fn wrap<B, L: LockBackend>(
+    res: Response<B>,
+    held: Option<LockGuard<L>>,
+) -> Response<ResponseBody<B, L>> {
     res.map(|b| ResponseBody::inner(b, held))
 }
+
+#[cfg(test)]
+#[path = "future_tests.rs"]
+mod tests;

@@ -26,6 +26,7 @@ use super::replay::body_fingerprint::{
     BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
 };
 use super::service::RedlockService;
+use crate::backend::LockBackend;
 use crate::client::Redlock;
 
 /// Tower layer that holds a quorum lock, named by an extractor, while each request runs.
@@ -58,19 +59,20 @@ use crate::client::Redlock;
 /// tonic servers take any body; see [`without_body_fingerprint`](Self::without_body_fingerprint)
 /// for services that need the original body type).
 #[derive(Debug, Clone)]
-pub struct RedlockLayer<E, F = NoBodyFingerprint> {
-    redlock: Redlock,
+pub struct RedlockLayer<E, F = NoBodyFingerprint, L = Redlock> {
+    lock: L,
     extractor: E,
     config: Arc<Config>,
     body: F,
 }
 
-impl<E> RedlockLayer<E> {
-    /// A layer that locks the names `extractor` gives, with `redlock`'s TTL, rejecting
+impl<E, L: LockBackend> RedlockLayer<E, NoBodyFingerprint, L> {
+    /// A layer that locks the names `extractor` gives through `lock` (a [`Redlock`], or
+    /// in tests the in-memory lock of the `testing` feature), with its TTL, rejecting
     /// busy requests at once and releasing when the inner future completes.
-    pub fn new(redlock: Redlock, extractor: E) -> Self {
+    pub fn new(lock: L, extractor: E) -> Self {
         Self {
-            redlock,
+            lock,
             extractor,
             body: NoBodyFingerprint,
             config: Arc::new(Config {
@@ -87,7 +89,7 @@ impl<E> RedlockLayer<E> {
     }
 }
 
-impl<E, F> RedlockLayer<E, F> {
+impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     fn config(&mut self) -> &mut Config {
         Arc::make_mut(&mut self.config)
     }
@@ -242,7 +244,7 @@ impl<E, F> RedlockLayer<E, F> {
     /// # Ok(()) }
     /// ```
     pub fn fencing(mut self, on: bool) -> Self {
-        self.redlock = self.redlock.with_fencing(on);
+        self.lock = self.lock.fenced(on);
         self
     }
 
@@ -312,7 +314,7 @@ impl<E, F> RedlockLayer<E, F> {
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
-    pub fn replay(self, retention: Duration) -> RedlockLayer<E, BodyFingerprintLayer>
+    pub fn replay(self, retention: Duration) -> RedlockLayer<E, BodyFingerprintLayer, L>
     where
         F: BodyMode,
     {
@@ -340,13 +342,13 @@ impl<E, F> RedlockLayer<E, F> {
     pub fn replay_policy(
         mut self,
         policy: super::ReplayPolicy,
-    ) -> RedlockLayer<E, BodyFingerprintLayer>
+    ) -> RedlockLayer<E, BodyFingerprintLayer, L>
     where
         F: BodyMode,
     {
         self.config().replay = Some(policy);
         RedlockLayer {
-            redlock: self.redlock,
+            lock: self.lock,
             extractor: self.extractor,
             config: self.config,
             body: self.body.fingerprinting(),
@@ -447,7 +449,7 @@ impl<E, F> RedlockLayer<E, F> {
     }
 }
 
-impl<E> RedlockLayer<E, BodyFingerprintLayer> {
+impl<E, L> RedlockLayer<E, BodyFingerprintLayer, L> {
     /// How many bytes of each locked request's body count in its fingerprint (default
     /// [`DEFAULT_BODY_FINGERPRINT_LIMIT`](super::DEFAULT_BODY_FINGERPRINT_LIMIT), 1 MiB):
     /// the same key with a body that differs within them is refused with 422; bodies that
@@ -503,9 +505,9 @@ impl<E> RedlockLayer<E, BodyFingerprintLayer> {
     /// # let _ = svc;
     /// # Ok(()) }
     /// ```
-    pub fn without_body_fingerprint(self) -> RedlockLayer<E, NoBodyFingerprint> {
+    pub fn without_body_fingerprint(self) -> RedlockLayer<E, NoBodyFingerprint, L> {
         RedlockLayer {
-            redlock: self.redlock,
+            lock: self.lock,
             extractor: self.extractor,
             config: self.config,
             body: NoBodyFingerprint,
@@ -540,13 +542,13 @@ mod sealed {
     impl Sealed for super::BodyFingerprintLayer {}
 }
 
-impl<S, E: Clone, F: BodyMode> Layer<S> for RedlockLayer<E, F> {
-    type Service = RedlockService<S, E, F>;
+impl<S, E: Clone, F: BodyMode, L: LockBackend> Layer<S> for RedlockLayer<E, F, L> {
+    type Service = RedlockService<S, E, F, L>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RedlockService::new(
             inner,
-            self.redlock.clone(),
+            self.lock.clone(),
             self.extractor.clone(),
             Arc::clone(&self.config),
             self.body.clone(),

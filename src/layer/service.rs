@@ -35,6 +35,7 @@ use super::replay::body_fingerprint::{
     BodyFingerprintLayer, NoBodyFingerprint, PrefixedBody, read_prefix,
 };
 use super::replay::fingerprint::{self, Fingerprint, RequestFingerprint};
+use crate::backend::{Acquisition, LockBackend};
 use crate::client::{Acquired, Redlock};
 use crate::error::LockError;
 use crate::quorum::later;
@@ -46,25 +47,19 @@ use crate::token::LockToken;
 /// with replay, reads the start of each locked request's body for its fingerprint
 /// ([`BodyFingerprintLayer`]: the inner service gets `Request<PrefixedBody<B>>`).
 #[derive(Debug, Clone)]
-pub struct RedlockService<S, E, F = NoBodyFingerprint> {
+pub struct RedlockService<S, E, F = NoBodyFingerprint, L = Redlock> {
     inner: S,
-    redlock: Redlock,
+    lock: L,
     extractor: E,
     config: Arc<Config>,
     body: F,
 }
 
-impl<S, E, F> RedlockService<S, E, F> {
-    pub(crate) fn new(
-        inner: S,
-        redlock: Redlock,
-        extractor: E,
-        config: Arc<Config>,
-        body: F,
-    ) -> Self {
+impl<S, E, F, L> RedlockService<S, E, F, L> {
+    pub(crate) fn new(inner: S, lock: L, extractor: E, config: Arc<Config>, body: F) -> Self {
         Self {
             inner,
-            redlock,
+            lock,
             extractor,
             config,
             body,
@@ -89,29 +84,14 @@ impl<S, E, F> RedlockService<S, E, F> {
 
 /// Acquires the lock per the busy policy (with replay: or finds the name's record); with
 /// the name.
-async fn acquire(
-    redlock: Redlock,
+async fn acquire<L: LockBackend>(
+    lock: L,
     name: Vec<u8>,
     config: Arc<Config>,
 ) -> Result<(Acquired, Vec<u8>), Denied> {
-    let ttl = config.ttl.unwrap_or_else(|| redlock.ttl());
+    let ttl = config.ttl.unwrap_or_else(|| lock.default_ttl());
     let replay = config.replay.is_some();
-    let attempt = |deadline: Option<Instant>| {
-        let (redlock, name) = (&redlock, &name);
-        async move {
-            match (replay, deadline) {
-                (true, _) => redlock.acquire_or_replay(name, ttl, deadline).await,
-                (false, None) => redlock
-                    .try_lock_with_ttl(name, ttl)
-                    .await
-                    .map(Acquired::Lock),
-                (false, Some(deadline)) => redlock
-                    .lock_until(name, ttl, deadline)
-                    .await
-                    .map(Acquired::Lock),
-            }
-        }
-    };
+    let attempt = |until: Option<Instant>| lock.acquire(&name, ttl, Acquisition { replay, until });
     let first = attempt(None).await;
     let result = match (&first, &config.busy) {
         (Err(LockError::Busy { .. }), BusyPolicy::Wait { timeout, waiters }) => {
@@ -129,17 +109,19 @@ async fn acquire(
     }
 }
 
-impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for RedlockService<S, E, NoBodyFingerprint>
+impl<S, E, L, ReqBody, ResBody> Service<Request<ReqBody>>
+    for RedlockService<S, E, NoBodyFingerprint, L>
 where
+    L: LockBackend,
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     E: ExtractLockName<ReqBody>,
     ReqBody: Send + 'static,
     ResBody: http_body::Body,
     ResBody::Data: From<bytes::Bytes>,
 {
-    type Response = Response<super::ResponseBody<ResBody>>;
+    type Response = Response<super::ResponseBody<ResBody, L>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error, L>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -163,9 +145,10 @@ where
 
 /// With replay (by default): the start of each locked request's body counts in its
 /// fingerprint, so the same key sent with another body is refused with 422.
-impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>>
-    for RedlockService<S, E, BodyFingerprintLayer>
+impl<S, E, L, ReqBody, ResBody> Service<Request<ReqBody>>
+    for RedlockService<S, E, BodyFingerprintLayer, L>
 where
+    L: LockBackend,
     S: Service<Request<PrefixedBody<ReqBody>>, Response = Response<ResBody>>
         + Clone
         + Send
@@ -177,9 +160,9 @@ where
     ResBody: http_body::Body,
     ResBody::Data: From<bytes::Bytes>,
 {
-    type Response = Response<super::ResponseBody<ResBody>>;
+    type Response = Response<super::ResponseBody<ResBody, L>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error, L>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -216,9 +199,9 @@ where
     }
 }
 
-impl<S, E, F> RedlockService<S, E, F> {
+impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
     /// Names `req`'s lock, with the request's span.
-    fn name<R, Fut, B, Er>(&self, req: &Request<R>, protocol: Protocol) -> Named<Fut, B, Er>
+    fn name<R, Fut, B, Er>(&self, req: &Request<R>, protocol: Protocol) -> Named<Fut, B, Er, L>
     where
         E: ExtractLockName<R>,
     {
@@ -257,7 +240,7 @@ impl<S, E, F> RedlockService<S, E, F> {
         (name, span): (Vec<u8>, tracing::Span),
         protocol: Protocol,
         fingerprint: Fingerprint,
-    ) -> ResponseFuture<S::Future, Body, S::Error>
+    ) -> ResponseFuture<S::Future, Body, S::Error, L>
     where
         S: Service<Request<R>, Response = Response<Body>> + Clone + Send + 'static,
         R: Send + 'static,
@@ -274,15 +257,11 @@ impl<S, E, F> RedlockService<S, E, F> {
         name: Vec<u8>,
         protocol: Protocol,
         fingerprint: Fingerprint,
-    ) -> (AcquireFuture, Ctx) {
+    ) -> (AcquireFuture, Ctx<L>) {
         let head = self.config.abort_on_loss.then(|| Box::new(head_of(req)));
-        let acquire = Box::pin(acquire(
-            self.redlock.clone(),
-            name,
-            Arc::clone(&self.config),
-        ));
+        let acquire = Box::pin(acquire(self.lock.clone(), name, Arc::clone(&self.config)));
         let ctx = Ctx {
-            redlock: self.redlock.clone(),
+            lock: self.lock.clone(),
             config: Arc::clone(&self.config),
             protocol,
             fingerprint,
@@ -304,10 +283,7 @@ impl<S, E, F> RedlockService<S, E, F> {
         if let Some(name) = name
             && !span.is_disabled()
         {
-            span.record(
-                "lock",
-                tracing::field::display(self.redlock.shown_name(name)),
-            );
+            span.record("lock", tracing::field::display(self.lock.shown_name(name)));
         }
         span
     }
@@ -315,13 +291,13 @@ impl<S, E, F> RedlockService<S, E, F> {
 
 /// What a request's extraction came to (returned, never stored: its size does not matter).
 #[allow(clippy::large_enum_variant)]
-enum Named<Fut, B, E> {
+enum Named<Fut, B, E, L: LockBackend> {
     /// Its lock name, and the request's span.
     Lock(Vec<u8>, tracing::Span),
     /// No name: the request passes through.
     PassThrough,
     /// A bad request, rejected.
-    Rejected(ResponseFuture<Fut, B, E>),
+    Rejected(ResponseFuture<Fut, B, E, L>),
 }
 
 /// A request waiting for its lock, with the service to call.

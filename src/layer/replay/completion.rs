@@ -38,7 +38,7 @@ use http::HeaderMap;
 
 use super::fingerprint::Fingerprint;
 use super::record::{self, ReplayPolicy};
-use crate::client::Redlock;
+use crate::backend::LockBackend;
 use crate::guard::LockGuard;
 use crate::layer::reject::Protocol;
 
@@ -47,23 +47,23 @@ use crate::layer::reject::Protocol;
 /// handler that outlived its TTL without extension) gets no record, only the release:
 /// another request may hold the name by now and write its own, and two records for one
 /// name must not come from two runs. The caller disarms the guard once the future is done.
-pub(crate) fn store_then_release(
-    guard: &mut LockGuard,
-    redlock: &Redlock,
+pub(crate) fn store_then_release<L: LockBackend>(
+    guard: &mut LockGuard<L>,
+    lock: &L,
     record: Vec<u8>,
     retention: Duration,
 ) -> BoxFuture<'static, ()> {
-    let redlock = redlock.clone();
+    let lock = lock.clone();
     let shared = Arc::clone(guard.shared());
     // Stops the extensions first: from here on the validity only runs down.
     let release = guard.release_future();
     Box::pin(async move {
         if shared.is_held() {
-            let stored = redlock.complete(&shared.lock, &record, retention).await;
-            if stored < redlock.quorum() {
+            let stored = lock.complete(shared, record, retention).await;
+            if stored.on < stored.needed {
                 tracing::warn!(
-                    stored,
-                    needed = redlock.quorum(),
+                    stored = stored.on,
+                    needed = stored.needed,
                     "redlock layer stored the completion record on too few nodes: a retry may run the handler again"
                 );
             }
@@ -77,8 +77,8 @@ pub(crate) fn store_then_release(
 }
 
 /// What recording a response needs besides the response and its lock.
-pub(crate) struct Keep {
-    pub(crate) redlock: Redlock,
+pub(crate) struct Keep<L> {
+    pub(crate) lock: L,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) policy: ReplayPolicy,
     pub(crate) protocol: Protocol,
@@ -87,7 +87,7 @@ pub(crate) struct Keep {
 /// Copies a kept response as it streams to the client, and at its end stores its record
 /// (see the module docs). Dropped before the end, it leaves no record, and its guard
 /// releases the lock in the background.
-pub(crate) struct Recorder {
+pub(crate) struct Recorder<L: LockBackend> {
     /// The record's head: marker, fingerprint, status and kept headers.
     head: Vec<u8>,
     /// The body so far; `None` once it is over the policy's limit (the record then says
@@ -96,20 +96,20 @@ pub(crate) struct Recorder {
     /// A gRPC reply: its message framing, and the status its headers give (a
     /// trailers-only reply).
     grpc: Option<(GrpcFrames, Option<u16>)>,
-    keep: Keep,
-    guard: LockGuard,
+    keep: Keep<L>,
+    guard: LockGuard<L>,
 }
 
-impl Recorder {
+impl<L: LockBackend> Recorder<L> {
     /// Records the response of `parts`, whose body is expected to be of `size` bytes if
     /// known; `Err` gives the guard back when the response cannot be recorded (more
     /// header fields to keep than a record holds).
     pub(crate) fn new(
         parts: &http::response::Parts,
         size: Option<u64>,
-        guard: LockGuard,
-        keep: Keep,
-    ) -> Result<Self, LockGuard> {
+        guard: LockGuard<L>,
+        keep: Keep<L>,
+    ) -> Result<Self, LockGuard<L>> {
         let Some(head) = keep
             .policy
             .encode_head(&keep.fingerprint, parts.status, &parts.headers)
@@ -160,7 +160,7 @@ impl Recorder {
         let work = match record {
             Some(record) => store_then_release(
                 &mut guard,
-                &self.keep.redlock,
+                &self.keep.lock,
                 record,
                 self.keep.policy.retention(),
             ),

@@ -34,21 +34,22 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::completion::{Finishing, Recorder};
+use crate::backend::LockBackend;
 
 pin_project! {
     /// A kept response's body, being recorded.
-    pub(crate) struct RecordingBody<B> {
+    pub(crate) struct RecordingBody<B, L: LockBackend> {
         #[pin]
         body: B,
         // Boxed: the body stays small in the response body enum.
-        rec: Box<Recording>,
+        rec: Box<Recording<L>>,
     }
 }
 
 /// Where the recording is.
-struct Recording {
+struct Recording<L: LockBackend> {
     /// Until the body ends or fails.
-    recorder: Option<Recorder>,
+    recorder: Option<Recorder<L>>,
     /// The record being stored and the lock released, once the body has ended.
     finishing: Option<Finishing>,
     /// The last frame, out once the record is stored.
@@ -61,10 +62,10 @@ struct Recording {
     ended: bool,
 }
 
-impl<B: Body> RecordingBody<B> {
+impl<B: Body, L: LockBackend> RecordingBody<B, L> {
     /// `body`, recorded by `recorder` (`sized`: the body's exact size marks its last data
     /// frame, as it does for an HTTP/1 client).
-    pub(crate) fn new(body: B, recorder: Recorder, sized: bool) -> Self {
+    pub(crate) fn new(body: B, recorder: Recorder<L>, sized: bool) -> Self {
         let size = if sized {
             body.size_hint().exact()
         } else {
@@ -84,7 +85,7 @@ impl<B: Body> RecordingBody<B> {
     }
 }
 
-impl<B> RecordingBody<B> {
+impl<B, L: LockBackend> RecordingBody<B, L> {
     /// Whether the lock is still held (the body has not ended, or its record is being
     /// stored).
     pub(crate) fn holds_lock(&self) -> bool {
@@ -92,7 +93,7 @@ impl<B> RecordingBody<B> {
     }
 }
 
-impl Recording {
+impl<L: LockBackend> Recording<L> {
     /// The body ended, with `trailers` if any: the record is stored (or the lock only
     /// released), and `last` waits for it.
     fn end(&mut self, last: Option<Frame<Bytes>>) {
@@ -108,9 +109,10 @@ impl Recording {
     }
 }
 
-impl<B> Body for RecordingBody<B>
+impl<B, L> Body for RecordingBody<B, L>
 where
     B: Body,
+    L: LockBackend,
     B::Data: From<Bytes>,
 {
     type Data = B::Data;

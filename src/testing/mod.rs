@@ -1,0 +1,194 @@
+//! An in-process lock for unit tests: [`InMemoryLock`] stands in for [`Redlock`](crate::Redlock)
+//! behind [`RedlockLayer`](crate::RedlockLayer), so the handlers behind it are tested under
+//! `cargo test` with no Redis server, including their 409, 503 and lost-lock paths.
+//! Enabled by the `testing` feature (a dev-dependency feature:
+//! `tower-redlock = { version = "..", features = ["testing"] }` under `[dev-dependencies]`).
+//!
+//! It keeps the promises the layer relies on: a name is held by one request at a time
+//! (until released, or its TTL runs out without a guard extending it), fencing numbers
+//! increase with each holder of a name, and completion records (replay) are kept for
+//! their retention. A test can make the next acquisition of a name busy or unavailable
+//! ([`fail_next_acquire`](InMemoryLock::fail_next_acquire)), every acquisition unavailable
+//! ([`set_unavailable`](InMemoryLock::set_unavailable)), or a held lock lost
+//! ([`lose`](InMemoryLock::lose)). It is not a model of Redis's timing: nothing is slow and
+//! no node fails halfway.
+//!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use axum::body::Body;
+//! use axum::http::{Request, StatusCode};
+//! use axum::{Router, routing::post};
+//! use tower::ServiceExt; // oneshot
+//! use tower_redlock::layer::Header;
+//! use tower_redlock::testing::{Failure, InMemoryLock};
+//! use tower_redlock::{LockToken, RedlockLayer};
+//!
+//! async fn charge(token: LockToken) -> String {
+//!     format!("charged, fencing number {:?}", token.fencing_token())
+//! }
+//!
+//! let lock = InMemoryLock::new();
+//! let app = Router::new()
+//!     .route("/charge", post(charge))
+//!     .layer(RedlockLayer::new(lock.clone(), Header::new("idempotency-key")));
+//! let request = || {
+//!     Request::post("/charge")
+//!         .header("idempotency-key", "order-1")
+//!         .body(Body::empty())
+//!         .unwrap()
+//! };
+//!
+//! let ok = app.clone().oneshot(request()).await.unwrap();
+//! assert_eq!(ok.status(), StatusCode::OK);
+//!
+//! lock.fail_next_acquire("order-1", Failure::Busy);
+//! let busy = app.clone().oneshot(request()).await.unwrap();
+//! assert_eq!(busy.status(), StatusCode::CONFLICT);
+//!
+//! lock.fail_next_acquire("order-1", Failure::Unavailable);
+//! let down = app.oneshot(request()).await.unwrap();
+//! assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+//! # }
+//! # #[cfg(not(feature = "axum"))]
+//! # fn main() {}
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::defaults::{DEFAULT_FENCING, DEFAULT_TTL};
+use crate::error::LockError;
+use crate::guard::LockGuard;
+
+mod backend;
+mod names;
+
+pub use names::Failure;
+use names::Names;
+
+/// An in-process lock service for tests: what [`Redlock`](crate::Redlock) is to
+/// [`RedlockLayer`](crate::RedlockLayer), without a server (see the [module docs](self)).
+///
+/// Cheap to clone; clones share the names. Create one per test, so that tests running in
+/// parallel do not see each other's names.
+#[derive(Clone)]
+pub struct InMemoryLock {
+    state: Arc<State>,
+    ttl: Duration,
+    fencing: bool,
+}
+
+/// What every clone shares.
+#[derive(Debug, Default)]
+struct State {
+    names: Names,
+    /// Every acquisition fails as unavailable while set.
+    unavailable: AtomicBool,
+    /// Woken whenever a name may have become free (a release, a record, a loss).
+    freed: Notify,
+}
+
+impl fmt::Debug for InMemoryLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryLock")
+            .field("ttl", &self.ttl)
+            .field("fencing", &self.fencing)
+            .field(
+                "unavailable",
+                &self.state.unavailable.load(Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for InMemoryLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InMemoryLock {
+    /// An empty lock service with [`Redlock`](crate::Redlock)'s defaults: a TTL of
+    /// [`DEFAULT_TTL`] and fencing numbers on.
+    pub fn new() -> Self {
+        Self {
+            state: Arc::default(),
+            ttl: DEFAULT_TTL,
+            fencing: DEFAULT_FENCING,
+        }
+    }
+
+    /// The TTL of locks taken without one (the layer's [`ttl`](crate::RedlockLayer::ttl)
+    /// overrides it). A lock whose guard does not extend it
+    /// ([`auto_extend(false)`](crate::RedlockLayer::auto_extend)) runs out after it.
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// A handle on the same names whose acquisitions do (`true`) or do not get fencing
+    /// numbers.
+    pub fn with_fencing(&self, on: bool) -> Self {
+        Self {
+            fencing: on,
+            ..self.clone()
+        }
+    }
+
+    /// Makes the next acquisition attempt of `name` fail with `failure` instead of looking
+    /// at the name (calls queue up: one failure per attempt, in order).
+    pub fn fail_next_acquire(&self, name: impl AsRef<[u8]>, failure: Failure) {
+        self.state.names.queue(name.as_ref(), failure);
+    }
+
+    /// While `on`, every acquisition fails as if no quorum of nodes answered
+    /// ([`LockError::NoQuorum`]; the layer answers 503). Held locks stay held.
+    pub fn set_unavailable(&self, on: bool) {
+        self.state.unavailable.store(on, Ordering::Relaxed);
+    }
+
+    /// Makes `name`'s lock lost, as when its holder's extension finds the key gone: the
+    /// name is free at once, and a holder's [`LockToken::lost`](crate::LockToken::lost)
+    /// resolves with [`LostReason::ExtendFailed`](crate::LostReason::ExtendFailed)
+    /// (behind the layer with [`abort_on_loss`](crate::RedlockLayer::abort_on_loss), the
+    /// request is answered 503). Whether the name was held.
+    pub fn lose(&self, name: impl AsRef<[u8]>) -> bool {
+        let lost = self.state.names.lose(name.as_ref(), Instant::now());
+        self.state.freed.notify_waiters();
+        lost
+    }
+
+    /// Whether `name` is held now.
+    pub fn is_locked(&self, name: impl AsRef<[u8]>) -> bool {
+        self.state.names.is_held(name.as_ref(), Instant::now())
+    }
+
+    /// `name`'s completion record (the layer's replay), while it is kept: its bytes, in
+    /// the crate's record format.
+    pub fn record(&self, name: impl AsRef<[u8]>) -> Option<Vec<u8>> {
+        self.state
+            .names
+            .record(name.as_ref(), Instant::now())
+            .map(|record| record.to_vec())
+    }
+
+    /// Forgets `name`'s completion record, as if its retention ran out; whether there was
+    /// one.
+    pub fn forget_record(&self, name: impl AsRef<[u8]>) -> bool {
+        self.state.names.forget_record(name.as_ref())
+    }
+
+    /// Acquires `name` (one attempt, with this handle's TTL) and guards it: held until the
+    /// guard is released or dropped. A test takes a name this way to play another holder
+    /// (the layer's requests for it are then busy).
+    pub async fn acquire(&self, name: impl AsRef<[u8]>) -> Result<LockGuard<Self>, LockError> {
+        let lock = self.try_lock(name.as_ref(), self.ttl, false).await?;
+        Ok(LockGuard::new(self.clone(), lock, true))
+    }
+}
