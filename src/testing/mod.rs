@@ -23,16 +23,22 @@
 //! use tower::ServiceExt; // oneshot
 //! use tower_redlock::layer::Header;
 //! use tower_redlock::testing::{Failure, InMemoryLock};
-//! use tower_redlock::{LockToken, RedlockLayer};
+//! use tower_redlock::{LockBackend, LockToken, RedlockLayer};
 //!
 //! async fn charge(token: LockToken) -> String {
 //!     format!("charged, fencing number {:?}", token.fencing_token())
 //! }
 //!
+//! // The application's router, generic over the lock: `Redlock` in main, the
+//! // in-memory lock in tests.
+//! fn app<L: LockBackend>(lock: L) -> Router {
+//!     Router::new()
+//!         .route("/charge", post(charge))
+//!         .layer(RedlockLayer::new(lock, Header::new("idempotency-key")))
+//! }
+//!
 //! let lock = InMemoryLock::new();
-//! let app = Router::new()
-//!     .route("/charge", post(charge))
-//!     .layer(RedlockLayer::new(lock.clone(), Header::new("idempotency-key")));
+//! let app = app(lock.clone());
 //! let request = || {
 //!     Request::post("/charge")
 //!         .header("idempotency-key", "order-1")
