@@ -32,9 +32,10 @@ use pin_project_lite::pin_project;
 
 use super::body::ResponseBody;
 use super::config::{Config, ReleaseOn};
+use super::keeping::{self, Recording};
 use super::reject::{Protocol, Rejection};
 use super::rejection_hook::Answer;
-use super::replay::completion::{Finishing, Keep, Recorder};
+use super::replay::completion::{Finishing, Keep};
 use super::replay::fingerprint::Fingerprint;
 use super::replay::{self};
 use crate::backend::LockBackend;
@@ -362,7 +363,13 @@ where
     };
     let output = match (output, ctx.config.replay.as_ref()) {
         (Ok(res), Some(policy)) if policy.keeps(res.status()) => {
-            match recording(res, guard, policy, &ctx) {
+            let keep = Keep {
+                policy: policy.clone(),
+                lock: ctx.lock.clone(),
+                fingerprint: ctx.fingerprint,
+                protocol: ctx.protocol,
+            };
+            match keeping::recording(res, guard, keep, ctx.head_request) {
                 Recording::Streams(res) => return Step::Ready(Ok(res)),
                 Recording::Storing(finishing, res) => {
                     state.set(State::Storing {
@@ -387,57 +394,6 @@ where
             state.set(releasing(guard, Output::Inner(output)));
             Step::Next
         }
-    }
-}
-
-/// How a response to keep is recorded.
-enum Recording<B, L: LockBackend> {
-    /// Its body records it as it streams.
-    Streams(Response<ResponseBody<B, L>>),
-    /// It has no body to send (empty, a 204 or 304, an answer to `HEAD`): its record is
-    /// stored before it goes out (a server may drop such a body without polling it).
-    Storing(Finishing, Response<ResponseBody<B, L>>),
-    /// It cannot be recorded (too many headers to keep): the response and the guard back.
-    NotKept(Response<B>, LockGuard<L>),
-}
-
-/// A response to keep, recorded.
-fn recording<B: Body, L: LockBackend>(
-    res: Response<B>,
-    guard: LockGuard<L>,
-    policy: &crate::layer::ReplayPolicy,
-    ctx: &Ctx<L>,
-) -> Recording<B, L> {
-    let (parts, body) = res.into_parts();
-    let keep = Keep {
-        policy: policy.clone(),
-        lock: ctx.lock.clone(),
-        fingerprint: ctx.fingerprint,
-        protocol: ctx.protocol,
-    };
-    // An HTTP body's size marks its last frame (for an HTTP/1 client it ends the
-    // response); a gRPC reply always ends with its trailers.
-    let sized = ctx.protocol == Protocol::Http;
-    // An HTTP body that says it has no bytes: a server sends `content-length: 0` and may
-    // drop it unpolled. (A gRPC reply's trailers come in its body: it is polled.)
-    let empty = sized && body.size_hint().exact() == Some(0);
-    let bodiless = ctx.head_request
-        || empty
-        || body.is_end_stream()
-        || matches!(
-            parts.status,
-            http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
-        );
-    match Recorder::new(&parts, body.size_hint().exact(), guard, keep) {
-        Ok(recorder) if bodiless => Recording::Storing(
-            recorder.finish(None),
-            Response::from_parts(parts, ResponseBody::inner(body, None)),
-        ),
-        Ok(recorder) => Recording::Streams(Response::from_parts(
-            parts,
-            ResponseBody::recording(body, recorder, sized),
-        )),
-        Err(guard) => Recording::NotKept(Response::from_parts(parts, body), guard),
     }
 }
 

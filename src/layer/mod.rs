@@ -44,15 +44,18 @@
 //! ```
 
 mod body;
+mod body_mode;
 mod config;
 pub mod extract;
 mod future;
 mod grpc_methods;
+mod keeping;
 mod problem;
 pub(crate) mod redlock_layer;
 pub mod reject;
 mod rejection_hook;
 pub(crate) mod replay;
+mod replay_setters;
 mod scoped;
 mod service;
 mod structured_field;
@@ -61,6 +64,7 @@ mod structured_field;
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use crate::tonic_token::LockTokenExt;
 pub use body::ResponseBody;
+pub use body_mode::BodyMode;
 pub use config::WaitPolicy;
 pub use extract::{
     ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, RequestHead,
@@ -68,7 +72,6 @@ pub use extract::{
 };
 pub use future::ResponseFuture;
 pub use grpc_methods::GrpcMethods;
-pub use redlock_layer::BodyMode;
 pub use reject::{Protocol, Rejection, RejectionKind};
 pub use rejection_hook::IntoRejectionResponse;
 pub use replay::body_fingerprint::{

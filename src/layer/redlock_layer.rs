@@ -19,12 +19,11 @@ use http::request::Parts;
 use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
+use super::body_mode::BodyMode;
 use super::config::{BusyPolicy, Config, ReleaseOn, WaitPolicy};
 use super::reject::Rejection;
 use super::rejection_hook::{self, IntoRejectionResponse};
-use super::replay::body_fingerprint::{
-    BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
-};
+use super::replay::body_fingerprint::NoBodyFingerprint;
 use super::service::RedlockService;
 use crate::backend::LockBackend;
 use crate::client::Redlock;
@@ -54,16 +53,16 @@ use crate::client::Redlock;
 ///
 /// `F` says what the layer does with request bodies: without replay it hands them on as
 /// they are ([`NoBodyFingerprint`]); with [`replay`](Self::replay) it reads the start of
-/// each locked request's body for the request's fingerprint ([`BodyFingerprintLayer`]),
+/// each locked request's body for the request's fingerprint ([`BodyFingerprintLayer`](super::BodyFingerprintLayer)),
 /// and the inner service gets a [`PrefixedBody`](super::PrefixedBody) (axum routers and
 /// tonic servers take any body; see [`without_body_fingerprint`](Self::without_body_fingerprint)
 /// for services that need the original body type).
 #[derive(Debug, Clone)]
 pub struct RedlockLayer<E, F = NoBodyFingerprint, L = Redlock> {
-    lock: L,
-    extractor: E,
-    config: Arc<Config>,
-    body: F,
+    pub(super) lock: L,
+    pub(super) extractor: E,
+    pub(super) config: Arc<Config>,
+    pub(super) body: F,
 }
 
 impl<E, L: LockBackend> RedlockLayer<E, NoBodyFingerprint, L> {
@@ -90,7 +89,7 @@ impl<E, L: LockBackend> RedlockLayer<E, NoBodyFingerprint, L> {
 }
 
 impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
-    fn config(&mut self) -> &mut Config {
+    pub(super) fn config(&mut self) -> &mut Config {
         Arc::make_mut(&mut self.config)
     }
 
@@ -248,113 +247,6 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
         self
     }
 
-    /// Makes the layer an idempotency layer: a response the handler finished with is kept
-    /// under the lock name for `retention`, and a later request with the same name gets it
-    /// back (marked `idempotent-replayed: true`) without running the handler. See
-    /// [`ReplayPolicy`](super::ReplayPolicy) for what is kept (2xx and 4xx except 409/429,
-    /// bodies up to 256 KiB byte for byte) and [`replay_policy`](Self::replay_policy) to
-    /// change it. With an `Idempotency-Key` [`Header`](super::Header) this is the IETF
-    /// Idempotency-Key draft's contract (the README has its table): the key is read as a
-    /// structured-field string, and rejections are problem documents unless the client
-    /// asks for text.
-    ///
-    /// The response is recorded as it streams: its body goes out frame by frame while a
-    /// copy is kept, and once the body has ended the record is written on the nodes that
-    /// hold the lock, while they hold it, and the lock released, before the last frame
-    /// (or the end of the stream) goes out. So the lock is held until then (as with
-    /// [`release_on_body_end`](Self::release_on_body_end)), and a client that has the
-    /// whole response finds the record when it retries. A response over the policy's
-    /// [`max_body`](super::ReplayPolicy::max_body) is recorded as "completed, not kept":
-    /// its retries get 410 / `ALREADY_EXISTS` (or the hook's answer for
-    /// [`RejectionKind::ResponseNotKept`](super::RejectionKind::ResponseNotKept)), never an
-    /// empty success. A body that fails, a client that goes away before the body's end, a
-    /// handler that panics, or a handler that outlived its lock (lost, or past its
-    /// validity, as without [`auto_extend`](Self::auto_extend)) leaves no record: the lock
-    /// is only released, and a retry runs the handler again. A failed body reaches the
-    /// client as the failure it is.
-    ///
-    /// The lookup is part of the acquire round trip. A record written on a quorum is seen
-    /// by every later acquirer (any quorum it can take shares a node with the record's).
-    /// If the record reaches fewer nodes, a retry may run the handler again (at least
-    /// once, logged at `warn`). Only a record that a quorum of nodes hold, byte for byte,
-    /// is replayed: a record on fewer nodes, or records that differ from node to node,
-    /// count as the name being held, so the request is busy (409 / `ABORTED`) until they
-    /// expire, or, if it takes the lock on a quorum, runs the handler and records anew; it
-    /// never gets a minority's response.
-    ///
-    /// gRPC: a unary reply (one message, its status kept by
-    /// [`ReplayPolicy::keeps_grpc`](super::ReplayPolicy::keeps_grpc)) is replayed with its
-    /// message, `content-type`, `grpc-*` headers and trailers; its trailers wait until the
-    /// record is stored. Streaming responses (more than one message) are not replayed.
-    ///
-    /// A later request with the same name but a different fingerprint (method, path,
-    /// query, caller, and the first MiB of the body) is refused with 422 /
-    /// `INVALID_ARGUMENT`. To count the body, the layer reads the start of each locked
-    /// request's body before the lock is taken (see
-    /// [`body_fingerprint`](RedlockLayer::body_fingerprint)), so the inner service gets a
-    /// [`PrefixedBody`](super::PrefixedBody) (axum routers and tonic servers take it as
-    /// they take any body); [`without_body_fingerprint`](RedlockLayer::without_body_fingerprint)
-    /// keeps the request's own body type. The caller is the
-    /// [`Principal`](super::Principal) your authentication middleware put into the request
-    /// extensions, or else (a hash of) the `Authorization` header: another caller that
-    /// sends the same key never gets the first caller's response. Wrap the extractor in
-    /// [`PerPrincipal`](super::PerPrincipal) to scope keys to the caller instead (each
-    /// caller then runs its own request).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_redlock::{Redlock, RedlockLayer};
-    /// use tower_redlock::layer::Header;
-    ///
-    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-    /// // Clients retry a payment with the same key for up to a day: answer them from the record.
-    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key").required())
-    ///     .replay(Duration::from_secs(24 * 3600));
-    /// # let _ = layer;
-    /// # Ok(()) }
-    /// ```
-    pub fn replay(self, retention: Duration) -> RedlockLayer<E, BodyFingerprintLayer, L>
-    where
-        F: BodyMode,
-    {
-        self.replay_policy(super::ReplayPolicy::new(retention))
-    }
-
-    /// Like [`replay`](Self::replay), with the policy given.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_redlock::{Redlock, RedlockLayer};
-    /// use tower_redlock::layer::{Header, ReplayPolicy};
-    ///
-    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-    /// // Larger JSON answers, and only the headers clients read back.
-    /// let policy = ReplayPolicy::new(Duration::from_secs(24 * 3600))
-    ///     .max_body(64 * 1024)
-    ///     .headers([http::header::CONTENT_TYPE, http::header::LOCATION]);
-    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
-    ///     .replay_policy(policy);
-    /// # let _ = layer;
-    /// # Ok(()) }
-    /// ```
-    pub fn replay_policy(
-        mut self,
-        policy: super::ReplayPolicy,
-    ) -> RedlockLayer<E, BodyFingerprintLayer, L>
-    where
-        F: BodyMode,
-    {
-        self.config().replay = Some(policy);
-        RedlockLayer {
-            lock: self.lock,
-            extractor: self.extractor,
-            config: self.config,
-            body: self.body.fingerprinting(),
-        }
-    }
-
     /// The longest `Retry-After` the layer advises (default 1 s): a busy answer advises the
     /// holder's remaining TTL up to this, since a holder usually releases long before its
     /// TTL (which auto-extension keeps renewing) runs out; a 503 advises the time until
@@ -447,99 +339,6 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
         self.config().on_rejection = Some(rejection_hook::hook(hook));
         self
     }
-}
-
-impl<E, L> RedlockLayer<E, BodyFingerprintLayer, L> {
-    /// How many bytes of each locked request's body count in its fingerprint (default
-    /// [`DEFAULT_BODY_FINGERPRINT_LIMIT`](super::DEFAULT_BODY_FINGERPRINT_LIMIT), 1 MiB):
-    /// the same key with a body that differs within them is refused with 422; bodies that
-    /// differ only beyond them count as the same request. Up to this much of each body is
-    /// held (not copied) until the handler reads it. `0` reads nothing (the body does not
-    /// count), and the inner service still gets a [`PrefixedBody`](super::PrefixedBody).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_redlock::{Redlock, RedlockLayer};
-    /// use tower_redlock::layer::Header;
-    ///
-    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-    /// // Uploads of up to 16 MiB, where any changed byte must count.
-    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
-    ///     .replay(Duration::from_secs(3600))
-    ///     .body_fingerprint(16 << 20);
-    /// # let _ = layer;
-    /// # Ok(()) }
-    /// ```
-    pub fn body_fingerprint(mut self, limit: usize) -> Self {
-        self.body = BodyFingerprintLayer::new(limit);
-        self
-    }
-
-    /// Replays without reading request bodies: the inner service gets each request as
-    /// it came (`Request<B>`, for services that need their own body type), and the same
-    /// key sent with a different body gets the first request's response, unless your
-    /// own [`RequestFingerprint`](super::RequestFingerprint) (or an outer
-    /// [`BodyFingerprintLayer`]) counts the body.
-    ///
-    /// ```
-    /// use std::convert::Infallible;
-    /// use std::time::Duration;
-    /// use http::{Request, Response};
-    /// use tower::{ServiceBuilder, service_fn};
-    /// use tower_redlock::{Redlock, RedlockLayer};
-    /// use tower_redlock::layer::Header;
-    ///
-    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-    /// // A service of `Request<String>`: its body type stays.
-    /// let svc = ServiceBuilder::new()
-    ///     .layer(
-    ///         RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
-    ///             .replay(Duration::from_secs(3600))
-    ///             .without_body_fingerprint(),
-    ///     )
-    ///     .service(service_fn(|req: Request<String>| async move {
-    ///         Ok::<_, Infallible>(Response::new(req.into_body()))
-    ///     }));
-    /// # let _ = svc;
-    /// # Ok(()) }
-    /// ```
-    pub fn without_body_fingerprint(self) -> RedlockLayer<E, NoBodyFingerprint, L> {
-        RedlockLayer {
-            lock: self.lock,
-            extractor: self.extractor,
-            config: self.config,
-            body: NoBodyFingerprint,
-        }
-    }
-}
-
-/// What a [`RedlockLayer`] does with request bodies: [`NoBodyFingerprint`] or
-/// [`BodyFingerprintLayer`]. Sealed.
-pub trait BodyMode: sealed::Sealed + Clone {
-    /// The body fingerprinting that replay turns on: this one, or the default.
-    #[doc(hidden)]
-    fn fingerprinting(self) -> BodyFingerprintLayer;
-}
-
-impl BodyMode for NoBodyFingerprint {
-    fn fingerprinting(self) -> BodyFingerprintLayer {
-        BodyFingerprintLayer::new(DEFAULT_BODY_FINGERPRINT_LIMIT)
-    }
-}
-
-impl BodyMode for BodyFingerprintLayer {
-    fn fingerprinting(self) -> BodyFingerprintLayer {
-        self
-    }
-}
-
-mod sealed {
-    /// Seals [`BodyMode`](super::BodyMode).
-    pub trait Sealed {}
-    impl Sealed for super::NoBodyFingerprint {}
-    impl Sealed for super::BodyFingerprintLayer {}
 }
 
 impl<S, E: Clone, F: BodyMode, L: LockBackend> Layer<S> for RedlockLayer<E, F, L> {

@@ -1,0 +1,215 @@
+//! Unit tests of `reject.rs`.
+
+use super::*;
+
+#[test]
+fn busy_maps_to_409_with_retry_after_and_aborted() {
+    let err = LockError::Busy {
+        held_elsewhere: 3,
+        nodes: 5,
+        retry_after: Some(Duration::from_millis(2_100)),
+        attempts: 1,
+    };
+    // The holder's 2.1 s, capped at 1 s by default; rounded up under a larger cap.
+    let http = Rejection::from_lock_error(err.clone(), Protocol::Http).into_response();
+    assert_eq!(http.status(), StatusCode::CONFLICT);
+    assert_eq!(http.headers()[header::RETRY_AFTER], "1");
+    let capped = Rejection::from_lock_error(err.clone(), Protocol::Http)
+        .with_retry_cap(Duration::from_secs(30))
+        .into_response();
+    assert_eq!(capped.headers()[header::RETRY_AFTER], "3");
+    let grpc = Rejection::from_lock_error(err, Protocol::Grpc).into_response();
+    assert_eq!(grpc.status(), StatusCode::OK);
+    assert_eq!(grpc.headers()["grpc-status"], "10");
+    assert!(grpc.body().is_empty());
+}
+
+#[test]
+fn grpc_answers_advise_retries_in_pushback_ms_and_http_answers_in_retry_after() {
+    let busy = |ms: Option<u64>| LockError::Busy {
+        held_elsewhere: 2,
+        nodes: 3,
+        retry_after: ms.map(Duration::from_millis),
+        attempts: 1,
+    };
+    let quarantined = LockError::NoQuorum {
+        needed: 2,
+        reached: 1,
+        held_elsewhere: 0,
+        failures: vec![crate::error::NodeFailure {
+            node: "n:1".into(),
+            error: crate::error::NodeError::Quarantined {
+                remaining: Duration::from_millis(4_200),
+                reason: crate::error::QuarantineReason::Restarted,
+            },
+        }],
+        attempts: 1,
+    };
+    let no_quorum = LockError::NoQuorum {
+        needed: 2,
+        reached: 0,
+        held_elsewhere: 0,
+        failures: vec![],
+        attempts: 1,
+    };
+    let ms = Duration::from_millis;
+    const U64_MAX: &str = "18446744073709551615";
+    // (rejection, retry cap, Retry-After of HTTP, grpc-retry-pushback-ms of gRPC)
+    let cases: Vec<(Rejection, Duration, Option<&str>, Option<&str>)> = vec![
+        // The hint, not rounded, capped.
+        (
+            Rejection::from_lock_error(busy(Some(250)), Protocol::Http),
+            ms(1_000),
+            Some("1"),
+            Some("250"),
+        ),
+        (
+            Rejection::from_lock_error(busy(Some(2_100)), Protocol::Http),
+            ms(1_000),
+            Some("1"),
+            Some("1000"),
+        ),
+        (
+            Rejection::from_lock_error(busy(Some(2_100)), Protocol::Http),
+            ms(30_000),
+            Some("3"),
+            Some("2100"),
+        ),
+        // No hint: the cap.
+        (
+            Rejection::from_lock_error(busy(None), Protocol::Http),
+            ms(1_500),
+            Some("2"),
+            Some("1500"),
+        ),
+        (
+            Rejection::from_lock_error(no_quorum.clone(), Protocol::Http),
+            ms(1_000),
+            Some("1"),
+            Some("1000"),
+        ),
+        // The end of the quarantine.
+        (
+            Rejection::from_lock_error(quarantined.clone(), Protocol::Http),
+            ms(60_000),
+            Some("5"),
+            Some("4200"),
+        ),
+        (
+            Rejection::from_lock_error(quarantined, Protocol::Http),
+            ms(1_000),
+            Some("1"),
+            Some("1000"),
+        ),
+        (
+            Rejection::lost(&LostReason::MaxHoldReached, Protocol::Http),
+            ms(700),
+            Some("1"),
+            Some("700"),
+        ),
+        // At least 1 ms, at least 1 s.
+        (
+            Rejection::from_lock_error(busy(Some(0)), Protocol::Http),
+            ms(1_000),
+            Some("1"),
+            Some("1"),
+        ),
+        (
+            Rejection::from_lock_error(busy(Some(5)), Protocol::Http),
+            Duration::ZERO,
+            Some("1"),
+            Some("1"),
+        ),
+        (
+            Rejection::from_lock_error(busy(Some(5)), Protocol::Http),
+            Duration::from_micros(1_999),
+            Some("1"),
+            Some("1"),
+        ),
+        (
+            Rejection::from_lock_error(busy(None), Protocol::Http),
+            Duration::MAX,
+            Some(U64_MAX),
+            Some(U64_MAX),
+        ),
+        // Nothing to wait for.
+        (
+            Rejection::bad_request("bad", Protocol::Http),
+            ms(1_000),
+            None,
+            None,
+        ),
+        (Rejection::key_reused(Protocol::Http), ms(1_000), None, None),
+        (
+            Rejection::response_not_kept(Protocol::Http),
+            ms(1_000),
+            None,
+            None,
+        ),
+        (
+            Rejection::from_lock_error(LockError::InvalidName { reason: "empty" }, Protocol::Http),
+            ms(1_000),
+            None,
+            None,
+        ),
+    ];
+    for (i, (rejection, cap, retry_after, pushback)) in cases.into_iter().enumerate() {
+        let rejection = rejection.with_retry_cap(cap);
+        let grpc = Rejection {
+            protocol: Protocol::Grpc,
+            ..rejection.clone()
+        };
+        let http = rejection.into_response();
+        assert_eq!(
+            http.headers().get("grpc-retry-pushback-ms"),
+            None,
+            "case {i}"
+        );
+        assert_eq!(
+            http.headers()
+                .get(header::RETRY_AFTER)
+                .map(|v| v.to_str().unwrap_or("?")),
+            retry_after,
+            "case {i}"
+        );
+        let grpc = grpc.into_response();
+        assert_eq!(grpc.headers().get(header::RETRY_AFTER), None, "case {i}");
+        assert_eq!(
+            grpc.headers()
+                .get("grpc-retry-pushback-ms")
+                .map(|v| v.to_str().unwrap_or("?")),
+            pushback,
+            "case {i}"
+        );
+    }
+}
+
+#[test]
+fn unavailable_advises_the_end_of_the_quarantine_up_to_the_cap() {
+    let quarantined = |secs| crate::error::NodeFailure {
+        node: "n:1".into(),
+        error: crate::error::NodeError::Quarantined {
+            remaining: Duration::from_secs(secs),
+            reason: crate::error::QuarantineReason::Restarted,
+        },
+    };
+    let err = LockError::NoQuorum {
+        needed: 2,
+        reached: 1,
+        held_elsewhere: 0,
+        failures: vec![quarantined(7), quarantined(4)],
+        attempts: 1,
+    };
+    let res = Rejection::from_lock_error(err.clone(), Protocol::Http)
+        .with_retry_cap(Duration::from_secs(60))
+        .into_response();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()[header::RETRY_AFTER], "4");
+    let default = Rejection::from_lock_error(err, Protocol::Http).into_response();
+    assert_eq!(default.headers()[header::RETRY_AFTER], "1");
+}
+
+#[test]
+fn grpc_messages_are_percent_encoded() {
+    assert_eq!(percent_encode("a b%ç"), "a b%25%C3%A7");
+}
