@@ -27,6 +27,15 @@ struct Seen {
     gate: Arc<Notify>,
     entered: Arc<Notify>,
     lost: Arc<std::sync::Mutex<Option<LostReason>>>,
+    token: Arc<std::sync::Mutex<Option<LockToken>>>,
+}
+
+impl Seen {
+    /// Whether the token of the handler waiting on the gate is held now.
+    async fn token_held_at_end(&self) -> bool {
+        let token = self.token.lock().unwrap().clone();
+        token.expect("a handler is waiting").is_held()
+    }
 }
 
 /// Answers with its fencing number; a body of "wait" makes it wait on the gate first
@@ -34,6 +43,7 @@ struct Seen {
 async fn handler(State(seen): State<Seen>, token: LockToken, body: String) -> String {
     seen.runs.fetch_add(1, Ordering::SeqCst);
     if body == "wait" {
+        *seen.token.lock().unwrap() = Some(token.clone());
         seen.entered.notify_one();
         tokio::select! {
             reason = token.lost() => *seen.lost.lock().unwrap() = Some(reason),
@@ -255,8 +265,47 @@ async fn a_lock_without_extension_runs_out_at_its_ttl() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    assert!(
+        !seen.token_held_at_end().await,
+        "the handler's token is no longer held past the TTL"
+    );
     seen.gate.notify_one();
     assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn releases_report_whether_the_lock_was_still_held() {
+    let lock = InMemoryLock::new();
+    let guard = lock.acquire("job").await.unwrap();
+    let released = guard.release().await;
+    assert_eq!((released.released(), released.not_held()), (1, 0));
+    let guard = lock.acquire("job").await.unwrap();
+    assert!(lock.lose("job"));
+    let released = guard.release().await;
+    assert_eq!((released.released(), released.not_held()), (0, 1));
+}
+
+#[tokio::test]
+async fn ttls_are_checked_like_the_client_checks_them() {
+    use tower_redlock::defaults::MAX_TTL;
+    use tower_redlock::{ConfigError, LockError};
+    let at_most = InMemoryLock::new().with_ttl(MAX_TTL);
+    assert!(at_most.acquire("a").await.is_ok());
+    let over = InMemoryLock::new().with_ttl(MAX_TTL + Duration::from_millis(1));
+    assert!(matches!(
+        over.acquire("a").await,
+        Err(LockError::Config(ConfigError::TtlTooLong { .. }))
+    ));
+    let zero = InMemoryLock::new().with_ttl(Duration::ZERO);
+    assert!(matches!(
+        zero.acquire("a").await,
+        Err(LockError::Config(ConfigError::ZeroTtl))
+    ));
+    // Names are checked as the client checks them.
+    assert!(matches!(
+        InMemoryLock::new().acquire("").await,
+        Err(LockError::InvalidName { .. })
+    ));
 }
 
 #[test]
