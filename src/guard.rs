@@ -19,7 +19,7 @@ use futures_util::future::BoxFuture;
 use crate::client::{Deletion, Redlock, Released, Wake};
 use crate::error::LockError;
 use crate::keepalive;
-use crate::keepalive_inbox::KeepAlive;
+use crate::keepalive::inbox::KeepAlive;
 use crate::token::{Lock, LockToken, LostReason, Shared};
 
 /// A held lock that extends itself while the work runs and says when it is lost.
@@ -93,8 +93,8 @@ impl LockGuard {
     /// Guards `lock`, extending it in the background per `keep_alive` (if given).
     pub(crate) fn new(redlock: Redlock, lock: Lock, keep_alive: Option<KeepAlive>) -> Self {
         let shared = Shared::new(lock);
-        let keep_alive =
-            keep_alive.and_then(|policy| keepalive::start(&redlock, Arc::clone(&shared), policy));
+        let keep_alive = keep_alive
+            .and_then(|policy| keepalive::start(redlock.keeper(), Arc::clone(&shared), policy));
         crate::metrics::gauge(crate::metrics::Gauge::HeldLocks, crate::metrics::Move::Up);
         Self {
             redlock,
@@ -130,7 +130,7 @@ impl LockGuard {
 
     fn stop_extending(&mut self) {
         if let Some(id) = self.keep_alive.take() {
-            keepalive::stop(&self.redlock, id);
+            keepalive::stop(self.redlock.guards(), id);
         }
     }
 
