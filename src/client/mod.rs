@@ -34,26 +34,26 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::core::{Accepts, Core, Fenced, Target};
+use crate::core::{Accepts, Fenced, Target};
 use crate::error::{ConfigError, LockError};
-use crate::fencing::Fencing;
 use crate::keepalive::Keeper;
 use crate::keepalive::inbox::{Guards, KeepAlive};
-use crate::op::acquire::{Acquire, observed};
+use crate::op::acquire::Acquire;
 use crate::op::extend::Extend;
 use crate::op::inspect;
-use crate::op::observe::Observe;
 use crate::op::release::{self, Background, Release};
-use crate::op::retry::{Retry, RetryBudget, RetryPolicy};
+use crate::op::retry::{Retry, RetryBudget, observed};
 use crate::token::Lock;
-use crate::waiters::Waiters;
 
 pub(crate) mod builder;
+mod builder_fencing;
 #[cfg(feature = "tls-rustls")]
 mod builder_tls;
 mod node_config;
 mod node_list;
 mod settings;
+
+use settings::State;
 #[cfg(feature = "tls-rustls")]
 mod tls;
 
@@ -91,23 +91,6 @@ pub use node_config::NodeConfig;
 pub struct Redlock {
     inner: Arc<State>,
     fencing: Fenced,
-}
-
-/// What a client's clones share, grouped by the subsystem that owns it.
-#[derive(Debug)]
-struct State {
-    /// The nodes, timing, key space and lifecycle every operation runs over (shared with
-    /// the keep-alive driver, which holds it weakly).
-    core: Arc<Core>,
-    /// The proposal clock and the counters' expiry.
-    fencing: Fencing,
-    retry: RetryPolicy,
-    observe: Observe,
-    keep_alive: KeepAlive,
-    /// The keep-alive driver of this client's guards, while one runs.
-    guards: Guards,
-    /// The tasks waiting for a lock, woken on release.
-    waiters: Arc<Waiters>,
 }
 
 impl RedlockBuilder {
@@ -301,14 +284,6 @@ impl Redlock {
     /// What the nodes hold for `name` now: on how many nodes its key exists, the longest
     /// remaining TTL, the highest fencing number, and whether a completion record is
     /// stored. The lock's value is never read out. Fails only for an invalid name.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-    /// let held = redlock.inspect("invoice:42").await?;
-    /// println!("held on {} of {} nodes, fencing number {:?}", held.held_on(), held.nodes(), held.fencing());
-    /// # Ok(()) }
-    /// ```
     pub async fn inspect(&self, name: impl AsRef<[u8]>) -> Result<Inspection, LockError> {
         inspect::inspect(&self.inner.core, name.as_ref(), self.fencing).await
     }
@@ -325,19 +300,7 @@ impl Redlock {
     /// it again waits again. Without it, dropping the last clone still lets the releases
     /// on their way finish as long as the tokio runtime runs, but a process that exits at
     /// once may cut them short.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_redlock::{LockError, Redlock};
-    ///
-    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-    /// let guard = redlock.acquire("job:nightly").await?;
-    /// drop(guard); // released in the background
-    /// let report = redlock.shutdown().await; // ... and that release is done
-    /// assert_eq!(report.unfinished(), 0);
-    /// assert!(matches!(redlock.try_lock("job:nightly").await, Err(LockError::Closed)));
-    /// # Ok(()) }
-    /// ```
+    /// See [`Shutdown`] for an example.
     pub async fn shutdown(&self) -> Shutdown {
         let core = &self.inner.core;
         let connect = core
@@ -418,18 +381,9 @@ impl Redlock {
         self.inner.retry.pause()
     }
 
-    /// The lock of an acquisition that takes nothing else for an answer
-    /// ([`Accepts::Lock`]: a record it finds makes the name busy, so none comes back).
+    /// The lock of an acquisition that takes nothing else for an answer.
     fn lock_only(&self, acquired: Result<Acquired, LockError>) -> Result<Lock, LockError> {
-        match acquired? {
-            Acquired::Lock(lock) => Ok(lock),
-            Acquired::Record { attempts, .. } => Err(LockError::Busy {
-                held_elsewhere: self.quorum(),
-                nodes: self.node_count(),
-                retry_after: None,
-                attempts,
-            }),
-        }
+        acquired?.lock_or_busy(self.quorum(), self.node_count())
     }
 
     /// How a guard keeps its locks alive (builder settings).

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use super::State;
 use super::builder::RedlockBuilder;
 use crate::core::{Core, Fenced, KeySpace, Timing, check_retention, check_ttl, ttl_ms};
 use crate::defaults::DEFAULT_FENCING_RETENTION;
@@ -91,6 +90,28 @@ impl RedlockBuilder {
         Ok(fencing_retention)
     }
 
+    /// What every node shares: the connection settings, the quarantine, the key space and
+    /// the fencing counters' upkeep.
+    fn node_settings(
+        &self,
+        fencing_retention: Duration,
+        counter_sets: CounterSets,
+        max_ttl_ms: &Arc<AtomicU64>,
+    ) -> NodeSettings {
+        NodeSettings {
+            connect_timeout: self.connect_timeout,
+            reconnect_after_timeouts: self.reconnect_after_timeouts,
+            quarantine: self.restart_quarantine,
+            key_prefix: Arc::from(self.key_prefix.as_slice()),
+            max_ttl_ms: Arc::clone(max_ttl_ms),
+            servers: Arc::default(),
+            counter_sets: counter_sets.count(),
+            renew_every: renewal_interval(fencing_retention),
+            clocks: Arc::new(NodeClocks::new(self.nodes.len(), self.fencing_clock_bound)),
+            allow_eviction: self.allow_eviction,
+        }
+    }
+
     /// The client's state and whether its acquisitions are fenced, once every setting is
     /// checked.
     pub(super) fn state(self) -> Result<(State, Fenced), ConfigError> {
@@ -101,18 +122,7 @@ impl RedlockBuilder {
         } else {
             CounterSets::One
         };
-        let node_settings = NodeSettings {
-            connect_timeout: self.connect_timeout,
-            reconnect_after_timeouts: self.reconnect_after_timeouts,
-            quarantine: self.restart_quarantine,
-            key_prefix: Arc::from(self.key_prefix.as_slice()),
-            max_ttl_ms: Arc::clone(&max_ttl_ms),
-            servers: Arc::default(),
-            counter_sets: counter_sets.count(),
-            renew_every: renewal_interval(fencing_retention),
-            clocks: Arc::new(NodeClocks::new(self.nodes.len(), self.fencing_clock_bound)),
-            allow_eviction: self.allow_eviction,
-        };
+        let node_settings = self.node_settings(fencing_retention, counter_sets, &max_ttl_ms);
         let nodes = self.nodes(&node_settings)?;
         let n = nodes.len();
         let timing = Timing {
@@ -160,3 +170,20 @@ impl RedlockBuilder {
 /// half, must be one the nodes take: a `PEXPIRE` of `Duration::MAX` is refused, "invalid
 /// expire time").
 const LONGEST_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// What a client's clones share, grouped by the subsystem that owns it.
+#[derive(Debug)]
+pub(super) struct State {
+    /// The nodes, timing, key space and lifecycle every operation runs over (shared with
+    /// the keep-alive driver, which holds it weakly).
+    pub(super) core: Arc<Core>,
+    /// The proposal clock and the counters' expiry.
+    pub(super) fencing: Fencing,
+    pub(super) retry: RetryPolicy,
+    pub(super) observe: Observe,
+    pub(super) keep_alive: KeepAlive,
+    /// The keep-alive driver of this client's guards, while one runs.
+    pub(super) guards: Guards,
+    /// The tasks waiting for a lock, woken on release.
+    pub(super) waiters: Arc<Waiters>,
+}

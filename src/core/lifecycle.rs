@@ -91,6 +91,19 @@ impl Drop for Running {
 
 /// What [`Redlock::shutdown`](crate::Redlock::shutdown) found: how many releases had not finished when it stopped
 /// waiting (their keys expire at the end of their TTL).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_redlock::{LockError, Redlock};
+///
+/// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+/// let guard = redlock.acquire("job:nightly").await?;
+/// drop(guard); // released in the background
+/// let report = redlock.shutdown().await; // ... and that release is done
+/// assert_eq!(report.unfinished(), 0);
+/// assert!(matches!(redlock.try_lock("job:nightly").await, Err(LockError::Closed)));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
 pub struct Shutdown {

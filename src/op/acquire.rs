@@ -8,14 +8,11 @@
 //!   a quorum holds the name's completion record   -> Attempt::Record (replay)
 //! ```
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use tracing::Instrument;
 
-use super::observe::{Observe, Operation, elapsed_us};
 use super::release::{Background, Deletion, Release, Wake};
 use crate::core::{Accepts, Core, Fenced, Target, ttl_ms};
 use crate::error::{LockError, NodeError, RecordBytes};
@@ -78,29 +75,21 @@ pub(crate) enum Acquired {
     Record { record: RecordBytes, attempts: u32 },
 }
 
-/// Runs `acquisition` of `resource` in a `redlock.acquire` span (per `observe`) that
-/// records the attempts, the elapsed time and the outcome, and counts it in the metrics.
-pub(crate) async fn observed<N: ?Sized>(
-    observe: Observe,
-    core: &Core<N>,
-    resource: &Resource,
-    acquisition: impl Future<Output = Result<Acquired, LockError>>,
-) -> Result<Acquired, LockError> {
-    let span = observe.span(core, Operation::Acquire, &resource.name);
-    let start = Instant::now();
-    let result = acquisition.instrument(span.clone()).await;
-    let (attempts, outcome) = match &result {
-        Ok(Acquired::Lock(lock)) => (lock.attempts, "acquired"),
-        Ok(Acquired::Record { attempts, .. }) => (*attempts, "replayed"),
-        Err(error) => (error.attempts().unwrap_or(1), error.outcome()),
-    };
-    crate::metrics::acquired(outcome, start.elapsed().as_secs_f64());
-    if !span.is_disabled() {
-        span.record("attempts", attempts);
-        span.record("elapsed_us", elapsed_us(start));
-        span.record("outcome", outcome);
+impl Acquired {
+    /// The lock of an acquisition that takes nothing else for an answer
+    /// ([`Accepts::Lock`]: a record it finds makes the name busy, so none comes back;
+    /// `quorum` of `nodes` hold it).
+    pub(crate) fn lock_or_busy(self, quorum: usize, nodes: usize) -> Result<Lock, LockError> {
+        match self {
+            Self::Lock(lock) => Ok(lock),
+            Self::Record { attempts, .. } => Err(LockError::Busy {
+                held_elsewhere: quorum,
+                nodes,
+                retry_after: None,
+                attempts,
+            }),
+        }
     }
-    result
 }
 
 /// The time window of one attempt: when it started, its TTL and drift allowance (its

@@ -12,13 +12,18 @@
 //!   until the budget's attempts are made or its deadline passed
 //! ```
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use super::acquire::{Acquire, Acquired, Attempt};
+use super::observe::{Observe, Operation, elapsed_us};
 use super::release::Background;
-use crate::core::Target;
+use crate::core::{Core, Target};
 use crate::error::LockError;
+use crate::name::Resource;
 use crate::quorum::later;
 use crate::waiters::{Ticket, Waiters};
 
@@ -214,6 +219,31 @@ impl<B: Background> Retry<'_, B> {
             t.wait(self.policy.pause(), wait.waits_until).await;
         }
     }
+}
+
+/// Runs `acquisition` of `resource` in a `redlock.acquire` span (per `observe`) that
+/// records the attempts, the elapsed time and the outcome, and counts it in the metrics.
+pub(crate) async fn observed<N: ?Sized>(
+    observe: Observe,
+    core: &Core<N>,
+    resource: &Resource,
+    acquisition: impl Future<Output = Result<Acquired, LockError>>,
+) -> Result<Acquired, LockError> {
+    let span = observe.span(core, Operation::Acquire, &resource.name);
+    let start = Instant::now();
+    let result = acquisition.instrument(span.clone()).await;
+    let (attempts, outcome) = match &result {
+        Ok(Acquired::Lock(lock)) => (lock.attempts, "acquired"),
+        Ok(Acquired::Record { attempts, .. }) => (*attempts, "replayed"),
+        Err(error) => (error.attempts().unwrap_or(1), error.outcome()),
+    };
+    crate::metrics::acquired(outcome, start.elapsed().as_secs_f64());
+    if !span.is_disabled() {
+        span.record("attempts", attempts);
+        span.record("elapsed_us", elapsed_us(start));
+        span.record("outcome", outcome);
+    }
+    result
 }
 
 /// What the wait after a missed attempt goes by: why it missed, whether another client
