@@ -124,17 +124,18 @@
 
 mod backend;
 mod client;
+mod core;
 pub mod defaults;
 mod error;
 pub mod fencing;
 mod guard;
 mod keepalive;
-mod keepalive_inbox;
 mod landing;
 pub mod layer;
 pub mod metrics;
 mod name;
 mod node;
+mod op;
 pub mod quorum;
 mod round;
 mod scripts;

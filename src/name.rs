@@ -55,13 +55,6 @@ pub(crate) enum CounterSets {
 }
 
 impl CounterSets {
-    /// The layout for a client whose nodes include a Redis Cluster (`cluster`) or not.
-    /// Every client on the same names must list the same nodes (as Redlock itself needs),
-    /// so they all choose the same layout.
-    pub(crate) fn for_nodes(cluster: bool) -> Self {
-        if cluster { Self::PerSlot } else { Self::One }
-    }
-
     /// How many sets a node holds at most (per key prefix).
     pub(crate) fn count(self) -> usize {
         match self {

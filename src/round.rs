@@ -30,6 +30,8 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use futures_util::task::AtomicWaker;
 use redis::Value;
 
@@ -90,6 +92,62 @@ impl InFlight for NodeCall {
     }
 }
 
+/// The nodes an operation sends its rounds to: the client's list of [`Node`]s, or, in the
+/// operations' unit tests, fake nodes whose calls the test answers. Generic, so the real
+/// path is the plain slice's code (no boxing, no dynamic call per round).
+pub(crate) trait Nodes: Send + Sync {
+    /// A call in flight on one of these nodes.
+    type Call: InFlight + 'static;
+
+    /// How many nodes there are.
+    fn count(&self) -> usize;
+
+    /// Node `i`'s label (`host:port`), for failures.
+    fn label(&self, i: usize) -> &str;
+
+    /// Sends `request` to the nodes of `plan` at once: the round of their calls.
+    fn send(&self, request: &Request<'_>, plan: Plan<'_>) -> Round<Self::Call>;
+
+    /// Node `i` did what was asked but refused the `PUBLISH` that tells the waiters
+    /// (`message`): see [`Node::notifications_refused`].
+    fn notifications_refused(&self, i: usize, message: &str);
+
+    /// Waits for the connects under way, one node at a time as they settle, until `enough`
+    /// says so or every connect is over.
+    fn settle(&self, enough: impl Fn() -> bool + Send) -> impl Future<Output = ()> + Send;
+}
+
+impl Nodes for [Arc<Node>] {
+    type Call = NodeCall;
+
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn label(&self, i: usize) -> &str {
+        self.get(i).map_or("?", |node| node.label())
+    }
+
+    fn send(&self, request: &Request<'_>, plan: Plan<'_>) -> Round {
+        Round::send(self, request, plan)
+    }
+
+    fn notifications_refused(&self, i: usize, message: &str) {
+        if let Some(node) = self.get(i) {
+            node.notifications_refused(message);
+        }
+    }
+
+    async fn settle(&self, enough: impl Fn() -> bool + Send) {
+        let mut settling: FuturesUnordered<_> = self.iter().map(|node| node.settle()).collect();
+        while settling.next().await.is_some() {
+            if enough() {
+                return;
+            }
+        }
+    }
+}
+
 /// One command on several nodes, answered node by node (see the module docs).
 pub(crate) struct Round<C = NodeCall> {
     /// The calls still out. There are at most a handful, so each wake-up polls every one:
@@ -146,7 +204,7 @@ impl Round {
 
 impl<C: InFlight + 'static> Round<C> {
     /// The round of `calls`, given up at `deadline`; `landing` tracks their landing.
-    fn of(calls: Vec<C>, deadline: Instant, landing: Option<Arc<LandingState>>) -> Self {
+    pub(crate) fn of(calls: Vec<C>, deadline: Instant, landing: Option<Arc<LandingState>>) -> Self {
         let gate = (calls.len() > 1).then(|| {
             let gate = Arc::new(Gate::default());
             let waker = Waker::from(Arc::clone(&gate));

@@ -52,11 +52,11 @@ impl Backend for Redlock {
         if !extend {
             return None;
         }
-        keepalive::start(self, Arc::clone(shared), self.keep_alive())
+        keepalive::start(self.keeper(), Arc::clone(shared), self.keep_alive())
     }
 
     fn stop(&self, id: u64) {
-        keepalive::stop(self, id);
+        keepalive::stop(self.guards(), id);
     }
 
     fn release(&self, shared: Arc<Shared>) -> impl Future<Output = Released> + Send + 'static {

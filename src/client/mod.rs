@@ -26,47 +26,44 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The operations live in one file each: [`builder`] (settings and checks), `acquire`
-//! (one attempt of the algorithm and the retry loop), `extend`, `release`.
+//! The client is a facade: each public method builds one operation (`crate::op`) over the
+//! client's core (`crate::core`) and runs it. The builder's files ([`builder`],
+//! `settings`, `node_list`, `node_config`, TLS) make the state it shares, grouped by the
+//! subsystem that owns each part.
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::core::{Accepts, Fenced, Target};
 use crate::error::{ConfigError, LockError};
-use crate::name::{Resource, keys_for};
-use crate::quorum::{self, later};
+use crate::keepalive::Keeper;
+use crate::keepalive::inbox::{Guards, KeepAlive};
+use crate::op::acquire::Acquire;
+use crate::op::extend::Extend;
+use crate::op::inspect;
+use crate::op::release::{self, Background, Release};
+use crate::op::retry::{Retry, RetryBudget, observed};
 use crate::token::Lock;
 
-mod acquire;
 pub(crate) mod builder;
+mod builder_fencing;
 #[cfg(feature = "tls-rustls")]
 mod builder_tls;
-mod extend;
-mod health;
-mod lifecycle;
 mod node_config;
 mod node_list;
-mod release;
-mod retry;
 mod settings;
-mod shutdown;
-pub(crate) mod spans;
+
+use settings::State;
 #[cfg(feature = "tls-rustls")]
 mod tls;
 
-pub(crate) use acquire::Acquired;
-use acquire::{Accepts, Target};
+pub use crate::core::Shutdown;
+pub(crate) use crate::op::acquire::Acquired;
+pub use crate::op::inspect::{Health, Inspection, NodeHealth, NodeStatus};
+pub use crate::op::release::Released;
+pub(crate) use crate::op::release::{Deletion, Wake};
 pub use builder::RedlockBuilder;
-pub use health::{Health, Inspection, NodeHealth, NodeStatus};
-pub use lifecycle::Shutdown;
 pub use node_config::NodeConfig;
-pub use release::Released;
-pub(crate) use release::{Deletion, Wake};
-use retry::Budget;
-
-use crate::keepalive_inbox::{Guards, KeepAlive};
-use settings::{Settings, check_retention, check_ttl, ttl_ms};
 
 /// A Redlock client over N independent Redis masters (N = 1 is the plain single-instance
 /// lock; 3 or 5 is Redlock proper).
@@ -92,8 +89,8 @@ use settings::{Settings, check_retention, check_ttl, ttl_ms};
 /// ```
 #[derive(Debug, Clone)]
 pub struct Redlock {
-    inner: Arc<Settings>,
-    fencing: bool,
+    inner: Arc<State>,
+    fencing: Fenced,
 }
 
 impl RedlockBuilder {
@@ -103,16 +100,16 @@ impl RedlockBuilder {
     /// tokio runtime, connecting to every node starts in the background at once (failures
     /// are logged and retried with backoff); otherwise on the first operation.
     pub fn build(self) -> Result<Redlock, ConfigError> {
-        let settings = self.settings()?;
+        let (state, fencing) = self.state()?;
         if tokio::runtime::Handle::try_current().is_ok() {
             // Connecting starts at once, in the background.
-            for node in settings.nodes.iter() {
+            for node in state.core.nodes().iter() {
                 node.kick();
             }
         }
         Ok(Redlock {
-            fencing: settings.fencing,
-            inner: Arc::new(settings),
+            fencing,
+            inner: Arc::new(state),
         })
     }
 }
@@ -131,7 +128,7 @@ impl Redlock {
 
     /// Whether acquisitions through this handle get a fencing number.
     pub fn fencing(&self) -> bool {
-        self.fencing
+        self.fencing == Fenced::Yes
     }
 
     /// A handle on the same nodes and connections whose acquisitions do (`true`) or do not
@@ -152,28 +149,28 @@ impl Redlock {
     pub fn with_fencing(&self, on: bool) -> Redlock {
         Redlock {
             inner: Arc::clone(&self.inner),
-            fencing: on,
+            fencing: if on { Fenced::Yes } else { Fenced::No },
         }
     }
 
     /// How many nodes this client uses.
     pub fn node_count(&self) -> usize {
-        self.inner.nodes.len()
+        self.inner.core.node_count()
     }
 
     /// How many nodes must agree: `N/2 + 1`.
     pub fn quorum(&self) -> usize {
-        quorum::quorum(self.inner.nodes.len())
+        self.inner.core.quorum()
     }
 
     /// The default TTL.
     pub fn ttl(&self) -> Duration {
-        self.inner.ttl
+        self.inner.core.ttl()
     }
 
     /// The per-node timeout.
     pub fn node_timeout(&self) -> Duration {
-        self.inner.node_timeout
+        self.inner.core.node_timeout()
     }
 
     /// Acquires `name` with the default TTL, retrying per the retry policy (max attempts,
@@ -193,7 +190,7 @@ impl Redlock {
     /// answered by then are not waited for (their `SET` usually went out already and lands
     /// too; a node still connecting may miss it). [`unlock`](Self::unlock) goes to every node.
     pub async fn lock(&self, name: impl AsRef<[u8]>) -> Result<Lock, LockError> {
-        self.lock_with_ttl(name, self.inner.ttl).await
+        self.lock_with_ttl(name, self.ttl()).await
     }
 
     /// Like [`lock`](Self::lock) with a TTL for this call only.
@@ -203,19 +200,7 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<Lock, LockError> {
         let target = self.target(name.as_ref(), ttl, Accepts::Lock)?;
-        let now = Instant::now();
-        let budget = match self.inner.retry_deadline {
-            Some(d) => Budget {
-                attempts: self.inner.max_attempts,
-                ..Budget::until(later(now, d))
-            },
-            None => Budget::attempts(
-                self.inner.max_attempts,
-                self.inner.retry_delay,
-                self.inner.retry_jitter,
-                now,
-            ),
-        };
+        let budget = self.inner.retry.budget(Instant::now());
         self.lock_only(self.retry(&target, budget).await)
     }
 
@@ -229,12 +214,12 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Lock, LockError> {
         let target = self.target(name.as_ref(), ttl, Accepts::Lock)?;
-        self.lock_only(self.retry(&target, Budget::until(deadline)).await)
+        self.lock_only(self.retry(&target, RetryBudget::until(deadline)).await)
     }
 
     /// Makes one attempt to acquire `name` with the default TTL.
     pub async fn try_lock(&self, name: impl AsRef<[u8]>) -> Result<Lock, LockError> {
-        self.try_lock_with_ttl(name, self.inner.ttl).await
+        self.try_lock_with_ttl(name, self.ttl()).await
     }
 
     /// Like [`try_lock`](Self::try_lock) with a TTL for this call only.
@@ -244,8 +229,14 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<Lock, LockError> {
         let target = self.target(name.as_ref(), ttl, Accepts::Lock)?;
-        let attempt = async { self.attempt(&target, None, 1).await.finish(1) };
-        self.lock_only(self.observed(&target.resource, attempt).await)
+        let attempt = async { self.acquire_op().attempt(&target, None, 1).await.finish(1) };
+        let acquired = observed(
+            self.inner.observe,
+            &self.inner.core,
+            &target.resource,
+            attempt,
+        );
+        self.lock_only(acquired.await)
     }
 
     /// Releases `lock` on every node: deletes the key only where it still holds the lock's
@@ -254,7 +245,7 @@ impl Redlock {
     /// Waits for every node's answer (each bounded by the per-node timeout) and reports how
     /// many still held the lock. Keys on nodes that failed expire at the end of the TTL.
     pub async fn unlock(&self, lock: &Lock) -> Released {
-        self.release(lock).await
+        self.release_op().unlock(self.inner.observe, lock).await
     }
 
     /// Extends `lock` so that it lives `ttl` from now on every node where it is still ours,
@@ -270,6 +261,56 @@ impl Redlock {
         self.extend_once(lock, ttl).await
     }
 
+    /// Checks every node now (one round trip each, bounded by the per-node timeout): up,
+    /// quarantined or down with the cause, its round-trip time, version and role; and
+    /// whether a quorum is usable ([`Health::ready`]), for a readiness probe.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let health = redlock.health().await;
+    /// for node in health.nodes() {
+    ///     println!("{}: {:?}, round trip {:?}", node.node(), node.status(), node.round_trip());
+    /// }
+    /// if !health.ready() {
+    ///     eprintln!("only {} usable nodes, {} needed", health.usable(), health.quorum());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn health(&self) -> Health {
+        inspect::health(&self.inner.core).await
+    }
+
+    /// What the nodes hold for `name` now: on how many nodes its key exists, the longest
+    /// remaining TTL, the highest fencing number, and whether a completion record is
+    /// stored. The lock's value is never read out. Fails only for an invalid name.
+    pub async fn inspect(&self, name: impl AsRef<[u8]>) -> Result<Inspection, LockError> {
+        inspect::inspect(&self.inner.core, name.as_ref(), self.fencing).await
+    }
+
+    /// Shuts the client down, for every clone: acquisitions and extensions from now on
+    /// fail with [`LockError::Closed`] (releases still go out: a lock taken before can
+    /// still be unlocked, and a dropped guard still releases), and the call waits for every
+    /// release still running, queued for a node or in flight, to get its nodes' answers.
+    ///
+    /// Each release is bounded by its own deadline (the per-node timeout, or the connect
+    /// timeout for one that waits for a reconnect), so the wait is too: it ends once none
+    /// is left, and in any case after twice the longer of the per-node and connect
+    /// timeouts; [`Shutdown::unfinished`] says how many were still running then. Calling
+    /// it again waits again. Without it, dropping the last clone still lets the releases
+    /// on their way finish as long as the tokio runtime runs, but a process that exits at
+    /// once may cut them short.
+    /// See [`Shutdown`] for an example.
+    pub async fn shutdown(&self) -> Shutdown {
+        let core = &self.inner.core;
+        let connect = core
+            .nodes()
+            .first()
+            .map_or(Duration::ZERO, |n| n.connect_timeout());
+        let bound = core.node_timeout().max(connect).saturating_mul(2);
+        core.lifecycle().shutdown(bound).await
+    }
+
     /// Acquires `name` for the layer's replay: one attempt, or (with a `deadline`) waiting
     /// until then. A completion record that a quorum of nodes hold under the key comes
     /// back as [`Acquired::Record`] instead of a lock.
@@ -280,22 +321,60 @@ impl Redlock {
         deadline: Option<Instant>,
     ) -> Result<Acquired, LockError> {
         let target = self.target(name, ttl, Accepts::LockOrRecord)?;
-        let budget = deadline.map_or_else(Budget::once, Budget::until);
+        let budget = deadline.map_or_else(RetryBudget::once, RetryBudget::until);
         self.retry(&target, budget).await
     }
 
-    /// The lock of an acquisition that takes nothing else for an answer
-    /// ([`Accepts::Lock`]: a record it finds makes the name busy, so none comes back).
-    fn lock_only(&self, acquired: Result<Acquired, LockError>) -> Result<Lock, LockError> {
-        match acquired? {
-            Acquired::Lock(lock) => Ok(lock),
-            Acquired::Record { attempts, .. } => Err(LockError::Busy {
-                held_elsewhere: self.quorum(),
-                nodes: self.node_count(),
-                retry_after: None,
-                attempts,
-            }),
+    /// One extension attempt (see [`Redlock::extend`]), in a `redlock.extend` span.
+    pub(crate) async fn extend_once(
+        &self,
+        lock: &mut Lock,
+        ttl: Duration,
+    ) -> Result<(), LockError> {
+        let extend = Extend {
+            core: &self.inner.core,
+        };
+        extend.observed(self.inner.observe, lock, ttl).await
+    }
+
+    /// Replaces `lock`'s value with `record` for `retention` on every node where the lock
+    /// is still ours (the layer's completion record); returns on how many nodes.
+    pub(crate) async fn complete(&self, lock: &Lock, record: &[u8], retention: Duration) -> usize {
+        release::complete(&self.inner.core, lock, record, retention).await
+    }
+
+    /// Spawns the release of `deletion`, if a tokio runtime is running; otherwise the keys
+    /// expire at the end of their TTL. Never blocks.
+    pub(crate) fn release_in_background(&self, deletion: Deletion) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let redlock = self.clone();
+                // The release carries the span of the code that dropped the lock.
+                let span = self.inner.observe.span(
+                    &self.inner.core,
+                    crate::op::observe::Operation::Release,
+                    &deletion.resource.name,
+                );
+                // Counted from now, before the task runs, for `shutdown`.
+                let running = self.inner.core.release_running();
+                let release = async move {
+                    redlock.release_op().run(&deletion).await;
+                    drop(running);
+                };
+                handle.spawn(tracing::Instrument::instrument(release, span));
+            }
+            Err(_) => tracing::debug!("no tokio runtime: the lock will expire at its TTL"),
         }
+    }
+
+    /// How lock `name` appears in spans and logs: the name, or `#` and a hash of it.
+    pub(crate) fn shown_name(&self, name: &[u8]) -> String {
+        self.inner.observe.shown_name(name)
+    }
+
+    /// The lock of an acquisition that takes nothing else for an answer.
+    fn lock_only(&self, acquired: Result<Acquired, LockError>) -> Result<Lock, LockError> {
+        acquired?.lock_or_busy(self.quorum(), self.node_count())
     }
 
     /// How a guard keeps its locks alive (builder settings).
@@ -308,76 +387,62 @@ impl Redlock {
         &self.inner.guards
     }
 
-    /// A handle that does not keep the client alive (for its background tasks).
-    pub(crate) fn downgrade(&self) -> WeakRedlock {
-        WeakRedlock {
-            inner: Arc::downgrade(&self.inner),
-            fencing: self.fencing,
+    /// What the keep-alive driver extends and releases with.
+    pub(crate) fn keeper(&self) -> Keeper<'_> {
+        let inner = &*self.inner;
+        Keeper {
+            core: &inner.core,
+            waiters: &inner.waiters,
+            guards: &inner.guards,
+            observe: inner.observe,
+            retry: inner.retry,
         }
     }
 
     /// What acquiring `name` for `ttl`, taking `accepts` for an answer, is after.
     fn target(&self, name: &[u8], ttl: Duration, accepts: Accepts) -> Result<Target, LockError> {
-        self.inner.lifecycle.check_open()?;
-        Ok(Target {
-            resource: self.resource(name, ttl)?,
-            ttl,
-            accepts,
-        })
+        self.inner.core.target(name, ttl, accepts, self.fencing)
     }
 
-    fn resource(&self, name: &[u8], ttl: Duration) -> Result<Arc<Resource>, LockError> {
-        check_ttl(ttl, self.inner.node_timeout)?;
-        self.note_ttl(ttl);
-        let drift = quorum::drift(ttl, self.inner.drift_factor);
-        if self.inner.min_validity.saturating_add(drift) >= ttl {
-            return Err(LockError::Config(ConfigError::MinValidityTooLong {
-                min_validity: self.inner.min_validity,
-                ttl,
-            }));
+    /// The acquire operation over this client.
+    fn acquire_op(&self) -> Acquire<'_, Self> {
+        let inner = &*self.inner;
+        Acquire {
+            core: &inner.core,
+            fencing: &inner.fencing,
+            waiters: &inner.waiters,
+            background: self,
         }
-        if self.fencing {
-            check_retention(self.inner.fencing_retention, ttl)?;
+    }
+
+    /// The release operation over this client.
+    fn release_op(&self) -> Release<'_> {
+        Release {
+            core: &self.inner.core,
+            waiters: &self.inner.waiters,
         }
-        let keys = keys_for(&self.inner.key_prefix, name, self.inner.counter_sets)?;
-        Ok(Arc::new(Resource {
-            name: name.into(),
-            key: keys.lock.into(),
-            counter_key: keys.counter.into(),
-            counter_member: keys.member.into(),
-            counter_set: keys.set,
-        }))
     }
 
-    /// Records a TTL in use: the longest one sets the length of node quarantines.
-    fn note_ttl(&self, ttl: Duration) {
-        self.inner
-            .max_ttl_ms
-            .fetch_max(ttl_ms(ttl), Ordering::Relaxed);
-    }
-
-    /// The deadline of node calls that start now, within an operation that started at
-    /// `start`: the per-node timeout, cut by the usable part of the TTL and by `outer`.
-    fn call_deadline(&self, start: Instant, ttl: Duration, outer: Option<Instant>) -> Instant {
-        let usable = ttl.saturating_sub(quorum::drift(ttl, self.inner.drift_factor));
-        let deadline = later(Instant::now(), self.inner.node_timeout).min(later(start, usable));
-        outer.map_or(deadline, |o| o.min(deadline))
+    /// The retried acquisition of `target` within `budget`, observed.
+    async fn retry(&self, target: &Target, budget: RetryBudget) -> Result<Acquired, LockError> {
+        let retry = Retry {
+            acquire: self.acquire_op(),
+            waiters: &self.inner.waiters,
+            policy: &self.inner.retry,
+        };
+        let acquisition = retry.run(target, budget);
+        observed(
+            self.inner.observe,
+            &self.inner.core,
+            &target.resource,
+            acquisition,
+        )
+        .await
     }
 }
 
-/// A [`Redlock`] that does not keep the client alive.
-#[derive(Debug)]
-pub(crate) struct WeakRedlock {
-    inner: Weak<Settings>,
-    fencing: bool,
-}
-
-impl WeakRedlock {
-    /// The client, if a handle on it still exists.
-    pub(crate) fn upgrade(&self) -> Option<Redlock> {
-        Some(Redlock {
-            inner: self.inner.upgrade()?,
-            fencing: self.fencing,
-        })
+impl Background for Redlock {
+    fn release_in_background(&self, deletion: Deletion) {
+        Redlock::release_in_background(self, deletion);
     }
 }

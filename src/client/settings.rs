@@ -1,5 +1,6 @@
-//! The client's checked settings: every builder setting validated, the nodes built
-//! ([`node_list`](super::node_list)), and the checks that per-call settings share.
+//! The client's state from its builder: every builder setting validated, the nodes built
+//! ([`node_list`](super::node_list)), and each checked setting handed to the subsystem
+//! that owns it (the core, fencing, the retry policy, spans, keep-alive, waiters).
 //!
 //! ```
 //! use tower_redlock::{ConfigError, Redlock};
@@ -14,16 +15,17 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use super::builder::RedlockBuilder;
-use super::lifecycle::Lifecycle;
-use crate::defaults::{
-    DEFAULT_FENCING_RETENTION, MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO,
-};
+use crate::core::{Core, Fenced, KeySpace, Timing, check_retention, check_ttl, ttl_ms};
+use crate::defaults::DEFAULT_FENCING_RETENTION;
 use crate::error::ConfigError;
-use crate::fencing::Clock;
-use crate::keepalive_inbox::{Guards, KeepAlive};
+use crate::fencing::{Clock, Fencing};
+use crate::keepalive::inbox::{Guards, KeepAlive};
 use crate::name::{CounterSets, prefix_keeps_tags};
+use crate::node::NodeSettings;
 use crate::node::clocks::NodeClocks;
-use crate::node::{Node, NodeSettings, renewal_interval, set_expiry_ms};
+use crate::node::{renewal_interval, set_expiry_ms};
+use crate::op::observe::Observe;
+use crate::op::retry::RetryPolicy;
 use crate::quorum;
 use crate::waiters::Waiters;
 
@@ -88,123 +90,80 @@ impl RedlockBuilder {
         Ok(fencing_retention)
     }
 
-    /// The client's settings and nodes, once every setting is checked.
-    pub(super) fn settings(self) -> Result<Settings, ConfigError> {
-        let fencing_retention = self.validate()?;
-        let max_ttl_ms = Arc::new(AtomicU64::new(ttl_ms(self.ttl)));
-        let cluster = self.nodes.iter().any(|node| node.as_cluster().is_some());
-        let counter_sets = CounterSets::for_nodes(cluster);
-        let node_settings = NodeSettings {
+    /// What every node shares: the connection settings, the quarantine, the key space and
+    /// the fencing counters' upkeep.
+    fn node_settings(
+        &self,
+        fencing_retention: Duration,
+        counter_sets: CounterSets,
+        max_ttl_ms: &Arc<AtomicU64>,
+    ) -> NodeSettings {
+        NodeSettings {
             connect_timeout: self.connect_timeout,
             reconnect_after_timeouts: self.reconnect_after_timeouts,
             quarantine: self.restart_quarantine,
             key_prefix: Arc::from(self.key_prefix.as_slice()),
-            max_ttl_ms: Arc::clone(&max_ttl_ms),
+            max_ttl_ms: Arc::clone(max_ttl_ms),
             servers: Arc::default(),
             counter_sets: counter_sets.count(),
             renew_every: renewal_interval(fencing_retention),
             clocks: Arc::new(NodeClocks::new(self.nodes.len(), self.fencing_clock_bound)),
             allow_eviction: self.allow_eviction,
+        }
+    }
+
+    /// The client's state and whether its acquisitions are fenced, once every setting is
+    /// checked.
+    pub(super) fn state(self) -> Result<(State, Fenced), ConfigError> {
+        let fencing_retention = self.validate()?;
+        let max_ttl_ms = Arc::new(AtomicU64::new(ttl_ms(self.ttl)));
+        let counter_sets = if self.nodes.iter().any(|node| node.as_cluster().is_some()) {
+            CounterSets::PerSlot
+        } else {
+            CounterSets::One
         };
+        let node_settings = self.node_settings(fencing_retention, counter_sets, &max_ttl_ms);
         let nodes = self.nodes(&node_settings)?;
         let n = nodes.len();
-        Ok(Settings {
-            nodes: nodes.into(),
+        let timing = Timing {
             ttl: self.ttl,
             node_timeout: self.node_timeout,
             drift_factor: self.drift_factor,
-            max_attempts: self.max_attempts,
-            retry_delay: self.retry_delay,
-            retry_jitter: self.retry_jitter,
-            retry_deadline: self.retry_deadline,
-            key_prefix: self.key_prefix,
-            log_names: self.log_names,
             min_validity: self.min_validity,
-            max_ttl_ms,
+            fencing_retention,
+        };
+        let keys = KeySpace {
+            prefix: self.key_prefix,
+            counter_sets,
+        };
+        let core = Core::new((nodes.into_boxed_slice(), n), timing, keys, max_ttl_ms);
+        let clock = Clock::new(node_settings.clocks);
+        let state = State {
+            core: Arc::new(core),
+            fencing: Fencing::new(clock, set_expiry_ms(fencing_retention)),
+            retry: RetryPolicy::new(
+                self.max_attempts,
+                (self.retry_delay, self.retry_jitter),
+                self.retry_deadline,
+            ),
+            observe: Observe::new(self.log_names),
             keep_alive: KeepAlive {
                 fraction: self.extend_fraction,
                 max_hold: self.max_hold,
                 max_extensions: self.max_extensions,
             },
-            fencing: self.fencing,
-            fencing_retention,
-            counter_sets,
-            clock: Clock::new(node_settings.clocks),
-            counters_expiry_ms: set_expiry_ms(fencing_retention),
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
-            lifecycle: Lifecycle::default(),
-        })
+        };
+        Ok((
+            state,
+            if self.fencing {
+                Fenced::Yes
+            } else {
+                Fenced::No
+            },
+        ))
     }
-}
-
-/// The checked settings of a client, shared by its clones.
-#[derive(Debug)]
-pub(crate) struct Settings {
-    /// Shared, so that a round's background work can hold the list with one reference.
-    pub(crate) nodes: Arc<[Arc<Node>]>,
-    pub(crate) ttl: Duration,
-    pub(crate) node_timeout: Duration,
-    pub(crate) drift_factor: f64,
-    pub(crate) max_attempts: u32,
-    pub(crate) retry_delay: Duration,
-    pub(crate) retry_jitter: Duration,
-    pub(crate) retry_deadline: Option<Duration>,
-    pub(crate) key_prefix: Vec<u8>,
-    /// Whether spans and logs show lock names (otherwise a hash).
-    pub(crate) log_names: bool,
-    pub(crate) min_validity: Duration,
-    /// The longest TTL used so far, in ms (shared with the nodes, for quarantines).
-    pub(crate) max_ttl_ms: Arc<AtomicU64>,
-    pub(crate) keep_alive: KeepAlive,
-    /// Whether acquisitions get a fencing number unless a handle says otherwise.
-    pub(crate) fencing: bool,
-    /// How long a fencing counter lives after its last fenced acquisition.
-    pub(crate) fencing_retention: Duration,
-    /// Where the fencing counters live on the nodes.
-    pub(crate) counter_sets: CounterSets,
-    /// Where this client's fencing proposals come from.
-    pub(crate) clock: Clock,
-    /// The expiry, in ms, a renewal gives a set of fencing counters (a retention and a
-    /// half; the nodes decide when to send one: see `node::renewals`).
-    pub(crate) counters_expiry_ms: u64,
-    /// The keep-alive driver of this client's guards, while one runs.
-    pub(crate) guards: Guards,
-    /// The tasks waiting for a lock, woken on release.
-    pub(crate) waiters: Arc<Waiters>,
-    /// Whether the client was shut down, and the releases it still runs.
-    pub(crate) lifecycle: Lifecycle,
-}
-
-/// Checks a TTL against the limits and the per-node timeout.
-pub(crate) fn check_ttl(ttl: Duration, node_timeout: Duration) -> Result<(), ConfigError> {
-    if ttl.as_millis() == 0 {
-        return Err(ConfigError::ZeroTtl);
-    }
-    if ttl > MAX_TTL {
-        return Err(ConfigError::TtlTooLong { ttl });
-    }
-    if node_timeout.is_zero() {
-        return Err(ConfigError::ZeroNodeTimeout);
-    }
-    if node_timeout
-        .checked_mul(MIN_TTL_TO_TIMEOUT_RATIO)
-        .is_none_or(|t| t > ttl)
-    {
-        return Err(ConfigError::NodeTimeoutTooLong { node_timeout, ttl });
-    }
-    Ok(())
-}
-
-/// Checks a fencing retention against a TTL.
-pub(crate) fn check_retention(retention: Duration, ttl: Duration) -> Result<(), ConfigError> {
-    if ttl
-        .checked_mul(MIN_RETENTION_TO_TTL_RATIO)
-        .is_none_or(|min| retention < min)
-    {
-        return Err(ConfigError::FencingRetentionTooShort { retention, ttl });
-    }
-    Ok(())
 }
 
 /// The longest fencing retention: 100 years (the counter sets' expiry, a retention and a
@@ -212,7 +171,19 @@ pub(crate) fn check_retention(retention: Duration, ttl: Duration) -> Result<(), 
 /// expire time").
 const LONGEST_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
-/// A TTL in whole milliseconds.
-pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+/// What a client's clones share, grouped by the subsystem that owns it.
+#[derive(Debug)]
+pub(super) struct State {
+    /// The nodes, timing, key space and lifecycle every operation runs over (shared with
+    /// the keep-alive driver, which holds it weakly).
+    pub(super) core: Arc<Core>,
+    /// The proposal clock and the counters' expiry.
+    pub(super) fencing: Fencing,
+    pub(super) retry: RetryPolicy,
+    pub(super) observe: Observe,
+    pub(super) keep_alive: KeepAlive,
+    /// The keep-alive driver of this client's guards, while one runs.
+    pub(super) guards: Guards,
+    /// The tasks waiting for a lock, woken on release.
+    pub(super) waiters: Arc<Waiters>,
 }

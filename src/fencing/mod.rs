@@ -14,6 +14,35 @@ pub(crate) fn accepts(counter: u64, proposal: u64) -> bool {
     counter < proposal
 }
 
+/// A client's fencing: where its proposals come from ([`Clock`]), and the expiry, in ms,
+/// that a renewal gives a set of counters (a retention and a half; the nodes decide when
+/// to send one: see `node::renewals`).
+#[derive(Debug)]
+pub(crate) struct Fencing {
+    clock: Clock,
+    counters_expiry_ms: u64,
+}
+
+impl Fencing {
+    /// The fencing of a client with `clock`, whose counter sets get `counters_expiry_ms`.
+    pub(crate) fn new(clock: Clock, counters_expiry_ms: u64) -> Self {
+        Self {
+            clock,
+            counters_expiry_ms,
+        }
+    }
+
+    /// Where proposals come from.
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The expiry a renewal gives a set of counters, in ms.
+    pub(crate) fn counters_expiry_ms(&self) -> u64 {
+        self.counters_expiry_ms
+    }
+}
+
 /// The proposals of one client: a hybrid logical clock. A proposal is the wall clock in
 /// microseconds, but never below one above the highest number this client has seen (its
 /// own numbers and proposals, and the counters it read): a client whose clock is behind

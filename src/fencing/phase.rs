@@ -7,17 +7,7 @@
 //! phase 1 (with the SET): ZADD GT CH proposal -> accepted on a quorum? -> the number
 //!                                             \-> no: read the counters -> phase 2: FENCE max+1
 //! ```
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-//! let lock = redlock.lock("account:42").await?;
-//! // Taken in phase 1 when a quorum accepted the proposal, else after phase 2.
-//! assert!(lock.fencing_token().is_some());
-//! # Ok(()) }
-//! ```
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -25,9 +15,8 @@ use redis::Value;
 
 use crate::error::{LockError, NodeError};
 use crate::name::Resource;
-use crate::node::Node;
 use crate::quorum::{NodeMask, Outcome};
-use crate::round::{Plan, Purpose, Round};
+use crate::round::{Nodes, Plan, Purpose, Round};
 use crate::scripts::{
     AcquireReply, Arg, FENCE_SCRIPT, FenceRead, INSPECT_SCRIPT, Invocation, MAX_NUMBER, Request,
     parse_flag, parse_inspect,
@@ -190,8 +179,8 @@ impl<'a> CounterAt<'a> {
 /// whose grant phase 1 counted, by `deadline`, into `phase_one`, until a quorum answered;
 /// otherwise why too few did. Each read runs after the node set this attempt's key (it
 /// answered that it did), which is all the proof needs of it.
-pub(crate) async fn read_counters(
-    nodes: &[Arc<Node>],
+pub(crate) async fn read_counters<N: Nodes + ?Sized>(
+    nodes: &N,
     at: CounterAt<'_>,
     phase_one: &mut PhaseOne,
     deadline: Instant,
@@ -199,7 +188,7 @@ pub(crate) async fn read_counters(
     let args = [Arg::Bytes(at.member)];
     let request = at.inspect(&args);
     let granted = phase_one.granted;
-    let skip = NodeMask::matching(nodes.len(), |i| !granted.contains(i));
+    let skip = NodeMask::matching(nodes.count(), |i| !granted.contains(i));
     let take = |reply: Value| {
         let seen = parse_inspect(reply)?;
         phase_one.read(seen.counter).map(|()| Outcome::Granted)
@@ -213,21 +202,21 @@ pub(crate) async fn read_counters(
 /// Sends `request` to every node but `skip` and counts their answers (`take`) until a
 /// quorum answered [`Outcome::Granted`] or too few still can, by `deadline`: the round,
 /// or why there was no quorum. The skipped nodes count as refusing.
-async fn quorum_round(
-    nodes: &[Arc<Node>],
+async fn quorum_round<N: Nodes + ?Sized>(
+    nodes: &N,
     request: &Request<'_>,
     skip: NodeMask,
     deadline: Instant,
     mut take: impl FnMut(Value) -> Result<Outcome, NodeError>,
-) -> Result<Round, LockError> {
+) -> Result<Round<N::Call>, LockError> {
     let plan = Plan {
         skip,
         deadline,
         purpose: Purpose::Decide,
     };
-    let mut round = Round::send(nodes, request, plan);
-    let mut votes = Votes::new(nodes.len());
-    for _ in (0..nodes.len()).filter(|i| skip.contains(*i)) {
+    let mut round = nodes.send(request, plan);
+    let mut votes = Votes::new(nodes.count());
+    for _ in (0..nodes.count()).filter(|i| skip.contains(*i)) {
         votes.skipped();
     }
     while votes.undecided() {
@@ -235,7 +224,7 @@ async fn quorum_round(
         let Some((i, reply)) = round.next().await else {
             break;
         };
-        votes.count(nodes[i].label(), reply.and_then(&mut take));
+        votes.count(nodes.label(i), reply.and_then(&mut take));
     }
     if votes.reached() {
         Ok(round)
@@ -278,7 +267,11 @@ pub fn rounds() -> (u64, u64) {
 /// API: for tests and tools that look at the counters.
 #[doc(hidden)]
 pub fn counter_of(prefix: &[u8], name: &[u8], per_slot: bool) -> Option<(Vec<u8>, Vec<u8>)> {
-    let sets = crate::name::CounterSets::for_nodes(per_slot);
+    let sets = if per_slot {
+        crate::name::CounterSets::PerSlot
+    } else {
+        crate::name::CounterSets::One
+    };
     crate::name::keys_for(prefix, name, sets)
         .ok()
         .map(|keys| (keys.counter, keys.member))
@@ -300,12 +293,12 @@ pub(crate) struct PhaseTwo<'a> {
 /// (not those `phase_one` saw refuse), by `deadline`. The round, once a quorum recorded
 /// the number (the calls still out may land); otherwise why the number could not be
 /// recorded.
-pub(crate) async fn phase_two(
-    nodes: &[Arc<Node>],
+pub(crate) async fn phase_two<N: Nodes + ?Sized>(
+    nodes: &N,
     write: &PhaseTwo<'_>,
     phase_one: &PhaseOne,
     deadline: Instant,
-) -> Result<Round, LockError> {
+) -> Result<Round<N::Call>, LockError> {
     let args = [
         Arg::Bytes(write.value),
         Arg::Int(write.token),

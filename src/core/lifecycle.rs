@@ -14,24 +14,26 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use crate::error::LockError;
+use crate::quorum::later;
 
 /// Whether a client still takes locks, and the releases it still runs.
 #[derive(Debug, Default)]
 pub(crate) struct Lifecycle {
-    pub(super) closed: AtomicBool,
-    pub(super) releases: Arc<Releases>,
+    closed: AtomicBool,
+    releases: Arc<Releases>,
 }
 
 /// The releases a client runs now (in the background or in an `unlock` call).
 #[derive(Debug, Default)]
 pub(crate) struct Releases {
-    pub(super) running: AtomicUsize,
+    running: AtomicUsize,
     /// Woken when the last running release finishes.
-    pub(super) idle: Notify,
+    idle: Notify,
 }
 
 impl Lifecycle {
@@ -49,6 +51,30 @@ impl Lifecycle {
         self.releases.running.fetch_add(1, Ordering::AcqRel);
         Running(Arc::clone(&self.releases))
     }
+
+    /// Closes the client (acquisitions and extensions fail with `Closed` from now on) and
+    /// waits, for at most `bound`, until no release runs any more: what it found then.
+    pub(crate) async fn shutdown(&self, bound: Duration) -> Shutdown {
+        self.closed.store(true, Ordering::Release);
+        let deadline = tokio::time::Instant::from_std(later(Instant::now(), bound));
+        loop {
+            let idle = self.releases.idle.notified();
+            let running = self.releases.running.load(Ordering::Acquire);
+            if running == 0 {
+                return Shutdown { unfinished: 0 };
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                let unfinished = self.releases.running.load(Ordering::Acquire);
+                if unfinished > 0 {
+                    tracing::warn!(
+                        unfinished,
+                        "redlock shutdown: releases still running when it stopped waiting; their keys expire at their TTL"
+                    );
+                }
+                return Shutdown { unfinished };
+            }
+        }
+    }
 }
 
 /// A release counted as running ([`Lifecycle::release_running`]).
@@ -65,10 +91,23 @@ impl Drop for Running {
 
 /// What [`Redlock::shutdown`](crate::Redlock::shutdown) found: how many releases had not finished when it stopped
 /// waiting (their keys expire at the end of their TTL).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_redlock::{LockError, Redlock};
+///
+/// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+/// let guard = redlock.acquire("job:nightly").await?;
+/// drop(guard); // released in the background
+/// let report = redlock.shutdown().await; // ... and that release is done
+/// assert_eq!(report.unfinished(), 0);
+/// assert!(matches!(redlock.try_lock("job:nightly").await, Err(LockError::Closed)));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
 pub struct Shutdown {
-    pub(super) unfinished: usize,
+    unfinished: usize,
 }
 
 impl Shutdown {
@@ -81,8 +120,6 @@ impl Shutdown {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[tokio::test]

@@ -1,41 +1,45 @@
 //! Extending: compare-and-pexpire on every node, with the quorum and validity rule of
-//! acquiring.
+//! acquiring (CONTRIBUTING.md, "The algorithm").
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::time::Duration;
-//! use tower_redlock::Redlock;
-//!
-//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-//! let mut lock = redlock.lock("export:7").await?;
-//! redlock.extend(&mut lock, Duration::from_secs(30)).await?;
-//! assert!(lock.remaining() > Duration::from_secs(20));
-//! # Ok(()) }
+//! ```text
+//! Extend { core }.run(&mut lock, ttl)
+//!   validity already over? -> NotHeld (another client may have held it since)
+//!   EXTEND key value ttl on every node, by min(node timeout, usable TTL, the lock's validity)
+//!   a quorum extended -> validity = ttl - elapsed - drift > min? -> the lock's deadline moves
+//!   otherwise         -> NotHeld (as many said "not ours" as failed) / NoQuorum / ValidityExhausted
 //! ```
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use super::spans::{Operation, elapsed_us};
-use super::{Redlock, check_ttl, ttl_ms};
+use super::observe::{Observe, Operation, elapsed_us};
+use crate::core::{Core, ttl_ms};
 use crate::error::LockError;
-use crate::quorum::{self, NodeMask, Outcome, later};
-use crate::round::{Plan, Purpose, Round};
+use crate::node::Node;
+use crate::quorum::{NodeMask, Outcome, later};
+use crate::round::{Nodes, Plan, Purpose, Round};
 use crate::scripts::{Arg, EXTEND_SCRIPT, Invocation, Request, parse_flag};
 use crate::token::Lock;
 use crate::votes::Votes;
 
-impl Redlock {
-    /// One extension attempt (see [`Redlock::extend`]), in a `redlock.extend` span.
-    pub(crate) async fn extend_once(
+/// The extend operation over `core`'s nodes.
+pub(crate) struct Extend<'a, N: ?Sized = [Arc<Node>]> {
+    pub(crate) core: &'a Core<N>,
+}
+
+impl<N: Nodes + ?Sized> Extend<'_, N> {
+    /// One extension attempt, in a `redlock.extend` span.
+    pub(crate) async fn observed(
         &self,
+        observe: Observe,
         lock: &mut Lock,
         ttl: Duration,
     ) -> Result<(), LockError> {
-        let span = self.span(Operation::Extend, lock.name());
+        let span = observe.span(self.core, Operation::Extend, lock.name());
         let start = Instant::now();
-        let result = self.extend_inner(lock, ttl).instrument(span.clone()).await;
+        let result = self.run(lock, ttl).instrument(span.clone()).await;
         if !span.is_disabled() {
             span.record("elapsed_us", elapsed_us(start));
             span.record(
@@ -48,10 +52,12 @@ impl Redlock {
         result
     }
 
-    async fn extend_inner(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
-        self.inner.lifecycle.check_open()?;
-        check_ttl(ttl, self.inner.node_timeout).map_err(LockError::from)?;
-        self.note_ttl(ttl);
+    /// One extension attempt: `lock` lives `ttl` from now on every node where it is still
+    /// ours, or why not (its deadline then stays as it was).
+    pub(crate) async fn run(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
+        let core = self.core;
+        core.check_open()?;
+        core.check_ttl(ttl)?;
         let ttl = Duration::from_millis(ttl_ms(ttl));
         let start = Instant::now();
         if start >= lock.valid_until {
@@ -59,24 +65,23 @@ impl Redlock {
             // hold cannot be continued, even if our keys are still there.
             return Err(LockError::NotHeld {
                 held_on: 0,
-                needed: self.quorum(),
+                needed: core.quorum(),
                 failures: Vec::new(),
                 attempts: 1,
             });
         }
-        let round = self.extend_round(lock, ttl, start).await?;
+        let round = self.round(lock, ttl, start).await?;
         // The extension lands on the nodes that had not answered yet, too.
         round.land().await;
         let elapsed = start.elapsed();
-        let drift = quorum::drift(ttl, self.inner.drift_factor);
-        match quorum::validity(ttl, elapsed, drift) {
-            Some(validity) if validity > self.inner.min_validity => {
+        match core.validity(ttl, elapsed, core.drift(ttl)) {
+            Some(validity) => {
                 lock.started = start;
                 lock.valid_until = later(start, validity);
                 lock.ttl = ttl;
                 Ok(())
             }
-            _ => Err(LockError::ValidityExhausted {
+            None => Err(LockError::ValidityExhausted {
                 elapsed,
                 ttl,
                 attempts: 1,
@@ -87,12 +92,12 @@ impl Redlock {
     /// Compare-and-pexpire of `lock` to `ttl` on every node, until a quorum extended it
     /// (the round, its calls still out) or it cannot: not held when as many nodes said
     /// so as failed, short of nodes otherwise.
-    async fn extend_round(
+    async fn round(
         &self,
         lock: &Lock,
         ttl: Duration,
         start: Instant,
-    ) -> Result<Round, LockError> {
+    ) -> Result<Round<N::Call>, LockError> {
         let keys = [lock.key()];
         let args = [Arg::Bytes(lock.value().as_bytes()), Arg::Int(ttl_ms(ttl))];
         let request = Request::Script(Invocation {
@@ -103,12 +108,12 @@ impl Redlock {
         let plan = Plan {
             skip: NodeMask::default(),
             // The extension must take effect within the current validity.
-            deadline: self.call_deadline(start, ttl, Some(lock.valid_until)),
+            deadline: self.core.call_deadline(start, ttl, Some(lock.valid_until)),
             purpose: Purpose::Decide,
         };
-        let nodes = &self.inner.nodes;
-        let mut round = Round::send(nodes, &request, plan);
-        let mut votes = Votes::new(nodes.len());
+        let nodes = self.core.nodes();
+        let mut round = nodes.send(&request, plan);
+        let mut votes = Votes::new(nodes.count());
         let mut not_held = 0;
         while votes.undecided() {
             round.wake_after(votes.to_decide());
@@ -123,7 +128,7 @@ impl Redlock {
                     Outcome::Failed
                 }
             });
-            votes.count(nodes[i].label(), outcome);
+            votes.count(nodes.label(i), outcome);
         }
         if votes.reached() {
             Ok(round)

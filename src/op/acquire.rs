@@ -1,32 +1,106 @@
-//! Acquiring: one attempt of the algorithm (CONTRIBUTING.md, "The algorithm"); the retry
-//! loop around it is in `retry.rs`.
+//! Acquiring: one attempt of the algorithm (CONTRIBUTING.md, "The algorithm", steps 1 to
+//! 5); the retry loop around it is [`retry`](super::retry).
 //!
 //! ```text
-//! start -> SET NX PX on every node at once -> quorum? -> [fencing phase 2] -> validity > min?
-//!       -> held                       otherwise -> release on every node -> Busy / NoQuorum / ...
+//! Acquire { core, fencing, waiters, background }.attempt(&target, outer, n)
+//!   start -> SET NX PX on every node at once -> quorum? -> [fencing phase 2] -> validity > min?
+//!         -> Attempt::Held              otherwise -> release on every node -> Attempt::Missed
+//!   a quorum holds the name's completion record   -> Attempt::Record (replay)
 //! ```
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use redis::Value;
 
-use super::Redlock;
-use super::release::{Deletion, Wake};
+use super::release::{Background, Deletion, Release, Wake};
+use crate::core::{Accepts, Core, Fenced, Target, ttl_ms};
 use crate::error::{LockError, NodeError, RecordBytes};
-use crate::fencing::{self, CounterAt, Number, PhaseOne, PhaseTwo};
+use crate::fencing::{self, CounterAt, Fencing, Number, PhaseOne, PhaseTwo};
 use crate::name::{Resource, new_value};
 use crate::node::Node;
-use crate::quorum::{self, NodeMask, Outcome, later};
-use crate::round::{Plan, Purpose, Round};
+use crate::quorum::{NodeMask, Outcome, later};
+use crate::round::{Nodes, Plan, Purpose, Round};
 use crate::scripts::{
     ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, MAX_NUMBER, Renewal, Request,
     parse_acquire,
 };
 use crate::token::Lock;
 use crate::votes::Votes;
+use crate::waiters::Waiters;
+
+#[cfg(test)]
+#[path = "acquire_tests.rs"]
+mod tests;
+
+/// What one attempt came to.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    /// The lock is held.
+    Held(Lock),
+    /// The name's work is done: a quorum of nodes hold its completion record (only for an
+    /// acquisition that accepts one, [`Accepts::LockOrRecord`]).
+    Record(RecordBytes),
+    /// No lock: why (its attempt count still 1), and whether another client, not this
+    /// one, holds the name somewhere (only the nodes can tell of that holder's release).
+    Missed { error: LockError, by_others: bool },
+}
+
+impl Attempt {
+    /// A miss that says nothing of other clients.
+    fn missed(error: LockError) -> Self {
+        Self::Missed {
+            error,
+            by_others: false,
+        }
+    }
+
+    /// The outcome of an acquisition that made `attempts` attempts and ended with this.
+    pub(crate) fn finish(self, attempts: u32) -> Result<Acquired, LockError> {
+        match self {
+            Self::Held(lock) => Ok(Acquired::Lock(lock)),
+            Self::Record(record) => Ok(Acquired::Record { record, attempts }),
+            Self::Missed { error, .. } => Err(error.with_attempts(attempts)),
+        }
+    }
+}
+
+/// What an acquisition got.
+#[derive(Debug)]
+pub(crate) enum Acquired {
+    /// The lock.
+    Lock(Lock),
+    /// The name's completion record (with [`Accepts::LockOrRecord`] only): the layer
+    /// replays it.
+    Record { record: RecordBytes, attempts: u32 },
+}
+
+impl Acquired {
+    /// The lock of an acquisition that takes nothing else for an answer
+    /// ([`Accepts::Lock`]: a record it finds makes the name busy, so none comes back;
+    /// `quorum` of `nodes` hold it).
+    pub(crate) fn lock_or_busy(self, quorum: usize, nodes: usize) -> Result<Lock, LockError> {
+        match self {
+            Self::Lock(lock) => Ok(lock),
+            Self::Record { attempts, .. } => Err(LockError::Busy {
+                held_elsewhere: quorum,
+                nodes,
+                retry_after: None,
+                attempts,
+            }),
+        }
+    }
+}
+
+/// The time window of one attempt: when it started, its TTL and drift allowance (its
+/// validity), and the caller's own deadline, if any.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start: Instant,
+    ttl: Duration,
+    drift: Duration,
+    outer: Option<Instant>,
+}
 
 /// What the `SET NX PX` replies of one attempt said, node by node.
 struct SetReplies {
@@ -73,70 +147,31 @@ impl SetReplies {
     }
 }
 
-/// What one attempt came to.
-#[derive(Debug)]
-pub(super) enum Attempt {
-    /// The lock is held.
-    Held(Lock),
-    /// The name's work is done: a quorum of nodes hold its completion record (only for an
-    /// acquisition that accepts one, [`Accepts::LockOrRecord`]).
-    Record(RecordBytes),
-    /// No lock: why (its attempt count still 1), and whether another client, not this
-    /// one, holds the name somewhere (only the nodes can tell of that holder's release).
-    Missed { error: LockError, by_others: bool },
+/// The acquire operation: one attempt over `core`'s nodes, with the client's `fencing`
+/// (for fenced targets), its `waiters` (the client id in the value; woken by the release
+/// of a miss) and who releases in the `background` when the attempt is dropped.
+pub(crate) struct Acquire<'a, B, N: ?Sized = [Arc<Node>]> {
+    pub(crate) core: &'a Core<N>,
+    pub(crate) fencing: &'a Fencing,
+    pub(crate) waiters: &'a Waiters,
+    pub(crate) background: &'a B,
 }
 
-impl Attempt {
-    /// A miss that says nothing of other clients.
-    fn missed(error: LockError) -> Self {
-        Self::Missed {
-            error,
-            by_others: false,
-        }
-    }
-
-    /// The outcome of an acquisition that made `attempts` attempts and ended with this.
-    pub(super) fn finish(self, attempts: u32) -> Result<Acquired, LockError> {
-        match self {
-            Self::Held(lock) => Ok(Acquired::Lock(lock)),
-            Self::Record(record) => Ok(Acquired::Record { record, attempts }),
-            Self::Missed { error, .. } => Err(error.with_attempts(attempts)),
-        }
-    }
-}
-
-/// What an acquisition got.
-#[derive(Debug)]
-pub(crate) enum Acquired {
-    /// The lock.
-    Lock(Lock),
-    /// The name's completion record (with [`Accepts::LockOrRecord`] only): the layer
-    /// replays it.
-    Record { record: RecordBytes, attempts: u32 },
-}
-
-/// An attempt that did not get the lock: what it came to, and the nodes that answered
-/// with another client's value (its release skips them).
-struct Miss {
-    attempt: Attempt,
-    foreign: NodeMask,
-}
-
-impl Redlock {
-    /// One attempt: the algorithm's steps 1 to 5 (CONTRIBUTING.md, "The algorithm").
-    pub(super) async fn attempt(
+impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
+    /// One attempt, the `attempt`th: the algorithm's steps 1 to 5.
+    pub(crate) async fn attempt(
         &self,
         target: &Target,
         outer: Option<Instant>,
         attempt: u32,
     ) -> Attempt {
-        let value: Arc<str> = match new_value(self.inner.waiters.id()) {
+        let value: Arc<str> = match new_value(self.waiters.id()) {
             Ok(value) => value.into(),
             Err(error) => return Attempt::missed(error),
         };
         // If this future is dropped while the SETs are out, release in the background.
         let mut pending = PendingRelease {
-            redlock: self,
+            background: self.background,
             deletion: Some(Deletion {
                 resource: Arc::clone(&target.resource),
                 value: Arc::clone(&value),
@@ -146,67 +181,73 @@ impl Redlock {
                 wake: Wake::AtQuorum,
             }),
         };
-        let miss = match self.hold(target, &value, outer, attempt).await {
+        let mut foreign = NodeMask::default();
+        let missed = match self
+            .hold(target, &value, outer, attempt, &mut foreign)
+            .await
+        {
             Ok(lock) => {
                 pending.deletion = None;
                 return Attempt::Held(lock);
             }
-            Err(miss) => miss,
+            Err(missed) => missed,
         };
         // 5. Failed: release on every node, including those that failed or did not answer
         // in time (their SET may have run while the reply was lost).
         if let Some(deletion) = &mut pending.deletion {
-            deletion.foreign = miss.foreign;
-            self.release_key(deletion).await;
+            deletion.foreign = foreign;
+            let release = Release {
+                core: self.core,
+                waiters: self.waiters,
+            };
+            release.run(deletion).await;
         }
         pending.deletion = None;
-        tracing::debug!(nodes = self.inner.nodes.len(), failure = ?miss.attempt, "redlock attempt failed");
-        miss.attempt
+        tracing::debug!(nodes = self.core.node_count(), failure = ?missed, "redlock attempt failed");
+        missed
     }
 
-    /// Steps 1 to 4: the lock held with `value`, or the miss (its keys still to release).
+    /// Steps 1 to 4: the lock held with `value`, or the missed attempt (its keys still to
+    /// release; `foreign`, the nodes that answered with another client's value, skipped).
     async fn hold(
         &self,
         target: &Target,
         value: &Arc<str>,
         outer: Option<Instant>,
         attempt: u32,
-    ) -> Result<Lock, Miss> {
-        let ttl = Duration::from_millis(super::ttl_ms(target.ttl));
-        let drift = quorum::drift(ttl, self.inner.drift_factor);
+        foreign: &mut NodeMask,
+    ) -> Result<Lock, Attempt> {
+        let core = self.core;
+        let ttl = Duration::from_millis(ttl_ms(target.ttl));
         // 1-3. SET NX PX everywhere at once, decided as early as the outcome is certain.
-        let start = Instant::now();
-        let deadline = self.call_deadline(start, ttl, outer);
+        let window = Window {
+            start: Instant::now(),
+            ttl,
+            drift: core.drift(ttl),
+            outer,
+        };
+        let deadline = core.call_deadline(window.start, ttl, outer);
         let (round, votes, replies) = self.set_round(target, value, ttl, deadline).await;
-        let foreign = replies.foreign;
-        let missed = |attempt| Miss { attempt, foreign };
-        let phase_one = self.granted(target, votes, replies).map_err(missed)?;
+        *foreign = replies.foreign;
+        let phase_one = self.granted(target, votes, replies)?;
         let mut fence = None;
         if let Some(mut phase_one) = phase_one {
-            let budget = Budget {
-                start,
-                ttl,
-                drift,
-                outer,
-            };
             fence = self
-                .number(&target.resource, value, &mut phase_one, &budget)
+                .number(&target.resource, value, &mut phase_one, &window)
                 .await
-                .map_err(|error| missed(Attempt::missed(error)))?;
+                .map_err(Attempt::missed)?;
         }
         // 4. Held only with a quorum and validity left.
-        let elapsed = start.elapsed();
-        let validity = quorum::validity(ttl, elapsed, drift)
-            .filter(|v| *v > self.inner.min_validity)
-            .ok_or_else(|| {
-                missed(Attempt::missed(LockError::ValidityExhausted {
-                    elapsed,
-                    ttl,
-                    attempts: 1,
-                }))
-            })?;
+        let elapsed = window.start.elapsed();
+        let validity = core.validity(ttl, elapsed, window.drift).ok_or_else(|| {
+            Attempt::missed(LockError::ValidityExhausted {
+                elapsed,
+                ttl,
+                attempts: 1,
+            })
+        })?;
         tracing::debug!(
-            nodes = self.inner.nodes.len(),
+            nodes = core.node_count(),
             fenced = fence.is_some(),
             elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
             "redlock acquired"
@@ -214,22 +255,22 @@ impl Redlock {
         Ok(Lock {
             resource: Arc::clone(&target.resource),
             value: Arc::clone(value),
-            started: start,
-            acquired_at: start,
-            valid_until: later(start, validity),
+            started: window.start,
+            acquired_at: window.start,
+            valid_until: later(window.start, validity),
             ttl,
             attempts: attempt,
             fence,
-            foreign,
+            foreign: *foreign,
             // The SETs still out land in the background, on every node that answers.
             landing: round.land().await,
         })
     }
 
-    /// Whether the `SET NX PX` round got the lock: with fencing on, what phase 1 learned
-    /// (for the number). Otherwise the attempt's outcome: the name's completion record (when
-    /// `target` accepts one), busy when a quorum answered and some said another client
-    /// holds the lock, short of nodes otherwise.
+    /// Whether the `SET NX PX` round got the lock: for a fenced target, what phase 1
+    /// learned (for the number). Otherwise the attempt's outcome: the name's completion
+    /// record (when `target` accepts one), busy when a quorum answered and some said
+    /// another client holds the lock, short of nodes otherwise.
     #[expect(
         clippy::result_large_err,
         reason = "an Attempt that is never Held (the large variant), moved once per miss"
@@ -241,7 +282,7 @@ impl Redlock {
         replies: SetReplies,
     ) -> Result<Option<PhaseOne>, Attempt> {
         let nodes = votes.tally.nodes();
-        if let Some(record) = agreed_record(replies.records, self.quorum()) {
+        if let Some(record) = agreed_record(replies.records, self.core.quorum()) {
             // The name's work is done: hand back its record (our SETs are released).
             // An acquisition that wants the lock only finds the name held.
             return Err(match target.accepts {
@@ -258,7 +299,7 @@ impl Redlock {
             });
         }
         if votes.reached() {
-            return Ok(self.fencing.then_some(replies.fencing));
+            return Ok((target.fenced == Fenced::Yes).then_some(replies.fencing));
         }
         let tally = &votes.tally;
         if !tally.is_busy() {
@@ -285,16 +326,19 @@ impl Redlock {
         resource: &Resource,
         value: &str,
         phase_one: &mut PhaseOne,
-        budget: &Budget,
+        window: &Window,
     ) -> Result<Option<u64>, LockError> {
-        let quorum = self.quorum();
-        let deadline = || self.call_deadline(budget.start, budget.ttl, budget.outer);
+        let core = self.core;
+        let quorum = core.quorum();
+        let deadline = || core.call_deadline(window.start, window.ttl, window.outer);
+        let clock = self.fencing.clock();
         if phase_one.needs_read(quorum) {
-            if quorum::validity(budget.ttl, budget.start.elapsed(), budget.drift).is_none() {
+            let elapsed = window.start.elapsed();
+            if crate::quorum::validity(window.ttl, elapsed, window.drift).is_none() {
                 return Ok(None);
             }
             let at = CounterAt::of(resource);
-            fencing::read_counters(&self.inner.nodes, at, phase_one, deadline()).await?;
+            fencing::read_counters(core.nodes(), at, phase_one, deadline()).await?;
             if phase_one.pinned() {
                 tracing::error!(
                     "redlock fencing counter at its maximum (2^53) on a node: this acquisition \
@@ -305,7 +349,7 @@ impl Redlock {
                 );
             }
             if let Some(highest) = phase_one.highest() {
-                self.inner.clock.saw(highest);
+                clock.saw(highest);
             }
         }
         let number = phase_one.number(quorum);
@@ -313,50 +357,37 @@ impl Redlock {
             Number::Accepted(n) => n,
             // Fencing phase 2: record the number on the nodes we hold, while we hold them.
             Number::Raise(n) => {
-                self.fence(resource, value, phase_one, n, deadline())
-                    .await?
+                let write = PhaseTwo {
+                    at: CounterAt::of(resource),
+                    value: value.as_bytes(),
+                    token: n,
+                    expiry_ms: self.fencing.counters_expiry_ms(),
+                };
+                let round = fencing::phase_two(core.nodes(), &write, phase_one, deadline()).await?;
+                // The number lands on the nodes that had not answered yet, too.
+                round.land().await;
+                n
             }
         };
-        self.inner.clock.saw(recorded);
+        clock.saw(recorded);
         fencing::count(number);
         Ok(Some(recorded))
     }
 
-    /// Fencing phase 2: records `token` (one above every counter read) on the nodes that
-    /// granted: the number, or why it could not be recorded on a quorum.
-    async fn fence(
-        &self,
-        resource: &Resource,
-        value: &str,
-        phase_one: &PhaseOne,
-        token: u64,
-        deadline: Instant,
-    ) -> Result<u64, LockError> {
-        let write = PhaseTwo {
-            at: CounterAt::of(resource),
-            value: value.as_bytes(),
-            token,
-            expiry_ms: self.inner.counters_expiry_ms,
-        };
-        let round = fencing::phase_two(&self.inner.nodes, &write, phase_one, deadline).await?;
-        // The number lands on the nodes that had not answered yet, too.
-        round.land().await;
-        Ok(token)
-    }
-
-    /// The fencing proposal of an attempt (0 without fencing). Until a quorum of nodes gave
-    /// an estimate of their clocks, the client's first acquisitions first wait for the
+    /// The fencing proposal of an attempt (0 when not fenced). Until a quorum of nodes
+    /// gave an estimate of their clocks, the client's first acquisitions first wait for the
     /// connects under way (until that quorum, by `deadline`), so that the first proposals
     /// are capped by the nodes' clocks too; once one waited, the others do not (nodes
     /// that give no estimate cost no wait per acquisition).
-    async fn propose(&self, deadline: Instant) -> u64 {
-        if !self.fencing {
+    async fn propose(&self, fenced: Fenced, deadline: Instant) -> u64 {
+        if fenced == Fenced::No {
             return 0;
         }
-        let clock = &self.inner.clock;
+        let clock = self.fencing.clock();
         if !clock.bounded() && !clock.waited() {
             // Cut short: the proposal is the wall clock, as without an estimate.
-            let _ = tokio::time::timeout_at(deadline.into(), self.settle_clocks()).await;
+            let settle = self.core.nodes().settle(|| clock.bounded());
+            let _ = tokio::time::timeout_at(deadline.into(), settle).await;
             clock.waited_once();
         }
         // Below the largest number a counter holds exactly, so that one above the
@@ -365,35 +396,22 @@ impl Redlock {
         clock.propose().min(MAX_NUMBER - 1)
     }
 
-    /// Waits for the nodes' connects under way until a quorum of them gave an estimate of
-    /// their clocks, or every connect is over.
-    async fn settle_clocks(&self) {
-        let mut settling: FuturesUnordered<_> =
-            self.inner.nodes.iter().map(|node| node.settle()).collect();
-        while settling.next().await.is_some() {
-            if self.inner.clock.bounded() {
-                return;
-            }
-        }
-    }
-
-    /// Step 2: `SET NX PX` on every node at once (with fencing on, followed by the
-    /// proposal's `ZADD GT CH` on the name's counter, and the set's renewal, which each
-    /// node sends only when due on its connection),
-    /// until the outcome is certain or `deadline`. The round (its calls still out), the
-    /// votes, and what the replies said.
+    /// Step 2: `SET NX PX` on every node at once (fenced: followed by the proposal's
+    /// `ZADD GT CH` on the name's counter, and the set's renewal, which each node sends
+    /// only when due on its connection), until the outcome is certain or `deadline`. The
+    /// round (its calls still out), the votes, and what the replies said.
     async fn set_round(
         &self,
         target: &Target,
         value: &str,
         ttl: Duration,
         deadline: Instant,
-    ) -> (Round, Votes, SetReplies) {
+    ) -> (Round<N::Call>, Votes, SetReplies) {
         let resource = &target.resource;
-        let ttl_ms = super::ttl_ms(ttl);
-        let proposal = self.propose(deadline).await;
+        let ttl_ms = ttl_ms(ttl);
+        let proposal = self.propose(target.fenced, deadline).await;
         let args = [Arg::Bytes(value.as_bytes()), Arg::Int(ttl_ms)];
-        let request = if self.fencing {
+        let request = if target.fenced == Fenced::Yes {
             Request::FencedSetNx {
                 key: &resource.key,
                 counters: &resource.counter_key,
@@ -402,7 +420,7 @@ impl Redlock {
                 ttl_ms,
                 proposal,
                 renew: Renewal {
-                    expire_ms: self.inner.counters_expiry_ms,
+                    expire_ms: self.fencing.counters_expiry_ms(),
                 },
                 set: resource.counter_set,
             }
@@ -419,13 +437,13 @@ impl Redlock {
                 ttl_ms,
             }
         };
-        let nodes = &self.inner.nodes;
         let plan = Plan {
             skip: NodeMask::default(),
             deadline,
             purpose: Purpose::Decide,
         };
-        let round = Round::send(nodes, &request, plan);
+        let nodes = self.core.nodes();
+        let round = nodes.send(&request, plan);
         count_set_round(nodes, round, SetReplies::new(proposal)).await
     }
 }
@@ -433,47 +451,21 @@ impl Redlock {
 /// Takes the answers of a `SET NX PX` round until the outcome is certain; once a node
 /// answered with a completion record, every answer (the nodes that answered with it need
 /// no release afterwards).
-async fn count_set_round(
-    nodes: &[Arc<Node>],
-    mut round: Round,
+async fn count_set_round<N: Nodes + ?Sized>(
+    nodes: &N,
+    mut round: Round<N::Call>,
     mut replies: SetReplies,
-) -> (Round, Votes, SetReplies) {
-    let mut votes = Votes::new(nodes.len());
+) -> (Round<N::Call>, Votes, SetReplies) {
+    let mut votes = Votes::new(nodes.count());
     while votes.undecided() || !replies.records.is_empty() {
         round.wake_after(votes.to_decide());
         let Some((i, reply)) = round.next().await else {
             break;
         };
         let outcome = replies.take(i, reply);
-        votes.count(nodes[i].label(), outcome);
+        votes.count(nodes.label(i), outcome);
     }
     (round, votes, replies)
-}
-
-/// The time of one attempt: when it started, its TTL and drift allowance (its validity),
-/// and the caller's own deadline, if any.
-struct Budget {
-    start: Instant,
-    ttl: Duration,
-    drift: Duration,
-    outer: Option<Instant>,
-}
-
-/// What an acquisition is after: a name's keys, for how long, and what may answer it.
-pub(crate) struct Target {
-    pub(crate) resource: Arc<Resource>,
-    pub(crate) ttl: Duration,
-    pub(crate) accepts: Accepts,
-}
-
-/// What an acquisition takes for an answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Accepts {
-    /// The lock only.
-    Lock,
-    /// The lock, or the completion record stored under its key (the layer's replay): the
-    /// record comes back as [`Acquired::Record`].
-    LockOrRecord,
 }
 
 /// The record that at least `quorum` of `records` (one per node) are, byte for byte: the
@@ -489,34 +481,16 @@ fn agreed_record(mut records: Vec<Vec<u8>>, quorum: usize) -> Option<Vec<u8>> {
 
 /// Releases an acquisition attempt's value in the background if the attempt's future is
 /// dropped before it finished (the SETs may have landed).
-struct PendingRelease<'a> {
-    redlock: &'a Redlock,
+struct PendingRelease<'a, B: Background> {
+    background: &'a B,
     /// What to release (the replies are unknown: everywhere).
     deletion: Option<Deletion>,
 }
 
-impl Drop for PendingRelease<'_> {
+impl<B: Background> Drop for PendingRelease<'_, B> {
     fn drop(&mut self) {
         if let Some(deletion) = self.deletion.take() {
-            self.redlock.release_in_background(deletion);
+            self.background.release_in_background(deletion);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_record_a_quorum_agrees_on_is_replayed() {
-        let (a, b) = (b"#record\na".to_vec(), b"#record\nb".to_vec());
-        assert_eq!(agreed_record(vec![a.clone(), b.clone()], 2), None);
-        assert_eq!(agreed_record(vec![a.clone()], 2), None);
-        assert_eq!(
-            agreed_record(vec![b.clone(), a.clone(), a.clone()], 2),
-            Some(a.clone())
-        );
-        assert_eq!(agreed_record(vec![a.clone()], 1), Some(a));
-        assert_eq!(agreed_record(Vec::new(), 1), None);
     }
 }

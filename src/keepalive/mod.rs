@@ -2,51 +2,110 @@
 //! due, instead of one task per lock.
 //!
 //! A guard hands its lock to the driver ([`start`]) and takes it back when released
-//! ([`stop`]), through the driver's inbox (`crate::keepalive_inbox`): neither wakes the
+//! ([`stop`]), through the driver's inbox ([`inbox`]): neither wakes the
 //! driver task unless the lock is due before the driver would wake anyway, so a lock held
 //! for less than its first extension interval costs the driver nothing. The driver keeps
 //! the locks in a queue ordered by due time and sleeps until the earliest; extensions that
-//! are due run concurrently inside the driver task. It holds
-//! the client weakly and ends once the client and every guard are gone. If the runtime
+//! are due run concurrently inside the driver task, through the operations over the
+//! client's core (`op::extend`, `op::release`). It holds the core and the waiters weakly
+//! and ends once the client and every guard are gone. If the runtime
 //! that ran it shut down, the next guard starts a new one on its own runtime. A driver
 //! that stops while it still has locks (its runtime shut down, or a panic) never leaves
 //! them silently unextended: their tokens are marked lost
 //! ([`LostReason::KeepAliveStopped`]).
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-//! let a = redlock.acquire("a").await?; // both extended by the same driver task
-//! let b = redlock.acquire("b").await?;
-//! a.release().await;
-//! b.release().await;
-//! # Ok(()) }
+//! ```text
+//! guard a taken   -> start(a): inbox, due at a's TTL / 3      (the driver is not woken)
+//! guard b taken   -> start(b): inbox, due earlier than the driver wakes -> woken
+//! driver          -> take(), sleep until the earliest due -> Extend a, Extend b (concurrently)
+//! guard a gone    -> stop(a): never extended again
+//! extension fails -> a's token is marked lost, then a is released
 //! ```
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
-use crate::client::{Redlock, WeakRedlock};
+use crate::core::Core;
 use crate::error::LockError;
-use crate::keepalive_inbox::KeepAlive;
-use crate::keepalive_inbox::{Inbox, Start};
+use crate::op::extend::Extend;
+use crate::op::observe::Observe;
+use crate::op::release::Release;
+use crate::op::retry::RetryPolicy;
 use crate::quorum::later;
 use crate::token::{Lock, LostReason, Shared};
+use crate::waiters::Waiters;
 
-/// Hands the lock of `shared` to `redlock`'s driver, starting one if none runs. Returns
-/// the lock's id for [`stop`], or `None` outside a tokio runtime (the lock then runs out).
-/// The driver is only woken if the lock is due before it would wake anyway.
-pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -> Option<u64> {
+pub(crate) mod inbox;
+
+use inbox::{Guards, Inbox, KeepAlive, Start};
+
+/// What the driver extends and releases with, as a client lends it: its core and
+/// waiters, its guards (the driver's inbox), how its operations are observed and how long
+/// a failed extension pauses.
+#[derive(Clone, Copy)]
+pub(crate) struct Keeper<'a> {
+    pub(crate) core: &'a Arc<Core>,
+    pub(crate) waiters: &'a Arc<Waiters>,
+    pub(crate) guards: &'a Guards,
+    pub(crate) observe: Observe,
+    pub(crate) retry: RetryPolicy,
+}
+
+impl Keeper<'_> {
+    /// A handle that does not keep the client alive, for the driver task.
+    fn downgrade(self) -> Dormant {
+        Dormant {
+            core: Arc::downgrade(self.core),
+            waiters: Arc::downgrade(self.waiters),
+            observe: self.observe,
+            retry: self.retry,
+        }
+    }
+}
+
+/// The driver's hold on the client: weak, so that the client can go away.
+struct Dormant {
+    core: Weak<Core>,
+    waiters: Weak<Waiters>,
+    observe: Observe,
+    retry: RetryPolicy,
+}
+
+impl Dormant {
+    /// The client's core and waiters, while the client lives.
+    fn upgrade(&self) -> Option<Alive> {
+        Some(Alive {
+            core: self.core.upgrade()?,
+            waiters: self.waiters.upgrade()?,
+            observe: self.observe,
+            retry: self.retry,
+        })
+    }
+}
+
+/// The client, while the driver acts for it.
+#[derive(Clone)]
+struct Alive {
+    core: Arc<Core>,
+    waiters: Arc<Waiters>,
+    observe: Observe,
+    retry: RetryPolicy,
+}
+
+/// Hands the lock of `shared` to the driver of `keeper`'s client, starting one if none
+/// runs. Returns the lock's id for [`stop`], or `None` outside a tokio runtime (the lock
+/// then runs out). The driver is only woken if the lock is due before it would wake anyway.
+pub(crate) fn start(keeper: Keeper<'_>, shared: Arc<Shared>, policy: KeepAlive) -> Option<u64> {
     let handle = tokio::runtime::Handle::try_current().ok()?;
-    let id = redlock.guards().next_id();
+    let id = keeper.guards.next_id();
     let (interval, hold_end) = timing(&shared.lock, &policy);
     let start = Start {
         id,
@@ -55,7 +114,7 @@ pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -
         policy,
         span: tracing::Span::current(),
     };
-    let mut driver = redlock.guards().driver();
+    let mut driver = keeper.guards.driver();
     let start = match driver.as_ref() {
         Some(inbox) => match inbox.start(start) {
             Ok(()) => return Some(id),
@@ -70,14 +129,15 @@ pub(crate) fn start(redlock: &Redlock, shared: Arc<Shared>, policy: KeepAlive) -
         inbox: Arc::clone(&inbox),
         locks: HashMap::new(),
     };
-    handle.spawn(drive(redlock.downgrade(), handed));
+    handle.spawn(drive(keeper.downgrade(), handed));
     *driver = Some(inbox);
     Some(id)
 }
 
-/// Stops extending lock `id` (its guard is releasing it). Never wakes the driver.
-pub(crate) fn stop(redlock: &Redlock, id: u64) {
-    if let Some(inbox) = redlock.guards().driver().as_ref() {
+/// Stops extending lock `id` of a client with `guards` (its guard is releasing it).
+/// Never wakes the driver.
+pub(crate) fn stop(guards: &Guards, id: u64) {
+    if let Some(inbox) = guards.driver().as_ref() {
         inbox.stop(id);
     }
 }
@@ -211,7 +271,7 @@ impl Drop for Handed {
 
 /// The driver's loop. `handed` is built by the caller, so that a driver dropped before its
 /// first poll still marks the locks in its inbox lost.
-async fn drive(redlock: WeakRedlock, mut handed: Handed) {
+async fn drive(client: Dormant, mut handed: Handed) {
     let mut queue = Queue::default();
     let mut work: FuturesUnordered<Work> = FuturesUnordered::new();
     let timer = tokio::time::sleep_until(tokio::time::Instant::now());
@@ -233,11 +293,11 @@ async fn drive(redlock: WeakRedlock, mut handed: Handed) {
         // Due entries, after the inbox: a lock taken back is never extended again.
         let now = Instant::now();
         if queue.next_due().is_some_and(|at| at <= now) {
-            let Some(redlock) = redlock.upgrade() else {
+            let Some(alive) = client.upgrade() else {
                 return;
             };
             while let Some((id, entry)) = queue.pop_due(now) {
-                if let Some(w) = act(&redlock, id, entry, &mut queue) {
+                if let Some(w) = act(&alive, id, entry, &mut queue) {
                     work.push(w);
                 }
             }
@@ -258,8 +318,8 @@ async fn drive(redlock: WeakRedlock, mut handed: Handed) {
                 if !queue.landed(id) {
                     continue;
                 }
-                let Some(redlock) = redlock.upgrade() else { return };
-                if let Some(w) = extended(&redlock, id, entry, result, &mut queue) {
+                let Some(alive) = client.upgrade() else { return };
+                if let Some(w) = extended(&alive, id, entry, result, &mut queue) {
                     work.push(w);
                 }
             }
@@ -269,13 +329,13 @@ async fn drive(redlock: WeakRedlock, mut handed: Handed) {
 
 /// An entry is due: stop at the maximum hold, let the lock run out after the last allowed
 /// extension, or extend it.
-fn act(redlock: &Redlock, id: u64, mut entry: Entry, queue: &mut Queue) -> Option<Work> {
+fn act(client: &Alive, id: u64, mut entry: Entry, queue: &mut Queue) -> Option<Work> {
     if entry.shared.lost_reason().is_some() {
         return None;
     }
     let now = Instant::now();
     if entry.hold_end.is_some_and(|end| now >= end) {
-        return Some(finish(redlock, entry, LostReason::MaxHoldReached));
+        return Some(finish(client, entry, LostReason::MaxHoldReached));
     }
     if entry
         .policy
@@ -288,16 +348,18 @@ fn act(redlock: &Redlock, id: u64, mut entry: Entry, queue: &mut Queue) -> Optio
             queue.schedule(id, entry, end);
             return None;
         }
-        return Some(finish(redlock, entry, LostReason::MaxExtensionsReached));
+        return Some(finish(client, entry, LostReason::MaxExtensionsReached));
     }
     entry.attempts = entry.attempts.saturating_add(1);
     queue.in_flight.insert(id);
-    let redlock = redlock.clone();
+    let core = Arc::clone(&client.core);
+    let observe = client.observe;
     let span = entry.span.clone();
     Some(Box::pin(
         async move {
             let ttl = entry.lock.ttl();
-            let result = redlock.extend_once(&mut entry.lock, ttl).await;
+            let extend = Extend { core: &core };
+            let result = extend.observed(observe, &mut entry.lock, ttl).await;
             Some((id, entry, result))
         }
         .instrument(span),
@@ -307,7 +369,7 @@ fn act(redlock: &Redlock, id: u64, mut entry: Entry, queue: &mut Queue) -> Optio
 /// An extension came back: schedule the next one, retry a transient failure while the
 /// validity leaves room, or declare the lock lost.
 fn extended(
-    redlock: &Redlock,
+    client: &Alive,
     id: u64,
     mut entry: Entry,
     result: Result<(), LockError>,
@@ -327,8 +389,8 @@ fn extended(
             None
         }
         Err(failure) => {
-            let retry_in = redlock.retry_pause();
-            let needed = retry_in.saturating_add(redlock.node_timeout().saturating_mul(2));
+            let retry_in = client.retry.pause();
+            let needed = retry_in.saturating_add(client.core.node_timeout().saturating_mul(2));
             if failure.is_retryable() && entry.lock.remaining() > needed {
                 tracing::debug!(?failure, "redlock guard extension failed: retrying");
                 let at = entry.due(later(Instant::now(), retry_in));
@@ -336,21 +398,25 @@ fn extended(
                 return None;
             }
             let error = failure.with_attempts(entry.attempts);
-            let lock = redlock.shown_name(entry.lock.name());
+            let lock = client.observe.shown_name(entry.lock.name());
             entry.span.in_scope(|| {
                 tracing::warn!(%lock, %error, "redlock guard lost its lock");
             });
-            Some(finish(redlock, entry, LostReason::ExtendFailed(error)))
+            Some(finish(client, entry, LostReason::ExtendFailed(error)))
         }
     }
 }
 
 /// Signals the loss first (so holders stop at once), then releases what is left.
-fn finish(redlock: &Redlock, entry: Entry, reason: LostReason) -> Work {
+fn finish(client: &Alive, entry: Entry, reason: LostReason) -> Work {
     entry.shared.mark_lost(reason);
-    let redlock = redlock.clone();
+    let client = client.clone();
     Box::pin(async move {
-        redlock.unlock(&entry.lock).await;
+        let release = Release {
+            core: &client.core,
+            waiters: &client.waiters,
+        };
+        release.unlock(client.observe, &entry.lock).await;
         None
     })
 }

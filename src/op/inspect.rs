@@ -1,34 +1,27 @@
-//! Health and inspection: how each node looks from this client right now
-//! ([`Redlock::health`], with a readiness verdict), and what the nodes hold for a name
-//! ([`Redlock::inspect`]; never the lock's value).
+//! Health and inspection: how each node looks from this client right now (with a
+//! readiness verdict), and what the nodes hold for a name (never the lock's value).
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-//! let health = redlock.health().await;
-//! for node in health.nodes() {
-//!     println!("{}: {:?}, round trip {:?}", node.node(), node.status(), node.round_trip());
-//! }
-//! if !health.ready() {
-//!     eprintln!("only {} usable nodes, {} needed", health.usable(), health.quorum());
-//! }
-//! let held = redlock.inspect("invoice:42").await?;
-//! println!("held on {} of {} nodes, fencing number {:?}", held.held_on(), held.nodes(), held.fencing());
-//! # Ok(()) }
+//! ```text
+//! health(core)        PING + INFO on every node, by the node timeout
+//!                     -> Up / Quarantined { remaining, reason } / Down(why); ready = usable >= quorum
+//! inspect(core, name) INSPECT key counter on every node, every answer awaited
+//!                     -> held on k nodes, longest PTTL, highest fencing number, record on m nodes
 //! ```
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 
-use super::Redlock;
+use crate::core::{Core, Fenced};
 use crate::error::{LockError, NodeError, NodeFailure, QuarantineReason};
 use crate::fencing::CounterAt;
+use crate::node::Node;
 use crate::quorum::{NodeMask, later};
-use crate::round::{Plan, Purpose, Round};
+use crate::round::{Nodes, Plan, Purpose};
 use crate::scripts::{Arg, parse_inspect};
 
-/// The state of one node, from [`Redlock::health`].
+/// The state of one node, from a health check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NodeStatus {
@@ -117,7 +110,7 @@ impl Health {
     }
 }
 
-/// What the nodes hold for a name, from [`Redlock::inspect`]. Never the lock's value.
+/// What the nodes hold for a name, from an inspection. Never the lock's value.
 #[derive(Debug, Clone)]
 pub struct Inspection {
     held_on: usize,
@@ -167,76 +160,79 @@ impl Inspection {
     }
 }
 
-impl Redlock {
-    /// Checks every node now (one round trip each, bounded by the per-node timeout): up,
-    /// quarantined or down with the cause, its round-trip time, version and role; and
-    /// whether a quorum is usable ([`Health::ready`]), for a readiness probe.
-    pub async fn health(&self) -> Health {
-        let deadline = later(Instant::now(), self.inner.node_timeout);
-        let nodes = join_all(self.inner.nodes.iter().map(|node| async move {
-            let check = node.check(deadline).await;
-            NodeHealth {
-                node: node.label().to_owned(),
-                status: match check.result {
-                    Err(error) => NodeStatus::Down(error),
-                    Ok(()) => match node.quarantined_for() {
-                        Some((remaining, reason)) => NodeStatus::Quarantined { remaining, reason },
-                        None => NodeStatus::Up,
-                    },
+/// Checks every node of `core` now (one round trip each, bounded by the per-node
+/// timeout): up, quarantined or down with the cause, its round-trip time, version and
+/// role; and whether a quorum is usable ([`Health::ready`]), for a readiness probe.
+pub(crate) async fn health(core: &Core<[Arc<Node>]>) -> Health {
+    let deadline = later(Instant::now(), core.node_timeout());
+    let nodes = join_all(core.nodes().iter().map(|node| async move {
+        let check = node.check(deadline).await;
+        NodeHealth {
+            node: node.label().to_owned(),
+            status: match check.result {
+                Err(error) => NodeStatus::Down(error),
+                Ok(()) => match node.quarantined_for() {
+                    Some((remaining, reason)) => NodeStatus::Quarantined { remaining, reason },
+                    None => NodeStatus::Up,
                 },
-                round_trip: check.round_trip,
-                version: check.version,
-                role: check.role,
-            }
-        }))
-        .await;
-        Health {
-            nodes,
-            quorum: self.quorum(),
+            },
+            round_trip: check.round_trip,
+            version: check.version,
+            role: check.role,
         }
+    }))
+    .await;
+    Health {
+        nodes,
+        quorum: core.quorum(),
     }
+}
 
-    /// What the nodes hold for `name` now: on how many nodes its key exists, the longest
-    /// remaining TTL, the highest fencing number, and whether a completion record is
-    /// stored. The lock's value is never read out. Fails only for an invalid name.
-    pub async fn inspect(&self, name: impl AsRef<[u8]>) -> Result<Inspection, LockError> {
-        let resource = self.resource(name.as_ref(), self.ttl())?;
-        let at = CounterAt::of(&resource);
-        let args = [Arg::Bytes(at.member)];
-        let request = at.inspect(&args);
-        let deadline = later(Instant::now(), self.inner.node_timeout);
-        let mut out = Inspection {
-            held_on: 0,
-            nodes: self.inner.nodes.len(),
-            remaining: None,
-            fencing: None,
-            record_on: 0,
-            failures: Vec::new(),
+/// What `core`'s nodes hold for `name` now: on how many nodes its key exists, the longest
+/// remaining TTL, the highest fencing number, and whether a completion record is stored.
+/// The lock's value is never read out. Fails only for an invalid name.
+/// (`fenced`: the name's checks are those of a fenced acquisition.)
+pub(crate) async fn inspect<N: Nodes + ?Sized>(
+    core: &Core<N>,
+    name: &[u8],
+    fenced: Fenced,
+) -> Result<Inspection, LockError> {
+    let resource = core.resource(name, core.ttl(), fenced)?;
+    let at = CounterAt::of(&resource);
+    let args = [Arg::Bytes(at.member)];
+    let request = at.inspect(&args);
+    let deadline = later(Instant::now(), core.node_timeout());
+    let mut out = Inspection {
+        held_on: 0,
+        nodes: core.node_count(),
+        remaining: None,
+        fencing: None,
+        record_on: 0,
+        failures: Vec::new(),
+    };
+    let plan = Plan {
+        skip: NodeMask::default(),
+        deadline,
+        purpose: Purpose::Everywhere { after: None },
+    };
+    let nodes = core.nodes();
+    let mut round = nodes.send(&request, plan);
+    loop {
+        round.wake_after(round.out());
+        let Some((i, reply)) = round.next().await else {
+            break;
         };
-        let plan = Plan {
-            skip: NodeMask::default(),
-            deadline,
-            purpose: Purpose::Everywhere { after: None },
-        };
-        let nodes = &self.inner.nodes;
-        let mut round = Round::send(nodes, &request, plan);
-        loop {
-            round.wake_after(round.out());
-            let Some((i, reply)) = round.next().await else {
-                break;
-            };
-            match reply.and_then(parse_inspect) {
-                Ok(seen) => {
-                    if seen.held {
-                        out.held_on += 1;
-                        out.remaining = out.remaining.max(seen.pttl);
-                    }
-                    out.record_on += usize::from(seen.record);
-                    out.fencing = out.fencing.max(seen.counter);
+        match reply.and_then(parse_inspect) {
+            Ok(seen) => {
+                if seen.held {
+                    out.held_on += 1;
+                    out.remaining = out.remaining.max(seen.pttl);
                 }
-                Err(error) => out.failures.push(NodeFailure::new(nodes[i].label(), error)),
+                out.record_on += usize::from(seen.record);
+                out.fencing = out.fencing.max(seen.counter);
             }
+            Err(error) => out.failures.push(NodeFailure::new(nodes.label(i), error)),
         }
-        Ok(out)
     }
+    Ok(out)
 }

@@ -1,31 +1,42 @@
-//! Tracing spans of the client's operations: `redlock.acquire`, `redlock.extend` and
-//! `redlock.release`, with the node count, quorum, attempts, elapsed time and outcome.
-//! They never carry the lock's value; the name only when
-//! [`RedlockBuilder::log_lock_names`](crate::RedlockBuilder::log_lock_names) is on,
-//! otherwise a short hash of it (enough to follow one name through the logs).
+//! How the operations are observed: the `redlock.acquire`, `redlock.extend` and
+//! `redlock.release` tracing spans, with the node count, quorum, attempts, elapsed time and
+//! outcome, and the acquisition metrics. They never carry the lock's value; the name only
+//! when the builder's `log_lock_names` is on, otherwise a short hash of it (enough to
+//! follow one name through the logs).
 //!
 //! ```text
 //! redlock.acquire{nodes=5 quorum=3 lock=#5f1c93e0a8d2b417 attempts=1 elapsed_us=412 outcome="acquired"}: close
 //! ```
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"])
-//!     .log_lock_names(true) // names are not secret here: show them in spans and logs
-//!     .build()?;
-//! let lock = redlock.lock("report:2026-11").await?; // inside a `redlock.acquire` span
-//! redlock.unlock(&lock).await;
-//! # Ok(()) }
-//! ```
 
 use std::hash::{Hash, Hasher};
+use std::time::Instant;
 
-use super::Redlock;
+use crate::core::Core;
 
-impl Redlock {
+/// How a client's operations show in spans and logs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Observe {
+    /// Whether spans and logs show lock names (otherwise a hash).
+    log_names: bool,
+}
+
+/// The operations that have spans.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Operation {
+    Acquire,
+    Extend,
+    Release,
+}
+
+impl Observe {
+    /// Spans that show lock names (`log_names`) or a hash of them.
+    pub(crate) fn new(log_names: bool) -> Self {
+        Self { log_names }
+    }
+
     /// How lock `name` appears in spans and logs: the name, or `#` and a hash of it.
-    pub(crate) fn shown_name(&self, name: &[u8]) -> String {
-        if self.inner.log_names {
+    pub(crate) fn shown_name(self, name: &[u8]) -> String {
+        if self.log_names {
             let mut shown = String::from_utf8_lossy(name).into_owned();
             if shown.len() > 64 {
                 let mut cut = 64;
@@ -43,12 +54,17 @@ impl Redlock {
         }
     }
 
-    /// A span for `operation` on lock `name`, with the fields the operation records later
-    /// (`attempts`, `elapsed_us`, `outcome`). The name is only worked out when the span is
-    /// enabled.
-    pub(crate) fn span(&self, operation: Operation, name: &[u8]) -> tracing::Span {
-        let nodes = self.inner.nodes.len();
-        let quorum = self.quorum();
+    /// A span for `operation` on lock `name` over `core`'s nodes, with the fields the
+    /// operation records later (`attempts`, `elapsed_us`, `outcome`). The name is only
+    /// worked out when the span is enabled.
+    pub(crate) fn span<N: ?Sized>(
+        self,
+        core: &Core<N>,
+        operation: Operation,
+        name: &[u8],
+    ) -> tracing::Span {
+        let nodes = core.node_count();
+        let quorum = core.quorum();
         let span = match operation {
             Operation::Acquire => tracing::debug_span!(
                 "redlock.acquire",
@@ -83,15 +99,7 @@ impl Redlock {
     }
 }
 
-/// The operations that have spans.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Operation {
-    Acquire,
-    Extend,
-    Release,
-}
-
 /// Microseconds since `start`, for `elapsed_us`.
-pub(crate) fn elapsed_us(start: std::time::Instant) -> u64 {
+pub(crate) fn elapsed_us(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
 }

@@ -8,14 +8,6 @@
 //! driver       -> inbox.take()        (everything since, when it wakes for its own reasons)
 //! ```
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-//! let guard = redlock.acquire("report").await?; // handed in: the driver is not woken
-//! guard.release().await; // taken back before it was due: the driver never saw it
-//! # Ok(()) }
-//! ```
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

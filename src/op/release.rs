@@ -1,15 +1,13 @@
-//! Releasing: compare-and-delete on every node, and the background release of dropped
-//! locks and attempts.
+//! Releasing: compare-and-delete on every node, the layer's completion record (a
+//! compare-and-set of the lock's value into the record), and what a release in the
+//! background needs.
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use tower_redlock::Redlock;
-//!
-//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-//! let lock = redlock.lock("invoice:42").await?;
-//! let report = redlock.unlock(&lock).await;
-//! println!("released on {}, gone on {}", report.released(), report.not_held());
-//! # Ok(()) }
+//! ```text
+//! Release { core, waiters }.run(&deletion)
+//!   RELEASE key value id -> every node but the foreign ones (after the SET's landing there)
+//!   handed to the connections -> wake this client's first waiter (OnSent)
+//!   a quorum deleted          -> wake it (AtQuorum), or again
+//!   every answer              -> Released { released, not_held, failures }
 //! ```
 
 use std::sync::Arc;
@@ -18,17 +16,19 @@ use std::time::{Duration, Instant};
 use redis::Value;
 use tracing::Instrument;
 
-use super::Redlock;
-use super::spans::{Operation, elapsed_us};
+use super::observe::{Observe, Operation, elapsed_us};
+use crate::core::{Core, ttl_ms};
 use crate::error::{NodeError, NodeFailure};
 use crate::landing::Landing;
 use crate::name::Resource;
+use crate::node::Node;
 use crate::quorum::{NodeMask, later};
-use crate::round::{Plan, Purpose, Round};
+use crate::round::{Nodes, Plan, Purpose};
 use crate::scripts::{Arg, COMPLETE_SCRIPT, Deleted, Invocation, Request, parse_deleted};
 use crate::token::Lock;
+use crate::waiters::Waiters;
 
-/// The outcome of [`Redlock::unlock`]: on how many nodes our key was deleted.
+/// The outcome of an unlock: on how many nodes our key was deleted.
 ///
 /// Releasing never deletes a key that holds another client's value; a lock that already
 /// expired simply counts as not held.
@@ -109,28 +109,41 @@ impl Deletion {
     }
 }
 
-impl Redlock {
-    /// Releases `lock` on every node (see [`Redlock::unlock`]).
-    pub(super) async fn release(&self, lock: &Lock) -> Released {
-        let span = self.span(Operation::Release, lock.name());
+/// Who runs a release in the background when an operation's future is dropped: the
+/// client, which owns what such a task needs. Never blocks.
+pub(crate) trait Background {
+    /// Spawns `deletion`, if a tokio runtime is running; otherwise the keys expire at the
+    /// end of their TTL.
+    fn release_in_background(&self, deletion: Deletion);
+}
+
+/// The release operation: compare-and-delete over `core`'s nodes, waking `waiters`.
+pub(crate) struct Release<'a, N: ?Sized = [Arc<Node>]> {
+    pub(crate) core: &'a Core<N>,
+    pub(crate) waiters: &'a Waiters,
+}
+
+impl<N: Nodes + ?Sized> Release<'_, N> {
+    /// Releases `lock` on every node in a `redlock.release` span, as an unlock does.
+    pub(crate) async fn unlock(&self, observe: Observe, lock: &Lock) -> Released {
+        let span = observe.span(self.core, Operation::Release, lock.name());
         let start = Instant::now();
-        let out = self.release_lock(lock).instrument(span.clone()).await;
+        let release = async {
+            let out = self.run(&Deletion::of(lock, Wake::OnSent)).await;
+            tracing::debug!(
+                released = out.released,
+                not_held = out.not_held,
+                failed = out.failures.len(),
+                "redlock released"
+            );
+            out
+        };
+        let out = release.instrument(span.clone()).await;
         crate::metrics::released(lock.acquired_at.elapsed().as_secs_f64());
         if !span.is_disabled() {
             span.record("released", out.released);
             span.record("elapsed_us", elapsed_us(start));
         }
-        out
-    }
-
-    async fn release_lock(&self, lock: &Lock) -> Released {
-        let out = self.release_key(&Deletion::of(lock, Wake::OnSent)).await;
-        tracing::debug!(
-            released = out.released,
-            not_held = out.not_held,
-            failed = out.failures.len(),
-            "redlock released"
-        );
         out
     }
 
@@ -140,16 +153,16 @@ impl Redlock {
     /// bounded by the per-node timeout, or the TTL if shorter). On a node where the
     /// acquisition is still landing, the delete waits for it, so it cannot overtake the
     /// `SET`. This client's first waiter for the key is woken as the deletion says.
-    pub(super) async fn release_key(&self, deletion: &Deletion) -> Released {
+    pub(crate) async fn run(&self, deletion: &Deletion) -> Released {
         // Counted until its nodes answered, for `shutdown`.
-        let _running = self.inner.lifecycle.release_running();
+        let _running = self.core.release_running();
         let key = &*deletion.resource.key;
         let request = Request::Release {
             key,
             value: deletion.value.as_bytes(),
-            id: self.inner.waiters.id(),
+            id: self.waiters.id(),
         };
-        let deadline = later(Instant::now(), self.inner.node_timeout.min(deletion.ttl));
+        let deadline = later(Instant::now(), self.core.node_timeout().min(deletion.ttl));
         let plan = Plan {
             skip: deletion.foreign,
             deadline,
@@ -157,14 +170,13 @@ impl Redlock {
                 after: deletion.landing.as_ref(),
             },
         };
-        let nodes = &self.inner.nodes;
-        let mut round = Round::send(nodes, &request, plan);
+        let mut round = self.core.nodes().send(&request, plan);
         let mut out = Released {
             released: 0,
             not_held: deletion.foreign.len(),
             failures: Vec::new(),
         };
-        let waiters = &self.inner.waiters;
+        let waiters = self.waiters;
         // Every call has been polled once, so each has handed its delete to its node's
         // connection unless it waits (for a connection, or for the landing): a `SET` this
         // client sends to a node afterwards runs after it there.
@@ -175,7 +187,7 @@ impl Redlock {
             Wake::OnSent => waiters.wake(key),
             Wake::AtQuorum => None,
         };
-        let quorum = self.quorum();
+        let quorum = self.core.quorum();
         // A release woken as sent does not wake again for a quorum reached by then.
         let mut told = deletion.wake == Wake::OnSent && out.released >= quorum;
         loop {
@@ -201,90 +213,71 @@ impl Redlock {
 
     /// Counts node `i`'s answer to a release in `out`.
     fn count_deleted(&self, out: &mut Released, i: usize, reply: Result<Value, NodeError>) {
-        match reply.and_then(|reply| self.deleted(i, reply)) {
+        let nodes = self.core.nodes();
+        match reply.and_then(|reply| deleted(nodes, i, reply)) {
             Ok(true) => out.released += 1,
             Ok(false) => out.not_held += 1,
-            Err(error) => out
-                .failures
-                .push(NodeFailure::new(self.inner.nodes[i].label(), error)),
+            Err(error) => out.failures.push(NodeFailure::new(nodes.label(i), error)),
         }
     }
+}
 
-    /// Replaces `lock`'s value with `record` for `retention` on every node where the lock
-    /// is still ours (the layer's completion record); returns on how many nodes.
-    pub(crate) async fn complete(&self, lock: &Lock, record: &[u8], retention: Duration) -> usize {
-        let args = [
-            Arg::Bytes(lock.value().as_bytes()),
-            Arg::Bytes(record),
-            Arg::Int(super::ttl_ms(retention)),
-        ];
-        let request = Request::Script(Invocation {
-            script: &COMPLETE_SCRIPT,
-            keys: &[lock.key()],
-            args: &args,
-        });
-        let plan = Plan {
-            skip: lock.foreign,
-            deadline: later(Instant::now(), self.inner.node_timeout),
-            // On the nodes where the acquisition lands late, too.
-            purpose: Purpose::Everywhere {
-                after: lock.landing.as_ref(),
-            },
+/// Replaces `lock`'s value with `record` for `retention` on every node of `core` where the
+/// lock is still ours (the layer's completion record); returns on how many nodes.
+pub(crate) async fn complete<N: Nodes + ?Sized>(
+    core: &Core<N>,
+    lock: &Lock,
+    record: &[u8],
+    retention: Duration,
+) -> usize {
+    let args = [
+        Arg::Bytes(lock.value().as_bytes()),
+        Arg::Bytes(record),
+        Arg::Int(ttl_ms(retention)),
+    ];
+    let request = Request::Script(Invocation {
+        script: &COMPLETE_SCRIPT,
+        keys: &[lock.key()],
+        args: &args,
+    });
+    let plan = Plan {
+        skip: lock.foreign,
+        deadline: later(Instant::now(), core.node_timeout()),
+        // On the nodes where the acquisition lands late, too.
+        purpose: Purpose::Everywhere {
+            after: lock.landing.as_ref(),
+        },
+    };
+    let nodes = core.nodes();
+    let mut round = nodes.send(&request, plan);
+    let mut stored = 0;
+    loop {
+        round.wake_after(round.out());
+        let Some((i, reply)) = round.next().await else {
+            return stored;
         };
-        let mut round = Round::send(&self.inner.nodes, &request, plan);
-        let mut stored = 0;
-        loop {
-            round.wake_after(round.out());
-            let Some((i, reply)) = round.next().await else {
-                return stored;
-            };
-            match reply.and_then(|reply| self.deleted(i, reply)) {
-                Ok(true) => stored += 1,
-                Ok(false) => {}
-                Err(error) => tracing::debug!(
-                    node = %self.inner.nodes[i].label(),
-                    %error,
-                    "redlock completion record not stored on a node"
-                ),
-            }
+        match reply.and_then(|reply| deleted(nodes, i, reply)) {
+            Ok(true) => stored += 1,
+            Ok(false) => {}
+            Err(error) => tracing::debug!(
+                node = %nodes.label(i),
+                %error,
+                "redlock completion record not stored on a node"
+            ),
         }
     }
+}
 
-    /// Whether node `i` did what a [`RELEASE`](crate::scripts) or completion asked (the key
-    /// held our value). A refused `PUBLISH` does not undo that: the node is only noted as
-    /// one whose waiters are not told (see [`Node::notifications_refused`]).
-    ///
-    /// [`Node::notifications_refused`]: crate::node::Node::notifications_refused
-    fn deleted(&self, i: usize, reply: Value) -> Result<bool, NodeError> {
-        Ok(match parse_deleted(reply)? {
-            Deleted::NotHeld => false,
-            Deleted::Told => true,
-            Deleted::Untold(message) => {
-                if let Some(node) = self.inner.nodes.get(i) {
-                    node.notifications_refused(&message);
-                }
-                true
-            }
-        })
-    }
-
-    /// Spawns `deletion` (see [`release_key`](Self::release_key)), if a tokio runtime is
-    /// running; otherwise the keys expire at the end of their TTL. Never blocks.
-    pub(crate) fn release_in_background(&self, deletion: Deletion) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                let redlock = self.clone();
-                // The release carries the span of the code that dropped the lock.
-                let span = redlock.span(Operation::Release, &deletion.resource.name);
-                // Counted from now, before the task runs, for `shutdown`.
-                let running = self.inner.lifecycle.release_running();
-                let release = async move {
-                    redlock.release_key(&deletion).await;
-                    drop(running);
-                };
-                handle.spawn(release.instrument(span));
-            }
-            Err(_) => tracing::debug!("no tokio runtime: the lock will expire at its TTL"),
+/// Whether node `i` did what a [`RELEASE`](crate::scripts) or completion asked (the key
+/// held our value). A refused `PUBLISH` does not undo that: the node is only noted as
+/// one whose waiters are not told (see [`Node::notifications_refused`]).
+fn deleted<N: Nodes + ?Sized>(nodes: &N, i: usize, reply: Value) -> Result<bool, NodeError> {
+    Ok(match parse_deleted(reply)? {
+        Deleted::NotHeld => false,
+        Deleted::Told => true,
+        Deleted::Untold(message) => {
+            nodes.notifications_refused(i, &message);
+            true
         }
-    }
+    })
 }

@@ -1,0 +1,444 @@
+//! One attempt of [`Acquire`] over fake nodes, whose answers each test scripts round by
+//! round (a reply, a late reply, or none: the call times out at the round's deadline):
+//! held, busy, no quorum, a completion record a quorum agrees on (or not), validity
+//! exhausted, and fencing's phase 2. The releases of a missed attempt are answered by
+//! every node. Time is tokio's paused clock, except where validity must really run out.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::task::{Context, Poll};
+
+use super::*;
+use crate::core::{KeySpace, Timing};
+use crate::landing::LandingState;
+use crate::name::CounterSets;
+use crate::node::clocks::NodeClocks;
+use crate::round::InFlight;
+use crate::scripts::{FENCE_SCRIPT, INSPECT_SCRIPT, RECORD_MARKER};
+
+/// One node's answer in a scripted round.
+#[derive(Clone)]
+enum Answer {
+    /// At once.
+    Now(Value),
+    /// After this long (real time).
+    Late(Duration, Value),
+    /// A failure, at once.
+    Fails,
+    /// Never: the call times out at the deadline.
+    Silent,
+}
+
+/// A call that answers as scripted.
+struct FakeCall {
+    index: usize,
+    answer: Option<Result<Value, NodeError>>,
+    delay: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Future for FakeCall {
+    type Output = Result<Value, NodeError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some(delay) = self.delay.as_mut() {
+            if delay.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.delay = None;
+        }
+        match self.answer.take() {
+            Some(answer) => Poll::Ready(answer),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl InFlight for FakeCall {
+    fn index(&self) -> usize {
+        self.index
+    }
+
+    fn holds_turn(&self) -> bool {
+        false
+    }
+
+    fn timed_out(&self, _sent_at: Instant) {}
+}
+
+/// Nodes whose rounds answer from a script (a release: every node deletes), and what each
+/// round sent.
+struct FakeNodes {
+    labels: Vec<String>,
+    rounds: Mutex<VecDeque<Vec<Answer>>>,
+    sent: Mutex<Vec<(String, NodeMask)>>,
+}
+
+impl FakeNodes {
+    fn sent(&self) -> Vec<String> {
+        self.sent
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+/// What kind of request this is, as the tests name it.
+fn kind(request: &Request<'_>) -> String {
+    match request {
+        Request::SetNx { .. } => "set".into(),
+        Request::FencedSetNx { .. } => "fenced set".into(),
+        Request::Release { .. } => "release".into(),
+        Request::Script(inv) if inv.script.sha == FENCE_SCRIPT.sha => "fence".into(),
+        Request::Script(inv) if inv.script.sha == INSPECT_SCRIPT.sha => "read".into(),
+        Request::Script(inv) if inv.script.sha == ACQUIRE_OR_REPLAY_SCRIPT.sha => {
+            "set or replay".into()
+        }
+        Request::Script(_) => "script".into(),
+    }
+}
+
+impl Nodes for FakeNodes {
+    type Call = FakeCall;
+
+    fn count(&self) -> usize {
+        self.labels.len()
+    }
+
+    fn label(&self, i: usize) -> &str {
+        &self.labels[i]
+    }
+
+    fn send(&self, request: &Request<'_>, plan: Plan<'_>) -> Round<FakeCall> {
+        let n = self.labels.len();
+        let kind = kind(request);
+        self.sent.lock().unwrap().push((kind.clone(), plan.skip));
+        let answers = if kind == "release" {
+            vec![Answer::Now(Value::Int(1)); n]
+        } else {
+            self.rounds
+                .lock()
+                .unwrap()
+                .pop_front()
+                .expect("a scripted round")
+        };
+        let calls = (0..n)
+            .filter(|i| !plan.skip.contains(*i))
+            .map(|index| {
+                let (answer, delay) = match answers[index].clone() {
+                    Answer::Now(v) => (Some(Ok(v)), None),
+                    Answer::Late(d, v) => (Some(Ok(v)), Some(Box::pin(tokio::time::sleep(d)))),
+                    Answer::Fails => (Some(Err(NodeError::Connection("refused".into()))), None),
+                    Answer::Silent => (None, None),
+                };
+                FakeCall {
+                    index,
+                    answer,
+                    delay,
+                }
+            })
+            .collect();
+        let landing = matches!(plan.purpose, Purpose::Decide)
+            .then(|| LandingState::new(NodeMask::matching(n, |i| !plan.skip.contains(i))));
+        Round::of(calls, plan.deadline, landing)
+    }
+
+    fn notifications_refused(&self, _i: usize, _message: &str) {}
+
+    async fn settle(&self, _enough: impl Fn() -> bool + Send) {}
+}
+
+/// Counts the releases handed to the background.
+#[derive(Default)]
+struct Spawned(Mutex<usize>);
+
+impl Background for Spawned {
+    fn release_in_background(&self, _deletion: Deletion) {
+        *self.0.lock().unwrap() += 1;
+    }
+}
+
+/// A core over 3 fake nodes answering `rounds`, a TTL of 1 s and a node timeout of 50 ms.
+struct Setup {
+    core: Core<FakeNodes>,
+    fencing: Fencing,
+    waiters: Arc<Waiters>,
+    spawned: Spawned,
+}
+
+impl Setup {
+    fn new(rounds: Vec<Vec<Answer>>) -> Self {
+        Self::with_min_validity(rounds, Duration::ZERO)
+    }
+
+    fn with_min_validity(rounds: Vec<Vec<Answer>>, min_validity: Duration) -> Self {
+        let n = 3;
+        let nodes = FakeNodes {
+            labels: (0..n).map(|i| format!("node{i}:6379")).collect(),
+            rounds: Mutex::new(rounds.into()),
+            sent: Mutex::new(Vec::new()),
+        };
+        let timing = Timing {
+            ttl: Duration::from_secs(1),
+            node_timeout: Duration::from_millis(50),
+            drift_factor: 0.01,
+            min_validity,
+            fencing_retention: Duration::from_secs(3600),
+        };
+        let keys = KeySpace {
+            prefix: b"test:".to_vec(),
+            counter_sets: CounterSets::One,
+        };
+        let core = Core::new(
+            (Box::new(nodes), n),
+            timing,
+            keys,
+            Arc::new(AtomicU64::new(0)),
+        );
+        let clocks = Arc::new(NodeClocks::new(n, Duration::from_secs(10)));
+        Self {
+            core,
+            fencing: Fencing::new(Clock::new(clocks), 5_400_000),
+            waiters: Waiters::new(n, 2),
+            spawned: Spawned::default(),
+        }
+    }
+
+    async fn attempt(&self, accepts: Accepts, fenced: Fenced) -> Attempt {
+        let ttl = self.core.ttl();
+        let target = self.core.target(b"job", ttl, accepts, fenced).unwrap();
+        let acquire = Acquire {
+            core: &self.core,
+            fencing: &self.fencing,
+            waiters: &self.waiters,
+            background: &self.spawned,
+        };
+        acquire.attempt(&target, None, 1).await
+    }
+
+    fn sent(&self) -> Vec<String> {
+        self.core.nodes().sent()
+    }
+
+    /// The nodes the `k`th round skipped.
+    fn skipped(&self, k: usize) -> NodeMask {
+        self.core.nodes().sent.lock().unwrap()[k].1
+    }
+}
+
+use crate::fencing::Clock;
+
+fn won() -> Answer {
+    Answer::Now(Value::Okay)
+}
+
+/// Another client holds the key for 500 ms more.
+fn held() -> Answer {
+    Answer::Now(Value::Array(vec![
+        Value::Int(0),
+        Value::Int(500),
+        Value::Int(0),
+    ]))
+}
+
+fn record(body: &[u8]) -> Answer {
+    let mut bytes = RECORD_MARKER.to_vec();
+    bytes.extend_from_slice(body);
+    Answer::Now(Value::Array(vec![Value::Int(2), Value::BulkString(bytes)]))
+}
+
+/// A fenced `SET` that won, the node accepting the proposal or not.
+fn fenced_won(accepted: bool) -> Answer {
+    Answer::Now(Value::Array(vec![
+        Value::Okay,
+        Value::Int(i64::from(accepted)),
+    ]))
+}
+
+/// A counter read: the key held (ours), the counter at `counter`.
+fn counter(counter: u64) -> Answer {
+    Answer::Now(Value::Array(vec![
+        Value::Int(1),
+        Value::Int(900),
+        Value::BulkString(counter.to_string().into_bytes()),
+    ]))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quorum_holds_the_lock_and_nothing_is_released() {
+    let s = Setup::new(vec![vec![won(), won(), Answer::Silent]]);
+    let Attempt::Held(lock) = s.attempt(Accepts::Lock, Fenced::No).await else {
+        panic!("held")
+    };
+    assert_eq!(lock.attempts, 1);
+    assert_eq!(lock.fencing_token(), None);
+    assert!(lock.valid_until > Instant::now());
+    assert_eq!(s.sent(), ["set"]);
+    assert_eq!(*s.spawned.0.lock().unwrap(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn busy_when_another_client_holds_a_quorum_and_the_release_skips_its_nodes() {
+    let s = Setup::new(vec![vec![won(), held(), held()]]);
+    let Attempt::Missed { error, by_others } = s.attempt(Accepts::Lock, Fenced::No).await else {
+        panic!("missed")
+    };
+    assert!(by_others);
+    let LockError::Busy {
+        held_elsewhere,
+        retry_after,
+        ..
+    } = error
+    else {
+        panic!("busy: {error:?}")
+    };
+    assert_eq!(held_elsewhere, 2);
+    assert_eq!(retry_after, Some(Duration::from_millis(500)));
+    assert_eq!(s.sent(), ["set", "release"]);
+    let skipped = s.skipped(1);
+    assert!(!skipped.contains(0) && skipped.contains(1) && skipped.contains(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_quorum_when_nodes_fail_or_stay_silent_and_every_node_is_released() {
+    let s = Setup::new(vec![vec![won(), Answer::Fails, Answer::Silent]]);
+    let Attempt::Missed { error, by_others } = s.attempt(Accepts::Lock, Fenced::No).await else {
+        panic!("missed")
+    };
+    assert!(!by_others);
+    assert!(matches!(error, LockError::NoQuorum { .. }), "{error:?}");
+    assert_eq!(s.sent(), ["set", "release"]);
+    assert_eq!(s.skipped(1).len(), 0, "released everywhere");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_a_quorum_agrees_on_is_replayed() {
+    let s = Setup::new(vec![vec![record(b"a"), won(), record(b"a")]]);
+    let Attempt::Record(RecordBytes(bytes)) = s.attempt(Accepts::LockOrRecord, Fenced::No).await
+    else {
+        panic!("record")
+    };
+    assert!(bytes.ends_with(b"a"));
+    assert_eq!(s.sent(), ["set or replay", "release"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_that_differ_are_never_replayed() {
+    let s = Setup::new(vec![vec![record(b"a"), won(), record(b"b")]]);
+    let attempt = s.attempt(Accepts::LockOrRecord, Fenced::No).await;
+    let Attempt::Missed { error, .. } = attempt else {
+        panic!("missed: {attempt:?}")
+    };
+    assert!(matches!(error, LockError::Busy { .. }), "{error:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_makes_the_name_busy_for_a_lock_only_acquisition() {
+    let s = Setup::new(vec![vec![record(b"a"), record(b"a"), won()]]);
+    let Attempt::Missed { error, by_others } = s.attempt(Accepts::Lock, Fenced::No).await else {
+        panic!("missed")
+    };
+    assert!(by_others);
+    assert!(matches!(error, LockError::Busy { .. }), "{error:?}");
+}
+
+#[tokio::test]
+async fn a_quorum_that_came_too_late_leaves_no_validity() {
+    // 1 s TTL, 12 ms drift: a minimum validity of 950 ms leaves 38 ms for the round.
+    let late = |v| Answer::Late(Duration::from_millis(40), v);
+    let rounds = vec![vec![
+        late(Value::Okay),
+        late(Value::Okay),
+        late(Value::Okay),
+    ]];
+    let s = Setup::with_min_validity(rounds, Duration::from_millis(950));
+    let Attempt::Missed { error, .. } = s.attempt(Accepts::Lock, Fenced::No).await else {
+        panic!("missed")
+    };
+    assert!(
+        matches!(error, LockError::ValidityExhausted { .. }),
+        "{error:?}"
+    );
+    assert_eq!(s.sent(), ["set", "release"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_proposal_a_quorum_accepted_is_the_number_in_one_round() {
+    let s = Setup::new(vec![vec![
+        fenced_won(true),
+        fenced_won(true),
+        Answer::Silent,
+    ]]);
+    let Attempt::Held(lock) = s.attempt(Accepts::Lock, Fenced::Yes).await else {
+        panic!("held")
+    };
+    assert!(lock.fencing_token().is_some());
+    assert_eq!(s.sent(), ["fenced set"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn phase_two_raises_the_counters_above_the_highest_read() {
+    let far = 1 << 52;
+    let s = Setup::new(vec![
+        vec![fenced_won(false), fenced_won(false), fenced_won(true)],
+        vec![counter(far), counter(7), counter(3)],
+        vec![
+            Answer::Now(Value::Int(1)),
+            Answer::Now(Value::Int(1)),
+            Answer::Silent,
+        ],
+    ]);
+    let Attempt::Held(lock) = s.attempt(Accepts::Lock, Fenced::Yes).await else {
+        panic!("held")
+    };
+    assert_eq!(lock.fencing_token(), Some(far + 1));
+    assert_eq!(s.sent(), ["fenced set", "read", "fence"]);
+    assert!(
+        s.fencing.clock().propose() > far,
+        "the clock saw the number"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn phase_two_without_a_quorum_misses_and_releases() {
+    let s = Setup::new(vec![
+        vec![fenced_won(false), fenced_won(false), fenced_won(false)],
+        vec![counter(1), counter(2), counter(3)],
+        vec![
+            Answer::Now(Value::Int(0)),
+            Answer::Now(Value::Int(0)),
+            Answer::Fails,
+        ],
+    ]);
+    let Attempt::Missed { error, .. } = s.attempt(Accepts::Lock, Fenced::Yes).await else {
+        panic!("missed")
+    };
+    assert!(matches!(error, LockError::NoQuorum { .. }), "{error:?}");
+    assert_eq!(s.sent(), ["fenced set", "read", "fence", "release"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_attempt_releases_in_the_background() {
+    let s = Setup::new(vec![vec![Answer::Silent, Answer::Silent, Answer::Silent]]);
+    let attempt = s.attempt(Accepts::Lock, Fenced::No);
+    // Dropped while its SETs are out.
+    let cut = tokio::time::timeout(Duration::from_millis(10), attempt).await;
+    assert!(cut.is_err());
+    assert_eq!(*s.spawned.0.lock().unwrap(), 1);
+}
+
+#[test]
+fn only_a_record_a_quorum_agrees_on_is_replayed() {
+    let (a, b) = (b"#record\na".to_vec(), b"#record\nb".to_vec());
+    assert_eq!(agreed_record(vec![a.clone(), b.clone()], 2), None);
+    assert_eq!(agreed_record(vec![a.clone()], 2), None);
+    assert_eq!(
+        agreed_record(vec![b.clone(), a.clone(), a.clone()], 2),
+        Some(a.clone())
+    );
+    assert_eq!(agreed_record(vec![a.clone()], 1), Some(a));
+    assert_eq!(agreed_record(Vec::new(), 1), None);
+}
