@@ -44,6 +44,7 @@ pub(crate) mod clocks;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod connect;
+mod handshake;
 mod identity;
 mod renewals;
 mod resp;

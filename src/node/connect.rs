@@ -21,10 +21,10 @@ use futures_util::FutureExt;
 use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::time::timeout_at;
 
+use super::handshake::{evicting_policy, handshake_pipe, info_field};
 use super::identity::{PromotionMarker, Role, ServerInfo, quarantine_for};
 use super::{BACKOFF_MAX, BACKOFF_MIN, Conn, Connector, Link, Node, NodeState, Owner, wire};
 use crate::error::NodeError;
-use crate::scripts;
 
 /// A connection just opened, and what its server said of itself.
 pub(super) struct Opened {
@@ -484,42 +484,6 @@ fn refusal(opened: &Opened) -> Option<NodeError> {
     }
 }
 
-/// The commands of a handshake, in one pipeline: `INFO server` and `INFO replication`
-/// feed the restart quarantine (see the `identity` module), the role check, the
-/// same-server check and the node's clock estimate (`server_time_usec`; see
-/// `node::clocks::NodeClocks`); a user that may not run them can still lock with the quarantine
-/// off. `INFO memory` tells the eviction policy (see [`evicting_policy`]); a server that
-/// refuses it is simply not checked. Then `SCRIPT LOAD` of every script.
-fn handshake_pipe() -> redis::Pipeline {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors().cmd("INFO").arg("server");
-    pipe.cmd("INFO").arg("replication");
-    pipe.cmd("INFO").arg("memory");
-    for s in scripts::all() {
-        pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
-    }
-    pipe
-}
-
-/// The value of `field` in an `INFO` reply.
-fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
-    info.lines()
-        .find_map(|l| l.trim_end().strip_prefix(field)?.strip_prefix(':'))
-}
-
-/// The eviction policy of a server whose `INFO memory` is `memory`, if it may evict keys:
-/// a `maxmemory-policy` other than `noeviction` with a memory limit (`maxmemory` not 0;
-/// a reply without one counts as a limit). Lock keys and fencing counters must stay until
-/// they expire: an evicted lock key lets a second client take a lock that is still held;
-/// an evicted counter leaves the next fencing number to a client's clock alone, which
-/// may be behind the lost one. The `volatile-*` policies evict keys with a TTL, which is
-/// every key of ours. Without a limit (`maxmemory 0`, the default) nothing is evicted.
-pub(crate) fn evicting_policy(memory: &str) -> Option<&str> {
-    let policy = info_field(memory, "maxmemory_policy").filter(|p| *p != "noeviction")?;
-    let unlimited = info_field(memory, "maxmemory").is_some_and(|m| m == "0");
-    (!unlimited).then_some(policy)
-}
-
 /// The message of a panic payload.
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
     payload
@@ -527,36 +491,4 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_policy_that_evicts_under_a_memory_limit_evicts() {
-        let memory = |max: &str, policy: &str| {
-            format!(
-                "# Memory\r\nused_memory:1000\r\nmaxmemory:{max}\r\nmaxmemory_human:x\r\n\
-                 maxmemory_policy:{policy}\r\n"
-            )
-        };
-        assert_eq!(
-            evicting_policy(&memory("104857600", "volatile-lru")),
-            Some("volatile-lru")
-        );
-        assert_eq!(
-            evicting_policy(&memory("1", "allkeys-lfu")),
-            Some("allkeys-lfu")
-        );
-        assert_eq!(evicting_policy(&memory("104857600", "noeviction")), None);
-        assert_eq!(evicting_policy(&memory("0", "volatile-lru")), None);
-        assert_eq!(
-            evicting_policy("maxmemory_policy:volatile-ttl\r\n"),
-            Some("volatile-ttl"),
-            "no maxmemory line: counts as a limit"
-        );
-        assert_eq!(evicting_policy("maxmemory:100\r\n"), None, "no policy");
-        assert_eq!(evicting_policy(""), None);
-    }
 }

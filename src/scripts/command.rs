@@ -22,11 +22,9 @@ use std::sync::OnceLock;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
 
-use super::lua::{
-    HELD_OR_RECORD_SCRIPT, HOLDER_TTL_SCRIPT, RELEASE_MANY_SCRIPT, RELEASE_SCRIPT, Script,
-};
+use super::lua::{HELD_OR_RECORD_SCRIPT, HOLDER_TTL_SCRIPT, RELEASE_SCRIPT, Script};
 use super::pack::{Packer, Words};
-use super::reply::key_answer;
+use super::run::{eval_instead, no_script, run_script};
 
 /// One argument of a script call.
 #[derive(Clone, Copy)]
@@ -335,7 +333,7 @@ impl Call {
     }
 
     /// A release's key, value and client id.
-    fn release(&self) -> Option<[&[u8]; 3]> {
+    pub(super) fn release(&self) -> Option<[&[u8]; 3]> {
         match self.kind {
             CallKind::Release { key, value, id } => {
                 Some([self.word(key), self.word(value), self.word(id)])
@@ -418,76 +416,6 @@ impl Call {
         };
         run_script(&holder.cmd(), script, conn).await
     }
-}
-
-/// Runs the [`RELEASE`](super::lua::RELEASE)s `calls` (all of one client) as one [`RELEASE_MANY`](super::lua::RELEASE_MANY) on `conn`:
-/// one answer per call, in order, each as the call alone would have had it.
-pub(crate) async fn release_many<C: ConnectionLike>(
-    calls: &[impl std::ops::Deref<Target = Call>],
-    conn: &mut C,
-) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
-    // Each call's key, value and client id (a call that is not a release has none: it
-    // gets the answer of an empty key, 0).
-    let releases: Vec<[&[u8]; 3]> = calls
-        .iter()
-        .map(|call| call.release().unwrap_or_default())
-        .collect();
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(RELEASE_MANY_SCRIPT.sha.as_str()).arg(calls.len());
-    for [key, _, _] in &releases {
-        cmd.arg(*key);
-    }
-    for [_, value, _] in &releases {
-        cmd.arg(*value);
-    }
-    cmd.arg(releases.first().map_or(&[][..], |[_, _, id]| id));
-    let reply = run_script(&cmd, &RELEASE_MANY_SCRIPT, conn).await?;
-    match reply {
-        Value::Array(answers) if answers.len() == calls.len() => {
-            Ok(answers.into_iter().map(key_answer).collect())
-        }
-        other => Err(redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "unexpected reply to the batched release script",
-            format!("{other:?}"),
-        ))),
-    }
-}
-
-/// Runs `by_sha` (the `EVALSHA` of `script`), falling back to `EVAL` with the same keys
-/// and arguments when the node answers `NOSCRIPT`.
-async fn run_script<C: ConnectionLike>(
-    by_sha: &Cmd,
-    script: &Script,
-    conn: &mut C,
-) -> redis::RedisResult<Value> {
-    match by_sha.query_async::<Value>(conn).await {
-        Err(e) if no_script(&e) => eval_instead(by_sha, script, conn).await,
-        other => other,
-    }
-}
-
-/// Whether the node no longer has the script (its cache was flushed): `NOSCRIPT`.
-fn no_script(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-}
-
-/// `by_sha` (the `EVALSHA` of `script`) sent again as `EVAL`, with the same keys and
-/// arguments; this also caches the script on the node again.
-async fn eval_instead<C: ConnectionLike>(
-    by_sha: &Cmd,
-    script: &Script,
-    conn: &mut C,
-) -> redis::RedisResult<Value> {
-    // The keys and arguments are those after `EVALSHA sha`.
-    let mut eval = redis::cmd("EVAL");
-    eval.arg(script.code);
-    for arg in by_sha.args_iter().skip(2) {
-        if let redis::Arg::Simple(bytes) = arg {
-            eval.arg(bytes);
-        }
-    }
-    eval.query_async::<Value>(conn).await
 }
 
 impl Invocation<'_> {

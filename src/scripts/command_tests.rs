@@ -2,6 +2,7 @@
 //! batched release.
 
 use super::*;
+use crate::scripts::lua::RELEASE_MANY_SCRIPT;
 
 /// Commands are packed as redis-rs packs them, also binary keys and `u64::MAX`, and
 /// keep their typed fields: a `SET NX PX`'s key and value, a release's key, value and

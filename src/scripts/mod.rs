@@ -14,13 +14,16 @@
 mod command;
 mod lua;
 mod pack;
+mod release_many;
 mod reply;
+mod run;
 
-pub(crate) use command::{Arg, Call, Invocation, Renewal, Request, release_many};
+pub(crate) use command::{Arg, Call, Invocation, Renewal, Request};
 pub(crate) use lua::{
     ACQUIRE_OR_REPLAY_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT, INSPECT_SCRIPT,
     RECORD_MARKER, all,
 };
+pub(crate) use release_many::release_many;
 pub(crate) use reply::{
     AcquireReply, Deleted, FenceRead, MAX_NUMBER, parse_acquire, parse_deleted, parse_flag,
     parse_inspect,

@@ -18,6 +18,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::InMemoryLock;
@@ -71,20 +72,7 @@ impl InMemoryLock {
         replay: bool,
         attempts: u32,
     ) -> Result<Attempted, LockError> {
-        if ttl.as_millis() == 0 {
-            return Err(LockError::Config(ConfigError::ZeroTtl));
-        }
-        if ttl > MAX_TTL {
-            return Err(LockError::Config(ConfigError::TtlTooLong { ttl }));
-        }
-        let keys = keys_for(b"", name, CounterSets::One)?;
-        if self
-            .state
-            .unavailable
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            return Err(Failure::Unavailable.error(attempts, None));
-        }
+        let resource = self.checked(name, ttl, attempts)?;
         match self.state.names.next_failure(name) {
             Some(Failure::Busy) => {
                 return Ok(Attempted::Busy {
@@ -119,13 +107,7 @@ impl InMemoryLock {
             }
         };
         Ok(Attempted::Done(Acquired::Lock(Lock {
-            resource: Arc::new(Resource {
-                name: name.into(),
-                key: keys.lock.into(),
-                counter_key: keys.counter.into(),
-                counter_member: keys.member.into(),
-                counter_set: keys.set,
-            }),
+            resource,
             value,
             started: now,
             acquired_at: now,
@@ -136,6 +118,33 @@ impl InMemoryLock {
             foreign: NodeMask::default(),
             landing: None,
         })))
+    }
+
+    /// What the client checks before it sends anything (the TTL, the name), and whether
+    /// a test made every acquisition unavailable: the name's keys.
+    fn checked(
+        &self,
+        name: &[u8],
+        ttl: Duration,
+        attempts: u32,
+    ) -> Result<Arc<Resource>, LockError> {
+        if ttl.as_millis() == 0 {
+            return Err(LockError::Config(ConfigError::ZeroTtl));
+        }
+        if ttl > MAX_TTL {
+            return Err(LockError::Config(ConfigError::TtlTooLong { ttl }));
+        }
+        let keys = keys_for(b"", name, CounterSets::One)?;
+        if self.state.unavailable.load(Ordering::Relaxed) {
+            return Err(Failure::Unavailable.error(attempts, None));
+        }
+        Ok(Arc::new(Resource {
+            name: name.into(),
+            key: keys.lock.into(),
+            counter_key: keys.counter.into(),
+            counter_member: keys.member.into(),
+            counter_set: keys.set,
+        }))
     }
 
     /// Tells waiters that a name may be free.
