@@ -51,6 +51,17 @@ mod resp;
 mod wire;
 
 pub(crate) use call::{NodeCall, Sending};
+
+/// Whether a node's restart quarantine applies to a call: it does to the calls that decide
+/// an acquisition or an extension (a quarantined node refuses them at once, and a cluster
+/// node notes where each ran); releases, records and checks go to the node anyway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Quarantine {
+    /// The call decides: a quarantined node refuses it.
+    Applies,
+    /// The call goes to the node whatever its quarantine.
+    Ignored,
+}
 #[cfg(test)]
 pub(crate) use renewals::{due_after, mark_of};
 pub(crate) use renewals::{renewal_interval, set_expiry_ms};

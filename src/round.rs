@@ -37,7 +37,7 @@ use redis::Value;
 
 use crate::error::NodeError;
 use crate::landing::{Landing, LandingState};
-use crate::node::{Node, NodeCall, Sending};
+use crate::node::{Node, NodeCall, Quarantine, Sending};
 use crate::quorum::NodeMask;
 use crate::scripts::Request;
 
@@ -179,14 +179,15 @@ impl Round {
             deadline,
             purpose,
         } = plan;
-        let (acquiring, after) = match purpose {
-            Purpose::Decide => (true, None),
-            Purpose::Everywhere { after } => (false, after),
+        let (quarantine, after) = match purpose {
+            Purpose::Decide => (Quarantine::Applies, None),
+            Purpose::Everywhere { after } => (Quarantine::Ignored, after),
         };
-        let landing = acquiring
+        // A deciding round's stragglers land in the background.
+        let landing = (quarantine == Quarantine::Applies)
             .then(|| LandingState::new(NodeMask::matching(nodes.len(), |i| !skip.contains(i))));
         let sending = Sending {
-            acquiring,
+            quarantine,
             nodes: nodes.len().saturating_sub(skip.len()),
             deadline,
             after: after.filter(|after| !after.is_done()),

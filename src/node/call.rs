@@ -34,7 +34,7 @@ use redis::Value;
 
 use super::batch::{self, Queued, Release};
 use super::wire::{self, Writes};
-use super::{Conn, Link, Node};
+use super::{Conn, Link, Node, Quarantine};
 use crate::error::NodeError;
 use crate::landing::{Landing, LandingState};
 use crate::quorum::later;
@@ -44,7 +44,7 @@ use crate::scripts::{self, Call};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sending<'a> {
     /// Acquire and extend: a quarantined node fails at once (releases go to it too).
-    pub(crate) acquiring: bool,
+    pub(crate) quarantine: Quarantine,
     /// How many nodes the round sends to: to one, the caller writes the command itself on
     /// an idle connection (no task hop); to several, their connections' tasks write it
     /// side by side.
@@ -62,7 +62,7 @@ pub(crate) struct Sending<'a> {
 /// How a node sends one call (what [`Sending`] says, for one node).
 #[derive(Debug, Clone, Copy)]
 struct How {
-    acquiring: bool,
+    quarantine: Quarantine,
     /// Who writes the command on an idle connection of ours.
     writes: Writes,
     deadline: Instant,
@@ -71,7 +71,7 @@ struct How {
 impl Sending<'_> {
     fn how(&self) -> How {
         How {
-            acquiring: self.acquiring,
+            quarantine: self.quarantine,
             writes: if self.nodes == 1 {
                 Writes::Caller
             } else {
@@ -204,7 +204,8 @@ impl Node {
                 Link::Ready(Conn::Own(wire)) => wire.clone(),
                 _ => return None,
             };
-            if sending.acquiring && self.quarantine_left(&mut st).is_some() {
+            if sending.quarantine == Quarantine::Applies && self.quarantine_left(&mut st).is_some()
+            {
                 return None;
             }
             (wire, st.generation)
@@ -220,7 +221,7 @@ impl Node {
         Some(self.send_on(&wire, generation, call, turn, sending.writes))
     }
 
-    /// Runs `call`, waiting for the connection first if need be. With `acquiring`, a
+    /// Runs `call`, waiting for the connection first if need be. When the quarantine applies, a
     /// quarantined node fails at once. A release sent while another is on its way to
     /// this node goes out with the next batch. `on_sent` runs once the command is on our
     /// own connection to the node, where any later command goes after it (it never runs
@@ -307,7 +308,7 @@ impl Node {
         turn: Option<batch::Turn>,
         on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
-        let (mut conn, generation) = self.connection(sending.acquiring).await?;
+        let (mut conn, generation) = self.connection(sending.quarantine).await?;
         if let Conn::Own(wire) = &conn {
             // The hot path: the command encoded once for the round.
             let flight = self.send_on(wire, generation, call, turn, sending.writes);
@@ -316,7 +317,7 @@ impl Node {
         }
         #[cfg(feature = "cluster")]
         if let (Conn::Cluster(shards), Some(cluster)) = (&mut conn, self.cluster())
-            && sending.acquiring
+            && sending.quarantine == Quarantine::Applies
             && self.settings.quarantine
         {
             // Every acquisition on a cluster says where it ran (see the `cluster` module).
@@ -404,7 +405,7 @@ impl Node {
     ) -> Result<Vec<Result<Value, NodeError>>, NodeError> {
         // This task is the caller: it writes on an idle connection itself.
         let sending = How {
-            acquiring: false,
+            quarantine: Quarantine::Ignored,
             writes: Writes::Caller,
             deadline: lone.deadline,
         };
@@ -420,7 +421,7 @@ impl Node {
         many: &[Queued],
     ) -> Result<Vec<Result<Value, NodeError>>, NodeError> {
         let calls: Vec<&Call> = many.iter().map(|q| &*q.call).collect();
-        let (mut conn, generation) = self.connection(false).await?;
+        let (mut conn, generation) = self.connection(Quarantine::Ignored).await?;
         let answers = scripts::release_many(&calls, &mut conn).await;
         let answers = self.answered(generation, answers)?;
         Ok(answers

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use redis::Value;
 use tokio::time::timeout_at;
 
-use super::Node;
 use super::identity::{Role, ServerInfo};
+use super::{Node, Quarantine};
 use crate::error::NodeError;
 
 /// The outcome of a health check of one node ([`Node::check`]).
@@ -64,11 +64,12 @@ impl Node {
             role: None,
         };
         let deadline = tokio::time::Instant::from_std(deadline);
-        let (mut conn, generation) = match timeout_at(deadline, self.connection(false)).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return failed(e),
-            Err(_) => return failed(NodeError::Timeout),
-        };
+        let (mut conn, generation) =
+            match timeout_at(deadline, self.connection(Quarantine::Ignored)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return failed(e),
+                Err(_) => return failed(NodeError::Timeout),
+            };
         let start = Instant::now();
         let mut pipe = redis::pipe();
         pipe.ignore_errors()

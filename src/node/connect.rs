@@ -23,7 +23,9 @@ use tokio::time::timeout_at;
 
 use super::handshake::{evicting_policy, handshake_pipe, info_field};
 use super::identity::{PromotionMarker, Role, ServerInfo, quarantine_for};
-use super::{BACKOFF_MAX, BACKOFF_MIN, Conn, Connector, Link, Node, NodeState, Owner, wire};
+use super::{
+    BACKOFF_MAX, BACKOFF_MIN, Conn, Connector, Link, Node, NodeState, Owner, Quarantine, wire,
+};
 use crate::error::NodeError;
 
 /// A connection just opened, and what its server said of itself.
@@ -420,15 +422,15 @@ impl Node {
     /// Waits for a connect in progress (starting one if the node is idle, or down with
     /// its backoff run out); at once when the node is connected, or down.
     pub(crate) async fn settle(self: &Arc<Self>) {
-        let _ = self.connection(false).await;
+        let _ = self.connection(Quarantine::Ignored).await;
     }
 
     /// The current connection, waiting for a connect in progress. Fails at once while the
-    /// node is down and its backoff has not run out, and, when `acquiring`, while it is
-    /// quarantined.
+    /// node is down and its backoff has not run out, and, when the `quarantine` applies,
+    /// while it is quarantined.
     pub(super) async fn connection(
         self: &Arc<Self>,
-        acquiring: bool,
+        quarantine: Quarantine,
     ) -> Result<(Conn, u64), NodeError> {
         loop {
             let notified = self.changed.notified();
@@ -437,7 +439,7 @@ impl Node {
                 match &st.slot {
                     Link::Ready(conn) => {
                         let ready = (conn.clone(), st.generation);
-                        if acquiring
+                        if quarantine == Quarantine::Applies
                             && let Some((remaining, reason)) = self.quarantine_left(&mut st)
                         {
                             return Err(NodeError::Quarantined { remaining, reason });
