@@ -4,10 +4,11 @@
 //! distributed lock over N independent Redis masters, as a client ([`Redlock`]) and as
 //! tower middleware ([`RedlockLayer`]) for axum, tonic and hyper.
 //!
-//! [`Redlock`] follows the algorithm exactly: `SET key value NX PX ttl` (a script only
-//! with fencing) with a fresh 20-byte value from the OS CSPRNG, sent to all nodes at once
-//! over one shared pipelined connection per node, each call bounded by a per-node timeout
-//! far below the TTL. The lock is held only with a quorum (`N/2 + 1`) and while
+//! [`Redlock`] follows the algorithm exactly: `SET key value NX PX ttl` (with fencing,
+//! followed in the same request by the `ZADD GT CH` of a proposed fencing number; a script
+//! only with the layer's replay) with a fresh 20-byte value from the OS CSPRNG, sent to
+//! all nodes at once over one shared pipelined connection per node, each call bounded by a
+//! per-node timeout far below the TTL. The lock is held only with a quorum (`N/2 + 1`) and while
 //! `ttl - elapsed - drift` is positive; a failed attempt releases on every node; release
 //! and extend are atomic compare-and-delete / compare-and-pexpire scripts; retries wait a
 //! random jitter.
@@ -100,6 +101,7 @@
 //! | `tls-insecure` | `rediss://...#insecure` nodes, which skip certificate checks (tests only) |
 //! | `cluster` | a Redis Cluster as one node: `NodeConfig::cluster` |
 //! | `metrics` | counters, histograms and gauges through the `metrics` facade: see [`metrics`] |
+//! | `testing` | `testing::InMemoryLock`: an in-process lock with failure injection, for tests of handlers behind [`RedlockLayer`] (for dev-dependencies) |
 //!
 //! **Freshly started or promoted nodes.** A node up for less than the longest TTL, one
 //! whose `run_id` changed, one promoted from replica by a failover within the longest TTL

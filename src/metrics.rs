@@ -12,7 +12,7 @@
 //! | `redlock_lost_total` | counter | `reason`: `extend_failed`, `max_hold`, `max_extensions`, `keep_alive_stopped` | guarded locks lost before their release |
 //! | `redlock_replayed_total` | counter | | requests the layer answered from a completion record |
 //! | `redlock_layer_rejections_total` | counter | `kind`: `busy`, `unavailable`, `bad_request`, `internal`, `key_reused`, `response_not_kept` | requests the layer rejected (also those a rejection hook answered), by [`RejectionKind`](crate::layer::RejectionKind) |
-//! | `redlock_fenced_total` | counter | `rounds`: `1` (a quorum accepted the proposal), `2` (phase 2 ran) | fenced acquisitions that got their number, by round trips |
+//! | `redlock_fenced_total` | counter | `rounds`: `1` (a quorum accepted the proposal: the acquire round trip only), `2` (phase 2 ran: a read of the counters and phase 2, two more round trips) | fenced acquisitions that got their number, by the way they got it |
 //! | `redlock_held_locks` | gauge | | guarded locks held now (guards, and the layer's locks) |
 //! | `redlock_waiting` | gauge | | lock calls waiting in a queue for a busy name |
 //! | `redlock_quarantined_nodes` | gauge | | nodes in the restart quarantine (as last seen by a call) |
@@ -57,7 +57,8 @@ pub(crate) fn lost(reason: &'static str) {
     let _ = reason;
 }
 
-/// Counts a fenced acquisition that got its number in `rounds` round trips (`"1"`, `"2"`).
+/// Counts a fenced acquisition that got its number in the acquire round (`"1"`) or after
+/// the read and phase 2 (`"2"`).
 pub(crate) fn fenced(rounds: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("redlock_fenced_total", "rounds" => rounds).increment(1);

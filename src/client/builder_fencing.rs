@@ -87,8 +87,13 @@ impl RedlockBuilder {
 
     /// Whether every acquisition gets a fencing number ([`DEFAULT_FENCING`](crate::defaults::DEFAULT_FENCING): on): a number
     /// that strictly increases with each new holder of a name, for a downstream store to
-    /// reject writes from holders whose lock expired. It costs a second round trip per
-    /// acquisition and one hash field per distinct name on every node; see
+    /// reject writes from holders whose lock expired. It usually costs no extra round trip:
+    /// the proposed number's `ZADD GT CH` is pipelined behind the `SET NX PX` of the
+    /// acquisition; only when too few nodes accept the proposal (a client whose clock is
+    /// behind the names' last numbers) do two more round trips follow, a read of the
+    /// counters and phase 2. On every node it keeps one counter per hash slot (at most
+    /// 16,384 per key prefix, whatever the names) for the
+    /// [retention](Self::fencing_retention), and costs the node's CPU for the `ZADD`; see
     /// [`crate::fencing`]. [`Redlock::with_fencing`](crate::Redlock::with_fencing) and
     /// [`RedlockLayer::fencing`](crate::RedlockLayer::fencing) switch it per use.
     ///

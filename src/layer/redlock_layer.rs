@@ -227,9 +227,10 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     /// The default follows the client's [`fencing`](crate::RedlockBuilder::fencing) setting
     /// (on), which fits locks on shared resources (a path parameter such as an order id).
     /// Turn it off for names that are unique per request, such as idempotency keys and
-    /// webhook delivery ids: there is no later holder to fence, and each name would cost a
-    /// second round trip and leave a counter on every node for the
-    /// [retention](crate::RedlockBuilder::fencing_retention) (see [`crate::fencing`]).
+    /// webhook delivery ids: there is no later holder to fence. Fencing adds no round trip
+    /// in the common case (the proposal rides in the acquire round), but it costs each
+    /// node a `ZADD`, and two more round trips (a read of the counters and phase 2) when
+    /// too few nodes accept the proposal (see [`crate::fencing`]).
     ///
     /// ```
     /// use tower_redlock::{Redlock, RedlockLayer};
