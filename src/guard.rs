@@ -55,6 +55,29 @@ use crate::token::{Lock, LockToken, LostReason, Shared};
 /// # Ok(()) }
 /// ```
 ///
+/// # Keep it bound
+///
+/// Dropping a guard releases its lock, so a guard written as a statement protects
+/// nothing: `LockGuard` is `#[must_use]`, and the compiler warns (here made an error):
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # async fn demo(redlock: tower_redlock::Redlock) -> Result<(), tower_redlock::LockError> {
+/// redlock.acquire("nightly-report").await?; // unused `LockGuard` that must be used
+/// // ... the work runs without the lock ...
+/// # Ok(()) }
+/// ```
+///
+/// Bound to a name, it holds the lock until the end of the scope:
+///
+/// ```no_run
+/// #![deny(unused_must_use)]
+/// # async fn demo(redlock: tower_redlock::Redlock) -> Result<(), tower_redlock::LockError> {
+/// let _guard = redlock.acquire("nightly-report").await?;
+/// // ... the work runs under the lock, released when `_guard` goes out of scope ...
+/// # Ok(()) }
+/// ```
+///
 /// # Choosing the numbers
 ///
 /// - **TTL**: how long others wait after a crash. With a guard it can be short (seconds):
@@ -76,6 +99,7 @@ use crate::token::{Lock, LockToken, LostReason, Shared};
 ///
 /// `L` is the lock service that holds it: [`Redlock`], or, in tests, the in-memory lock of
 /// the `testing` feature (see [`LockBackend`]).
+#[must_use = "dropping a `LockGuard` releases its lock at once: bind it (`let guard = ...`) for as long as the work needs the lock"]
 pub struct LockGuard<L: LockBackend = Redlock> {
     backend: L,
     token: LockToken,
@@ -151,6 +175,7 @@ impl<L: LockBackend> LockGuard<L> {
 impl Redlock {
     /// Acquires `name` like [`lock`](Self::lock) and returns a [`LockGuard`] that extends
     /// it in the background until released or dropped (see [`LockGuard`]).
+    #[must_use = "dropping the `LockGuard` releases the lock at once: bind it for as long as the work needs the lock"]
     pub async fn acquire(&self, name: impl AsRef<[u8]>) -> Result<LockGuard, LockError> {
         let lock = self.lock(name).await?;
         Ok(self.guard(lock))

@@ -32,7 +32,18 @@ use crate::quorum::NodeMask;
 /// It is a plain handle: dropping it does not release the lock, which then expires at the
 /// end of its TTL. Release it with [`Redlock::unlock`](crate::Redlock::unlock). Cloning is
 /// cheap. `Debug` output never shows the value.
+///
+/// A `Lock` dropped unused keeps the name locked for a whole TTL with no way to release it,
+/// so it is `#[must_use]` (the warning, made an error here):
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # async fn demo(redlock: tower_redlock::Redlock) -> Result<(), tower_redlock::LockError> {
+/// redlock.try_lock("invoice:42").await?; // unused `Lock` that must be used
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
+#[must_use = "dropping a `Lock` does not release it: it stays held until its TTL runs out; release it with `Redlock::unlock`, or hand it to `Redlock::guard`"]
 pub struct Lock {
     pub(crate) resource: Arc<Resource>,
     pub(crate) value: Arc<str>,

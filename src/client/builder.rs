@@ -26,6 +26,7 @@ use crate::defaults::{
 /// Builds a [`Redlock`](crate::Redlock); see [`Redlock::builder`](crate::Redlock::builder). Every setting has a documented default;
 /// [`build`](Self::build) checks them all.
 #[derive(Debug, Clone)]
+#[must_use = "a `RedlockBuilder` does nothing until `.build()`; each setter returns the builder with its setting"]
 pub struct RedlockBuilder {
     pub(super) nodes: Vec<NodeConfig>,
     pub(super) ttl: Duration,

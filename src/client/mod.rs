@@ -146,6 +146,7 @@ impl Redlock {
     /// assert_eq!(lock.fencing_token(), None);
     /// # Ok(()) }
     /// ```
+    #[must_use = "`with_fencing` returns a new handle with the setting; this one keeps its own"]
     pub fn with_fencing(&self, on: bool) -> Redlock {
         Redlock {
             inner: Arc::clone(&self.inner),
@@ -189,11 +190,13 @@ impl Redlock {
     /// An attempt returns as soon as a quorum of nodes granted the lock; nodes that had not
     /// answered by then are not waited for (their `SET` usually went out already and lands
     /// too; a node still connecting may miss it). [`unlock`](Self::unlock) goes to every node.
+    #[must_use = "the lock stays held until its TTL runs out unless released: keep the `Lock` and pass it to `unlock`"]
     pub async fn lock(&self, name: impl AsRef<[u8]>) -> Result<Lock, LockError> {
         self.lock_with_ttl(name, self.ttl()).await
     }
 
     /// Like [`lock`](Self::lock) with a TTL for this call only.
+    #[must_use = "the lock stays held until its TTL runs out unless released: keep the `Lock` and pass it to `unlock`"]
     pub async fn lock_with_ttl(
         &self,
         name: impl AsRef<[u8]>,
@@ -207,6 +210,7 @@ impl Redlock {
     /// Acquires `name` with `ttl`, retrying with the jittered delay until `deadline`
     /// (the attempt limit of the retry policy does not apply). No node call runs past
     /// the deadline.
+    #[must_use = "the lock stays held until its TTL runs out unless released: keep the `Lock` and pass it to `unlock`"]
     pub async fn lock_until(
         &self,
         name: impl AsRef<[u8]>,
@@ -218,11 +222,13 @@ impl Redlock {
     }
 
     /// Makes one attempt to acquire `name` with the default TTL.
+    #[must_use = "the lock stays held until its TTL runs out unless released: keep the `Lock` and pass it to `unlock`"]
     pub async fn try_lock(&self, name: impl AsRef<[u8]>) -> Result<Lock, LockError> {
         self.try_lock_with_ttl(name, self.ttl()).await
     }
 
     /// Like [`try_lock`](Self::try_lock) with a TTL for this call only.
+    #[must_use = "the lock stays held until its TTL runs out unless released: keep the `Lock` and pass it to `unlock`"]
     pub async fn try_lock_with_ttl(
         &self,
         name: impl AsRef<[u8]>,

@@ -111,6 +111,7 @@ impl NodeConfig {
     /// assert_eq!(redlock.node_count(), 3);
     /// # Ok(()) }
     /// ```
+    #[must_use = "`master_settings` returns the node with the settings"]
     pub fn master_settings(mut self, info: ConnectionInfo) -> Self {
         if let Spec::Sentinel(sentinel) = &mut self.0 {
             sentinel.master = Some(info);

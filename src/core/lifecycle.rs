@@ -105,7 +105,7 @@ impl Drop for Running {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use]
+#[must_use = "the report says how many releases were still running when the shutdown stopped waiting: read `unfinished()`"]
 pub struct Shutdown {
     unfinished: usize,
 }

@@ -43,6 +43,7 @@ use super::replay::record::ReplayPolicy;
 /// assert_eq!(policy.waiters(), 32);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a `WaitPolicy` does nothing until passed to `RedlockLayer::wait`"]
 pub struct WaitPolicy {
     timeout: Duration,
     max_waiters: usize,

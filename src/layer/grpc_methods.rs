@@ -86,6 +86,7 @@ impl<E> GrpcMethods<E> {
     /// assert_eq!(charge.extract(&call("/payments.Payments/Get")?)?, None);
     /// # Ok(()) }
     /// ```
+    #[must_use = "`method` returns the extractor with the method added"]
     pub fn method(mut self, path: impl AsRef<str>) -> Self {
         let path = path.as_ref();
         self.methods
@@ -106,6 +107,7 @@ impl<E> GrpcMethods<E> {
     /// assert_eq!(refunds.extract(&req.body(())?)?, Some(b"k-2".to_vec()));
     /// # Ok(()) }
     /// ```
+    #[must_use = "`service` returns the extractor with the service added"]
     pub fn service(mut self, name: impl AsRef<str>) -> Self {
         self.services
             .push(name.as_ref().trim_matches('/').to_owned());

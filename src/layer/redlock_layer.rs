@@ -58,6 +58,7 @@ use crate::client::Redlock;
 /// tonic servers take any body; see [`without_body_fingerprint`](Self::without_body_fingerprint)
 /// for services that need the original body type).
 #[derive(Debug, Clone)]
+#[must_use = "a `RedlockLayer` protects nothing until it wraps a service (`.layer(..)`, `.route_layer(..)`); each setter returns the layer with its setting"]
 pub struct RedlockLayer<E, F = NoBodyFingerprint, L = Redlock> {
     pub(super) lock: L,
     pub(super) extractor: E,

@@ -192,6 +192,7 @@ impl Rejection {
     /// document as `application/json`, or text (the default, also for `*/*`). The layer
     /// does this before it calls the rejection hook; with
     /// [`replay`](crate::RedlockLayer::replay) on, its default is the problem document.
+    #[must_use = "`negotiate` returns the rejection in the format the request accepts"]
     pub fn negotiate(self, request_headers: &HeaderMap) -> Self {
         self.negotiate_or(request_headers, Format::Text)
     }

@@ -79,6 +79,7 @@ impl NodeHealth {
 
 /// Every node's health, and whether a quorum is usable now.
 #[derive(Debug, Clone)]
+#[must_use = "a `Health` report changes nothing: read `ready()` or the nodes' status"]
 pub struct Health {
     nodes: Vec<NodeHealth>,
     quorum: usize,
@@ -112,6 +113,7 @@ impl Health {
 
 /// What the nodes hold for a name, from an inspection. Never the lock's value.
 #[derive(Debug, Clone)]
+#[must_use = "an `Inspection` changes nothing: read what the nodes hold (`held_on()`, `remaining()`, ...)"]
 pub struct Inspection {
     held_on: usize,
     nodes: usize,

@@ -133,6 +133,7 @@ impl InMemoryLock {
     /// The TTL of locks taken without one (the layer's [`ttl`](crate::RedlockLayer::ttl)
     /// overrides it). A lock whose guard does not extend it
     /// ([`auto_extend(false)`](crate::RedlockLayer::auto_extend)) runs out after it.
+    #[must_use = "`with_ttl` returns the lock with the new TTL"]
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -140,6 +141,7 @@ impl InMemoryLock {
 
     /// A handle on the same names whose acquisitions do (`true`) or do not get fencing
     /// numbers.
+    #[must_use = "`with_fencing` returns a new handle with the setting; this one keeps its own"]
     pub fn with_fencing(&self, on: bool) -> Self {
         Self {
             fencing: on,
@@ -193,6 +195,7 @@ impl InMemoryLock {
     /// Acquires `name` (one attempt, with this handle's TTL) and guards it: held until the
     /// guard is released or dropped. A test takes a name this way to play another holder
     /// (the layer's requests for it are then busy).
+    #[must_use = "dropping the `LockGuard` releases the lock at once: bind it for as long as the test needs the lock"]
     pub async fn acquire(&self, name: impl AsRef<[u8]>) -> Result<LockGuard<Self>, LockError> {
         let lock = self.try_lock(name.as_ref(), self.ttl, false).await?;
         Ok(LockGuard::new(self.clone(), lock, true))

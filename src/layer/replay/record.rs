@@ -57,6 +57,7 @@ pub const DEFAULT_REPLAY_MAX_BODY: usize = 256 * 1024;
 
 /// Which responses the layer keeps for replay, and how much of them.
 #[derive(Debug, Clone)]
+#[must_use = "a `ReplayPolicy` does nothing until passed to `RedlockLayer::replay_policy`"]
 pub struct ReplayPolicy {
     retention: Duration,
     max_body: usize,
