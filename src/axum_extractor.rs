@@ -51,6 +51,7 @@ impl IntoResponse for MissingLockToken {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> FromRequestParts<S> for LockToken {
     type Rejection = MissingLockToken;
 
@@ -63,6 +64,7 @@ impl<S: Send + Sync> FromRequestParts<S> for LockToken {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> OptionalFromRequestParts<S> for LockToken {
     type Rejection = std::convert::Infallible;
 

@@ -12,6 +12,7 @@
 use crate::error::LockError;
 use crate::layer::reject::{Protocol, Rejection};
 
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 impl From<LockError> for tonic::Status {
     fn from(e: LockError) -> Self {
         let rejection = Rejection::from_lock_error(e, Protocol::Grpc);

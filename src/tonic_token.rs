@@ -19,6 +19,7 @@ pub trait LockTokenExt {
     fn lock_token(&self) -> Result<LockToken, tonic::Status>;
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 impl<T> LockTokenExt for tonic::Request<T> {
     fn lock_token(&self) -> Result<LockToken, tonic::Status> {
         self.extensions().get::<LockToken>().cloned().ok_or_else(|| {
