@@ -542,7 +542,7 @@ async fn default_rejections_speak_problem_json_to_clients_that_accept_it() {
     assert_eq!(reply.headers["retry-after"], "1");
     assert_eq!(
         reply.body,
-        r#"{"type":"about:blank","title":"Conflict","status":409,"detail":"the resource is locked by another request; retry later","kind":"busy","retry_after":1}"#
+        r#"{"type":"https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#busy","title":"The key is locked by another request","status":409,"detail":"the resource is locked by another request; retry later","kind":"busy","retry_after":1}"#
     );
     let reply = send(
         &client,

@@ -51,6 +51,7 @@ mod future;
 mod grpc_methods;
 mod keeping;
 mod problem;
+pub mod problems;
 pub(crate) mod redlock_layer;
 pub mod reject;
 mod rejection_hook;

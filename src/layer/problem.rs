@@ -1,5 +1,6 @@
 //! The bodies of the default rejections: which format the client accepts (`Accept`), and
-//! the problem document (RFC 9457) for JSON clients.
+//! the problem document (RFC 9457) for JSON clients. What each problem `type` means is
+//! documented in [`problems`](super::problems).
 //!
 //! A client that accepts `application/problem+json` gets one, `application/json` gets the
 //! same document as plain JSON, and `text/plain` (or `text/*`) a line of text. Quality
@@ -28,6 +29,8 @@
 //! ```
 
 use http::{HeaderMap, StatusCode, header};
+
+use super::problems::Problem;
 
 /// The format of a default rejection body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,17 +152,21 @@ fn parse_quality(v: &str) -> Option<u16> {
     }
 }
 
-/// The problem document (RFC 9457) of a rejection: `type`, `title`, `status`, `detail`,
-/// and the members `kind` and, when advised, `retry_after` (seconds).
+/// The problem document (RFC 9457) of a rejection: `type` (a section of
+/// [`problems`](super::problems)), `title`, `status`, `detail`, and the members `kind` and,
+/// when advised, `retry_after` (seconds).
 pub(crate) fn document(
+    problem: Problem,
     status: StatusCode,
     kind: &str,
     detail: &str,
     retry_after: Option<u64>,
 ) -> String {
-    let mut out = String::with_capacity(96 + detail.len());
-    out.push_str(r#"{"type":"about:blank","title":"#);
-    push_json_string(&mut out, status.canonical_reason().unwrap_or("Error"));
+    let mut out = String::with_capacity(192 + detail.len());
+    out.push_str(r#"{"type":"#);
+    push_json_string(&mut out, problem.uri());
+    out.push_str(r#","title":"#);
+    push_json_string(&mut out, problem.title());
     out.push_str(r#","status":"#);
     out.push_str(&status.as_u16().to_string());
     out.push_str(r#","detail":"#);
@@ -310,10 +317,16 @@ mod tests {
 
     #[test]
     fn documents_escape_the_detail() {
-        let doc = document(StatusCode::CONFLICT, "busy", "a \"b\"\n\u{1}", Some(2));
+        let doc = document(
+            Problem::Busy,
+            StatusCode::CONFLICT,
+            "busy",
+            "a \"b\"\n\u{1}",
+            Some(2),
+        );
         assert_eq!(
             doc,
-            r#"{"type":"about:blank","title":"Conflict","status":409,"detail":"a \"b\"\n\u0001","kind":"busy","retry_after":2}"#
+            r#"{"type":"https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#busy","title":"The key is locked by another request","status":409,"detail":"a \"b\"\n\u0001","kind":"busy","retry_after":2}"#
         );
     }
 }

@@ -10,7 +10,9 @@
 //! | with replay: the request completed, its response was too large to keep | 410 | `ALREADY_EXISTS` (6) |
 //!
 //! HTTP bodies are a line of text, or a problem document (RFC 9457) for clients that
-//! accept `application/problem+json` (or plain JSON for `application/json`). With
+//! accept `application/problem+json` (or plain JSON for `application/json`), whose `type`
+//! links to the section of [`problems`](super::problems) that says what it means and what
+//! the client should do. With
 //! [`replay`](crate::RedlockLayer::replay) on, the layer is an idempotency layer and its
 //! default is the problem document, as the IETF Idempotency-Key draft answers: clients
 //! that state no preference (no `Accept`, `*/*`) get one, clients that ask for
@@ -42,6 +44,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
 use super::problem::{self, Format};
+use super::problems::Problem;
 use crate::error::LockError;
 use crate::token::LostReason;
 
@@ -123,6 +126,8 @@ pub struct Rejection {
     retry_cap: Duration,
     /// The format of the default HTTP body.
     format: Format,
+    /// The problem type of the default problem document.
+    problem: Problem,
 }
 
 /// The default cap on `Retry-After` (see [`RedlockLayer::retry_after_cap`](crate::RedlockLayer::retry_after_cap)).
@@ -140,36 +145,49 @@ mod code {
 impl Rejection {
     /// A rejection for a lock error.
     pub fn from_lock_error(error: LockError, protocol: Protocol) -> Self {
-        let (kind, message) = match &error {
+        let (kind, problem, message) = match &error {
             LockError::Busy { retry_after, .. } => (
                 RejectionKind::Busy {
                     retry_after: *retry_after,
                 },
+                Problem::Busy,
                 "the resource is locked by another request; retry later".to_owned(),
             ),
             LockError::InvalidName { reason } => (
                 RejectionKind::BadRequest,
+                Problem::BadRequest,
                 format!("invalid lock name: {reason}"),
             ),
             LockError::Config(_) => (
                 RejectionKind::Internal,
+                Problem::Internal,
                 "the lock layer is misconfigured".to_owned(),
             ),
             _ => (
                 RejectionKind::Unavailable,
+                Problem::Unavailable,
                 "the lock service is unavailable; retry later".to_owned(),
             ),
         };
-        Self::new(kind, message, protocol, Some(Box::new(error)))
+        Self::new(kind, message, protocol, Some(Box::new(error))).with_problem(problem)
     }
 
-    /// A rejection with the defaults: no lock name, the default `Retry-After` cap, text.
+    /// A rejection with the defaults: no lock name, the default `Retry-After` cap, text,
+    /// the problem type of `kind`.
     fn new(
         kind: RejectionKind,
         message: String,
         protocol: Protocol,
         error: Option<Box<LockError>>,
     ) -> Self {
+        let problem = match kind {
+            RejectionKind::Busy { .. } => Problem::Busy,
+            RejectionKind::Unavailable => Problem::Unavailable,
+            RejectionKind::BadRequest => Problem::BadRequest,
+            RejectionKind::Internal => Problem::Internal,
+            RejectionKind::KeyReused => Problem::KeyReused,
+            RejectionKind::ResponseNotKept => Problem::ResponseNotKept,
+        };
         Self {
             kind,
             message,
@@ -178,7 +196,14 @@ impl Rejection {
             name: None,
             retry_cap: DEFAULT_RETRY_AFTER_CAP,
             format: Format::Text,
+            problem,
         }
+    }
+
+    /// The same rejection, of problem type `problem` (a finer type than its kind's).
+    fn with_problem(mut self, problem: Problem) -> Self {
+        self.problem = problem;
+        self
     }
 
     /// The same rejection, advising a `Retry-After` of at most `cap`.
@@ -231,6 +256,7 @@ impl Rejection {
             protocol,
             error,
         )
+        .with_problem(Problem::Lost)
     }
 
     /// A rejection for an idempotency key already used for a different request (replay):
@@ -265,6 +291,7 @@ impl Rejection {
             protocol,
             None,
         )
+        .with_problem(Problem::RecordUnreadable)
     }
 
     /// A rejection for bad input (an extractor's refusal).
@@ -275,6 +302,23 @@ impl Rejection {
     /// Why.
     pub fn kind(&self) -> &RejectionKind {
         &self.kind
+    }
+
+    /// The `type` URI of the default problem document: one of the constants of
+    /// [`problems`](super::problems), a link to what the rejection means and what a client
+    /// should do. Finer than [`kind`](Self::kind): a lock lost while the handler ran
+    /// ([`problems::LOST`](super::problems::LOST)) and a stored response that cannot be read
+    /// ([`problems::RECORD_UNREADABLE`](super::problems::RECORD_UNREADABLE)) are of kind
+    /// [`Unavailable`](RejectionKind::Unavailable).
+    ///
+    /// ```
+    /// use tower_redlock::layer::{Protocol, Rejection, problems};
+    ///
+    /// let r = Rejection::key_reused(Protocol::Http);
+    /// assert_eq!(r.problem_type(), problems::KEY_REUSED);
+    /// ```
+    pub fn problem_type(&self) -> &'static str {
+        self.problem.uri()
     }
 
     /// A message for the client.
@@ -403,9 +447,13 @@ impl Rejection {
         let status = self.http_status();
         let body = match self.format {
             Format::Text => format!("{}\n", self.message),
-            Format::Problem | Format::Json => {
-                problem::document(status, self.kind.as_str(), &self.message, retry_after)
-            }
+            Format::Problem | Format::Json => problem::document(
+                self.problem,
+                status,
+                self.kind.as_str(),
+                &self.message,
+                retry_after,
+            ),
         };
         let mut res = Response::new(body);
         *res.status_mut() = status;

@@ -213,3 +213,100 @@ fn unavailable_advises_the_end_of_the_quarantine_up_to_the_cap() {
 fn grpc_messages_are_percent_encoded() {
     assert_eq!(percent_encode("a b%ç"), "a b%25%C3%A7");
 }
+
+#[test]
+fn every_rejection_links_its_problem_type() {
+    let busy = LockError::Busy {
+        held_elsewhere: 2,
+        nodes: 3,
+        retry_after: None,
+        attempts: 1,
+    };
+    let no_quorum = LockError::NoQuorum {
+        needed: 2,
+        reached: 0,
+        held_elsewhere: 0,
+        failures: Vec::new(),
+        attempts: 1,
+    };
+    let http = Protocol::Http;
+    let cases = [
+        (Rejection::from_lock_error(busy, http), 409, "#busy", "busy"),
+        (
+            Rejection::from_lock_error(no_quorum, http),
+            503,
+            "#unavailable",
+            "unavailable",
+        ),
+        (
+            Rejection::lost(&LostReason::MaxHoldReached, http),
+            503,
+            "#lost",
+            "unavailable",
+        ),
+        (
+            Rejection::unreadable_record(http),
+            503,
+            "#record-unreadable",
+            "unavailable",
+        ),
+        (
+            Rejection::bad_request("the key header is empty", http),
+            400,
+            "#bad-request",
+            "bad_request",
+        ),
+        (
+            Rejection::from_lock_error(LockError::InvalidName { reason: "empty" }, http),
+            400,
+            "#bad-request",
+            "bad_request",
+        ),
+        (
+            Rejection::key_reused(http),
+            422,
+            "#key-reused",
+            "key_reused",
+        ),
+        (
+            Rejection::response_not_kept(http),
+            410,
+            "#response-not-kept",
+            "response_not_kept",
+        ),
+    ];
+    let base = "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html";
+    let mut accept = HeaderMap::new();
+    accept.insert(header::ACCEPT, "application/problem+json".parse().unwrap());
+    for (rejection, status, anchor, kind) in cases {
+        let uri = format!("{base}{anchor}");
+        assert_eq!(rejection.problem_type(), uri);
+        let res = rejection.negotiate(&accept).into_response();
+        assert_eq!(res.status(), status, "{anchor}");
+        let body = res.body();
+        assert!(
+            body.starts_with(&format!(r#"{{"type":"{uri}","title":""#)),
+            "{body}"
+        );
+        assert!(body.contains(&format!(r#""kind":"{kind}""#)), "{body}");
+    }
+}
+
+/// Every problem type's URI points at a section of `problems.rs`'s documentation (a
+/// heading whose rustdoc anchor is the URI's fragment), under the crate's docs.
+#[test]
+fn problem_types_have_their_sections() {
+    let docs = include_str!("problems.rs");
+    for problem in super::super::problems::Problem::ALL {
+        let (base, anchor) = problem.uri().split_once('#').expect("a fragment");
+        assert_eq!(
+            base,
+            "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html"
+        );
+        assert!(
+            docs.contains(&format!("\n//! # {anchor}\n")),
+            "no section {anchor}"
+        );
+        assert!(!problem.title().is_empty());
+    }
+}

@@ -1,0 +1,213 @@
+//! The problem types of the layer's default rejections: what each `type` URI of a problem
+//! document (RFC 9457) means, and what a client developer should do about it.
+//!
+//! A client that accepts `application/problem+json` (or, with
+//! [`replay`](crate::RedlockLayer::replay) on, any client that does not ask for text) gets
+//! a rejection as a problem document such as:
+//!
+//! ```json
+//! {"type":"https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#busy",
+//!  "title":"The key is locked by another request","status":409,
+//!  "detail":"the resource is locked by another request; retry later","kind":"busy","retry_after":1}
+//! ```
+//!
+//! `type` is one of the URIs below (the constants of this module), each a link to its
+//! section on this page; `kind` is the [`RejectionKind`](super::RejectionKind) as a string
+//! (several types share a kind: `lost` and `record-unreadable` are `unavailable`);
+//! `retry_after` (seconds) is there when the answer advises a retry, as is the
+//! `Retry-After` header. gRPC calls get the status code of the table, the detail as
+//! `grpc-message`, and instead of `Retry-After` the same advice in milliseconds in
+//! `grpc-retry-pushback-ms`. A [rejection hook](crate::RedlockLayer::on_rejection) can
+//! answer otherwise; [`Rejection::problem_type`](super::Rejection::problem_type) gives it
+//! the URI.
+//!
+//! | `type` | HTTP | gRPC | retry? |
+//! |---|---|---|---|
+//! | [`#busy`](#busy) | 409 | `ABORTED` (10) | yes, after `Retry-After` |
+//! | [`#unavailable`](#unavailable) | 503 | `UNAVAILABLE` (14) | yes, after `Retry-After`, with backoff |
+//! | [`#lost`](#lost) | 503 | `UNAVAILABLE` (14) | only if the operation is idempotent |
+//! | [`#record-unreadable`](#record-unreadable) | 503 | `UNAVAILABLE` (14) | later; tell the operator if it lasts |
+//! | [`#bad-request`](#bad-request) | 400 | `INVALID_ARGUMENT` (3) | no: fix the request |
+//! | [`#internal`](#internal) | 500 | `INTERNAL` (13) | no: the service is misconfigured |
+//! | [`#key-reused`](#key-reused) | 422 | `INVALID_ARGUMENT` (3) | no: a new request needs a new key |
+//! | [`#response-not-kept`](#response-not-kept) | 410 | `ALREADY_EXISTS` (6) | no: the request was done |
+//!
+//! The URIs are stable: they change only with a major version of the crate, and the
+//! sections keep their anchors.
+//!
+//! # busy
+//!
+//! **Another request holds the lock for this key** (`kind`: `busy`; 409, gRPC `ABORTED`).
+//! A request with the same key (an idempotency key, a webhook delivery id, an order id in
+//! the path) is running now: typically a duplicate sent while the first was still being
+//! handled. Nothing ran for this request.
+//!
+//! *What to do:* retry the same request, with the same key, after `Retry-After` seconds
+//! (gRPC: `grpc-retry-pushback-ms`). The advice is the holder's remaining lock time, capped
+//! by the service ([`retry_after_cap`](crate::RedlockLayer::retry_after_cap), 1 s by
+//! default, since holders usually finish well before their TTL). With replay on, the retry
+//! after the first request finished gets the first response back instead of running again.
+//!
+//! # unavailable
+//!
+//! **The lock service is unavailable** (`kind`: `unavailable`; 503, gRPC `UNAVAILABLE`).
+//! Too few of the service's Redis nodes answered to form a quorum (nodes down, slow, or
+//! kept out for a while after a restart), or acquiring took so long that no lock time was
+//! left. Nothing ran for this request.
+//!
+//! *What to do:* retry later, with backoff, after `Retry-After` (when nodes are coming back
+//! from a restart, the time until they do; otherwise the service's cap, 1 s by default).
+//! Retrying is safe: the handler did not run.
+//!
+//! # lost
+//!
+//! **The lock was lost while the request ran** (`kind`: `unavailable`; 503, gRPC
+//! `UNAVAILABLE`). Only from services that stop a handler whose lock is lost
+//! ([`abort_on_loss`](crate::RedlockLayer::abort_on_loss)): the lock could not be extended
+//! (the lock nodes became unreachable), or the request ran past the longest time a lock
+//! may be held (the detail says so). The handler started and was stopped part-way: some
+//! of its work may be done.
+//!
+//! *What to do:* retry only an operation that is safe to repeat (an idempotent one, or one
+//! sent with the same idempotency key), after `Retry-After`. When the detail says the
+//! request ran past the longest hold, the same request will likely run as long again: do
+//! not retry it unchanged.
+//!
+//! # record-unreadable
+//!
+//! **The stored response for this key cannot be read** (`kind`: `unavailable`; 503, gRPC
+//! `UNAVAILABLE`). With replay on, a response was stored under this key, but the record
+//! cannot be decoded (for example one written by an incompatible version). The handler
+//! does not run for this key while the record exists: it may have run already.
+//!
+//! *What to do:* retry later, after `Retry-After`; the answer lasts until the record
+//! expires (the service's replay retention) or the operator removes it, so report one that
+//! persists to the service's operator. Do not send the operation again with a new key
+//! unless you know the first one did not take effect.
+//!
+//! # bad-request
+//!
+//! **The request cannot be locked as sent** (`kind`: `bad_request`; 400, gRPC
+//! `INVALID_ARGUMENT`). The service could not name a lock from the request: the key header
+//! (such as `Idempotency-Key`) is missing where it is required, empty, sent twice or, with
+//! replay on, not a structured-field string (`Idempotency-Key: "8e03978e-40d5"`, quotes
+//! included); or the service's own extractor refused the request. The detail says which.
+//! Nothing ran.
+//!
+//! *What to do:* do not retry as is; fix the request (exactly one key header, in the form
+//! the detail names) and send it again. A detail that names the service's configuration
+//! (a header name or route template it cannot use) is for its operator.
+//!
+//! # internal
+//!
+//! **The lock layer is misconfigured** (`kind`: `internal`; 500, gRPC `INTERNAL`). The
+//! service's lock settings are refused by its lock client (for example a lock TTL out of
+//! range). Nothing ran.
+//!
+//! *What to do:* nothing a client can fix; retrying does not help until the service is
+//! fixed. Report it to the service's operator.
+//!
+//! # key-reused
+//!
+//! **The idempotency key was already used for another request** (`kind`: `key_reused`;
+//! 422, gRPC `INVALID_ARGUMENT`). With replay on, a response is stored under this key for a
+//! request that differs from this one: another method, path or query, another caller, or
+//! another body. Nothing ran.
+//!
+//! *What to do:* do not retry with this key. A new operation needs a new key; a retry of
+//! the original operation must send the original request unchanged (same body, same
+//! credentials).
+//!
+//! # response-not-kept
+//!
+//! **The request with this key was completed, but its response was not kept** (`kind`:
+//! `response_not_kept`; 410, gRPC `ALREADY_EXISTS`). With replay on, the handler ran once
+//! for this key and finished, but its response was larger than the service keeps for
+//! replay ([`ReplayPolicy::max_body`](super::ReplayPolicy::max_body)), so it cannot be sent
+//! again. The operation is done: this is not a failure of it.
+//!
+//! *What to do:* do not retry with this key (it would get this answer again until the
+//! retention ends). Read the result some other way, such as the resource the operation
+//! created or changed.
+
+/// The `type` of a busy rejection: see [busy](self#busy).
+pub const BUSY: &str =
+    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#busy";
+/// The `type` of an unavailable lock service: see [unavailable](self#unavailable).
+pub const UNAVAILABLE: &str =
+    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#unavailable";
+/// The `type` of a lock lost while the request ran: see [lost](self#lost).
+pub const LOST: &str =
+    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#lost";
+/// The `type` of a stored response that cannot be read: see
+/// [record-unreadable](self#record-unreadable).
+pub const RECORD_UNREADABLE: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#record-unreadable";
+/// The `type` of a request that cannot be locked as sent: see [bad-request](self#bad-request).
+pub const BAD_REQUEST: &str =
+    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#bad-request";
+/// The `type` of a misconfigured layer: see [internal](self#internal).
+pub const INTERNAL: &str =
+    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#internal";
+/// The `type` of an idempotency key used for another request: see
+/// [key-reused](self#key-reused).
+pub const KEY_REUSED: &str =
+    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#key-reused";
+/// The `type` of a completed request whose response was not kept: see
+/// [response-not-kept](self#response-not-kept).
+pub const RESPONSE_NOT_KEPT: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#response-not-kept";
+
+/// The problem type of a rejection: its `type` URI and `title`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Problem {
+    Busy,
+    Unavailable,
+    Lost,
+    RecordUnreadable,
+    BadRequest,
+    Internal,
+    KeyReused,
+    ResponseNotKept,
+}
+
+impl Problem {
+    /// Every problem type, for tests.
+    #[cfg(test)]
+    pub(crate) const ALL: [Problem; 8] = [
+        Problem::Busy,
+        Problem::Unavailable,
+        Problem::Lost,
+        Problem::RecordUnreadable,
+        Problem::BadRequest,
+        Problem::Internal,
+        Problem::KeyReused,
+        Problem::ResponseNotKept,
+    ];
+
+    /// The `type` URI: a section of this module's documentation.
+    pub(crate) fn uri(self) -> &'static str {
+        match self {
+            Problem::Busy => BUSY,
+            Problem::Unavailable => UNAVAILABLE,
+            Problem::Lost => LOST,
+            Problem::RecordUnreadable => RECORD_UNREADABLE,
+            Problem::BadRequest => BAD_REQUEST,
+            Problem::Internal => INTERNAL,
+            Problem::KeyReused => KEY_REUSED,
+            Problem::ResponseNotKept => RESPONSE_NOT_KEPT,
+        }
+    }
+
+    /// The `title`: the same for every occurrence of the type (RFC 9457, 3.1.3).
+    pub(crate) fn title(self) -> &'static str {
+        match self {
+            Problem::Busy => "The key is locked by another request",
+            Problem::Unavailable => "The lock service is unavailable",
+            Problem::Lost => "The lock was lost while the request ran",
+            Problem::RecordUnreadable => "The stored response cannot be read",
+            Problem::BadRequest => "The request cannot be locked as sent",
+            Problem::Internal => "The lock layer is misconfigured",
+            Problem::KeyReused => "The idempotency key was used for another request",
+            Problem::ResponseNotKept => "The response was not kept for replay",
+        }
+    }
+}
