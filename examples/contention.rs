@@ -66,7 +66,7 @@ async fn main() -> Result<(), common::Error> {
                         counter.store(seen + 1, Ordering::SeqCst);
                         let end = Instant::now().min(lock.valid_until());
                         stats.holds.push((got, end));
-                        redlock.unlock(&lock).await;
+                        let _ = redlock.unlock(&lock).await;
                     }
                     Err(LockError::Busy { .. }) => stats.gave_up += 1,
                     Err(e) => return Err(e),

@@ -151,7 +151,7 @@ async fn main() -> Result<(), Error> {
             return Err("the stale write was accepted".into());
         }
     }
-    redlock.unlock(&a).await; // a no-op: A's keys expired or were replaced
+    let _ = redlock.unlock(&a).await; // a no-op: A's keys expired or were replaced
 
     drop(local); // stops the local redis-server nodes, if any
     Ok(())

@@ -8,7 +8,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let guard = redlock.acquire("nightly-report").await?; // extended every TTL / 3
-//! guard.release().await;
+//! let _ = guard.release().await;
 //! # Ok(()) }
 //! ```
 
@@ -51,7 +51,7 @@ use crate::token::{Lock, LockToken, LostReason, Shared};
 ///     reason = token.lost() => eprintln!("lock lost ({reason}): stopping"),
 ///     _ = async { /* long work; check token.is_held() before each write */ } => {}
 /// }
-/// guard.release().await;
+/// let _ = guard.release().await;
 /// # Ok(()) }
 /// ```
 ///
@@ -197,7 +197,7 @@ impl Redlock {
     /// let lock = redlock.lock_with_ttl("import:customers", Duration::from_secs(3)).await?;
     /// let guard = redlock.guard(lock); // extended every second
     /// // ... the import ...
-    /// guard.release().await;
+    /// let _ = guard.release().await;
     /// # Ok(()) }
     /// ```
     pub fn guard(&self, lock: Lock) -> LockGuard {

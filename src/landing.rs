@@ -8,7 +8,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("invoice:42").await?; // its SETs to slow nodes land meanwhile
-//! redlock.unlock(&lock).await; // each node's delete goes after that node's SET
+//! let _ = redlock.unlock(&lock).await; // each node's delete goes after that node's SET
 //! # Ok(()) }
 //! ```
 

@@ -28,7 +28,7 @@
 //!
 //! let lock = redlock.lock("webhook:evt_123").await?;
 //! // Only one holder at a time gets here, for at most lock.remaining().
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 //!

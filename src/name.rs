@@ -18,7 +18,7 @@
 //! let lock = redlock.lock("invoice:42").await?;
 //! assert_eq!(lock.name(), b"invoice:42");
 //! assert_eq!(lock.value().len(), 16 + 2 * tower_redlock::defaults::VALUE_LEN);
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

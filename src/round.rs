@@ -20,7 +20,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("job:1").await?; // one round of SETs (two with fencing)
-//! redlock.unlock(&lock).await; // one round of deletes
+//! let _ = redlock.unlock(&lock).await; // one round of deletes
 //! # Ok(()) }
 //! ```
 

@@ -11,7 +11,7 @@
 //! assert_eq!(lock.name(), b"invoice:42");
 //! assert_eq!(lock.value().len(), 16 + 2 * tower_redlock::defaults::VALUE_LEN);
 //! println!("valid for another {:?}", lock.remaining());
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

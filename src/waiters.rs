@@ -41,9 +41,9 @@
 //!     let redlock = redlock.clone();
 //!     async move { redlock.lock("report").await } // waits for this client's release
 //! });
-//! redlock.unlock(&held).await; // the waiter gets the lock about one round trip later
+//! let _ = redlock.unlock(&held).await; // the waiter gets the lock about one round trip later
 //! let lock = waiter.await??;
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

@@ -44,7 +44,7 @@ async fn mutual_exclusion(n: usize) {
                         inside.fetch_sub(1, Ordering::SeqCst);
                         let end = lock.valid_until().min(Instant::now());
                         holds.push((acquired, end));
-                        redlock.unlock(&lock).await;
+                        let _ = redlock.unlock(&lock).await;
                     }
                     Err(LockError::Busy { .. }) => {}
                     Err(e) => panic!("unexpected error: {e}"),
@@ -260,7 +260,7 @@ async fn busy_reports_the_holders_remaining_ttl() {
             }
             other => panic!("fencing {fencing}: expected Busy with a hint, got {other:?}"),
         }
-        redlock.unlock(&holder).await;
+        let _ = redlock.unlock(&holder).await;
     }
 }
 
@@ -464,7 +464,7 @@ async fn a_waiter_gets_the_lock_after_the_holder_unlocks() {
     assert!(lock.attempts() >= 2, "attempts: {}", lock.attempts());
     assert!(lock.attempts() <= 200);
     assert!(got_at > released_at);
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
 }
 
 #[tokio::test]
@@ -492,7 +492,7 @@ async fn lock_honours_the_retry_deadline() {
         took < deadline + Duration::from_millis(30),
         "overran: {took:?}"
     );
-    holder_client.unlock(&holder).await;
+    let _ = holder_client.unlock(&holder).await;
 }
 
 #[tokio::test]
@@ -512,7 +512,7 @@ async fn max_attempts_bounds_the_retries() {
         Err(LockError::Busy { attempts: 4, .. }) => {}
         other => panic!("expected Busy after 4 attempts, got {other:?}"),
     }
-    holder.release().await;
+    let _ = holder.release().await;
 }
 
 #[tokio::test]
@@ -701,7 +701,7 @@ async fn a_hung_node_at_connect_time_does_not_stall() {
             t.elapsed()
         );
         let t = Instant::now();
-        redlock.unlock(&lock).await;
+        let _ = redlock.unlock(&lock).await;
         assert!(
             t.elapsed() < NODE_TIMEOUT + Duration::from_millis(40),
             "{:?}",
@@ -787,7 +787,7 @@ async fn an_unfenced_acquisition_is_one_plain_set_per_node() {
     let redlock = cluster.client(|b| b.fencing(false)).await;
     cluster.reset_stats().await;
     let lock = redlock.try_lock("plain").await.expect("free");
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
     assert_eq!(cluster.command_calls(0, "set").await, 1);
     // The release is the one script: compare-and-delete.
     assert_eq!(cluster.command_calls(0, "evalsha").await, 1);
@@ -917,7 +917,7 @@ async fn a_connection_the_server_cuts_fails_fast_and_is_replaced() {
             let t = Instant::now();
             match redlock.try_lock(format!("cut-{attempt}")).await {
                 Ok(lock) => {
-                    redlock.unlock(&lock).await;
+                    let _ = redlock.unlock(&lock).await;
                     true
                 }
                 Err(LockError::NoQuorum { failures, .. }) => {
@@ -982,7 +982,7 @@ async fn duration_max_settings_give_typed_errors_or_mean_no_limit() {
         n == 1
     })
     .await;
-    holder.unlock(&lock).await;
+    let _ = holder.unlock(&lock).await;
     let attempts = tokio::time::timeout(Duration::from_secs(10), task)
         .await
         .expect("woken by the release")
@@ -1005,7 +1005,7 @@ async fn duration_max_settings_give_typed_errors_or_mean_no_limit() {
     })
     .await;
     assert!(guard.is_held());
-    guard.release().await;
+    let _ = guard.release().await;
 }
 
 /// The ACL line in the README is enough for every feature (fencing, quarantine, waking
@@ -1050,7 +1050,7 @@ async fn the_readme_acl_rule_is_enough_and_info_is_only_for_the_quarantine() {
         let redlock = redlock.clone();
         tokio::spawn(async move { redlock.lock("acl-job").await.map(|l| l.fencing_token()) })
     };
-    redlock.unlock(&held).await;
+    let _ = redlock.unlock(&held).await;
     let fenced = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("the waiter gets the lock")
@@ -1103,7 +1103,7 @@ async fn lock_waits_across_the_holders_ttl_and_the_quarantine() {
                 .saturating_sub(Duration::from_millis(50))
     );
     assert!(lock.attempts() <= 4, "{} attempts", lock.attempts());
-    waiter.unlock(&lock).await;
+    let _ = waiter.unlock(&lock).await;
 
     // Fresh nodes and the quarantine on: kept out for about 2 s (the TTL minus uptime).
     let young = Cluster::start(3);
@@ -1118,7 +1118,7 @@ async fn lock_waits_across_the_holders_ttl_and_the_quarantine() {
         .await
         .expect("waits out the quarantine");
     assert!(lock.attempts() <= 4, "{} attempts", lock.attempts());
-    quarantined.unlock(&lock).await;
+    let _ = quarantined.unlock(&lock).await;
 }
 
 /// Once the quorum has answered, the calls still out complete in the background: 512
@@ -1178,7 +1178,7 @@ async fn locks_land_on_every_healthy_node_not_only_a_quorum() {
         "released locks leave no key behind"
     );
     for lock in &locks {
-        redlock.unlock(lock).await;
+        let _ = redlock.unlock(lock).await;
     }
 }
 
@@ -1277,7 +1277,7 @@ async fn health_and_inspection_tell_what_the_nodes_hold() {
         "{seen:?}"
     );
     assert_eq!(seen.fencing(), lock.fencing_token());
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
     let gone = redlock.inspect("inspected").await.expect("inspect");
     assert_eq!((gone.held_on(), gone.remaining()), (0, None));
     assert_eq!(

@@ -41,7 +41,7 @@ async fn second_holder(
             until.saturating_duration_since(Instant::now())
         )),
         Ok(lock) => {
-            client.unlock(&lock).await;
+            let _ = client.unlock(&lock).await;
             None
         }
         Err(_) => None,
@@ -102,7 +102,7 @@ async fn after_the_failover(
     wait_for("the name free again", TTL * 3, || async {
         match after.try_lock(name).await {
             Ok(lock) => {
-                after.unlock(&lock).await;
+                let _ = after.unlock(&lock).await;
                 true
             }
             Err(_) => false,

@@ -280,7 +280,7 @@ async fn a_restart_is_detected_by_its_new_run_id() {
         .build()
         .expect("build");
     let lock = r.lock("run-id").await.expect("old nodes are trusted");
-    r.unlock(&lock).await;
+    let _ = r.unlock(&lock).await;
     tokio::task::block_in_place(|| {
         cluster.nodes[0].restart();
         cluster.nodes[1].kill();
@@ -384,7 +384,7 @@ async fn a_sentinel_failover_is_followed_and_quarantined_without_overlaps() {
                         held.fetch_add(1, Ordering::SeqCst);
                     }
                     inside.fetch_sub(1, Ordering::SeqCst);
-                    redlock.unlock(&lock).await;
+                    let _ = redlock.unlock(&lock).await;
                 }
             })
         })
@@ -479,7 +479,7 @@ async fn a_cluster_node_locks_on_the_owning_shard_and_a_dead_shard_fails_only_it
     assert_eq!(redlock.unlock(&lock).await.released(), 1);
     let again = redlock.lock("shard-a").await.expect("lock again");
     assert!(again.fencing_token() > Some(first));
-    redlock.unlock(&again).await;
+    let _ = redlock.unlock(&again).await;
 
     // A name on the shard about to die, and one on another shard.
     let key = |name: &str| format!("redlock:{{{name}}}").into_bytes();
@@ -504,5 +504,5 @@ async fn a_cluster_node_locks_on_the_owning_shard_and_a_dead_shard_fails_only_it
         .lock(&other)
         .await
         .expect("another shard still locks");
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
 }

@@ -77,7 +77,7 @@ async fn extensions_keep_the_number_and_each_acquisition_gets_a_new_one() {
     assert_eq!(token(&lock), first, "an extension keeps the number");
     let guard = redlock.guard(lock);
     assert_eq!(guard.fencing_token(), Some(first), "the token carries it");
-    guard.release().await;
+    let _ = guard.release().await;
     let next = redlock.lock("invoice:7").await.expect("lock again");
     assert!(token(&next) > first);
     // Phase 2 recorded the number on a quorum of nodes.
@@ -98,7 +98,7 @@ async fn without_fencing_there_is_no_number_and_no_counter() {
     assert!(!redlock.fencing());
     let lock = redlock.lock("request:abc").await.expect("lock");
     assert_eq!(lock.fencing_token(), None);
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
     for i in 0..3 {
         assert_eq!(counter_on(&cluster, i, "request:abc").await, None);
     }
@@ -116,7 +116,7 @@ async fn a_lost_counter_falls_back_to_the_clock() {
     let redlock = builder(cluster.urls()).build().expect("build");
     let lock = redlock.lock("ledger").await.expect("lock");
     let before = token(&lock);
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
         let (key, member) = counter_key("ledger");
@@ -198,7 +198,7 @@ async fn a_fenced_acquisition_takes_one_round_trip() {
             "node {i}: {counter:?}"
         );
     }
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
 }
 
 /// Counters above the client's clock refuse its proposal: phase 2 records one above them,
@@ -220,7 +220,7 @@ async fn a_refused_proposal_takes_phase_two_once_then_the_clock_catches_up() {
         let lock = slot.into_inner().expect("slot").expect("locked");
         tokens.push(token(&lock));
         rounds.push(calls.into_iter().map(|[n]| n).max().unwrap_or(0));
-        redlock.unlock(&lock).await;
+        let _ = redlock.unlock(&lock).await;
     }
     assert_eq!(tokens[0], FAR_FUTURE + 1, "one above the counters");
     assert_strictly_increasing(&tokens);
@@ -281,7 +281,7 @@ async fn naive_incr_goes_backwards_ours_does_not() {
                 );
             }
             ours.push(t);
-            redlock.unlock(&lock).await;
+            let _ = redlock.unlock(&lock).await;
             // The naive scheme on the same nodes: INCR where granted, take the largest.
             let mut highest = 0u64;
             for &i in &granting {
@@ -327,7 +327,7 @@ async fn contending_tasks_get_increasing_unique_numbers() {
                         .expect("no panics while holding")
                         .push(token(&lock));
                     tokio::task::yield_now().await;
-                    redlock.unlock(&lock).await;
+                    let _ = redlock.unlock(&lock).await;
                 }
             })
         })
@@ -482,7 +482,7 @@ async fn ten_thousand_sequential_acquisitions_through_failures_and_data_loss() {
             "acquisition {i}: fencing number {t} is not above {last} (faults {faults:?}, seed {seed})"
         );
         last = t;
-        redlock.unlock(&lock).await;
+        let _ = redlock.unlock(&lock).await;
     }
     println!(
         "{TOTAL} acquisitions, {} pauses, {} kills, {} restarts with data loss, {retried} retries",
@@ -544,7 +544,7 @@ async fn counters_of_distinct_names_stay_bounded_and_expire_after_the_retention(
             tokio::spawn(async move {
                 for i in (t..NAMES).step_by(TASKS) {
                     let lock = redlock.lock(format!("order:{i:06}")).await.expect("lock");
-                    redlock.unlock(&lock).await;
+                    let _ = redlock.unlock(&lock).await;
                 }
             })
         })
@@ -608,7 +608,7 @@ async fn names_of_one_slot_share_a_counter_and_their_numbers_increase() {
     for name in &names {
         let lock = redlock.lock(name).await.expect("lock");
         tokens.push(token(&lock));
-        redlock.unlock(&lock).await;
+        let _ = redlock.unlock(&lock).await;
     }
     assert_strictly_increasing(&tokens);
     let (set, member) = counter_key(&names[0]);
@@ -639,7 +639,7 @@ async fn numbers_keep_increasing_before_and_after_the_counter_expires() {
     for _ in 0..3 {
         let lock = redlock.lock("expiring").await.expect("lock");
         tokens.push(token(&lock));
-        redlock.unlock(&lock).await;
+        let _ = redlock.unlock(&lock).await;
     }
     assert!(counter_on(&cluster, 0, "expiring").await.is_some());
     support::wait_for(
@@ -656,7 +656,7 @@ async fn numbers_keep_increasing_before_and_after_the_counter_expires() {
     .await;
     let lock = redlock.lock("expiring").await.expect("lock");
     tokens.push(token(&lock));
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
     assert_strictly_increasing(&tokens);
 }
 
@@ -701,7 +701,7 @@ async fn renewals_before_and_after_a_restart(quarantine: bool) {
         let redlock = &redlock;
         async move {
             let lock = redlock.lock(name).await.expect("lock");
-            redlock.unlock(&lock).await;
+            let _ = redlock.unlock(&lock).await;
         }
     };
     lock_and_unlock("t}a").await;
@@ -750,7 +750,7 @@ async fn an_endless_retention_keeps_counters_a_hundred_years() {
         .build()
         .expect("build");
     let lock = redlock.lock("forever").await.expect("lock");
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
     let expiry_ms = 150 * 365 * 24 * 3600 * 1000_i64;
     for i in 0..3 {
         // A node beyond the quorum may take a moment to get its commands.
@@ -831,7 +831,7 @@ async fn a_counter_written_after_a_dropped_connection_lives_a_retention() {
     let name = "dropped";
     let set = counter_key(name).0;
     let first = a.lock(name).await.expect("lock");
-    a.unlock(&first).await;
+    let _ = a.unlock(&first).await;
     support::wait_for(
         "the first renewal 6 s old",
         Duration::from_secs(15),
@@ -846,12 +846,12 @@ async fn a_counter_written_after_a_dropped_connection_lives_a_retention() {
     assert!(killed >= 1, "A's connection closed by the server");
     // On the closed connection (it may fail, or reconnect in time: either way).
     if let Ok(lock) = a.try_lock(name).await {
-        a.unlock(&lock).await;
+        let _ = a.unlock(&lock).await;
     }
     let lock = a.lock(name).await.expect("lock after the reconnect");
     let written = Instant::now();
     let t_a = token(&lock);
-    a.unlock(&lock).await;
+    let _ = a.unlock(&lock).await;
     let left = pttl(&cluster, 0, &set).await;
     assert!(
         left >= i64::try_from(SHORT_RETENTION.as_millis()).expect("ms"),
@@ -910,7 +910,7 @@ async fn a_client_whose_proposal_one_node_accepts_reads_before_taking_a_number()
                 let name = names[round % 2];
                 let lock = a.lock(name).await.expect("A locks with two nodes of three");
                 let t = token(&lock);
-                a.unlock(&lock).await;
+                let _ = a.unlock(&lock).await;
                 let mut highest = highest.lock().expect("not poisoned");
                 let entry = highest.entry(name).or_insert(0);
                 *entry = t.max(*entry);
@@ -958,5 +958,5 @@ async fn skewed_client_locks_once() {
         .expect("build");
     let lock = b.lock(&name).await.expect("lock");
     println!("FENCE={}", token(&lock));
-    b.unlock(&lock).await;
+    let _ = b.unlock(&lock).await;
 }

@@ -88,7 +88,7 @@ async fn a_client_clock_an_hour_ahead_does_not_drag_the_counters() {
     let name = "clock-ahead";
     let lock = redlock.lock(name).await.expect("lock");
     let before = token(&lock);
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
 
     let (skewed, warned) = lock_from_an_hour_ahead(&cluster, name, "default");
     let ceiling = now_us() + us(DEFAULT_FENCING_CLOCK_BOUND + SLACK);
@@ -112,7 +112,7 @@ async fn a_client_clock_an_hour_ahead_does_not_drag_the_counters() {
         .await
         .expect("lock after the skewed client");
     let after = token(&lock);
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
     assert!(after > skewed, "{after} is not above the skewed {skewed}");
     assert!(
         after <= now_us() + us(DEFAULT_FENCING_CLOCK_BOUND + SLACK),
@@ -150,8 +150,8 @@ async fn client_ahead_locks_once() {
     assert!(warnings <= 1, "warned {warnings} times: {}", logs.text());
     println!("FENCE={}", token(&lock));
     println!("WARNED={}", warnings == 1);
-    redlock.unlock(&lock).await;
-    redlock.unlock(&again).await;
+    let _ = redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&again).await;
 }
 
 /// A counter set by hand to 2^53, or to `+inf`, on every node, which no `ZADD GT` can
@@ -182,7 +182,7 @@ async fn a_counter_pinned_at_the_maximum_is_reset_by_the_next_acquisition() {
                 .await
                 .unwrap_or_else(|e| panic!("{name}, acquisition {round}: {e}"));
             let number = token(&lock);
-            redlock.unlock(&lock).await;
+            let _ = redlock.unlock(&lock).await;
             assert!(number < MAX_NUMBER, "{name}: {number}");
             assert!(number > last, "{name}: {number} after {last}");
             last = number;

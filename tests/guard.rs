@@ -48,7 +48,7 @@ async fn a_holder_keeps_its_lock_for_three_ttls_then_releases() {
         .try_lock("long-job")
         .await
         .expect("free after release");
-    other.unlock(&lock).await;
+    let _ = other.unlock(&lock).await;
 }
 
 #[tokio::test]
@@ -203,7 +203,7 @@ fn guards_keep_extending_in_numbers_and_across_runtimes() {
             let redlock = builder(&cluster).build().expect("build");
             support::warm(&redlock).await;
             let guard = redlock.acquire("first-runtime").await.expect("acquire");
-            guard.release().await;
+            let _ = guard.release().await;
             redlock
         })
     }; // that runtime, and the driver it ran, are gone
@@ -265,11 +265,11 @@ fn a_guard_whose_keep_alive_driver_stopped_is_marked_lost() {
     // name can be locked again and new guards are extended by a new driver.
     let second = tokio::runtime::Runtime::new().expect("runtime");
     second.block_on(async {
-        guard.release().await;
+        let _ = guard.release().await;
         let again = redlock.acquire("driver-gone").await.expect("acquire");
         tokio::time::sleep(Duration::from_millis(900)).await; // past the 600 ms TTL
         assert!(again.is_held(), "{:?}", again.lost_reason());
-        again.release().await;
+        let _ = again.release().await;
     });
 }
 

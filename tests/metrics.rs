@@ -95,7 +95,7 @@ async fn the_documented_metrics_are_recorded() {
         redlock.try_lock("m-1").await,
         Err(LockError::Busy { .. })
     ));
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
     assert_eq!(
         s.value("redlock_acquire_total{outcome=acquired}"),
         acquired_before + 1.0
@@ -123,12 +123,12 @@ async fn the_documented_metrics_are_recorded() {
         s.value("redlock_waiting") == 1.0
     })
     .await;
-    redlock.unlock(&held).await;
+    let _ = redlock.unlock(&held).await;
     let got = waiter
         .await
         .expect("waiter")
         .expect("lock after the release");
-    redlock.unlock(&got).await;
+    let _ = redlock.unlock(&got).await;
     assert_eq!(s.value("redlock_waiting"), 0.0);
 
     // The layer's replays.

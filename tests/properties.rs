@@ -222,21 +222,21 @@ async fn exercise(
     .await?;
     if let Ok(mut lock) = bounded("try_lock", redlock.try_lock(&name)).await? {
         let _ = bounded("extend", redlock.extend(&mut lock, s.call_ttl)).await?;
-        bounded("unlock", redlock.unlock(&lock)).await?;
+        let _ = bounded("unlock", redlock.unlock(&lock)).await?;
     }
     // A busy name: `lock` waits; an outer timeout cuts it short.
     let busy = format!("busy-{case}");
     let held = bounded("holder lock", holder.try_lock(&busy)).await?;
     let _ = tokio::time::timeout(Duration::from_millis(150), redlock.lock(&busy)).await;
     if let Ok(held) = held {
-        holder.unlock(&held).await;
+        let _ = holder.unlock(&held).await;
     }
     // A guard: extends in the background, releases within the bound.
     if let Ok(lock) = bounded("guarded lock", redlock.try_lock(&name)).await? {
         let guard = redlock.guard(lock);
         tokio::time::sleep(Duration::from_millis(20)).await;
         let _ = guard.token().is_held();
-        bounded("guard release", guard.release()).await?;
+        let _ = bounded("guard release", guard.release()).await?;
     }
     Ok(())
 }

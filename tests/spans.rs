@@ -23,7 +23,7 @@ async fn spans_show_counts_and_outcomes_and_never_the_value() {
         .extend(&mut lock, Duration::from_secs(5))
         .await
         .expect("extend");
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
     let logged = text();
     for needle in [
         "redlock.acquire{",
@@ -54,7 +54,7 @@ async fn spans_show_counts_and_outcomes_and_never_the_value() {
         .build()
         .expect("build");
     let lock = named.lock("order-public-7").await.expect("lock");
-    named.unlock(&lock).await;
+    let _ = named.unlock(&lock).await;
     assert!(text().contains("lock=order-public-7"), "{}", text());
 }
 
@@ -108,7 +108,7 @@ async fn a_node_that_hangs_behind_a_quorum_gets_a_new_connection() {
                 let mut raw = raw;
                 let lock = redlock.try_lock(format!("back-{round}")).await;
                 if let Ok(lock) = lock {
-                    redlock.unlock(&lock).await;
+                    let _ = redlock.unlock(&lock).await;
                 }
                 let now = connections(info.query_async(&mut raw).await.expect("INFO"));
                 now > before
@@ -156,7 +156,7 @@ async fn the_layer_span_records_each_requests_outcome() {
     assert_eq!(call(Some("span-secret-1")).await, 200);
     let held = redlock.lock("span-secret-2").await.expect("lock");
     assert_eq!(call(Some("span-secret-2")).await, 409);
-    redlock.unlock(&held).await;
+    let _ = redlock.unlock(&held).await;
     assert_eq!(call(None).await, 400);
     let logged = logs.text();
     for needle in [

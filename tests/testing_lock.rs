@@ -141,7 +141,7 @@ async fn another_holder_makes_requests_busy_until_it_releases() {
     let other = lock.acquire("order-1").await.unwrap();
     let busy = app.clone().oneshot(request("order-1", "x")).await.unwrap();
     assert_eq!(busy.status(), StatusCode::CONFLICT);
-    other.release().await;
+    let _ = other.release().await;
     let ok = app.oneshot(request("order-1", "x")).await.unwrap();
     assert_eq!(ok.status(), StatusCode::OK);
 }
@@ -157,7 +157,7 @@ async fn a_waiting_request_gets_the_lock_when_the_holder_releases() {
     let waiting = tokio::spawn(app.oneshot(request("order-1", "x")));
     tokio::task::yield_now().await;
     assert!(!waiting.is_finished());
-    other.release().await;
+    let _ = other.release().await;
     let response = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("woken by the release")

@@ -159,7 +159,7 @@ async fn mutual_tls_needs_the_client_certificate() {
         .build()
         .expect("build");
     let lock = with_cert.lock("mtls").await.expect("lock with mTLS");
-    with_cert.unlock(&lock).await;
+    let _ = with_cert.unlock(&lock).await;
 
     let without = builder(vec![tls::url(&node)])
         .tls_root_certificates(certs.read("ca.pem"))

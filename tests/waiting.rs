@@ -44,7 +44,7 @@ fn spawn_waiter(redlock: &Redlock, name: &'static str) -> tokio::task::JoinHandl
     tokio::spawn(async move {
         let lock = redlock.lock(name).await.expect("the waiter gets the lock");
         let got = Instant::now();
-        redlock.unlock(&lock).await;
+        let _ = redlock.unlock(&lock).await;
         got
     })
 }
@@ -60,7 +60,7 @@ async fn a_waiter_acquires_right_after_the_release_not_after_the_retry_delay() {
     let task = spawn_waiter(&waiter, "handoff");
     wait_subscribed(&cluster, "redlock:{handoff}").await;
     let released = Instant::now();
-    holder.unlock(&lock).await;
+    let _ = holder.unlock(&lock).await;
     let got = task.await.expect("waiter task");
     let handoff = got.saturating_duration_since(released);
     assert!(
@@ -97,7 +97,7 @@ async fn a_lost_notification_costs_at_most_the_backstop() {
             .expect("CLIENT KILL");
     }
     let released = Instant::now();
-    holder.unlock(&lock).await;
+    let _ = holder.unlock(&lock).await;
     let got = task.await.expect("waiter task");
     let took = got.saturating_duration_since(released);
     // One backstop delay, plus a round of node calls, with room for a loaded machine.
@@ -125,7 +125,7 @@ async fn waiters_of_one_client_go_in_arrival_order() {
                 .await
                 .expect("each waiter gets its turn");
             order.lock().expect("order").push(i);
-            redlock.unlock(&lock).await;
+            let _ = redlock.unlock(&lock).await;
         }));
         // The next one arrives once this one is queued.
         wait_for("the waiter to queue", Duration::from_secs(5), || async {
@@ -134,7 +134,7 @@ async fn waiters_of_one_client_go_in_arrival_order() {
         .await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    other.unlock(&first).await;
+    let _ = other.unlock(&first).await;
     let t = Instant::now();
     for task in tasks {
         task.await.expect("waiter");
@@ -177,7 +177,7 @@ async fn without_subscribe_permission_waiting_polls_and_says_so() {
         async move { seen }
     })
     .await;
-    holder.unlock(&lock).await;
+    let _ = holder.unlock(&lock).await;
     tokio::time::timeout(Duration::from_secs(5), task)
         .await
         .expect("the waiter gets the lock by polling")
@@ -204,7 +204,7 @@ async fn a_release_by_the_same_client_wakes_its_waiter_without_pub_sub() {
     })
     .await;
     let released = Instant::now();
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
     let got = task.await.expect("waiter task");
     let handoff = got.saturating_duration_since(released);
     assert!(
@@ -272,5 +272,5 @@ async fn lock_gives_up_within_its_retry_budget() {
         Instant::now() >= until,
         "lock_until gave up before its deadline"
     );
-    holder.unlock(&held).await;
+    let _ = holder.unlock(&held).await;
 }

@@ -12,7 +12,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let guard = redlock.acquire("report").await?; // kept alive through this seam
-//! guard.release().await;
+//! let _ = guard.release().await;
 //! # Ok(()) }
 //! ```
 

@@ -80,7 +80,7 @@ pub use node_config::NodeConfig;
 /// match redlock.try_lock("job:nightly").await {
 ///     Ok(lock) => {
 ///         // ... the job, within lock.remaining() ...
-///         redlock.unlock(&lock).await;
+///         let _ = redlock.unlock(&lock).await;
 ///     }
 ///     Err(LockError::Busy { .. }) => println!("another worker runs the job"),
 ///     Err(e) => return Err(e.into()),
@@ -364,7 +364,7 @@ impl Redlock {
                 // Counted from now, before the task runs, for `shutdown`.
                 let running = self.inner.core.release_running();
                 let release = async move {
-                    redlock.release_op().run(&deletion).await;
+                    let _ = redlock.release_op().run(&deletion).await;
                     drop(running);
                 };
                 handle.spawn(tracing::Instrument::instrument(release, span));

@@ -416,7 +416,7 @@ fn finish(client: &Alive, entry: Entry, reason: LostReason) -> Work {
             core: &client.core,
             waiters: &client.waiters,
         };
-        release.unlock(client.observe, &entry.lock).await;
+        let _ = release.unlock(client.observe, &entry.lock).await;
         None
     })
 }

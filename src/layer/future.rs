@@ -251,7 +251,7 @@ where
                     }
                 }
                 StateProj::Releasing { release, .. } => {
-                    ready!(release.as_mut().poll(cx));
+                    let _ = ready!(release.as_mut().poll(cx));
                     released(state.as_mut())
                 }
                 StateProj::Rejected { .. } => rejected(state.as_mut()),

@@ -172,7 +172,7 @@ async fn acquiring_then_rejected_for_busy_and_unavailable() {
         .unwrap_or_else(|e| match e {});
     assert_eq!(res.status(), StatusCode::CONFLICT);
     assert_eq!(handler.runs(), 0);
-    held.release().await;
+    let _ = held.release().await;
 }
 
 #[tokio::test]
@@ -187,7 +187,7 @@ async fn a_waiting_acquisition_dropped_leaves_nothing_held() {
     assert!(poll_once(&mut fut).is_pending());
     assert_eq!(state_of(&fut), r#"ResponseFuture { state: "acquiring" }"#);
     drop(fut);
-    held.release().await;
+    let _ = held.release().await;
     assert!(!lock.is_locked("a"));
     assert_eq!(handler.runs(), 0);
 }

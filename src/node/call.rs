@@ -19,7 +19,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("job:1").await?; // one NodeCall per node, polled by one round
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

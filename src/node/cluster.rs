@@ -25,7 +25,7 @@
 //!
 //! let redlock = Redlock::builder([NodeConfig::cluster(["redis://10.0.0.1:6379"])]).build()?;
 //! let lock = redlock.lock("job:1").await?; // runs on the shard of job:1, checked
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

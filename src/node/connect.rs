@@ -8,7 +8,7 @@
 //! // `build` starts each node's connect task; a lock taken at once waits for it.
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("job:1").await?;
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

@@ -25,7 +25,7 @@
 //!     .fencing_retention(Duration::from_secs(3600))
 //!     .build()?;
 //! let lock = redlock.lock("order:42").await?; // its node's first fenced request: renews
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

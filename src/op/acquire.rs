@@ -200,7 +200,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
                 core: self.core,
                 waiters: self.waiters,
             };
-            release.run(deletion).await;
+            let _ = release.run(deletion).await;
         }
         pending.deletion = None;
         tracing::debug!(nodes = self.core.node_count(), failure = ?missed, "redlock attempt failed");

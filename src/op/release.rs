@@ -33,6 +33,7 @@ use crate::waiters::Waiters;
 /// Releasing never deletes a key that holds another client's value; a lock that already
 /// expired simply counts as not held.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use = "a release short of a quorum leaves the lock held on some nodes until its TTL ends: check `released()` (or write `let _ =` to ignore it)"]
 pub struct Released {
     released: usize,
     not_held: usize,

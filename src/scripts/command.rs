@@ -13,7 +13,7 @@
 //! // The commands are internal; each operation sends one to every node.
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("invoice:42").await?;
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

@@ -10,7 +10,7 @@
 //! // The scripts are internal; every operation runs one of them.
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("invoice:42").await?; // SET NX PX (+ ZADD GT CH when fenced)
-//! redlock.unlock(&lock).await; // RELEASE, or RELEASE_MANY with others
+//! let _ = redlock.unlock(&lock).await; // RELEASE, or RELEASE_MANY with others
 //! # Ok(()) }
 //! ```
 

@@ -11,7 +11,7 @@
 //! // Packing is internal; every round packs its command once for all nodes.
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("invoice:42").await?;
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

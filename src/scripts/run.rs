@@ -10,7 +10,7 @@
 //! // After SCRIPT FLUSH on a node, the next release there runs the script by EVAL.
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("invoice:42").await?;
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

@@ -12,7 +12,7 @@
 //! let lock = tower_redlock::testing::InMemoryLock::new();
 //! let guard = lock.acquire("report").await.unwrap();
 //! assert!(lock.acquire("report").await.is_err()); // busy
-//! guard.release().await;
+//! let _ = guard.release().await;
 //! assert!(lock.acquire("report").await.is_ok());
 //! # }
 //! ```

@@ -14,7 +14,7 @@
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let held = redlock.lock("job:1").await?;
 //! // Another client's waiter for "job:1" subscribes on the node and is woken by this release.
-//! redlock.unlock(&held).await;
+//! let _ = redlock.unlock(&held).await;
 //! # Ok(()) }
 //! ```
 

@@ -222,7 +222,7 @@ async fn hold_once(
         history.late_writes.fetch_add(1, Ordering::Relaxed);
         fenced_write(store, name, token, history).await;
         push_hold(history, name, started, acquired, lock.valid_until(), token);
-        redlock.unlock(&lock).await;
+        let _ = redlock.unlock(&lock).await;
         return;
     }
     // Read-modify-write on the ledger, only while the lock is valid.
@@ -244,7 +244,7 @@ async fn hold_once(
     fenced_write(store, name, token, history).await;
     let end = Instant::now().min(lock.valid_until());
     push_hold(history, name, started, acquired, end, token);
-    redlock.unlock(&lock).await;
+    let _ = redlock.unlock(&lock).await;
 }
 
 fn push_hold(

@@ -72,7 +72,7 @@ pub(crate) fn store_then_release<L: LockBackend>(
                 "redlock layer: the lock was lost before the response was recorded; no completion record (a retry runs the handler again)"
             );
         }
-        release.await;
+        let _ = release.await;
     })
 }
 
@@ -167,7 +167,7 @@ impl<L: LockBackend> Recorder<L> {
             None => {
                 let release = guard.release_future();
                 Box::pin(async move {
-                    release.await;
+                    let _ = release.await;
                 })
             }
         };

@@ -23,7 +23,7 @@
 //! // A password and a database: the handshake sends AUTH and SELECT.
 //! let redlock = tower_redlock::Redlock::builder([info]).build()?;
 //! let lock = redlock.lock("invoice:42").await?;
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 

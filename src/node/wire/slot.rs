@@ -8,7 +8,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
 //! let lock = redlock.lock("invoice:42").await?; // the SET's reply comes through a slot
-//! redlock.unlock(&lock).await;
+//! let _ = redlock.unlock(&lock).await;
 //! # Ok(()) }
 //! ```
 
