@@ -5,9 +5,13 @@
 //! (**replayed**), on 1 and 5 local redis-server nodes started by the test harness. With
 //! `LAYER_BASELINE_EXE=path` (this bench built from another commit) the replayed variant
 //! also runs served by that binary (**replayed-before**), interleaved with the others, so
-//! that a change's cost per replayed request is measured in the same run.
+//! that a change's cost per replayed request is measured in the same run. The body key
+//! (issue 42): the plain route sent a 2 KiB JSON body (**plain, 2 KiB body**), and
+//! `RedlockLayer::from_body` with `BodyKey::json("id")` (**body key**, fencing off) sent
+//! the same body with its id in it; the body key's cost is measured against the plain
+//! route with the body.
 //!
-//! `cargo bench --bench layer --features axum` (or `scripts/bench layer`).
+//! `cargo bench --bench layer --features axum,json` (or `scripts/bench layer`).
 //!
 //! The server runs in a child process (this binary, re-executed with
 //! `LAYER_BENCH_SERVE=variant,url,...`), so that its CPU (`/proc/<pid>/stat`, utime +
@@ -50,7 +54,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::routing::post;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use redis::aio::MultiplexedConnection;
@@ -103,16 +107,36 @@ enum Variant {
     Replayed,
     /// The replayed variant, served by `LAYER_BASELINE_EXE`.
     ReplayedBefore,
+    /// The plain route, sent a 2 KiB JSON body.
+    PlainBody,
+    /// `RedlockLayer::from_body` with `BodyKey::json("id")`, sent a 2 KiB JSON body.
+    BodyKey,
 }
 
-const VARIANTS: [Variant; 5] = [
+const VARIANTS: [Variant; 7] = [
     Variant::Plain,
     Variant::Locked,
     Variant::Fenced,
     Variant::Replayed,
     Variant::ReplayedBefore,
+    Variant::PlainBody,
+    Variant::BodyKey,
 ];
+
+/// The size of the JSON body the body variants send.
+const JSON_BODY: usize = 2048;
 const BASELINE_ENV: &str = "LAYER_BASELINE_EXE";
+
+/// The index in [`variants`] of what the `v`-th variant is measured against. The plain
+/// body variant is measured against plain (what a 2 KiB body costs HTTP alone).
+fn base_index(v: usize) -> usize {
+    let all = variants();
+    let base = match all.get(v) {
+        Some(Variant::BodyKey) => Variant::PlainBody,
+        _ => Variant::Plain,
+    };
+    all.iter().position(|x| *x == base).unwrap_or(0)
+}
 
 /// The variants of this run: the baseline's only with `LAYER_BASELINE_EXE`.
 fn variants() -> Vec<Variant> {
@@ -133,7 +157,14 @@ impl Variant {
             Variant::Locked => "locked",
             Variant::Fenced => "fenced",
             Variant::Replayed | Variant::ReplayedBefore => "replayed",
+            Variant::PlainBody => "plain-body",
+            Variant::BodyKey => "body-key",
         }
+    }
+
+    /// Whether its requests carry a JSON body (with the id in it).
+    fn has_body(self) -> bool {
+        matches!(self, Variant::PlainBody | Variant::BodyKey)
     }
 
     /// Whether its requests are retries answered from records.
@@ -148,6 +179,8 @@ impl Variant {
             Variant::Fenced => "locked-fenced",
             Variant::Replayed => "replayed",
             Variant::ReplayedBefore => "replayed-before",
+            Variant::PlainBody => "plain, 2 KiB body",
+            Variant::BodyKey => "body key, 2 KiB JSON",
         }
     }
 
@@ -185,7 +218,17 @@ fn serve_child(spec: &str) {
     rt.block_on(async move {
         let app = Router::new().route("/hook", post(hook));
         let app = match variant {
-            Variant::Plain => app,
+            Variant::Plain | Variant::PlainBody => app,
+            Variant::BodyKey => {
+                let redlock = support::builder(urls)
+                    .ttl(TTL)
+                    .fencing(false)
+                    .build()
+                    .expect("build tower-redlock");
+                support::warm(&redlock).await;
+                let key = tower_redlock::layer::BodyKey::json("id");
+                app.route_layer(tower_redlock::RedlockLayer::from_body(redlock, key))
+            }
             _ => {
                 let redlock = support::builder(urls)
                     .ttl(TTL)
@@ -340,7 +383,7 @@ impl Metrics {
 // ---------------------------------------------------------------------------------------
 // The load generator
 
-type Sender = SendRequest<Empty<Bytes>>;
+type Sender = SendRequest<Full<Bytes>>;
 
 async fn connect(addr: SocketAddr) -> Sender {
     let tcp = tokio::net::TcpStream::connect(addr)
@@ -357,11 +400,24 @@ async fn connect(addr: SocketAddr) -> Sender {
 }
 
 /// What one request returned: `Ok` for 200 "ok", else a description of the error.
-async fn request(sender: &mut Sender, addr: SocketAddr, id: &str) -> Result<(), String> {
+async fn request(
+    sender: &mut Sender,
+    addr: SocketAddr,
+    id: &str,
+    body: bool,
+) -> Result<(), String> {
+    let body = if body {
+        // `{"id":"...","pad":"xx..."}`, JSON_BODY bytes.
+        let head = format!(r#"{{"id":"{id}","pad":""#);
+        let pad = JSON_BODY.saturating_sub(head.len() + 2);
+        Bytes::from(format!("{head}{}\"}}", "x".repeat(pad)))
+    } else {
+        Bytes::new()
+    };
     let req = http::Request::post("/hook")
         .header(http::header::HOST, addr.to_string())
         .header(KEY_HEADER, id)
-        .body(Empty::new())
+        .body(Full::new(body))
         .expect("request");
     sender
         .ready()
@@ -403,6 +459,8 @@ struct Share<'a> {
     next: &'a AtomicUsize,
     total: usize,
     keys: Option<usize>,
+    /// Whether the requests carry the JSON body.
+    body: bool,
 }
 
 impl Share<'_> {
@@ -428,7 +486,7 @@ impl TaskSamples {
 async fn drive(sender: &mut Sender, addr: SocketAddr, share: Share<'_>, samples: &mut TaskSamples) {
     while let Some(id) = share.next_id() {
         let t0 = Instant::now();
-        let result = request(sender, addr, &id).await;
+        let result = request(sender, addr, &id, share.body).await;
         if result.is_err() && sender.is_closed() {
             *sender = connect(addr).await;
         }
@@ -511,6 +569,7 @@ async fn run(
             let mut go = go_rx.clone();
             // A replayed run: the warm-up writes the records the timed requests retry.
             let keys = server.variant.replays().then_some(REPLAY_KEYS);
+            let body = server.variant.has_body();
             let tag = if keys.is_some() {
                 "replay".to_owned()
             } else {
@@ -529,6 +588,7 @@ async fn run(
                     next: &warm_next,
                     total: WARMUP_REQUESTS,
                     keys,
+                    body,
                 };
                 drive(&mut sender, addr, share, &mut warm).await;
                 let mut s = TaskSamples {
@@ -542,6 +602,7 @@ async fn run(
                     next: &next,
                     total: requests,
                     keys,
+                    body,
                 };
                 drive(&mut sender, addr, share, &mut s).await;
                 s
@@ -591,6 +652,7 @@ async fn run_client(
                 next: &next,
                 total,
                 keys: None,
+                body: false,
             };
             pairs(&redlock, share, &mut s).await;
             s
@@ -628,22 +690,24 @@ impl Cell {
         median(&mut values)
     }
 
-    /// Median over the repeats of `variant − plain`.
+    /// Median over the repeats of `variant − its base` (plain, or plain with the same body).
     fn delta(&self, v: usize, field: fn(&Metrics) -> f64) -> f64 {
+        let b = base_index(v);
         let mut values: Vec<f64> = self
             .runs
             .iter()
-            .map(|r| field(&r[v]) - field(&r[0]))
+            .map(|r| field(&r[v]) - field(&r[b]))
             .collect();
         median(&mut values)
     }
 
-    /// Median over the repeats of `variant ÷ plain`.
+    /// Median over the repeats of `variant ÷ its base`.
     fn ratio(&self, v: usize, field: fn(&Metrics) -> f64) -> f64 {
+        let b = base_index(v);
         let mut values: Vec<f64> = self
             .runs
             .iter()
-            .map(|r| field(&r[v]) / field(&r[0]))
+            .map(|r| field(&r[v]) / field(&r[b]))
             .collect();
         median(&mut values)
     }
@@ -733,7 +797,7 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
     if !command.is_empty() {
         command.push(' ');
     }
-    command.push_str("cargo bench --bench layer --features axum");
+    command.push_str("cargo bench --bench layer --features axum,json");
     let redis_bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
     // SAFETY: sysconf reads a constant; no memory is involved.
     let clk_tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;

@@ -11,7 +11,7 @@
 //! | `redlock_hold_seconds` | histogram | | from acquisition to release |
 //! | `redlock_lost_total` | counter | `reason`: `extend_failed`, `max_hold`, `max_extensions`, `keep_alive_stopped` | guarded locks lost before their release |
 //! | `redlock_replayed_total` | counter | | requests the layer answered from a completion record |
-//! | `redlock_layer_rejections_total` | counter | `kind`: `busy`, `unavailable`, `bad_request`, `internal`, `key_reused`, `response_not_kept` | requests the layer rejected (also those a rejection hook answered), by [`RejectionKind`](crate::layer::RejectionKind) |
+//! | `redlock_layer_rejections_total` | counter | `kind`: `busy`, `unavailable`, `bad_request`, `internal`, `key_reused`, `response_not_kept`, `body_too_large` | requests the layer rejected (also those a rejection hook answered), by [`RejectionKind`](crate::layer::RejectionKind) |
 //! | `redlock_fenced_total` | counter | `rounds`: `1` (a quorum accepted the proposal: the acquire round trip only), `2` (phase 2 ran: a read of the counters and phase 2, two more round trips) | fenced acquisitions that got their number, by the way they got it |
 //! | `redlock_held_locks` | gauge | | guarded locks held now (guards, and the layer's locks) |
 //! | `redlock_waiting` | gauge | | lock calls waiting in a queue for a busy name |

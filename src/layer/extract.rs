@@ -85,6 +85,29 @@ pub trait ExtractLockName<B> {
     /// `Ok(Some(name))` locks `name`, `Ok(None)` passes the request through without a
     /// lock, `Err(_)` rejects it as bad input.
     fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError>;
+
+    /// How many bytes of the request body this extractor reads to name the lock (a
+    /// [`BodyKey`](super::BodyKey)); `None`, the default, when the head is enough. A layer
+    /// built with [`RedlockLayer::from_body`](crate::RedlockLayer::from_body) reads them
+    /// before it locks, and names the lock with
+    /// [`extract_from_body`](Self::extract_from_body).
+    fn body_limit(&self) -> Option<usize> {
+        None
+    }
+
+    /// The name, from the request's head and the start of its body: all of it, when it is
+    /// at most [`body_limit`](Self::body_limit) bytes long. Only called when `body_limit`
+    /// is `Some`; the default names the lock from the head alone.
+    fn extract_from_body(
+        &self,
+        head: &RequestHead<'_>,
+        body: &[u8],
+    ) -> Result<Option<Vec<u8>>, ExtractError> {
+        let _ = (head, body);
+        Err(ExtractError::new(
+            "this extractor names locks from the request head",
+        ))
+    }
 }
 
 /// The parts of a request an extractor closure sees.

@@ -33,6 +33,7 @@ use pin_project_lite::pin_project;
 use super::body::ResponseBody;
 use super::config::{Config, ReleaseOn};
 use super::keeping::{self, Recording};
+use super::pending::{AcquireFuture, BodyNamed, CallFn, Denied, Read, ReadFuture};
 use super::reject::{Protocol, Rejection};
 use super::rejection_hook::Answer;
 use super::replay::completion::{Finishing, Keep};
@@ -42,31 +43,7 @@ use crate::backend::LockBackend;
 use crate::client::{Acquired, Redlock, Released};
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::token::{LockToken, LostReason};
-
-/// The request and the service that answers it, waiting for the lock.
-pub(crate) trait PendingCall<F>: Send {
-    /// Calls the service with `token` in the request's extensions.
-    fn call(self: Box<Self>, token: LockToken) -> F;
-    /// Gives the call up: the request's head, for the rejection hook.
-    fn head(self: Box<Self>) -> http::request::Parts;
-}
-
-/// Calls the inner service once the lock is held.
-pub(crate) type CallFn<F> = Box<dyn PendingCall<F>>;
-
-/// Reads the start of the request's body (replay's body fingerprint): the call, with the
-/// request's fingerprint.
-pub(crate) type ReadFuture<F> = BoxFuture<'static, (CallFn<F>, Fingerprint)>;
-
-/// Acquires the lock (or, with replay, finds the name's record); with the name.
-pub(crate) type AcquireFuture = BoxFuture<'static, Result<(Acquired, Vec<u8>), Denied>>;
-
-/// Why a request got no lock: the error, and the name for the rejection.
-pub(crate) struct Denied {
-    pub(crate) error: LockError,
-    pub(crate) name: Vec<u8>,
-}
+use crate::token::LostReason;
 
 pin_project! {
     /// The response future of [`RedlockService`](super::RedlockService).
@@ -104,7 +81,7 @@ pin_project! {
     enum State<F, B, E, L: LockBackend> {
         Reading {
             read: ReadFuture<F>,
-            acquire: AcquireFuture,
+            acquire: Option<AcquireFuture>,
             ctx: Ctx<L>,
         },
         Acquiring {
@@ -166,10 +143,11 @@ impl<F, B, E, L: LockBackend> ResponseFuture<F, B, E, L> {
         }
     }
 
-    /// Reads the start of the request's body first (for its fingerprint), then acquires.
+    /// Reads the start of the request's body first (for its fingerprint, or the lock name
+    /// in it: then `acquire` is `None`), then acquires.
     pub(crate) fn reading(
         read: ReadFuture<F>,
-        acquire: AcquireFuture,
+        acquire: Option<AcquireFuture>,
         ctx: Ctx<L>,
         span: tracing::Span,
     ) -> Self {
@@ -228,8 +206,8 @@ where
         loop {
             let step = match state.as_mut().project() {
                 StateProj::Reading { read, .. } => {
-                    let (call, fingerprint) = ready!(read.as_mut().poll(cx));
-                    read_body(state.as_mut(), call, fingerprint)
+                    let read = ready!(read.as_mut().poll(cx));
+                    read_body(state.as_mut(), read, span)
                 }
                 StateProj::Acquiring { acquire, .. } => {
                     let result = ready!(acquire.as_mut().poll(cx));
@@ -277,18 +255,33 @@ where
 
 type StatePin<'a, F, B, E, L> = Pin<&'a mut State<F, B, E, L>>;
 
-/// The start of the body is read: acquire, with the request's fingerprint.
+/// The start of the body is read: acquire, with the request's fingerprint (and the name
+/// the body gave), pass through, or reject. The outcome of a rejection goes to `span`.
 fn read_body<F, B, E, L: LockBackend>(
     mut state: StatePin<'_, F, B, E, L>,
-    call: CallFn<F>,
-    fingerprint: Fingerprint,
+    read: Read<F>,
+    span: &tracing::Span,
 ) -> Step<B, E, L> {
     if let StateOwned::Reading {
         acquire, mut ctx, ..
     } = state.as_mut().project_replace(State::Done)
     {
-        ctx.fingerprint = fingerprint;
-        state.set(State::Acquiring { acquire, call, ctx });
+        ctx.fingerprint = read.fingerprint;
+        let call = read.call;
+        let next = match (read.named, acquire) {
+            (BodyNamed::Lock(acquire), _) | (BodyNamed::Head, Some(acquire)) => {
+                State::Acquiring { acquire, call, ctx }
+            }
+            (BodyNamed::Pass | BodyNamed::Head, _) => State::Passthrough { fut: call.pass() },
+            (BodyNamed::Reject(rejection), _) => {
+                span.record("outcome", "rejected");
+                span.record("rejection", rejection.kind().as_str());
+                State::Rejected {
+                    response: ctx.config.respond(rejection, &call.head()),
+                }
+            }
+        };
+        state.set(next);
     }
     Step::Next
 }

@@ -44,12 +44,14 @@
 //! ```
 
 mod body;
+mod body_key;
 mod body_mode;
 mod config;
 pub mod extract;
 mod future;
 mod grpc_methods;
 mod keeping;
+mod pending;
 mod problem;
 pub mod problems;
 pub(crate) mod redlock_layer;
@@ -60,11 +62,13 @@ mod replay_setters;
 mod scoped;
 mod service;
 mod structured_field;
+pub mod webhook;
 
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use crate::tonic_token::LockTokenExt;
 pub use body::ResponseBody;
+pub use body_key::{BodyKey, DEFAULT_BODY_KEY_LIMIT};
 pub use body_mode::BodyMode;
 pub use config::WaitPolicy;
 pub use extract::{

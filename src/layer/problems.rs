@@ -31,6 +31,7 @@
 //! | [`#internal`](#internal) | 500 | `INTERNAL` (13) | no: the service is misconfigured |
 //! | [`#key-reused`](#key-reused) | 422 | `INVALID_ARGUMENT` (3) | no: a new request needs a new key |
 //! | [`#response-not-kept`](#response-not-kept) | 410 | `ALREADY_EXISTS` (6) | no: the request was done |
+//! | [`#body-too-large`](#body-too-large) | 413 | `RESOURCE_EXHAUSTED` (8) | no: the body must be smaller, or the limit raised |
 //!
 //! The URIs are stable: they change only with a major version of the crate, and the
 //! sections keep their anchors.
@@ -129,6 +130,16 @@
 //! *What to do:* do not retry with this key (it would get this answer again until the
 //! retention ends). Read the result some other way, such as the resource the operation
 //! created or changed.
+//!
+//! # body-too-large
+//!
+//! **The request body is larger than the service reads to find its key** (`kind`:
+//! `body_too_large`; 413, gRPC `RESOURCE_EXHAUSTED`). The route takes the lock name from
+//! the body (a webhook's event id, see [`BodyKey`](super::BodyKey)) and reads at most a
+//! set number of bytes for it. Nothing ran.
+//!
+//! *What to do:* do not retry the same body. A webhook sender that gets this needs the
+//! receiver's limit raised ([`BodyKey::limit`](super::BodyKey::limit)).
 
 /// The `type` of a busy rejection: see [busy](self#busy).
 pub const BUSY: &str =
@@ -155,6 +166,10 @@ pub const KEY_REUSED: &str =
 /// The `type` of a completed request whose response was not kept: see
 /// [response-not-kept](self#response-not-kept).
 pub const RESPONSE_NOT_KEPT: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#response-not-kept";
+/// The `type` of a request body over what is read for its key: see
+/// [body-too-large](self#body-too-large).
+pub const BODY_TOO_LARGE: &str =
+    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#body-too-large";
 
 /// The problem type of a rejection: its `type` URI and `title`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,12 +182,13 @@ pub(crate) enum Problem {
     Internal,
     KeyReused,
     ResponseNotKept,
+    BodyTooLarge,
 }
 
 impl Problem {
     /// Every problem type, for tests.
     #[cfg(test)]
-    pub(crate) const ALL: [Problem; 8] = [
+    pub(crate) const ALL: [Problem; 9] = [
         Problem::Busy,
         Problem::Unavailable,
         Problem::Lost,
@@ -181,6 +197,7 @@ impl Problem {
         Problem::Internal,
         Problem::KeyReused,
         Problem::ResponseNotKept,
+        Problem::BodyTooLarge,
     ];
 
     /// The `type` URI: a section of this module's documentation.
@@ -194,6 +211,7 @@ impl Problem {
             Problem::Internal => INTERNAL,
             Problem::KeyReused => KEY_REUSED,
             Problem::ResponseNotKept => RESPONSE_NOT_KEPT,
+            Problem::BodyTooLarge => BODY_TOO_LARGE,
         }
     }
 
@@ -208,6 +226,7 @@ impl Problem {
             Problem::Internal => "The lock layer is misconfigured",
             Problem::KeyReused => "The idempotency key was used for another request",
             Problem::ResponseNotKept => "The response was not kept for replay",
+            Problem::BodyTooLarge => "The request body is over the size read for its key",
         }
     }
 }

@@ -23,7 +23,7 @@ use super::body_mode::BodyMode;
 use super::config::{BusyPolicy, Config, ReleaseOn, WaitPolicy};
 use super::reject::Rejection;
 use super::rejection_hook::{self, IntoRejectionResponse};
-use super::replay::body_fingerprint::NoBodyFingerprint;
+use super::replay::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};
 use super::service::RedlockService;
 use crate::backend::LockBackend;
 use crate::client::Redlock;
@@ -85,6 +85,44 @@ impl<E, L: LockBackend> RedlockLayer<E, NoBodyFingerprint, L> {
                 replay: None,
                 retry_after_cap: super::reject::DEFAULT_RETRY_AFTER_CAP,
             }),
+        }
+    }
+}
+
+impl<E, L: LockBackend> RedlockLayer<E, BodyFingerprintLayer, L> {
+    /// A layer whose lock names are in the request body: `extractor` is a
+    /// [`BodyKey`](super::BodyKey) (a JSON field, or your function over the bytes),
+    /// possibly scoped ([`PerRoute`](super::PerRoute)). Each request's body is read up to
+    /// the key's limit before the lock is taken, and the inner service gets the same bytes,
+    /// unchanged, as a [`PrefixedBody`](super::PrefixedBody) (axum routers and tonic
+    /// servers take it). With [`replay`](Self::replay) the body is read once for both the
+    /// name and the fingerprint. Otherwise like [`new`](RedlockLayer::new).
+    ///
+    /// ```
+    /// # #[cfg(feature = "json")]
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tower_redlock::layer::BodyKey;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    ///
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // A Stripe-style receiver: one run per event id, redeliveries replayed.
+    /// let layer = RedlockLayer::from_body(redlock, BodyKey::json("id"))
+    ///     .replay(Duration::from_secs(3 * 24 * 3600));
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn from_body(lock: L, extractor: E) -> Self {
+        let RedlockLayer {
+            lock,
+            extractor,
+            config,
+            body: NoBodyFingerprint,
+        } = RedlockLayer::new(lock, extractor);
+        RedlockLayer {
+            lock,
+            extractor,
+            config,
+            body: BodyFingerprintLayer::new(super::DEFAULT_BODY_FINGERPRINT_LIMIT),
         }
     }
 }

@@ -91,11 +91,14 @@ pub enum RejectionKind {
     /// than [`ReplayPolicy::max_body`](super::ReplayPolicy::max_body), so it was not kept
     /// and cannot be replayed (the handler does not run again either).
     ResponseNotKept,
+    /// The request body is larger than the extractor reads to find the lock name in it
+    /// ([`BodyKey::limit`](super::BodyKey::limit)).
+    BodyTooLarge,
 }
 
 impl RejectionKind {
     /// The kind as the `kind` member of problem documents: `busy`, `unavailable`,
-    /// `bad_request`, `internal`, `key_reused` or `response_not_kept`.
+    /// `bad_request`, `internal`, `key_reused`, `response_not_kept` or `body_too_large`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RejectionKind::Busy { .. } => "busy",
@@ -104,6 +107,7 @@ impl RejectionKind {
             RejectionKind::Internal => "internal",
             RejectionKind::KeyReused => "key_reused",
             RejectionKind::ResponseNotKept => "response_not_kept",
+            RejectionKind::BodyTooLarge => "body_too_large",
         }
     }
 }
@@ -137,6 +141,7 @@ pub const DEFAULT_RETRY_AFTER_CAP: Duration = Duration::from_secs(1);
 mod code {
     pub(super) const INVALID_ARGUMENT: u8 = 3;
     pub(super) const ALREADY_EXISTS: u8 = 6;
+    pub(super) const RESOURCE_EXHAUSTED: u8 = 8;
     pub(super) const ABORTED: u8 = 10;
     pub(super) const INTERNAL: u8 = 13;
     pub(super) const UNAVAILABLE: u8 = 14;
@@ -187,6 +192,7 @@ impl Rejection {
             RejectionKind::Internal => Problem::Internal,
             RejectionKind::KeyReused => Problem::KeyReused,
             RejectionKind::ResponseNotKept => Problem::ResponseNotKept,
+            RejectionKind::BodyTooLarge => Problem::BodyTooLarge,
         };
         Self {
             kind,
@@ -282,6 +288,17 @@ impl Rejection {
         )
     }
 
+    /// A rejection for a request whose body is over the `limit` bytes its extractor reads
+    /// for the lock name ([`BodyKey`](super::BodyKey)): 413 / `RESOURCE_EXHAUSTED`.
+    pub fn body_too_large(limit: usize, protocol: Protocol) -> Self {
+        Self::new(
+            RejectionKind::BodyTooLarge,
+            format!("the request body is over the {limit} bytes read for its lock name"),
+            protocol,
+            None,
+        )
+    }
+
     /// A rejection for a request whose name has a completion record that cannot be read
     /// (replay): 503 / `UNAVAILABLE`, until the record expires or is removed.
     pub(crate) fn unreadable_record(protocol: Protocol) -> Self {
@@ -292,6 +309,12 @@ impl Rejection {
             None,
         )
         .with_problem(Problem::RecordUnreadable)
+    }
+
+    /// A rejection for a layer that cannot serve the request as it was built: 500 /
+    /// `INTERNAL`.
+    pub(crate) fn misconfigured(message: &str, protocol: Protocol) -> Self {
+        Self::new(RejectionKind::Internal, message.to_owned(), protocol, None)
     }
 
     /// A rejection for bad input (an extractor's refusal).
@@ -346,6 +369,7 @@ impl Rejection {
             RejectionKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             RejectionKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             RejectionKind::ResponseNotKept => StatusCode::GONE,
+            RejectionKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 
@@ -358,6 +382,7 @@ impl Rejection {
             RejectionKind::Internal => code::INTERNAL,
             RejectionKind::KeyReused => code::INVALID_ARGUMENT,
             RejectionKind::ResponseNotKept => code::ALREADY_EXISTS,
+            RejectionKind::BodyTooLarge => code::RESOURCE_EXHAUSTED,
         }
     }
 

@@ -14,7 +14,7 @@
 
 use http::Request;
 
-use super::extract::{ExtractError, ExtractLockName};
+use super::extract::{ExtractError, ExtractLockName, RequestHead};
 use super::replay::principal::caller_digest;
 
 /// Prefixes another extractor's name with the route: `"{METHOD} {route} {name}"`, where
@@ -44,29 +44,45 @@ impl<E> PerRoute<E> {
     }
 }
 
-fn route_of<B>(request: &Request<B>) -> &str {
+fn route_of<'a>(head: &RequestHead<'a>) -> &'a str {
     #[cfg(feature = "axum")]
-    if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() {
+    if let Some(matched) = head.extensions.get::<axum::extract::MatchedPath>() {
         return matched.as_str();
     }
-    request.uri().path()
+    head.uri.path()
 }
 
 impl<B, E: ExtractLockName<B>> ExtractLockName<B> for PerRoute<E> {
     fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
-        let Some(name) = self.inner.extract(request)? else {
-            return Ok(None);
-        };
-        let method = request.method().as_str();
-        let route = route_of(request);
-        let mut out = Vec::with_capacity(method.len() + route.len() + name.len() + 2);
-        out.extend_from_slice(method.as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(route.as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(&name);
-        Ok(Some(out))
+        let name = self.inner.extract(request)?;
+        Ok(name.map(|name| routed(&RequestHead::of(request), &name)))
     }
+
+    fn body_limit(&self) -> Option<usize> {
+        self.inner.body_limit()
+    }
+
+    fn extract_from_body(
+        &self,
+        head: &RequestHead<'_>,
+        body: &[u8],
+    ) -> Result<Option<Vec<u8>>, ExtractError> {
+        let name = self.inner.extract_from_body(head, body)?;
+        Ok(name.map(|name| routed(head, &name)))
+    }
+}
+
+/// `name` scoped to the route of the request of `head`: `"{METHOD} {route} {name}"`.
+fn routed(head: &RequestHead<'_>, name: &[u8]) -> Vec<u8> {
+    let method = head.method.as_str();
+    let route = route_of(head);
+    let mut out = Vec::with_capacity(method.len() + route.len() + name.len() + 2);
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(route.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(name);
+    out
 }
 
 /// Prefixes another extractor's name with the caller: `"{caller} {name}"`, where the

@@ -29,10 +29,12 @@ use tower_service::Service;
 
 use super::config::{BusyPolicy, Config};
 use super::extract::ExtractLockName;
-use super::future::{AcquireFuture, CallFn, Ctx, Denied, PendingCall, ResponseFuture};
+use super::extract::RequestHead;
+use super::future::{Ctx, ResponseFuture};
+use super::pending::{AcquireFuture, BodyNamed, CallFn, Denied, PendingCall, Read};
 use super::reject::{Protocol, Rejection};
 use super::replay::body_fingerprint::{
-    BodyFingerprintLayer, NoBodyFingerprint, PrefixedBody, read_prefix,
+    BodyFingerprintLayer, NoBodyFingerprint, PrefixedBody, read_for_key, read_prefix,
 };
 use super::replay::fingerprint::{self, Fingerprint, RequestFingerprint};
 use crate::backend::{Acquisition, LockBackend};
@@ -129,6 +131,9 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let protocol = Protocol::of(&req);
+        if self.extractor.body_limit().is_some() {
+            return self.cannot_read_body(&req, protocol);
+        }
         let (name, span) = match self.name(&req, protocol) {
             Named::Lock(name, span) => (name, span),
             Named::Rejected(rejected) => return rejected,
@@ -153,7 +158,7 @@ where
         + Clone
         + Send
         + 'static,
-    E: ExtractLockName<ReqBody>,
+    E: ExtractLockName<ReqBody> + Clone + Send + 'static,
     ReqBody: http_body::Body + Send + Unpin + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Send,
@@ -170,6 +175,9 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let protocol = Protocol::of(&req);
+        if let Some(limit) = self.extractor.body_limit() {
+            return self.named_by_body(req, protocol, limit);
+        }
         let (name, span) = match self.name(&req, protocol) {
             Named::Lock(name, span) => (name, span),
             Named::Rejected(rejected) => return rejected,
@@ -193,10 +201,98 @@ where
             let req = read_prefix(req, limit).await;
             let fingerprint = fingerprint::fingerprint(&req);
             let call: CallFn<S::Future> = Box::new(Pending { inner, req });
-            (call, fingerprint)
+            let named = BodyNamed::Head;
+            Read {
+                call,
+                fingerprint,
+                named,
+            }
         });
-        ResponseFuture::reading(read, acquire, ctx, span)
+        ResponseFuture::reading(read, Some(acquire), ctx, span)
     }
+}
+
+impl<S, E, L> RedlockService<S, E, BodyFingerprintLayer, L>
+where
+    L: LockBackend,
+{
+    /// The future of a request whose lock name is in its body (`limit`: how much of it
+    /// the extractor reads): the body's start is read, then the lock named and acquired.
+    fn named_by_body<ReqBody, ResBody>(
+        &mut self,
+        req: Request<ReqBody>,
+        protocol: Protocol,
+        limit: usize,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error, L>
+    where
+        S: Service<Request<PrefixedBody<ReqBody>>, Response = Response<ResBody>>
+            + Clone
+            + Send
+            + 'static,
+        E: ExtractLockName<ReqBody> + Clone + Send + 'static,
+        ReqBody: http_body::Body + Send + Unpin + 'static,
+        ReqBody::Data: Send,
+        ReqBody::Error: Send,
+    {
+        let span = self.span(None);
+        let ctx = self.ctx(&req, protocol, [0; 32]);
+        let inner = self.take_ready();
+        // The fingerprint counts what replay counts; without replay, nothing is hashed.
+        let hash = match self.config.replay {
+            Some(_) => self.body.limit(),
+            None => 0,
+        };
+        let (extractor, lock, config) = (
+            self.extractor.clone(),
+            self.lock.clone(),
+            Arc::clone(&self.config),
+        );
+        let request_span = span.clone();
+        let read = Box::pin(async move {
+            // One byte over the limit tells a body that is too large.
+            let req = read_for_key(req, hash, limit.saturating_add(1)).await;
+            let fingerprint = fingerprint::fingerprint(&req);
+            let named = match name_in_body(&extractor, &req, limit, protocol) {
+                Ok(Some(name)) => {
+                    if !request_span.is_disabled() {
+                        let shown = lock.shown_name(&name);
+                        request_span.record("lock", tracing::field::display(shown));
+                    }
+                    BodyNamed::Lock(Box::pin(acquire(lock, name, config)))
+                }
+                Ok(None) => BodyNamed::Pass,
+                Err(rejection) => BodyNamed::Reject(rejection),
+            };
+            let call: CallFn<S::Future> = Box::new(Pending { inner, req });
+            Read {
+                call,
+                fingerprint,
+                named,
+            }
+        });
+        ResponseFuture::reading(read, None, ctx, span)
+    }
+}
+
+/// The lock name `extractor` finds in the start of `req`'s body (at most `limit` bytes,
+/// or the request is too large).
+fn name_in_body<B, E>(
+    extractor: &E,
+    req: &Request<PrefixedBody<B>>,
+    limit: usize,
+    protocol: Protocol,
+) -> Result<Option<Vec<u8>>, Rejection>
+where
+    B: http_body::Body,
+    E: ExtractLockName<B>,
+{
+    let (bytes, _whole) = req.body().read_bytes();
+    if bytes.len() > limit {
+        return Err(Rejection::body_too_large(limit, protocol));
+    }
+    extractor
+        .extract_from_body(&RequestHead::of(req), &bytes)
+        .map_err(|e| Rejection::bad_request(e.message(), protocol))
 }
 
 impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
@@ -221,6 +317,26 @@ impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
                 Named::Rejected(ResponseFuture::rejected(response, span))
             }
         }
+    }
+
+    /// The answer of a layer that hands bodies on unread to a request whose lock name is
+    /// in its body: 500, and an error in the log saying how to build the layer.
+    fn cannot_read_body<R, Fut, B, Er>(
+        &self,
+        req: &Request<R>,
+        protocol: Protocol,
+    ) -> ResponseFuture<Fut, B, Er, L> {
+        tracing::error!(
+            "redlock layer: the lock name is in the request body, but this layer does not read \
+             bodies; build it with RedlockLayer::from_body (and not without_body_fingerprint)"
+        );
+        let span = self.span(None);
+        span.record("outcome", "rejected");
+        span.record("rejection", "internal");
+        let rejection =
+            Rejection::misconfigured("the lock layer cannot read this request's body", protocol);
+        let response = span.in_scope(|| self.config.respond(rejection, &head_of(req)));
+        ResponseFuture::rejected(response, span)
     }
 
     /// The service that was driven to readiness; a fresh clone is left behind.
@@ -258,17 +374,20 @@ impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
         protocol: Protocol,
         fingerprint: Fingerprint,
     ) -> (AcquireFuture, Ctx<L>) {
-        let head = self.config.abort_on_loss.then(|| Box::new(head_of(req)));
         let acquire = Box::pin(acquire(self.lock.clone(), name, Arc::clone(&self.config)));
-        let ctx = Ctx {
+        (acquire, self.ctx(req, protocol, fingerprint))
+    }
+
+    /// What the future of `req` needs once it holds the lock.
+    fn ctx<R>(&self, req: &Request<R>, protocol: Protocol, fingerprint: Fingerprint) -> Ctx<L> {
+        Ctx {
             lock: self.lock.clone(),
             config: Arc::clone(&self.config),
             protocol,
             fingerprint,
-            head,
+            head: self.config.abort_on_loss.then(|| Box::new(head_of(req))),
             head_request: req.method() == http::Method::HEAD,
-        };
-        (acquire, ctx)
+        }
     }
 
     /// The `redlock.layer` span of a request for lock `name` (shown as the client shows
@@ -319,6 +438,11 @@ where
 
     fn head(self: Box<Self>) -> Parts {
         self.req.into_parts().0
+    }
+
+    fn pass(self: Box<Self>) -> S::Future {
+        let Pending { mut inner, req } = *self;
+        inner.call(req)
     }
 }
 

@@ -177,6 +177,38 @@ where
     if req.extensions().get::<RequestFingerprint>().is_some() {
         return req.map(PrefixedBody::untouched);
     }
+    read_start(req, limit, limit).await
+}
+
+/// Reads the start of `req`'s body for a lock name in it (up to `read` bytes) and for its
+/// fingerprint (the first `hash` bytes; a fingerprint the request already has is kept).
+pub(crate) async fn read_for_key<B>(
+    req: Request<B>,
+    hash: usize,
+    read: usize,
+) -> Request<PrefixedBody<B>>
+where
+    B: Body + Unpin,
+{
+    let hash = match req.extensions().get::<RequestFingerprint>() {
+        Some(_) => 0,
+        None => hash,
+    };
+    let given = req.extensions().get::<RequestFingerprint>().copied();
+    let mut req = read_start(req, hash, read.max(hash)).await;
+    if let Some(given) = given {
+        req.extensions_mut().insert(given);
+    }
+    req
+}
+
+/// Reads the start of `req`'s body: up to `read` bytes (a gRPC call's first message), the
+/// first `hash` of them hashed into its fingerprint.
+async fn read_start<B>(req: Request<B>, hash: usize, read: usize) -> Request<PrefixedBody<B>>
+where
+    B: Body + Unpin,
+{
+    let limit = read;
     let grpc = crate::layer::Protocol::of(&req) == crate::layer::Protocol::Grpc;
     let mut hasher = Hasher::new(&req);
     let (parts, mut body) = req.into_parts();
@@ -206,7 +238,8 @@ where
                 if let Some(data) = frame.data_ref() {
                     let take = data.len().min(wanted - seen);
                     let counted = data.get(..take).unwrap_or_default();
-                    hasher.body(counted);
+                    let hashed = take.min(hash.saturating_sub(seen));
+                    hasher.body(counted.get(..hashed).unwrap_or_default());
                     seen += take;
                     if grpc && prefix.len() < 5 {
                         prefix.extend(counted.iter().take(5 - prefix.len()));
@@ -256,6 +289,17 @@ impl<B: Body> PrefixedBody<B> {
             error: None,
             rest: Some(body),
         }
+    }
+
+    /// The bytes read so far, and whether they are the whole body (it ended, without an
+    /// error).
+    pub(crate) fn read_bytes(&self) -> (Vec<u8>, bool) {
+        let data = self.frames.iter().filter_map(Frame::data_ref);
+        let mut out = Vec::with_capacity(data.clone().map(Bytes::len).sum());
+        for bytes in data {
+            out.extend_from_slice(bytes);
+        }
+        (out, self.rest.is_none() && self.error.is_none())
     }
 }
 

@@ -1,0 +1,72 @@
+//! What the service hands its response future: the pending call (the request and the
+//! service that answers it), the acquisition under way, and what reading the start of the
+//! body found (a fingerprint, a lock name in the body).
+//!
+//! ```text
+//! service --CallFn, AcquireFuture--> future (name in the head)
+//!         --ReadFuture --> Read { call, fingerprint, named: Head | Lock | Pass | Reject }
+//! ```
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use tower_redlock::layer::Header;
+//! use tower_redlock::{Redlock, RedlockLayer};
+//!
+//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! // Each request becomes a pending call that runs once its lock is held.
+//! let layer = RedlockLayer::new(redlock, Header::new("idempotency-key"));
+//! # let _ = layer; Ok(()) }
+//! ```
+
+use futures_util::future::BoxFuture;
+
+use super::reject::Rejection;
+use super::replay::fingerprint::Fingerprint;
+use crate::client::Acquired;
+use crate::error::LockError;
+use crate::token::LockToken;
+
+/// The request and the service that answers it, waiting for the lock.
+pub(crate) trait PendingCall<F>: Send {
+    /// Calls the service with `token` in the request's extensions.
+    fn call(self: Box<Self>, token: LockToken) -> F;
+    /// Gives the call up: the request's head, for the rejection hook.
+    fn head(self: Box<Self>) -> http::request::Parts;
+    /// Calls the service without a lock (no name in the request).
+    fn pass(self: Box<Self>) -> F;
+}
+
+/// Calls the inner service once the lock is held.
+pub(crate) type CallFn<F> = Box<dyn PendingCall<F>>;
+
+/// Reads the start of the request's body (replay's body fingerprint, a lock name in the
+/// body): the call, with what the reading found.
+pub(crate) type ReadFuture<F> = BoxFuture<'static, Read<F>>;
+
+/// What reading the start of a request's body found.
+pub(crate) struct Read<F> {
+    pub(crate) call: CallFn<F>,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) named: BodyNamed,
+}
+
+/// What the body said about the lock.
+pub(crate) enum BodyNamed {
+    /// Nothing: the name came from the head (its acquisition is under way).
+    Head,
+    /// The name in the body, being acquired.
+    Lock(AcquireFuture),
+    /// No name: the request passes through.
+    Pass,
+    /// The body cannot name a lock (too large, no key in it).
+    Reject(Rejection),
+}
+
+/// Acquires the lock (or, with replay, finds the name's record); with the name.
+pub(crate) type AcquireFuture = BoxFuture<'static, Result<(Acquired, Vec<u8>), Denied>>;
+
+/// Why a request got no lock: the error, and the name for the rejection.
+pub(crate) struct Denied {
+    pub(crate) error: LockError,
+    pub(crate) name: Vec<u8>,
+}
