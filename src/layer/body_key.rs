@@ -189,3 +189,58 @@ impl<B> ExtractLockName<B> for BodyKey {
         self.find(body)
     }
 }
+
+#[cfg(all(test, feature = "json"))]
+mod tests {
+    use super::*;
+    use crate::layer::{PerPrincipal, PerRoute};
+
+    fn head_of(req: &Request<()>) -> RequestHead<'_> {
+        RequestHead::of(req)
+    }
+
+    #[test]
+    fn scoped_body_keys_keep_their_scope() {
+        let req = Request::post("/hooks/stripe")
+            .header("authorization", "Bearer a")
+            .body(())
+            .unwrap_or_else(|_| unreachable!("a valid request"));
+        let body = br#"{"id":"evt_1"}"#;
+        let routed = PerRoute::new(BodyKey::json("id"));
+        assert_eq!(
+            ExtractLockName::<()>::body_limit(&routed),
+            Some(DEFAULT_BODY_KEY_LIMIT)
+        );
+        assert_eq!(
+            ExtractLockName::<()>::extract_from_body(&routed, &head_of(&req), body),
+            Ok(Some(b"POST /hooks/stripe evt_1".to_vec()))
+        );
+        let by_caller = PerPrincipal::new(BodyKey::json("id").limit(10));
+        assert_eq!(ExtractLockName::<()>::body_limit(&by_caller), Some(10));
+        let name = ExtractLockName::<()>::extract_from_body(&by_caller, &head_of(&req), body);
+        let name = name.ok().flatten().unwrap_or_default();
+        assert!(
+            name.ends_with(b" evt_1") && name.len() == 32 + 6,
+            "{name:?}"
+        );
+        // From the head alone, a body key is an error, never a name.
+        assert!(routed.extract(&req).is_err());
+    }
+
+    #[test]
+    fn json_paths_and_values() {
+        let body = br#"{"a.b":{"c/d":7},"n":12.5,"s":"","t":true,"data":{"object":{"id":"pi"}}}"#;
+        assert_eq!(BodyKey::json("/a.b/c~1d").key_of(body), Ok(b"7".to_vec()));
+        assert_eq!(BodyKey::json("n").key_of(body), Ok(b"12.5".to_vec()));
+        assert_eq!(
+            BodyKey::json("data.object.id").key_of(body),
+            Ok(b"pi".to_vec())
+        );
+        for refused in ["s", "t", "data", "missing", ""] {
+            assert!(BodyKey::json(refused).key_of(body).is_err(), "{refused}");
+        }
+        assert!(BodyKey::json("id").key_of(b"not json").is_err());
+        let none = BodyKey::from_fn(|_| Ok(None));
+        assert!(none.key_of(b"x").is_err(), "no name is not a key");
+    }
+}

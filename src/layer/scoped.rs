@@ -129,25 +129,41 @@ impl<E> PerPrincipal<E> {
 
 impl<B, E: ExtractLockName<B>> ExtractLockName<B> for PerPrincipal<E> {
     fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
-        let Some(name) = self.inner.extract(request)? else {
-            return Ok(None);
-        };
-        let mut out = Vec::with_capacity(33 + name.len());
-        match caller_digest(request.headers(), request.extensions()) {
-            Some(digest) => {
-                for b in digest.iter().take(16) {
-                    for nibble in [b >> 4, b & 0xf] {
-                        let hex = char::from_digit(u32::from(nibble), 16).unwrap_or('0');
-                        out.push(u8::try_from(hex).unwrap_or(b'0'));
-                    }
+        let name = self.inner.extract(request)?;
+        Ok(name.map(|name| by_caller(&RequestHead::of(request), &name)))
+    }
+
+    fn body_limit(&self) -> Option<usize> {
+        self.inner.body_limit()
+    }
+
+    fn extract_from_body(
+        &self,
+        head: &RequestHead<'_>,
+        body: &[u8],
+    ) -> Result<Option<Vec<u8>>, ExtractError> {
+        let name = self.inner.extract_from_body(head, body)?;
+        Ok(name.map(|name| by_caller(head, &name)))
+    }
+}
+
+/// `name` scoped to the caller of the request of `head`: `"{caller} {name}"`.
+fn by_caller(head: &RequestHead<'_>, name: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(33 + name.len());
+    match caller_digest(head.headers, head.extensions) {
+        Some(digest) => {
+            for b in digest.iter().take(16) {
+                for nibble in [b >> 4, b & 0xf] {
+                    let hex = char::from_digit(u32::from(nibble), 16).unwrap_or('0');
+                    out.push(u8::try_from(hex).unwrap_or(b'0'));
                 }
             }
-            None => out.extend_from_slice(b"anonymous"),
         }
-        out.push(b' ');
-        out.extend_from_slice(&name);
-        Ok(Some(out))
+        None => out.extend_from_slice(b"anonymous"),
     }
+    out.push(b' ');
+    out.extend_from_slice(name);
+    out
 }
 
 #[cfg(test)]
