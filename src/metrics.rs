@@ -9,7 +9,7 @@
 //! | `redlock_acquire_seconds` | histogram | | time to acquire (or give up), retries and waiting included |
 //! | `redlock_released_total` | counter | | locks released with `unlock` (guards and the layer included) |
 //! | `redlock_hold_seconds` | histogram | | from acquisition to release |
-//! | `redlock_lost_total` | counter | `reason`: `extend_failed`, `max_hold`, `max_extensions`, `keep_alive_stopped` | guarded locks lost before their release |
+//! | `redlock_lost_total` | counter | `reason`: `extend_failed`, `max_hold`, `max_extensions`, `keep_alive_stopped`, `expired` | guarded locks lost before their release |
 //! | `redlock_replayed_total` | counter | | requests the layer answered from a completion record |
 //! | `redlock_layer_rejections_total` | counter | `kind`: `busy`, `unavailable`, `bad_request`, `internal`, `key_reused`, `response_not_kept`, `body_too_large` | requests the layer rejected (also those a rejection hook answered), by [`RejectionKind`](crate::layer::RejectionKind) |
 //! | `redlock_fenced_total` | counter | `rounds`: `1` (a quorum accepted the proposal: the acquire round trip only), `2` (phase 2 ran: a read of the counters and phase 2, two more round trips) | fenced acquisitions that got their number, by the way they got it |

@@ -192,18 +192,23 @@ impl LockToken {
     }
 
     /// Whether the lock is still held: not lost, and the validity deadline is ahead (it
-    /// turns false at the deadline even if no extension could run).
+    /// turns false at the deadline even if no extension could run). Past the deadline the
+    /// lock counts as lost ([`LostReason::Expired`]), with or without auto-extension.
     pub fn is_held(&self) -> bool {
         self.shared.is_held()
     }
 
-    /// Resolves when the lock is lost (or released), with the reason.
+    /// Resolves when the lock is lost (or released), with the reason: at the latest when
+    /// its validity runs out ([`LostReason::Expired`], also without auto-extension, e.g.
+    /// behind a layer with [`auto_extend(false)`](crate::RedlockLayer::auto_extend)).
     pub async fn lost(&self) -> LostReason {
         self.shared.lost().await
     }
 
-    /// Why the lock was lost, if it was.
+    /// Why the lock was lost, if it was (past the validity deadline, at the latest
+    /// [`LostReason::Expired`]).
     pub fn lost_reason(&self) -> Option<LostReason> {
+        self.shared.expire_if_due();
         self.shared.lost_reason()
     }
 }
@@ -237,6 +242,10 @@ pub enum LostReason {
     /// The background task that extends guarded locks stopped (its tokio runtime shut
     /// down, or it panicked): the lock runs out at the end of its validity.
     KeepAliveStopped,
+    /// The lock's validity ran out without an extension: auto-extension was off (a
+    /// [`RedlockLayer`](crate::RedlockLayer) with `auto_extend(false)`, a lock taken for a
+    /// fixed TTL), or nothing extended it in time. Another client may hold the name now.
+    Expired,
 }
 
 impl LostReason {
@@ -247,6 +256,7 @@ impl LostReason {
             Self::MaxHoldReached => Some("max_hold"),
             Self::MaxExtensionsReached => Some("max_extensions"),
             Self::KeepAliveStopped => Some("keep_alive_stopped"),
+            Self::Expired => Some("expired"),
             Self::Released => None,
         }
     }
@@ -264,6 +274,7 @@ impl fmt::Display for LostReason {
             Self::KeepAliveStopped => f.write_str(
                 "the task that extends the lock stopped (its runtime shut down, or it panicked)",
             ),
+            Self::Expired => f.write_str("the lock's validity ran out without an extension"),
         }
     }
 }
@@ -273,6 +284,9 @@ impl fmt::Display for LostReason {
 pub(crate) struct Shared {
     pub(crate) lock: Lock,
     valid_until: Mutex<Instant>,
+    /// The reason the lock is lost for when its validity runs out: [`LostReason::Expired`],
+    /// unless the keep-alive driver said why no extension follows.
+    runs_out_as: Mutex<LostReason>,
     lost: watch::Sender<Option<LostReason>>,
 }
 
@@ -282,6 +296,7 @@ impl Shared {
         Arc::new(Self {
             lock,
             valid_until,
+            runs_out_as: Mutex::new(LostReason::Expired),
             lost: watch::channel(None).0,
         })
     }
@@ -322,19 +337,64 @@ impl Shared {
         self.lost.borrow().clone()
     }
 
-    pub(crate) fn is_held(&self) -> bool {
-        self.lost.borrow().is_none() && Instant::now() < self.valid_until()
+    /// Says why the lock will be lost when its validity runs out, if not
+    /// [`LostReason::Expired`] (the keep-alive driver made its last allowed extension).
+    pub(crate) fn runs_out_as(&self, reason: LostReason) {
+        *self
+            .runs_out_as
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = reason;
     }
 
+    /// Marks the lock lost if its validity deadline has passed; whether it is lost.
+    pub(crate) fn expire_if_due(&self) -> bool {
+        if self.lost.borrow().is_some() {
+            return true;
+        }
+        if Instant::now() < self.valid_until() {
+            return false;
+        }
+        let reason = self
+            .runs_out_as
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        self.mark_lost(reason);
+        true
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        !self.expire_if_due()
+    }
+
+    /// Waits for the lost signal or the validity deadline, whichever comes first; the
+    /// deadline is read again after each wake, since extensions move it. Outside a tokio
+    /// runtime (no timer), for the signal only.
     pub(crate) async fn lost(&self) -> LostReason {
         let mut rx = self.lost.subscribe();
         loop {
             if let Some(reason) = rx.borrow_and_update().clone() {
                 return reason;
             }
-            if rx.changed().await.is_err() {
-                // Unreachable while `self` holds the sender; treat as released.
-                return LostReason::Released;
+            if self.expire_if_due() {
+                continue;
+            }
+            if tokio::runtime::Handle::try_current().is_err() {
+                // No tokio timer here: only the signal can tell.
+                if rx.changed().await.is_err() {
+                    return LostReason::Released;
+                }
+                continue;
+            }
+            let deadline = tokio::time::Instant::from_std(self.valid_until());
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        // Unreachable while `self` holds the sender; treat as released.
+                        return LostReason::Released;
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => {}
             }
         }
     }

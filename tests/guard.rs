@@ -307,3 +307,40 @@ async fn a_guard_due_sooner_than_the_others_wakes_the_keep_alive_driver() {
     assert!(short.release().await.released() >= 2);
     assert!(long.release().await.released() >= 2);
 }
+
+/// Lost means lost without extension too: a guard that cannot extend (made outside a
+/// tokio runtime, so no keep-alive task runs) is lost when its validity runs out:
+/// `lost()` resolves with `Expired`, `is_held()` turns false and `lost_reason()` agrees.
+/// A guard that is extended is not: its `lost()` stays pending past three TTLs.
+#[test]
+fn a_guard_without_extension_is_lost_when_its_validity_runs_out() {
+    let cluster = Cluster::start(1);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (redlock, lock) = runtime.block_on(async {
+        let redlock = builder(&cluster).build().expect("build");
+        let lock = redlock.lock("unextended").await.expect("lock");
+        (redlock, lock)
+    });
+    let guard = redlock.guard(lock); // outside the runtime: nothing extends it
+    let token = guard.token();
+    runtime.block_on(async {
+        assert!(token.is_held());
+        assert_eq!(token.lost_reason(), None);
+        let reason = tokio::time::timeout(Duration::from_secs(5), token.lost())
+            .await
+            .expect("the lost signal fires at the deadline");
+        assert_eq!(reason, LostReason::Expired);
+        assert!(
+            Instant::now() >= token.valid_until(),
+            "not before the deadline"
+        );
+        assert!(!token.is_held());
+        assert_eq!(token.lost_reason(), Some(LostReason::Expired));
+        let extended = redlock.acquire("extended").await.expect("acquire");
+        let pending = tokio::time::timeout(Duration::from_millis(1_800), extended.lost()).await;
+        assert!(pending.is_err(), "an extended guard was lost: {pending:?}");
+        assert!(extended.is_held());
+        let _ = extended.release().await;
+        let _ = guard.release().await;
+    });
+}

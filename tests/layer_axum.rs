@@ -1549,3 +1549,86 @@ async fn with_replay_and_per_principal_each_caller_runs_its_own_request() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// A handler that keeps its token where the test sees it, then works for `work`.
+fn outliving_app<L>(layer: L, work: Duration, seen: Arc<Mutex<Option<LockToken>>>) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service:
+        tower::Service<http::Request<Body>, Error = Infallible> + Clone + Send + Sync + 'static,
+    <L::Service as tower::Service<http::Request<Body>>>::Response:
+        axum::response::IntoResponse + 'static,
+    <L::Service as tower::Service<http::Request<Body>>>::Future: Send + 'static,
+{
+    let handler = move |token: LockToken| {
+        let seen = seen.clone();
+        async move {
+            *seen.lock().expect("seen") = Some(token);
+            tokio::time::sleep(work).await;
+            "done"
+        }
+    };
+    Router::new()
+        .route("/hook", post(handler))
+        .route_layer(layer)
+}
+
+/// Lost means lost without auto-extension: with `auto_extend(false)` and
+/// `abort_on_loss(true)`, a handler that outlives its 600 ms lock is stopped when the
+/// validity runs out: 503, and its token's `lost()` says `Expired`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_auto_extension_abort_on_loss_answers_503_when_the_lock_runs_out() {
+    let cluster = Cluster::start(3);
+    let seen = Arc::new(Mutex::new(None));
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
+        .ttl(Duration::from_millis(600))
+        .auto_extend(false)
+        .abort_on_loss(true);
+    let addr = serve(outliving_app(layer, Duration::from_secs(3), seen.clone())).await;
+    let started = Instant::now();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        spawn_delivery(http1(), addr, "ran-out"),
+    )
+    .await
+    .expect("answered")
+    .expect("request");
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert!(reply.body.contains("validity"), "{}", reply.body);
+    assert!(
+        started.elapsed() < Duration::from_millis(2_500),
+        "stopped at the deadline, not after the handler: {:?}",
+        started.elapsed()
+    );
+    let token = seen.lock().expect("seen").clone().expect("the handler ran");
+    let reason = tokio::time::timeout(Duration::from_secs(1), token.lost())
+        .await
+        .expect("lost");
+    assert_eq!(reason, tower_redlock::LostReason::Expired);
+    assert!(!token.is_held());
+}
+
+/// The same handler with auto-extension on keeps its lock past several TTLs and finishes
+/// with 200: the deadline `lost()` waits for moves with each extension.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auto_extension_abort_on_loss_lets_a_long_handler_finish() {
+    let cluster = Cluster::start(3);
+    let seen = Arc::new(Mutex::new(None));
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER))
+        .ttl(Duration::from_millis(600))
+        .abort_on_loss(true);
+    let addr = serve(outliving_app(layer, Duration::from_secs(2), seen.clone())).await;
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        spawn_delivery(http1(), addr, "kept"),
+    )
+    .await
+    .expect("answered")
+    .expect("request");
+    assert_eq!((reply.status.as_u16(), reply.body.as_str()), (200, "done"));
+    let token = seen.lock().expect("seen").clone().expect("the handler ran");
+    assert_eq!(
+        token.lost_reason(),
+        Some(tower_redlock::LostReason::Released)
+    );
+}

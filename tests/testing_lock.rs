@@ -339,3 +339,35 @@ async fn extension_handlers_see_the_token() {
     let (status, body) = text(app.oneshot(request("k", "")).await.unwrap()).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "true"));
 }
+
+/// The in-memory lock behaves as Redis does: without auto-extension a token past its TTL
+/// is lost (`Expired`), and `abort_on_loss` answers 503.
+#[tokio::test]
+async fn a_token_past_its_ttl_without_extension_is_lost_as_expired() {
+    let lock = InMemoryLock::new().with_ttl(Duration::from_millis(50));
+    let seen = Seen::default();
+    let layer = RedlockLayer::new(lock.clone(), Header::new(KEY)).auto_extend(false);
+    let quiet = app(layer, &seen);
+    let response = tokio::time::timeout(
+        Duration::from_secs(10),
+        quiet.oneshot(request("job", "wait")),
+    )
+    .await
+    .expect("the handler saw the loss")
+    .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(seen.lost.lock().unwrap().clone(), Some(LostReason::Expired));
+
+    let seen = Seen::default();
+    let layer = RedlockLayer::new(lock.clone(), Header::new(KEY))
+        .auto_extend(false)
+        .abort_on_loss(true);
+    let aborting = app(layer, &seen);
+    let call = tokio::spawn(aborting.oneshot(request("job-2", "wait")));
+    let response = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("answered once the lock ran out")
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+}

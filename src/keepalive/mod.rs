@@ -344,7 +344,9 @@ fn act(client: &Alive, id: u64, mut entry: Entry, queue: &mut Queue) -> Option<W
     {
         let end = entry.lock.valid_until();
         if now < end {
-            // Let the last validity run out, then say so (and clean up).
+            // Let the last validity run out, then say so (and clean up); whoever sees the
+            // deadline pass first gives this reason.
+            entry.shared.runs_out_as(LostReason::MaxExtensionsReached);
             queue.schedule(id, entry, end);
             return None;
         }

@@ -254,6 +254,7 @@ impl Rejection {
         };
         let message = match reason {
             LostReason::MaxHoldReached => "the request ran past the longest a lock may be held",
+            LostReason::Expired => "the request ran past its lock's validity; retry later",
             _ => "the lock was lost while the request ran; retry later",
         };
         Self::new(
