@@ -8,7 +8,7 @@
 //! A body over 64 KiB is answered 413, a body without an `id` (or not JSON) 400.
 //!
 //! ```text
-//! cargo run --features axum,json --example stripe_webhook
+//! cargo run --features axum --example stripe_webhook
 //! # another shell:
 //! curl -i -X POST -H 'content-type: application/json' \
 //!      -d '{"id":"evt_1","type":"payment_intent.succeeded"}' http://127.0.0.1:3000/stripe

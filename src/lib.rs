@@ -101,6 +101,7 @@
 //! | `tls-insecure` | `rediss://...#insecure` nodes, which skip certificate checks (tests only) |
 //! | `cluster` | a Redis Cluster as one node: `NodeConfig::cluster` |
 //! | `metrics` | counters, histograms and gauges through the `metrics` facade: see [`metrics`] |
+//! | `json` (default) | [`layer::BodyKey::json`] and [`layer::webhook::stripe`]: a lock name from a JSON field of the request body, through serde_json |
 //! | `testing` | `testing::InMemoryLock`: an in-process lock with failure injection, for tests of handlers behind [`RedlockLayer`] (for dev-dependencies) |
 //!
 //! **Freshly started or promoted nodes.** A node up for less than the longest TTL, one

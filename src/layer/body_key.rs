@@ -40,7 +40,7 @@ type KeyFn = dyn Fn(&[u8]) -> Result<Option<Vec<u8>>, ExtractError> + Send + Syn
 /// The lock name is in the request body: a JSON field ([`json`](Self::json), feature
 /// `json`) or what your function finds ([`from_fn`](Self::from_fn)). Use it with
 /// [`RedlockLayer::from_body`](crate::RedlockLayer::from_body), which reads the body's
-/// start before it locks (see the [module docs](self)). A body over the
+/// start before it locks. A body over the
 /// [`limit`](Self::limit) is answered 413; a body without the field, or not JSON, 400.
 #[derive(Clone)]
 pub struct BodyKey {

@@ -7,7 +7,7 @@
 //! | Svix | `svix-id` header | `RedlockLayer::new(lock, webhook::svix())` |
 //! | GitHub | `X-GitHub-Delivery` header | `RedlockLayer::new(lock, webhook::github())` |
 //! | Shopify | `X-Shopify-Webhook-Id` header | `RedlockLayer::new(lock, webhook::shopify())` |
-//! | Stripe | the event's `id` in the JSON body | `RedlockLayer::from_body(lock, webhook::stripe())` (feature `json`) |
+//! | Stripe | the event's `id` in the JSON body | `RedlockLayer::from_body(lock, webhook::stripe())` (feature `json`, on by default) |
 //!
 //! Every extractor here rejects a delivery without its id (400). Add
 //! [`replay`](crate::RedlockLayer::replay) so a redelivery after the handler finished gets
