@@ -63,6 +63,13 @@ impl Votes {
         self.tally.outcomes_to_decide()
     }
 
+    /// Whether a node failed because it is in the restart quarantine.
+    pub(crate) fn quarantined(&self) -> bool {
+        self.failures
+            .iter()
+            .any(|f| matches!(f.error, NodeError::Quarantined { .. }))
+    }
+
     /// Whether a quorum granted.
     pub(crate) fn reached(&self) -> bool {
         self.tally.decision() == Decision::Reached

@@ -1314,3 +1314,48 @@ async fn health_and_inspection_tell_what_the_nodes_hold() {
             .all(|n| matches!(n.status(), tower_redlock::NodeStatus::Quarantined { .. }))
     );
 }
+
+/// The no-quorum error of a restart quarantine counts what it knows: every quarantined
+/// node (all 3 of a fresh stack, not the 2 that decided the round), and no "0 granted" for
+/// a healthy node whose answer was not awaited once the quarantine left no quorum.
+#[tokio::test]
+async fn the_quarantine_error_counts_the_quarantined_nodes_and_no_unawaited_grant() {
+    let ttl = Duration::from_secs(2);
+    let quarantined = |urls| {
+        tower_redlock::Redlock::builder(urls)
+            .ttl(ttl)
+            .node_timeout(NODE_TIMEOUT)
+            .build()
+            .expect("build")
+    };
+    let fresh = Cluster::start(3);
+    let all = quarantined(fresh.urls());
+    assert!(!all.health().await.ready()); // connected, each node judged young
+    let error = all.try_lock("fresh").await.expect_err("quarantined");
+    let text = error.to_string();
+    assert!(
+        text.contains("3 node(s) are in the restart quarantine"),
+        "{text}"
+    );
+    assert!(!text.contains("granted"), "{text}");
+
+    // Two young nodes next to an old one.
+    let mut mixed = Cluster::start(3);
+    mixed.wait_older_than(ttl).await;
+    mixed.nodes[0].restart();
+    mixed.nodes[1].restart();
+    let two = quarantined(mixed.urls());
+    assert!(!two.health().await.ready());
+    for _ in 0..20 {
+        let text = two
+            .try_lock("mixed")
+            .await
+            .expect_err("quarantined")
+            .to_string();
+        assert!(
+            text.contains("2 node(s) are in the restart quarantine"),
+            "{text}"
+        );
+        assert!(!text.contains("0 granted"), "{text}");
+    }
+}

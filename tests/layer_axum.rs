@@ -1632,3 +1632,39 @@ async fn with_auto_extension_abort_on_loss_lets_a_long_handler_finish() {
         Some(tower_redlock::LostReason::Released)
     );
 }
+
+/// A fresh stack (restart quarantine on) answers 503 with a problem type of its own and
+/// advises the quarantine's real remaining time, not the 1 s default cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_the_restart_quarantine_the_503_says_so_and_advises_its_end() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::builder(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_millis(100))
+        .max_attempts(1)
+        .build()
+        .expect("build");
+    assert!(!redlock.health().await.ready());
+    let layer = RedlockLayer::new(redlock, Header::new(KEY_HEADER));
+    let addr = serve(app(layer, App::new())).await;
+    let mut request = post_req(addr, "/hook", Some((KEY_HEADER, "early")));
+    request.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static("application/problem+json"),
+    );
+    let reply = send(&http1(), request).await;
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert!(
+        reply
+            .body
+            .contains(tower_redlock::layer::problems::QUARANTINE),
+        "{}",
+        reply.body
+    );
+    let retry_after: u64 = reply.headers[http::header::RETRY_AFTER]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((2..=10).contains(&retry_after), "Retry-After {retry_after}");
+}

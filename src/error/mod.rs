@@ -276,12 +276,21 @@ impl LockError {
             .collect::<Option<Vec<_>>>()
             .and_then(|left| left.into_iter().max());
         if let Some(longest) = quarantined {
-            return write!(
+            // The nodes that answered: once the quarantined ones left no quorum, the
+            // others' answers were not awaited (so no "0 granted" for them).
+            write!(
                 f,
                 "no quorum yet: {} node(s) are in the restart quarantine for up to {longest:?} \
-                 more, {reached} granted, {needed} needed (after {attempts} attempt(s); nodes \
-                 started empty on purpose can skip it with restart_quarantine(false))",
+                 more, leaving no quorum of {needed} until then",
                 failures.len()
+            )?;
+            if *reached > 0 {
+                write!(f, " ({reached} granted)")?;
+            }
+            return write!(
+                f,
+                " (after {attempts} attempt(s); nodes started empty on purpose can skip it \
+                 with restart_quarantine(false))"
             );
         }
         write!(

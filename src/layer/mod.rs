@@ -51,6 +51,7 @@ pub mod extract;
 mod future;
 mod grpc_methods;
 mod keeping;
+mod kind;
 mod pending;
 mod problem;
 pub mod problems;

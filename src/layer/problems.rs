@@ -13,7 +13,8 @@
 //!
 //! `type` is one of the URIs below (the constants of this module), each a link to its
 //! section on this page; `kind` is the [`RejectionKind`](super::RejectionKind) as a string
-//! (several types share a kind: `lost` and `record-unreadable` are `unavailable`);
+//! (several types share a kind: `quarantine`, `lost` and `record-unreadable` are
+//! `unavailable`);
 //! `retry_after` (seconds) is there when the answer advises a retry, as is the
 //! `Retry-After` header. gRPC calls get the status code of the table, the detail as
 //! `grpc-message`, and instead of `Retry-After` the same advice in milliseconds in
@@ -25,6 +26,7 @@
 //! |---|---|---|---|
 //! | [`#busy`](#busy) | 409 | `ABORTED` (10) | yes, after `Retry-After` |
 //! | [`#unavailable`](#unavailable) | 503 | `UNAVAILABLE` (14) | yes, after `Retry-After`, with backoff |
+//! | [`#quarantine`](#quarantine) | 503 | `UNAVAILABLE` (14) | yes, after `Retry-After` (the quarantine's end) |
 //! | [`#lost`](#lost) | 503 | `UNAVAILABLE` (14) | only if the operation is idempotent |
 //! | [`#record-unreadable`](#record-unreadable) | 503 | `UNAVAILABLE` (14) | later; tell the operator if it lasts |
 //! | [`#bad-request`](#bad-request) | 400 | `INVALID_ARGUMENT` (3) | no: fix the request |
@@ -59,6 +61,21 @@
 //! *What to do:* retry later, with backoff, after `Retry-After` (when nodes are coming back
 //! from a restart, the time until they do; otherwise the service's cap, 1 s by default).
 //! Retrying is safe: the handler did not run.
+//!
+//! # quarantine
+//!
+//! **The lock service is starting up** (`kind`: `unavailable`; 503, gRPC `UNAVAILABLE`).
+//! Too many of the service's Redis nodes started or restarted recently: they may have lost
+//! the locks they held, so they are kept out of locking until those locks would have
+//! expired (the restart quarantine, at most the longest lock TTL). The service is not
+//! failing; it is waiting out a known time. Nothing ran for this request.
+//!
+//! *What to do:* retry the same request after `Retry-After` (gRPC:
+//! `grpc-retry-pushback-ms`): the time until the nodes are back, not capped at the
+//! service's usual 1 s but up to
+//! [`QUARANTINE_RETRY_AFTER_CAP`](super::reject::QUARANTINE_RETRY_AFTER_CAP) (30 s), or the
+//! service's own [`retry_after_cap`](crate::RedlockLayer::retry_after_cap) if larger.
+//! Retrying sooner gets the same answer. Retrying is safe: the handler did not run.
 //!
 //! # lost
 //!
@@ -147,6 +164,10 @@ pub const BUSY: &str =
 /// The `type` of an unavailable lock service: see [unavailable](self#unavailable).
 pub const UNAVAILABLE: &str =
     "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#unavailable";
+/// The `type` of an unavailable lock service whose nodes are in the restart quarantine:
+/// see [quarantine](self#quarantine).
+pub const QUARANTINE: &str =
+    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#quarantine";
 /// The `type` of a lock lost while the request ran: see [lost](self#lost).
 pub const LOST: &str =
     "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#lost";
@@ -176,6 +197,7 @@ pub const BODY_TOO_LARGE: &str =
 pub(crate) enum Problem {
     Busy,
     Unavailable,
+    Quarantine,
     Lost,
     RecordUnreadable,
     BadRequest,
@@ -188,9 +210,10 @@ pub(crate) enum Problem {
 impl Problem {
     /// Every problem type, for tests.
     #[cfg(test)]
-    pub(crate) const ALL: [Problem; 9] = [
+    pub(crate) const ALL: [Problem; 10] = [
         Problem::Busy,
         Problem::Unavailable,
+        Problem::Quarantine,
         Problem::Lost,
         Problem::RecordUnreadable,
         Problem::BadRequest,
@@ -205,6 +228,7 @@ impl Problem {
         match self {
             Problem::Busy => BUSY,
             Problem::Unavailable => UNAVAILABLE,
+            Problem::Quarantine => QUARANTINE,
             Problem::Lost => LOST,
             Problem::RecordUnreadable => RECORD_UNREADABLE,
             Problem::BadRequest => BAD_REQUEST,
@@ -220,6 +244,7 @@ impl Problem {
         match self {
             Problem::Busy => "The key is locked by another request",
             Problem::Unavailable => "The lock service is unavailable",
+            Problem::Quarantine => "The lock service is starting up",
             Problem::Lost => "The lock was lost while the request ran",
             Problem::RecordUnreadable => "The stored response cannot be read",
             Problem::BadRequest => "The request cannot be locked as sent",

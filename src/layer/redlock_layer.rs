@@ -289,8 +289,10 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
 
     /// The longest `Retry-After` the layer advises (default 1 s): a busy answer advises the
     /// holder's remaining TTL up to this, since a holder usually releases long before its
-    /// TTL (which auto-extension keeps renewing) runs out; a 503 advises the time until
-    /// nodes in the restart quarantine return, up to this, or this.
+    /// TTL (which auto-extension keeps renewing) runs out; a 503 advises this, or the time
+    /// until nodes in the restart quarantine return, up to this; when the quarantine alone
+    /// is the cause, up to 30 s if this is lower
+    /// ([`QUARANTINE_RETRY_AFTER_CAP`](crate::layer::reject::QUARANTINE_RETRY_AFTER_CAP)).
     ///
     /// ```
     /// use std::time::Duration;

@@ -43,74 +43,11 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
+pub use super::kind::{Protocol, RejectionKind};
 use super::problem::{self, Format};
 use super::problems::Problem;
 use crate::error::LockError;
 use crate::token::LostReason;
-
-/// Whether a request is plain HTTP or a gRPC call (`content-type: application/grpc*`):
-/// gRPC calls are rejected with trailers-only statuses instead of HTTP status codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Protocol {
-    /// Plain HTTP.
-    Http,
-    /// gRPC over HTTP/2.
-    Grpc,
-}
-
-impl Protocol {
-    /// The protocol of `request`, from its `content-type`.
-    pub fn of<B>(request: &http::Request<B>) -> Self {
-        let grpc = request
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-        if grpc { Self::Grpc } else { Self::Http }
-    }
-}
-
-/// Why a request was rejected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RejectionKind {
-    /// Another request holds the lock.
-    Busy {
-        /// When the holder's lock expires, as far as the nodes said.
-        retry_after: Option<Duration>,
-    },
-    /// The lock service is unavailable: no quorum of nodes, or too slow to leave validity.
-    Unavailable,
-    /// The request cannot be locked as sent: the extractor refused it or the name is invalid.
-    BadRequest,
-    /// The layer is misconfigured (for example a TTL the client refuses).
-    Internal,
-    /// The lock name (an idempotency key) was already used, with replay on, for a
-    /// different request (another method or path).
-    KeyReused,
-    /// With replay: the request with this key completed, but its response was larger
-    /// than [`ReplayPolicy::max_body`](super::ReplayPolicy::max_body), so it was not kept
-    /// and cannot be replayed (the handler does not run again either).
-    ResponseNotKept,
-    /// The request body is larger than the extractor reads to find the lock name in it
-    /// ([`BodyKey::limit`](super::BodyKey::limit)).
-    BodyTooLarge,
-}
-
-impl RejectionKind {
-    /// The kind as the `kind` member of problem documents: `busy`, `unavailable`,
-    /// `bad_request`, `internal`, `key_reused`, `response_not_kept` or `body_too_large`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            RejectionKind::Busy { .. } => "busy",
-            RejectionKind::Unavailable => "unavailable",
-            RejectionKind::BadRequest => "bad_request",
-            RejectionKind::Internal => "internal",
-            RejectionKind::KeyReused => "key_reused",
-            RejectionKind::ResponseNotKept => "response_not_kept",
-            RejectionKind::BodyTooLarge => "body_too_large",
-        }
-    }
-}
 
 /// A rejected request: what happened, and how to answer it.
 ///
@@ -137,15 +74,12 @@ pub struct Rejection {
 /// The default cap on `Retry-After` (see [`RedlockLayer::retry_after_cap`](crate::RedlockLayer::retry_after_cap)).
 pub const DEFAULT_RETRY_AFTER_CAP: Duration = Duration::from_secs(1);
 
-/// gRPC status codes used here.
-mod code {
-    pub(super) const INVALID_ARGUMENT: u8 = 3;
-    pub(super) const ALREADY_EXISTS: u8 = 6;
-    pub(super) const RESOURCE_EXHAUSTED: u8 = 8;
-    pub(super) const ABORTED: u8 = 10;
-    pub(super) const INTERNAL: u8 = 13;
-    pub(super) const UNAVAILABLE: u8 = 14;
-}
+/// The cap on the `Retry-After` of a 503 during the restart quarantine
+/// ([`problems::QUARANTINE`](super::problems::QUARANTINE)), when the layer's
+/// [`retry_after_cap`](crate::RedlockLayer::retry_after_cap) is lower: the nodes come back
+/// at a known time, and a client that retries every second into a 10 s quarantine only
+/// gets the same answer. The advice is the quarantine's real remaining time up to this.
+pub const QUARANTINE_RETRY_AFTER_CAP: Duration = Duration::from_secs(30);
 
 impl Rejection {
     /// A rejection for a lock error.
@@ -167,6 +101,13 @@ impl Rejection {
                 RejectionKind::Internal,
                 Problem::Internal,
                 "the lock layer is misconfigured".to_owned(),
+            ),
+            e if only_quarantined(e) => (
+                RejectionKind::Unavailable,
+                Problem::Quarantine,
+                "the lock service is starting up: its nodes restarted recently and wait for \
+                 their old locks to expire; retry after the advised time"
+                    .to_owned(),
             ),
             _ => (
                 RejectionKind::Unavailable,
@@ -363,36 +304,22 @@ impl Rejection {
 
     /// The HTTP status of the default response.
     pub fn http_status(&self) -> StatusCode {
-        match self.kind {
-            RejectionKind::Busy { .. } => StatusCode::CONFLICT,
-            RejectionKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            RejectionKind::BadRequest => StatusCode::BAD_REQUEST,
-            RejectionKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            RejectionKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            RejectionKind::ResponseNotKept => StatusCode::GONE,
-            RejectionKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        }
+        self.kind.http_status()
     }
 
     /// The gRPC status code of the default response.
     pub fn grpc_code(&self) -> u8 {
-        match self.kind {
-            RejectionKind::Busy { .. } => code::ABORTED,
-            RejectionKind::Unavailable => code::UNAVAILABLE,
-            RejectionKind::BadRequest => code::INVALID_ARGUMENT,
-            RejectionKind::Internal => code::INTERNAL,
-            RejectionKind::KeyReused => code::INVALID_ARGUMENT,
-            RejectionKind::ResponseNotKept => code::ALREADY_EXISTS,
-            RejectionKind::BodyTooLarge => code::RESOURCE_EXHAUSTED,
-        }
+        self.kind.grpc_code()
     }
 
     /// `Retry-After` in whole seconds, rounded up, at least 1, for busy and unavailable
     /// rejections: the holder's remaining TTL (busy), or the time until the nodes kept
-    /// out by the restart quarantine return (no quorum because of it), capped by the
-    /// layer's [`retry_after_cap`](crate::RedlockLayer::retry_after_cap) (1 s by default:
-    /// a holder usually releases long before its TTL runs out). Another unavailable
-    /// rejection advises the cap.
+    /// out by the restart quarantine return, capped by the layer's
+    /// [`retry_after_cap`](crate::RedlockLayer::retry_after_cap) (1 s by default: a holder
+    /// usually releases long before its TTL runs out). When the quarantine alone left no
+    /// quorum ([`problems::QUARANTINE`](super::problems::QUARANTINE)), the cap is at least
+    /// [`QUARANTINE_RETRY_AFTER_CAP`] (30 s): the quarantine's real remaining time goes
+    /// through. Another unavailable rejection advises the cap.
     pub fn retry_after_secs(&self) -> Option<u64> {
         let after = self.retry_advice()?;
         Some(
@@ -417,7 +344,11 @@ impl Rejection {
             RejectionKind::Unavailable => self.error.as_deref().and_then(quarantine_ends),
             _ => return None,
         };
-        Some(hint.map_or(self.retry_cap, |d| d.min(self.retry_cap)))
+        let cap = match self.problem {
+            Problem::Quarantine => self.retry_cap.max(QUARANTINE_RETRY_AFTER_CAP),
+            _ => self.retry_cap,
+        };
+        Some(hint.map_or(self.retry_cap, |d| d.min(cap)))
     }
 
     /// The default response: the status of [`http_status`](Self::http_status) with a
@@ -501,19 +432,29 @@ impl fmt::Display for Rejection {
     }
 }
 
-/// When the nodes of a no-quorum error that are in the restart quarantine return, if
-/// that is why there was no quorum.
+/// When the nodes of a no-quorum error that are in the restart quarantine return (the
+/// first of them), if any is.
 fn quarantine_ends(error: &LockError) -> Option<Duration> {
-    let LockError::NoQuorum { failures, .. } = error else {
-        return None;
+    quarantine_left(error).min()
+}
+
+/// Whether the restart quarantine alone left a no-quorum error without its quorum: every
+/// node that failed is quarantined.
+fn only_quarantined(error: &LockError) -> bool {
+    matches!(error, LockError::NoQuorum { failures, .. }
+        if !failures.is_empty() && quarantine_left(error).count() == failures.len())
+}
+
+/// The remaining quarantine of each quarantined node of a no-quorum error.
+fn quarantine_left(error: &LockError) -> impl Iterator<Item = Duration> + '_ {
+    let failures = match error {
+        LockError::NoQuorum { failures, .. } => failures.as_slice(),
+        _ => &[],
     };
-    failures
-        .iter()
-        .filter_map(|f| match f.error {
-            crate::error::NodeError::Quarantined { remaining, .. } => Some(remaining),
-            _ => None,
-        })
-        .min()
+    failures.iter().filter_map(|f| match f.error {
+        crate::error::NodeError::Quarantined { remaining, .. } => Some(remaining),
+        _ => None,
+    })
 }
 
 /// Percent-encodes a `grpc-message` (bytes outside printable ASCII, and `%`).

@@ -24,6 +24,28 @@ fn busy_maps_to_409_with_retry_after_and_aborted() {
     assert!(grpc.body().is_empty());
 }
 
+/// A node in the restart quarantine for `remaining`.
+fn quarantined_node(remaining: Duration) -> crate::error::NodeFailure {
+    crate::error::NodeFailure {
+        node: "n:1".into(),
+        error: crate::error::NodeError::Quarantined {
+            remaining,
+            reason: crate::error::QuarantineReason::Restarted,
+        },
+    }
+}
+
+/// No quorum because of one node in the restart quarantine for `remaining`.
+fn quarantined_for(remaining: Duration) -> LockError {
+    LockError::NoQuorum {
+        needed: 2,
+        reached: 1,
+        held_elsewhere: 0,
+        failures: vec![quarantined_node(remaining)],
+        attempts: 1,
+    }
+}
+
 #[test]
 fn grpc_answers_advise_retries_in_pushback_ms_and_http_answers_in_retry_after() {
     let busy = |ms: Option<u64>| LockError::Busy {
@@ -32,17 +54,18 @@ fn grpc_answers_advise_retries_in_pushback_ms_and_http_answers_in_retry_after() 
         retry_after: ms.map(Duration::from_millis),
         attempts: 1,
     };
-    let quarantined = LockError::NoQuorum {
+    let quarantined = quarantined_for(Duration::from_millis(4_200));
+    let quarantined_and_down = LockError::NoQuorum {
         needed: 2,
-        reached: 1,
+        reached: 0,
         held_elsewhere: 0,
-        failures: vec![crate::error::NodeFailure {
-            node: "n:1".into(),
-            error: crate::error::NodeError::Quarantined {
-                remaining: Duration::from_millis(4_200),
-                reason: crate::error::QuarantineReason::Restarted,
+        failures: vec![
+            quarantined_node(Duration::from_millis(4_200)),
+            crate::error::NodeFailure {
+                node: "n:2".into(),
+                error: crate::error::NodeError::Timeout,
             },
-        }],
+        ],
         attempts: 1,
     };
     let no_quorum = LockError::NoQuorum {
@@ -88,7 +111,8 @@ fn grpc_answers_advise_retries_in_pushback_ms_and_http_answers_in_retry_after() 
             Some("1"),
             Some("1000"),
         ),
-        // The end of the quarantine.
+        // The end of the quarantine: its real remaining time, up to the larger of the cap
+        // and the quarantine's own cap (30 s).
         (
             Rejection::from_lock_error(quarantined.clone(), Protocol::Http),
             ms(60_000),
@@ -97,6 +121,25 @@ fn grpc_answers_advise_retries_in_pushback_ms_and_http_answers_in_retry_after() 
         ),
         (
             Rejection::from_lock_error(quarantined, Protocol::Http),
+            ms(1_000),
+            Some("5"),
+            Some("4200"),
+        ),
+        (
+            Rejection::from_lock_error(quarantined_for(ms(45_000)), Protocol::Http),
+            ms(1_000),
+            Some("30"),
+            Some("30000"),
+        ),
+        (
+            Rejection::from_lock_error(quarantined_for(ms(45_000)), Protocol::Http),
+            ms(40_000),
+            Some("40"),
+            Some("40000"),
+        ),
+        // A quarantined node next to one that is down: the usual cap.
+        (
+            Rejection::from_lock_error(quarantined_and_down.clone(), Protocol::Http),
             ms(1_000),
             Some("1"),
             Some("1000"),
@@ -205,8 +248,63 @@ fn unavailable_advises_the_end_of_the_quarantine_up_to_the_cap() {
         .into_response();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()[header::RETRY_AFTER], "4");
+    // The quarantine's real remaining time gets through the default cap of 1 s.
     let default = Rejection::from_lock_error(err, Protocol::Http).into_response();
-    assert_eq!(default.headers()[header::RETRY_AFTER], "1");
+    assert_eq!(default.headers()[header::RETRY_AFTER], "4");
+}
+
+/// A 503 during the restart quarantine can be told from a lost quorum: its own problem
+/// type, text and gRPC message.
+#[test]
+fn the_quarantine_has_a_problem_type_and_a_message_of_its_own() {
+    let quarantine =
+        Rejection::from_lock_error(quarantined_for(Duration::from_secs(9)), Protocol::Grpc);
+    assert_eq!(quarantine.kind(), &RejectionKind::Unavailable);
+    assert_eq!(
+        quarantine.problem_type(),
+        super::super::problems::QUARANTINE
+    );
+    assert!(
+        quarantine.message().contains("starting up"),
+        "{}",
+        quarantine.message()
+    );
+    let res = quarantine.into_response();
+    assert_eq!(res.headers()["grpc-status"], "14");
+    assert!(
+        res.headers()["grpc-message"]
+            .to_str()
+            .is_ok_and(|m| m.contains("starting up")),
+        "{:?}",
+        res.headers()["grpc-message"]
+    );
+    assert_eq!(res.headers()["grpc-retry-pushback-ms"], "9000");
+    for not_only in [
+        LockError::NoQuorum {
+            needed: 2,
+            reached: 0,
+            held_elsewhere: 0,
+            failures: vec![],
+            attempts: 1,
+        },
+        LockError::NoQuorum {
+            needed: 2,
+            reached: 0,
+            held_elsewhere: 0,
+            failures: vec![
+                quarantined_node(Duration::from_secs(9)),
+                crate::error::NodeFailure {
+                    node: "n:2".into(),
+                    error: crate::error::NodeError::Timeout,
+                },
+            ],
+            attempts: 1,
+        },
+    ] {
+        let r = Rejection::from_lock_error(not_only, Protocol::Grpc);
+        assert_eq!(r.problem_type(), super::super::problems::UNAVAILABLE);
+        assert!(!r.message().contains("starting up"));
+    }
 }
 
 #[test]
@@ -239,7 +337,19 @@ fn every_rejection_links_its_problem_type() {
             "unavailable",
         ),
         (
+            Rejection::from_lock_error(quarantined_for(Duration::from_secs(3)), http),
+            503,
+            "#quarantine",
+            "unavailable",
+        ),
+        (
             Rejection::lost(&LostReason::MaxHoldReached, http),
+            503,
+            "#lost",
+            "unavailable",
+        ),
+        (
+            Rejection::lost(&LostReason::Expired, http),
             503,
             "#lost",
             "unavailable",

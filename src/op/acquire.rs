@@ -465,6 +465,14 @@ async fn count_set_round<N: Nodes + ?Sized>(
         let outcome = replies.take(i, reply);
         votes.count(nodes.label(i), outcome);
     }
+    if !votes.reached() && votes.quarantined() {
+        // A quarantined node refuses at once: count the refusals already in, so that the
+        // error names every quarantined node, not only those that decided the round.
+        while let Some((i, reply)) = round.ready().await {
+            let outcome = replies.take(i, reply);
+            votes.count(nodes.label(i), outcome);
+        }
+    }
     (round, votes, replies)
 }
 
