@@ -16,6 +16,7 @@
 //! ```
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -287,6 +288,9 @@ pub(crate) struct Shared {
     /// The reason the lock is lost for when its validity runs out: [`LostReason::Expired`],
     /// unless the keep-alive driver said why no extension follows.
     runs_out_as: Mutex<LostReason>,
+    /// Whether a completion record (the layer's replay) replaced the lock on some node:
+    /// its release then finds the record there, which is no failure.
+    recorded: AtomicBool,
     lost: watch::Sender<Option<LostReason>>,
 }
 
@@ -297,6 +301,7 @@ impl Shared {
             lock,
             valid_until,
             runs_out_as: Mutex::new(LostReason::Expired),
+            recorded: AtomicBool::new(false),
             lost: watch::channel(None).0,
         })
     }
@@ -335,6 +340,16 @@ impl Shared {
 
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {
         self.lost.borrow().clone()
+    }
+
+    /// Notes that a completion record replaced the lock on some node.
+    pub(crate) fn set_recorded(&self) {
+        self.recorded.store(true, Ordering::Release);
+    }
+
+    /// Whether a completion record replaced the lock on some node.
+    pub(crate) fn recorded(&self) -> bool {
+        self.recorded.load(Ordering::Acquire)
     }
 
     /// Says why the lock will be lost when its validity runs out, if not

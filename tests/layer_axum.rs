@@ -1107,7 +1107,8 @@ async fn with_replay_keys_are_sf_strings_and_rejections_are_problem_documents() 
     assert_eq!(text.headers["content-type"], "text/plain; charset=utf-8");
     assert_eq!(
         text.body,
-        "this idempotency key was already used for a different request\n"
+        "the key this request carries was already used for a different request; a new \
+         request needs a new key\n"
     );
 
     // Keys that are not one sf-string.

@@ -228,3 +228,52 @@ async fn a_record_stored_on_too_few_nodes_is_logged() {
         );
     }
 }
+
+/// At debug, a replay and the release after recording say what happened: no "attempt
+/// failed" with the record's bytes, no "released=0 not_held=3" that reads as a lost lock.
+#[tokio::test]
+async fn a_replay_and_the_release_after_recording_log_what_happened() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use tower::{Layer, ServiceExt, service_fn};
+
+    let logs = support::CapturedLogs::start();
+    let cluster = Cluster::start(3);
+    let redlock = builder(cluster.urls()).build().expect("build");
+    support::warm(&redlock).await;
+    let svc = tower_redlock::RedlockLayer::new(
+        redlock,
+        tower_redlock::layer::Header::new("x-delivery-id"),
+    )
+    .replay(Duration::from_secs(60))
+    .layer(service_fn(
+        |_req: http::Request<tower_redlock::layer::PrefixedBody<Full<Bytes>>>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(
+                "secret-response-body",
+            ))))
+        },
+    ));
+    for _ in 0..2 {
+        let req = http::Request::post("/hook")
+            .header("x-delivery-id", "evt-1")
+            .body(Full::default())
+            .expect("request");
+        let res = svc.clone().oneshot(req).await.expect("response");
+        let body = res.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(body, "secret-response-body");
+    }
+    let logged = logs.text();
+    for needle in [
+        "redlock released after recording: the completion record holds the name",
+        "record_holds_it=3",
+        "redlock attempt found the name's completion record",
+    ] {
+        assert!(
+            logged.contains(needle),
+            "{needle:?} missing from:\n{logged}"
+        );
+    }
+    for wrong in ["failure=Record", "not_held=3", "secret-response-body"] {
+        assert!(!logged.contains(wrong), "{wrong:?} in:\n{logged}");
+    }
+}

@@ -61,7 +61,13 @@ impl Backend for Redlock {
 
     fn release(&self, shared: Arc<Shared>) -> impl Future<Output = Released> + Send + 'static {
         let redlock = self.clone();
-        async move { redlock.unlock(&shared.lock).await }
+        async move {
+            if shared.recorded() {
+                redlock.unlock_recorded(&shared.lock).await
+            } else {
+                redlock.unlock(&shared.lock).await
+            }
+        }
     }
 
     fn release_in_background(&self, shared: &Shared) {
@@ -77,6 +83,9 @@ impl Backend for Redlock {
         let redlock = self.clone();
         async move {
             let on = redlock.complete(&shared.lock, &record, retention).await;
+            if on > 0 {
+                shared.set_recorded();
+            }
             Stored {
                 on,
                 needed: redlock.quorum(),

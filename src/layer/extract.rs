@@ -34,6 +34,7 @@ use std::fmt;
 use http::header::HeaderName;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
+use super::kind::Protocol;
 use super::structured_field::{self, KeyError};
 
 /// An extractor's refusal: the request is malformed for locking (answered with HTTP 400 /
@@ -299,11 +300,12 @@ impl<B> ExtractLockName<B> for Header {
                 "the lock layer is configured with {bad:?}, which is not a valid header name"
             ))
         })?;
+        let header = Protocol::of(request).header_word();
         let mut values = request.headers().get_all(name).iter();
         let Some(value) = values.next() else {
             return if self.required {
                 Err(ExtractError::new(format!(
-                    "the {name} header (gRPC: metadata) is required"
+                    "the {name} {header} is required"
                 )))
             } else {
                 Ok(None)
@@ -311,10 +313,10 @@ impl<B> ExtractLockName<B> for Header {
         };
         if values.next().is_some() {
             return Err(ExtractError::new(format!(
-                "the {name} header is sent more than once"
+                "the {name} {header} is sent more than once"
             )));
         }
-        let empty = || ExtractError::new(format!("the {name} header (gRPC: metadata) is empty"));
+        let empty = || ExtractError::new(format!("the {name} {header} is empty"));
         if !self.structured {
             return if value.is_empty() {
                 Err(empty())
@@ -326,7 +328,7 @@ impl<B> ExtractLockName<B> for Header {
             Ok(key) => Ok(Some(key)),
             Err(KeyError::Empty) => Err(empty()),
             Err(KeyError::Malformed { problem, at }) => Err(ExtractError::new(format!(
-                "the {name} header is not a structured-field string such as \"k-1\" \
+                "the {name} {header} is not a structured-field string such as \"k-1\" \
                  (RFC 8941): {problem} (at byte {at})"
             ))),
         }

@@ -59,13 +59,13 @@ fn idempotency_keys_are_structured_field_strings_and_other_headers_are_raw() {
             &key,
             "idempotency-key",
             b"\"\"",
-            Err("the idempotency-key header (gRPC: metadata) is empty"),
+            Err("the idempotency-key header is empty"),
         ),
         (
             &key,
             "idempotency-key",
             b"",
-            Err("the idempotency-key header (gRPC: metadata) is empty"),
+            Err("the idempotency-key header is empty"),
         ),
         (
             &key,
@@ -113,12 +113,7 @@ fn idempotency_keys_are_structured_field_strings_and_other_headers_are_raw() {
         (&raw_key, "idempotency-key", b"a, b", Ok(Some(b"a, b"))),
         (&other, "x-id", b"\"k\"", Ok(Some(b"\"k\""))),
         (&other, "x-id", b"a b\xff", Ok(Some(b"a b\xff"))),
-        (
-            &other,
-            "x-id",
-            b"",
-            Err("the x-id header (gRPC: metadata) is empty"),
-        ),
+        (&other, "x-id", b"", Err("the x-id header is empty")),
         (&structured_other, "x-id", b"\"k\"", Ok(Some(b"k"))),
         (
             &structured_other,
@@ -216,4 +211,97 @@ fn path_extractors() {
     assert_eq!(p.extract(&req("/webhooks/gh")), Ok(None));
     assert_eq!(p.extract(&req("/webhooks/gh/42/x")), Ok(None));
     assert_eq!(p.extract(&req("/other/gh/42")), Ok(None));
+}
+
+/// Rejection texts fit the request: (HTTP, gRPC) × (header, path parameter) × rejection
+/// kind. A header's texts say "header" over HTTP and "metadata" over gRPC, and never the
+/// other protocol's word; the texts of the other kinds name neither (nor an "idempotency
+/// key" the request may not have sent), whatever the extractor.
+#[test]
+fn rejection_texts_name_what_the_request_used_in_its_protocol() {
+    use crate::layer::reject::{Protocol, Rejection};
+    use crate::{LockError, LostReason};
+
+    let request = |protocol: Protocol, path: &str, header: Option<&[u8]>| {
+        let mut b = Request::post(path);
+        if protocol == Protocol::Grpc {
+            b = b.header("content-type", "application/grpc");
+        }
+        if let Some(value) = header {
+            b = b.header("x-delivery-id", value);
+            b = b.header("x-twice", value).header("x-twice", value);
+        }
+        b.body(()).unwrap_or_default()
+    };
+    // What the client sees of a rejection: the text body, or the grpc-message.
+    let seen = |r: Rejection| {
+        let res = r.into_response();
+        match res.headers().get("grpc-message") {
+            Some(m) => m.to_str().unwrap_or("?").to_owned(),
+            None => res.body().clone(),
+        }
+    };
+    let header = Header::new("x-delivery-id").required();
+    let structured = Header::new("x-delivery-id").structured(true);
+    let twice = Header::new("x-twice");
+    let path = PathParam::new("/accounts/{id}/credit", "missing");
+    for protocol in [Protocol::Http, Protocol::Grpc] {
+        let (word, other) = match protocol {
+            Protocol::Http => ("header", "metadata"),
+            Protocol::Grpc => ("metadata", "header"),
+        };
+        // (extractor's refusal, what the text must say)
+        let refusals = [
+            (
+                header.extract(&request(protocol, "/hook", None)),
+                format!("the x-delivery-id {word} is required"),
+            ),
+            (
+                header.extract(&request(protocol, "/hook", Some(b""))),
+                format!("the x-delivery-id {word} is empty"),
+            ),
+            (
+                twice.extract(&request(protocol, "/hook", Some(b"k"))),
+                format!("the x-twice {word} is sent more than once"),
+            ),
+            (
+                structured.extract(&request(protocol, "/hook", Some(b"\"open"))),
+                format!("the x-delivery-id {word} is not a structured-field string"),
+            ),
+            (
+                path.extract(&request(protocol, "/accounts/46/credit", None)),
+                "route template has no {missing} segment".to_owned(),
+            ),
+        ];
+        for (i, (refusal, want)) in refusals.into_iter().enumerate() {
+            let Err(refusal) = refusal else {
+                panic!("case {i} ({protocol:?}) was not refused");
+            };
+            let text = seen(Rejection::bad_request(refusal.message(), protocol));
+            assert!(text.contains(&want), "case {i} ({protocol:?}): {text}");
+            assert!(!text.contains(other), "case {i} ({protocol:?}): {text}");
+            assert!(!text.contains("gRPC"), "case {i} ({protocol:?}): {text}");
+        }
+        // The other kinds, the same for a header key and a path parameter.
+        let busy = LockError::Busy {
+            held_elsewhere: 2,
+            nodes: 3,
+            retry_after: None,
+            attempts: 1,
+        };
+        let others = [
+            Rejection::from_lock_error(busy, protocol),
+            Rejection::key_reused(protocol),
+            Rejection::response_not_kept(protocol),
+            Rejection::lost(&LostReason::Expired, protocol),
+            Rejection::unreadable_record(protocol),
+        ];
+        for r in others {
+            let kind = r.kind().clone();
+            let text = seen(r);
+            for word in ["header", "metadata", "gRPC", "idempotency key"] {
+                assert!(!text.contains(word), "{kind:?} ({protocol:?}): {text}");
+            }
+        }
+    }
 }

@@ -36,6 +36,15 @@ impl Protocol {
             .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
         if grpc { Self::Grpc } else { Self::Http }
     }
+
+    /// What a request of this protocol calls its headers in a rejection's text:
+    /// `header`, or `metadata` for a gRPC call.
+    pub(crate) fn header_word(self) -> &'static str {
+        match self {
+            Self::Http => "header",
+            Self::Grpc => "metadata",
+        }
+    }
 }
 
 /// Why a request was rejected.

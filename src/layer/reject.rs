@@ -212,7 +212,9 @@ impl Rejection {
     pub fn key_reused(protocol: Protocol) -> Self {
         Self::new(
             RejectionKind::KeyReused,
-            "this idempotency key was already used for a different request".to_owned(),
+            "the key this request carries was already used for a different request; a new \
+             request needs a new key"
+                .to_owned(),
             protocol,
             None,
         )
@@ -224,7 +226,9 @@ impl Rejection {
     pub fn response_not_kept(protocol: Protocol) -> Self {
         Self::new(
             RejectionKind::ResponseNotKept,
-            "the request with this idempotency key was completed, but its response was too large to keep for replay".to_owned(),
+            "the request with this key was completed, but its response was too large to keep \
+             for replay"
+                .to_owned(),
             protocol,
             None,
         )

@@ -203,7 +203,16 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             let _ = release.run(deletion).await;
         }
         pending.deletion = None;
-        tracing::debug!(nodes = self.core.node_count(), failure = ?missed, "redlock attempt failed");
+        match &missed {
+            // A replay, not a failure (and the record's bytes stay out of the log).
+            Attempt::Record(_) => tracing::debug!(
+                nodes = self.core.node_count(),
+                "redlock attempt found the name's completion record: its response is replayed"
+            ),
+            _ => {
+                tracing::debug!(nodes = self.core.node_count(), failure = ?missed, "redlock attempt failed")
+            }
+        }
         missed
     }
 

@@ -118,6 +118,16 @@ pub(crate) trait Background {
     fn release_in_background(&self, deletion: Deletion);
 }
 
+/// What a lock was used for before its release, for the release's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum After {
+    /// Held, then released: nodes that no longer hold it lost it.
+    Use,
+    /// A completion record replaced it (the layer's replay): nodes holding the record
+    /// no longer hold the lock, as expected.
+    Record,
+}
+
 /// The release operation: compare-and-delete over `core`'s nodes, waking `waiters`.
 pub(crate) struct Release<'a, N: ?Sized = [Arc<Node>]> {
     pub(crate) core: &'a Core<N>,
@@ -127,16 +137,36 @@ pub(crate) struct Release<'a, N: ?Sized = [Arc<Node>]> {
 impl<N: Nodes + ?Sized> Release<'_, N> {
     /// Releases `lock` on every node in a `redlock.release` span, as an unlock does.
     pub(crate) async fn unlock(&self, observe: Observe, lock: &Lock) -> Released {
+        self.unlock_after(observe, lock, After::Use).await
+    }
+
+    /// [`unlock`](Self::unlock), `after` what the lock was used for (which its log says).
+    pub(crate) async fn unlock_after(
+        &self,
+        observe: Observe,
+        lock: &Lock,
+        after: After,
+    ) -> Released {
         let span = observe.span(self.core, Operation::Release, lock.name());
         let start = Instant::now();
         let release = async {
             let out = self.run(&Deletion::of(lock, Wake::OnSent)).await;
-            tracing::debug!(
-                released = out.released,
-                not_held = out.not_held,
-                failed = out.failures.len(),
-                "redlock released"
-            );
+            let failed = out.failures.len();
+            match after {
+                After::Use => tracing::debug!(
+                    released = out.released,
+                    not_held = out.not_held,
+                    failed,
+                    "redlock released"
+                ),
+                // The record replaced our value where it was stored: those nodes are done.
+                After::Record => tracing::debug!(
+                    released = out.released,
+                    record_holds_it = out.not_held,
+                    failed,
+                    "redlock released after recording: the completion record holds the name"
+                ),
+            }
             out
         };
         let out = release.instrument(span.clone()).await;
