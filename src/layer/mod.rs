@@ -48,6 +48,7 @@ mod body_key;
 mod body_mode;
 mod config;
 pub mod extract;
+mod extract_fn;
 mod future;
 mod grpc_methods;
 mod keeping;
