@@ -11,20 +11,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::Value;
-
 use super::release::{Background, Deletion, Release, Wake};
+use super::set_replies::SetReplies;
 use crate::core::{Accepts, Core, Fenced, Target, ttl_ms};
-use crate::error::{LockError, NodeError, RecordBytes};
+use crate::error::{LockError, RecordBytes};
 use crate::fencing::{self, CounterAt, Fencing, Number, PhaseOne, PhaseTwo};
 use crate::name::{Resource, new_value};
 use crate::node::Node;
-use crate::quorum::{NodeMask, Outcome, later};
+use crate::quorum::{NodeMask, later};
 use crate::round::{Nodes, Plan, Purpose, Round};
-use crate::scripts::{
-    ACQUIRE_OR_REPLAY_SCRIPT, AcquireReply, Arg, Invocation, MAX_NUMBER, Renewal, Request,
-    parse_acquire,
-};
+use crate::scripts::{ACQUIRE_OR_REPLAY_SCRIPT, Arg, Invocation, MAX_NUMBER, Renewal, Request};
 use crate::token::Lock;
 use crate::votes::Votes;
 use crate::waiters::Waiters;
@@ -100,51 +96,6 @@ struct Window {
     ttl: Duration,
     drift: Duration,
     outer: Option<Instant>,
-}
-
-/// What the `SET NX PX` replies of one attempt said, node by node.
-struct SetReplies {
-    /// The nodes that answered that another client holds the key.
-    foreign: NodeMask,
-    /// The completion records found, one per node that answered with one.
-    records: Vec<Vec<u8>>,
-    /// The longest remaining TTL of another holder's keys.
-    retry_after: Option<Duration>,
-    /// Whether some node holds the key with another client's value (not this client's).
-    held_by_others: bool,
-    fencing: PhaseOne,
-}
-
-impl SetReplies {
-    /// No reply yet, to an attempt that proposes `proposal` as its fencing number.
-    fn new(proposal: u64) -> Self {
-        Self {
-            foreign: NodeMask::default(),
-            records: Vec::new(),
-            retry_after: None,
-            held_by_others: false,
-            fencing: PhaseOne::new(proposal),
-        }
-    }
-
-    /// Takes node `i`'s reply: what it means for the quorum, or why the node failed.
-    fn take(&mut self, i: usize, reply: Result<Value, NodeError>) -> Result<Outcome, NodeError> {
-        let parsed = reply.and_then(parse_acquire);
-        let outcome = self.fencing.take(i, parsed.as_ref().ok());
-        match parsed? {
-            AcquireReply::Won { .. } => {}
-            AcquireReply::HeldElsewhere { pttl, ours } => {
-                self.retry_after = self.retry_after.max(pttl);
-                self.held_by_others |= !ours;
-                self.foreign.insert(i);
-            }
-            AcquireReply::Record(r) => {
-                self.records.push(r);
-                self.foreign.insert(i);
-            }
-        }
-        Ok(outcome)
-    }
 }
 
 /// The acquire operation: one attempt over `core`'s nodes, with the client's `fencing`

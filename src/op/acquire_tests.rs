@@ -12,11 +12,13 @@ use std::task::{Context, Poll};
 
 use super::*;
 use crate::core::{KeySpace, Timing};
+use crate::error::NodeError;
 use crate::landing::LandingState;
 use crate::name::CounterSets;
 use crate::node::clocks::NodeClocks;
 use crate::round::InFlight;
 use crate::scripts::{FENCE_SCRIPT, INSPECT_SCRIPT, RECORD_MARKER};
+use redis::Value;
 
 /// One node's answer in a scripted round.
 #[derive(Clone)]

@@ -17,3 +17,4 @@ pub(crate) mod inspect;
 pub(crate) mod observe;
 pub(crate) mod release;
 pub(crate) mod retry;
+mod set_replies;

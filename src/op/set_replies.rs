@@ -1,0 +1,67 @@
+//! What the `SET NX PX` replies of one acquire attempt said, node by node: who holds the
+//! key elsewhere (and for how long), the completion records found, and what phase 1 of
+//! fencing learned.
+//!
+//! ```text
+//! OK / [OK, ZADD]            -> granted (phase 1 takes the ZADD's answer)
+//! nil + PTTL, another value  -> held elsewhere (foreign; retry after the longest PTTL)
+//! "#record..."               -> a completion record (foreign: no release there)
+//! ```
+
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::error::NodeError;
+use crate::fencing::PhaseOne;
+use crate::quorum::{NodeMask, Outcome};
+use crate::scripts::{AcquireReply, parse_acquire};
+
+/// What the `SET NX PX` replies of one attempt said, node by node.
+pub(super) struct SetReplies {
+    /// The nodes that answered that another client holds the key.
+    pub(super) foreign: NodeMask,
+    /// The completion records found, one per node that answered with one.
+    pub(super) records: Vec<Vec<u8>>,
+    /// The longest remaining TTL of another holder's keys.
+    pub(super) retry_after: Option<Duration>,
+    /// Whether some node holds the key with another client's value (not this client's).
+    pub(super) held_by_others: bool,
+    pub(super) fencing: PhaseOne,
+}
+
+impl SetReplies {
+    /// No reply yet, to an attempt that proposes `proposal` as its fencing number.
+    pub(super) fn new(proposal: u64) -> Self {
+        Self {
+            foreign: NodeMask::default(),
+            records: Vec::new(),
+            retry_after: None,
+            held_by_others: false,
+            fencing: PhaseOne::new(proposal),
+        }
+    }
+
+    /// Takes node `i`'s reply: what it means for the quorum, or why the node failed.
+    pub(super) fn take(
+        &mut self,
+        i: usize,
+        reply: Result<Value, NodeError>,
+    ) -> Result<Outcome, NodeError> {
+        let parsed = reply.and_then(parse_acquire);
+        let outcome = self.fencing.take(i, parsed.as_ref().ok());
+        match parsed? {
+            AcquireReply::Won { .. } => {}
+            AcquireReply::HeldElsewhere { pttl, ours } => {
+                self.retry_after = self.retry_after.max(pttl);
+                self.held_by_others |= !ours;
+                self.foreign.insert(i);
+            }
+            AcquireReply::Record(r) => {
+                self.records.push(r);
+                self.foreign.insert(i);
+            }
+        }
+        Ok(outcome)
+    }
+}
