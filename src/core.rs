@@ -173,13 +173,7 @@ impl<N: ?Sized> Core<N> {
             check_retention(self.timing.fencing_retention, ttl)?;
         }
         let keys = keys_for(&self.keys.prefix, name, self.keys.counter_sets)?;
-        Ok(Arc::new(Resource {
-            name: name.into(),
-            key: keys.lock.into(),
-            counter_key: keys.counter.into(),
-            counter_member: keys.member.into(),
-            counter_set: keys.set,
-        }))
+        Ok(Arc::new(Resource::new(name, keys)))
     }
 
     /// What acquiring `name` for `ttl` is after, taking `accepts` for an answer; `Closed`

@@ -195,6 +195,19 @@ pub(crate) struct Resource {
     pub(crate) counter_set: u16,
 }
 
+impl Resource {
+    /// The resource `name`, at its `keys`.
+    pub(crate) fn new(name: &[u8], keys: Keys) -> Self {
+        Self {
+            name: name.into(),
+            key: keys.lock.into(),
+            counter_key: keys.counter.into(),
+            counter_member: keys.member.into(),
+            counter_set: keys.set,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

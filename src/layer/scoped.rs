@@ -54,8 +54,7 @@ fn route_of<'a>(head: &RequestHead<'a>) -> &'a str {
 
 impl<B, E: ExtractLockName<B>> ExtractLockName<B> for PerRoute<E> {
     fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
-        let name = self.inner.extract(request)?;
-        Ok(name.map(|name| routed(&RequestHead::of(request), &name)))
+        scoped_head(&self.inner, request, routed)
     }
 
     fn body_limit(&self) -> Option<usize> {
@@ -67,9 +66,32 @@ impl<B, E: ExtractLockName<B>> ExtractLockName<B> for PerRoute<E> {
         head: &RequestHead<'_>,
         body: &[u8],
     ) -> Result<Option<Vec<u8>>, ExtractError> {
-        let name = self.inner.extract_from_body(head, body)?;
-        Ok(name.map(|name| routed(head, &name)))
+        scoped_body(&self.inner, head, body, routed)
     }
+}
+
+/// How a scoping extractor turns its inner extractor's name into its own.
+type Scope = fn(&RequestHead<'_>, &[u8]) -> Vec<u8>;
+
+/// `inner`'s name for `request`, scoped by `scope`.
+fn scoped_head<B, E: ExtractLockName<B>>(
+    inner: &E,
+    request: &Request<B>,
+    scope: Scope,
+) -> Result<Option<Vec<u8>>, ExtractError> {
+    let name = inner.extract(request)?;
+    Ok(name.map(|name| scope(&RequestHead::of(request), &name)))
+}
+
+/// `inner`'s name from a request's `head` and `body`, scoped by `scope`.
+fn scoped_body<B, E: ExtractLockName<B>>(
+    inner: &E,
+    head: &RequestHead<'_>,
+    body: &[u8],
+    scope: Scope,
+) -> Result<Option<Vec<u8>>, ExtractError> {
+    let name = inner.extract_from_body(head, body)?;
+    Ok(name.map(|name| scope(head, &name)))
 }
 
 /// `name` scoped to the route of the request of `head`: `"{METHOD} {route} {name}"`.
@@ -129,8 +151,7 @@ impl<E> PerPrincipal<E> {
 
 impl<B, E: ExtractLockName<B>> ExtractLockName<B> for PerPrincipal<E> {
     fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
-        let name = self.inner.extract(request)?;
-        Ok(name.map(|name| by_caller(&RequestHead::of(request), &name)))
+        scoped_head(&self.inner, request, by_caller)
     }
 
     fn body_limit(&self) -> Option<usize> {
@@ -142,8 +163,7 @@ impl<B, E: ExtractLockName<B>> ExtractLockName<B> for PerPrincipal<E> {
         head: &RequestHead<'_>,
         body: &[u8],
     ) -> Result<Option<Vec<u8>>, ExtractError> {
-        let name = self.inner.extract_from_body(head, body)?;
-        Ok(name.map(|name| by_caller(head, &name)))
+        scoped_body(&self.inner, head, body, by_caller)
     }
 }
 

@@ -138,13 +138,7 @@ impl InMemoryLock {
         if self.state.unavailable.load(Ordering::Relaxed) {
             return Err(Failure::Unavailable.error(attempts, None));
         }
-        Ok(Arc::new(Resource {
-            name: name.into(),
-            key: keys.lock.into(),
-            counter_key: keys.counter.into(),
-            counter_member: keys.member.into(),
-            counter_set: keys.set,
-        }))
+        Ok(Arc::new(Resource::new(name, keys)))
     }
 
     /// Tells waiters that a name may be free.
