@@ -180,8 +180,9 @@ where
     read_start(req, limit, limit).await
 }
 
-/// Reads the start of `req`'s body for a lock name in it (up to `read` bytes) and for its
-/// fingerprint (the first `hash` bytes; a fingerprint the request already has is kept).
+/// Reads the start of `req`'s body for a lock name in it (up to `read` bytes: a longer
+/// body names no lock, so nothing past them is read) and for its fingerprint (at most the
+/// first `hash` of those bytes; a fingerprint the request already has is kept).
 pub(crate) async fn read_for_key<B>(
     req: Request<B>,
     hash: usize,
@@ -190,12 +191,9 @@ pub(crate) async fn read_for_key<B>(
 where
     B: Body + Unpin,
 {
-    let hash = match req.extensions().get::<RequestFingerprint>() {
-        Some(_) => 0,
-        None => hash,
-    };
     let given = req.extensions().get::<RequestFingerprint>().copied();
-    let mut req = read_start(req, hash, read.max(hash)).await;
+    let hash = if given.is_some() { 0 } else { hash.min(read) };
+    let mut req = read_start(req, hash, read).await;
     if let Some(given) = given {
         req.extensions_mut().insert(given);
     }
