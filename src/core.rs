@@ -225,8 +225,14 @@ pub(crate) struct Target {
 pub(crate) enum Accepts {
     /// The lock only.
     Lock,
-    /// The lock, or the completion record stored under its key (the layer's replay).
-    LockOrRecord,
+    /// The lock, or the completion record stored under its key (the layer's replay),
+    /// which lives for `retention`: the lock is held only if a quorum of the nodes that
+    /// granted it can vouch that no record was written within it (see
+    /// `node::Continuity`).
+    LockOrRecord {
+        /// How long the name's completion record lives.
+        retention: Duration,
+    },
 }
 
 /// Checks a TTL against the limits and the per-node timeout.

@@ -5,7 +5,7 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `redlock_acquire_total` | counter | `outcome`: `acquired`, `busy`, `no_quorum`, `validity_exhausted`, `replayed`, `error` | acquisitions (`lock`, `try_lock`, the layer), by outcome |
+//! | `redlock_acquire_total` | counter | `outcome`: `acquired`, `busy`, `no_quorum`, `validity_exhausted`, `unverifiable` (a replay no quorum of nodes can answer for after restarts), `replayed`, `error` | acquisitions (`lock`, `try_lock`, the layer), by outcome |
 //! | `redlock_acquire_seconds` | histogram | | time to acquire (or give up), retries and waiting included |
 //! | `redlock_released_total` | counter | | locks released with `unlock` (guards and the layer included) |
 //! | `redlock_hold_seconds` | histogram | | from acquisition to release |

@@ -44,6 +44,7 @@ pub(crate) mod clocks;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod connect;
+mod continuity;
 mod handshake;
 mod identity;
 mod renewals;
@@ -51,6 +52,9 @@ mod resp;
 mod wire;
 
 pub(crate) use call::{NodeCall, Sending};
+pub(crate) use continuity::Continuity;
+#[cfg(test)]
+pub(crate) use continuity::Loss;
 
 /// Whether a node's restart quarantine applies to a call: it does to the calls that decide
 /// an acquisition or an extension (a quarantined node refuses them at once, and a cluster
@@ -183,6 +187,8 @@ struct NodeState {
     /// Who the server was on the last connect (`run_id` and replication id), if `INFO`
     /// told.
     known: Option<identity::Identity>,
+    /// Since when the server's data is whole, if it may have lost writes (for replay).
+    continuity: Option<Continuity>,
     /// Kept out of acquire and extend until then, and why.
     quarantined_until: Option<(Instant, QuarantineReason)>,
     /// The node whose server this node's address also reaches, if any (logged once).
@@ -236,6 +242,7 @@ impl Node {
                 connected_at: None,
                 backoff: BACKOFF_MIN,
                 known: None,
+                continuity: None,
                 quarantined_until: None,
                 same_server_as: None,
                 version: None,
@@ -280,6 +287,12 @@ impl Node {
         // The state stays consistent at every point a panic could occur, so a poisoned
         // lock is still usable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Since when the node's data is whole, if it may have lost writes (see
+    /// [`continuity`]).
+    pub(crate) fn continuity(&self) -> Option<Continuity> {
+        self.state().continuity
     }
 
     /// How much longer the node is quarantined, and why, if it is (the state is locked by

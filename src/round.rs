@@ -37,7 +37,7 @@ use redis::Value;
 
 use crate::error::NodeError;
 use crate::landing::{Landing, LandingState};
-use crate::node::{Node, NodeCall, Quarantine, Sending};
+use crate::node::{Continuity, Node, NodeCall, Quarantine, Sending};
 use crate::quorum::NodeMask;
 use crate::scripts::Request;
 
@@ -112,6 +112,13 @@ pub(crate) trait Nodes: Send + Sync {
     /// (`message`): see [`Node::notifications_refused`].
     fn notifications_refused(&self, i: usize, message: &str);
 
+    /// Since when node `i`'s data is whole, if it may have lost writes (see
+    /// [`Continuity`]): nodes that cannot tell have none.
+    fn continuity(&self, i: usize) -> Option<Continuity> {
+        let _ = i;
+        None
+    }
+
     /// Waits for the connects under way, one node at a time as they settle, until `enough`
     /// says so or every connect is over.
     fn settle(&self, enough: impl Fn() -> bool + Send) -> impl Future<Output = ()> + Send;
@@ -136,6 +143,10 @@ impl Nodes for [Arc<Node>] {
         if let Some(node) = self.get(i) {
             node.notifications_refused(message);
         }
+    }
+
+    fn continuity(&self, i: usize) -> Option<Continuity> {
+        self.get(i).and_then(|node| node.continuity())
     }
 
     async fn settle(&self, enough: impl Fn() -> bool + Send) {

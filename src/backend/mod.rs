@@ -48,8 +48,9 @@ impl<T: Clone + Send + Sync + 'static + sealed::Backend> LockBackend for T {}
 /// How an acquisition through the seam goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Acquisition {
-    /// The lock, or the name's completion record (the layer's replay).
-    pub(crate) replay: bool,
+    /// The lock, or the name's completion record (the layer's replay), which lives this
+    /// long (the replay retention).
+    pub(crate) replay: Option<Duration>,
     /// One attempt (`None`), or waiting for the name until then.
     pub(crate) until: Option<Instant>,
 }

@@ -42,9 +42,9 @@ impl Backend for Redlock {
         how: Acquisition,
     ) -> Result<Acquired, LockError> {
         match (how.replay, how.until) {
-            (true, until) => self.acquire_or_replay(name, ttl, until).await,
-            (false, None) => self.try_lock_with_ttl(name, ttl).await.map(Acquired::Lock),
-            (false, Some(until)) => self.lock_until(name, ttl, until).await.map(Acquired::Lock),
+            (Some(retention), until) => self.acquire_or_replay(name, ttl, retention, until).await,
+            (None, None) => self.try_lock_with_ttl(name, ttl).await.map(Acquired::Lock),
+            (None, Some(until)) => self.lock_until(name, ttl, until).await.map(Acquired::Lock),
         }
     }
 

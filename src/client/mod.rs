@@ -319,14 +319,17 @@ impl Redlock {
 
     /// Acquires `name` for the layer's replay: one attempt, or (with a `deadline`) waiting
     /// until then. A completion record that a quorum of nodes hold under the key comes
-    /// back as [`Acquired::Record`] instead of a lock.
+    /// back as [`Acquired::Record`] instead of a lock; a lock comes back only if a quorum
+    /// of the nodes that granted it can vouch that no record was written within
+    /// `retention` ([`LockError::Unverifiable`] otherwise).
     pub(crate) async fn acquire_or_replay(
         &self,
         name: &[u8],
         ttl: Duration,
+        retention: Duration,
         deadline: Option<Instant>,
     ) -> Result<Acquired, LockError> {
-        let target = self.target(name, ttl, Accepts::LockOrRecord)?;
+        let target = self.target(name, ttl, Accepts::LockOrRecord { retention })?;
         let budget = deadline.map_or_else(RetryBudget::once, RetryBudget::until);
         self.retry(&target, budget).await
     }

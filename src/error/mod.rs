@@ -9,6 +9,7 @@
 //!   [`Busy`](LockError::Busy) (someone else holds it), [`NoQuorum`](LockError::NoQuorum)
 //!   (too many nodes failed, each with its [`NodeFailure`]),
 //!   [`ValidityExhausted`](LockError::ValidityExhausted), [`NotHeld`](LockError::NotHeld),
+//!   [`Unverifiable`](LockError::Unverifiable) (replay only),
 //!   [`InvalidName`](LockError::InvalidName) and [`Config`](LockError::Config).
 //! - [`NodeError`]: why one Redis node did not take part in a quorum; for a failed TLS
 //!   handshake, [`NodeError::Tls`] with the [`TlsProblem`].
@@ -101,6 +102,29 @@ pub enum LockError {
         /// validity leaves room).
         attempts: u32,
     },
+    /// A replay acquisition (the layer's, with [`replay`](crate::RedlockLayer::replay)
+    /// on) got a quorum, but too few of the nodes that granted it can vouch that the name
+    /// has no completion record: they restarted without persistence (or were promoted by
+    /// a failover) within the replay retention, so a record written before may be gone
+    /// from them, while another node still knows of one or this client saw them restart.
+    /// Granting the lock could run the handler a second time for a finished key; the
+    /// layer answers 503 ([`#replay-unverifiable`](crate::layer::problems#replay-unverifiable)).
+    ///
+    /// It ends by itself once enough nodes have held their data for the retention
+    /// (`retry_after`). Persistent nodes (`appendonly yes`, with `appendfsync always` for
+    /// no loss at all) keep their records across restarts and avoid it.
+    Unverifiable {
+        /// How many of the nodes that granted can vouch.
+        vouching: usize,
+        /// How many nodes granted.
+        granted: usize,
+        /// How many must vouch (the quorum).
+        needed: usize,
+        /// When enough of the nodes that granted will vouch, if they grant again.
+        retry_after: Option<Duration>,
+        /// How many attempts were made.
+        attempts: u32,
+    },
     /// The lock name was rejected.
     InvalidName {
         /// Why.
@@ -117,7 +141,8 @@ pub enum LockError {
 }
 
 impl LockError {
-    /// Whether retrying later can help (busy, no quorum, validity exhausted).
+    /// Whether retrying soon can help (busy, no quorum, validity exhausted).
+    /// [`Unverifiable`](Self::Unverifiable) is not: it lasts until its `retry_after`.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
@@ -132,7 +157,8 @@ impl LockError {
             Self::Busy { attempts, .. }
             | Self::NoQuorum { attempts, .. }
             | Self::ValidityExhausted { attempts, .. }
-            | Self::NotHeld { attempts, .. } => Some(*attempts),
+            | Self::NotHeld { attempts, .. }
+            | Self::Unverifiable { attempts, .. } => Some(*attempts),
             _ => None,
         }
     }
@@ -158,7 +184,8 @@ impl LockError {
             Self::Busy { attempts, .. }
             | Self::NoQuorum { attempts, .. }
             | Self::ValidityExhausted { attempts, .. }
-            | Self::NotHeld { attempts, .. } => *attempts = n,
+            | Self::NotHeld { attempts, .. }
+            | Self::Unverifiable { attempts, .. } => *attempts = n,
             Self::InvalidName { .. } | Self::Config(_) | Self::Entropy(_) | Self::Closed => {}
         }
         self
@@ -171,6 +198,7 @@ impl LockError {
             Self::NoQuorum { .. } => "no_quorum",
             Self::ValidityExhausted { .. } => "validity_exhausted",
             Self::NotHeld { .. } => "not_held",
+            Self::Unverifiable { .. } => "unverifiable",
             Self::InvalidName { .. } | Self::Config(_) | Self::Entropy(_) => "error",
             Self::Closed => "closed",
         }
@@ -240,6 +268,25 @@ impl fmt::Display for LockError {
                      (after {attempts} attempt(s))"
                 )?;
                 write_failures(f, failures)
+            }
+            Self::Unverifiable {
+                vouching,
+                granted,
+                needed,
+                retry_after,
+                attempts,
+            } => {
+                write!(
+                    f,
+                    "the lock was granted, but only {vouching} of the {granted} node(s) that \
+                     granted it can vouch that the name has no completion record ({needed} \
+                     needed): the others restarted empty or were promoted within the replay \
+                     retention (after {attempts} attempt(s)); "
+                )?;
+                match retry_after {
+                    Some(d) => write!(f, "enough of them will in about {d:?}"),
+                    None => f.write_str("persistent nodes (appendonly yes) avoid this"),
+                }
             }
             Self::InvalidName { reason } => write!(f, "invalid lock name: {reason}"),
             Self::Config(e) => write!(f, "invalid setting: {e}"),

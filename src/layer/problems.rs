@@ -13,8 +13,8 @@
 //!
 //! `type` is one of the URIs below (the constants of this module), each a link to its
 //! section on this page; `kind` is the [`RejectionKind`](super::RejectionKind) as a string
-//! (several types share a kind: `quarantine`, `lost` and `record-unreadable` are
-//! `unavailable`);
+//! (several types share a kind: `quarantine`, `replay-unverifiable`, `lost` and
+//! `record-unreadable` are `unavailable`);
 //! `retry_after` (seconds) is there when the answer advises a retry, as is the
 //! `Retry-After` header. gRPC calls get the status code of the table, the detail as
 //! `grpc-message`, and instead of `Retry-After` the same advice in milliseconds in
@@ -27,6 +27,7 @@
 //! | [`#busy`](#busy) | 409 | `ABORTED` (10) | yes, after `Retry-After` |
 //! | [`#unavailable`](#unavailable) | 503 | `UNAVAILABLE` (14) | yes, after `Retry-After`, with backoff |
 //! | [`#quarantine`](#quarantine) | 503 | `UNAVAILABLE` (14) | yes, after `Retry-After` (the quarantine's end) |
+//! | [`#replay-unverifiable`](#replay-unverifiable) | 503 | `UNAVAILABLE` (14) | yes, after `Retry-After` (when enough nodes can answer) |
 //! | [`#lost`](#lost) | 503 | `UNAVAILABLE` (14) | only if the operation is idempotent |
 //! | [`#record-unreadable`](#record-unreadable) | 503 | `UNAVAILABLE` (14) | later; tell the operator if it lasts |
 //! | [`#bad-request`](#bad-request) | 400 | `INVALID_ARGUMENT` (3) | no: fix the request |
@@ -76,6 +77,23 @@
 //! [`QUARANTINE_RETRY_AFTER_CAP`](super::reject::QUARANTINE_RETRY_AFTER_CAP) (30 s), or the
 //! service's own [`retry_after_cap`](crate::RedlockLayer::retry_after_cap) if larger.
 //! Retrying sooner gets the same answer. Retrying is safe: the handler did not run.
+//!
+//! # replay-unverifiable
+//!
+//! **The service cannot tell whether this key's request already ran** (`kind`:
+//! `unavailable`; 503, gRPC `UNAVAILABLE`). With replay on, the service keeps each finished
+//! key's response for its retention. Some of its Redis nodes restarted without
+//! persistence (or were promoted by a failover) within that retention, so they may have
+//! lost stored responses, and too few of the others could answer for this key. Rather
+//! than run the handler a possible second time, the service refuses until enough nodes
+//! have held their data for the whole retention. Nothing ran for this request.
+//!
+//! *What to do:* retry the same request, with the same key, after `Retry-After` (the
+//! time until enough nodes can answer, capped like the quarantine's: up to
+//! [`QUARANTINE_RETRY_AFTER_CAP`](super::reject::QUARANTINE_RETRY_AFTER_CAP), or the
+//! service's own cap if larger); the answer may last as long as the retention. For the
+//! operator: persistent nodes (`appendonly yes`; `appendfsync always` loses nothing) keep
+//! stored responses across restarts, and this answer does not happen.
 //!
 //! # lost
 //!
@@ -168,6 +186,9 @@ pub const UNAVAILABLE: &str =
 /// see [quarantine](self#quarantine).
 pub const QUARANTINE: &str =
     "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#quarantine";
+/// The `type` of a replayed key that too few nodes can answer for after restarts: see
+/// [replay-unverifiable](self#replay-unverifiable).
+pub const REPLAY_UNVERIFIABLE: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#replay-unverifiable";
 /// The `type` of a lock lost while the request ran: see [lost](self#lost).
 pub const LOST: &str =
     "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#lost";
@@ -198,6 +219,7 @@ pub(crate) enum Problem {
     Busy,
     Unavailable,
     Quarantine,
+    ReplayUnverifiable,
     Lost,
     RecordUnreadable,
     BadRequest,
@@ -210,10 +232,11 @@ pub(crate) enum Problem {
 impl Problem {
     /// Every problem type, for tests.
     #[cfg(test)]
-    pub(crate) const ALL: [Problem; 10] = [
+    pub(crate) const ALL: [Problem; 11] = [
         Problem::Busy,
         Problem::Unavailable,
         Problem::Quarantine,
+        Problem::ReplayUnverifiable,
         Problem::Lost,
         Problem::RecordUnreadable,
         Problem::BadRequest,
@@ -229,6 +252,7 @@ impl Problem {
             Problem::Busy => BUSY,
             Problem::Unavailable => UNAVAILABLE,
             Problem::Quarantine => QUARANTINE,
+            Problem::ReplayUnverifiable => REPLAY_UNVERIFIABLE,
             Problem::Lost => LOST,
             Problem::RecordUnreadable => RECORD_UNREADABLE,
             Problem::BadRequest => BAD_REQUEST,
@@ -245,6 +269,7 @@ impl Problem {
             Problem::Busy => "The key is locked by another request",
             Problem::Unavailable => "The lock service is unavailable",
             Problem::Quarantine => "The lock service is starting up",
+            Problem::ReplayUnverifiable => "The service cannot tell whether this key already ran",
             Problem::Lost => "The lock was lost while the request ran",
             Problem::RecordUnreadable => "The stored response cannot be read",
             Problem::BadRequest => "The request cannot be locked as sent",

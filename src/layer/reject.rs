@@ -102,6 +102,14 @@ impl Rejection {
                 Problem::Internal,
                 "the lock layer is misconfigured".to_owned(),
             ),
+            LockError::Unverifiable { .. } => (
+                RejectionKind::Unavailable,
+                Problem::ReplayUnverifiable,
+                "the lock service cannot tell whether a request with this key already ran: \
+                 some of its nodes restarted recently and may have lost stored responses; \
+                 retry after the advised time"
+                    .to_owned(),
+            ),
             e if only_quarantined(e) => (
                 RejectionKind::Unavailable,
                 Problem::Quarantine,
@@ -323,7 +331,9 @@ impl Rejection {
     /// usually releases long before its TTL runs out). When the quarantine alone left no
     /// quorum ([`problems::QUARANTINE`](super::problems::QUARANTINE)), the cap is at least
     /// [`QUARANTINE_RETRY_AFTER_CAP`] (30 s): the quarantine's real remaining time goes
-    /// through. Another unavailable rejection advises the cap.
+    /// through; the same for a replayed key that too few nodes can answer for
+    /// ([`problems::REPLAY_UNVERIFIABLE`](super::problems::REPLAY_UNVERIFIABLE)). Another
+    /// unavailable rejection advises the cap.
     pub fn retry_after_secs(&self) -> Option<u64> {
         let after = self.retry_advice()?;
         Some(
@@ -345,11 +355,16 @@ impl Rejection {
     fn retry_advice(&self) -> Option<Duration> {
         let hint = match self.kind {
             RejectionKind::Busy { retry_after } => retry_after,
-            RejectionKind::Unavailable => self.error.as_deref().and_then(quarantine_ends),
+            RejectionKind::Unavailable => match self.error.as_deref() {
+                Some(LockError::Unverifiable { retry_after, .. }) => *retry_after,
+                error => error.and_then(quarantine_ends),
+            },
             _ => return None,
         };
         let cap = match self.problem {
-            Problem::Quarantine => self.retry_cap.max(QUARANTINE_RETRY_AFTER_CAP),
+            Problem::Quarantine | Problem::ReplayUnverifiable => {
+                self.retry_cap.max(QUARANTINE_RETRY_AFTER_CAP)
+            }
             _ => self.retry_cap,
         };
         Some(hint.map_or(self.retry_cap, |d| d.min(cap)))

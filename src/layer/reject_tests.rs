@@ -420,3 +420,42 @@ fn problem_types_have_their_sections() {
         assert!(!problem.title().is_empty());
     }
 }
+
+/// A replayed key that too few nodes can answer for after restarts: its own problem type
+/// and message, over HTTP and gRPC, advising the time until enough nodes can, up to the
+/// quarantine's cap (or the layer's, if larger).
+#[test]
+fn an_unverifiable_replay_has_a_problem_type_and_advice_of_its_own() {
+    let unverifiable = |secs| LockError::Unverifiable {
+        vouching: 1,
+        granted: 3,
+        needed: 2,
+        retry_after: Some(Duration::from_secs(secs)),
+        attempts: 1,
+    };
+    let http = Rejection::from_lock_error(unverifiable(12), Protocol::Http);
+    assert_eq!(http.kind(), &RejectionKind::Unavailable);
+    assert_eq!(
+        http.problem_type(),
+        super::super::problems::REPLAY_UNVERIFIABLE
+    );
+    assert!(http.message().contains("already ran"), "{}", http.message());
+    let res = http.into_response();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()[header::RETRY_AFTER], "12");
+    let long = Rejection::from_lock_error(unverifiable(86_000), Protocol::Http);
+    assert_eq!(long.retry_after_secs(), Some(30), "the quarantine's cap");
+    let long = long.with_retry_cap(Duration::from_secs(600));
+    assert_eq!(long.retry_after_secs(), Some(600), "the layer's, if larger");
+
+    let res = Rejection::from_lock_error(unverifiable(2), Protocol::Grpc).into_response();
+    assert_eq!(res.headers()["grpc-status"], "14");
+    assert!(
+        res.headers()["grpc-message"]
+            .to_str()
+            .is_ok_and(|m| m.contains("already ran")),
+        "{:?}",
+        res.headers()["grpc-message"]
+    );
+    assert_eq!(res.headers()["grpc-retry-pushback-ms"], "2000");
+}

@@ -59,6 +59,17 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     /// expire, or, if it takes the lock on a quorum, runs the handler and records anew; it
     /// never gets a minority's response.
     ///
+    /// **Records live as long as the nodes keep their data.** A node that restarts without
+    /// persistence forgets its records. The layer never takes "no record" from a node that
+    /// may have lost them within `retention` (one this client saw restart empty, or one
+    /// that started, restarted or was promoted within it while another node still holds
+    /// the key's record): when fewer than a quorum of the nodes that granted can vouch,
+    /// the request gets a 503 of its own
+    /// ([`#replay-unverifiable`](super::problems#replay-unverifiable)) instead of a second
+    /// run, until enough nodes have held their data for the retention. Persistent nodes
+    /// (`appendonly yes`, `appendfsync always`) avoid it; the README's replay section and
+    /// `docs/reliability.md` give the rule and its limits.
+    ///
     /// gRPC: a unary reply (one message, its status kept by
     /// [`ReplayPolicy::keeps_grpc`](super::ReplayPolicy::keeps_grpc)) is replayed with its
     /// message, `content-type`, `grpc-*` headers and trailers; its trailers wait until the

@@ -21,6 +21,7 @@ use futures_util::FutureExt;
 use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::time::timeout_at;
 
+use super::continuity::Continuity;
 use super::handshake::{evicting_policy, handshake_pipe, info_field};
 use super::identity::{PromotionMarker, Role, ServerInfo, quarantine_for};
 use super::{
@@ -150,6 +151,7 @@ impl Node {
         let server = replies.next().unwrap_or(Ok(Value::Nil));
         let replication = replies.next().and_then(Result::ok);
         let memory = replies.next().and_then(Result::ok);
+        let persistence = replies.next().and_then(Result::ok);
         if let Some(failed) = replies.find_map(Result::err) {
             return Err(failed); // a script could not be loaded
         }
@@ -167,7 +169,10 @@ impl Node {
         let replication = replication
             .and_then(|v| redis::from_redis_value::<String>(v).ok())
             .unwrap_or_default();
-        let info = ServerInfo::parse([server.as_str(), replication.as_str()]);
+        let persistence = persistence
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .unwrap_or_default();
+        let info = ServerInfo::parse([server.as_str(), replication.as_str(), persistence.as_str()]);
         let master_for = self.master_for(&mut conn, &info).await;
         Ok(Opened {
             conn,
@@ -378,6 +383,13 @@ impl Node {
         if !info.version.is_empty() {
             st.version = Some(info.version.clone());
         }
+        st.continuity = Continuity::after_connect(
+            st.continuity,
+            st.known.as_ref(),
+            &info,
+            master_for,
+            Instant::now(),
+        );
         st.known = info.identity();
         st.same_server_as = None;
         st.generation += 1;

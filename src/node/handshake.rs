@@ -1,9 +1,9 @@
 //! What a node's handshake asks in one round trip (`INFO server`, `INFO replication`,
-//! `INFO memory`, `SCRIPT LOAD` of every script) and how its `INFO` answers read: a field,
+//! `INFO memory`, `INFO persistence`, `SCRIPT LOAD` of every script) and how its `INFO` answers read: a field,
 //! and whether the server may evict lock keys.
 //!
 //! ```text
-//! INFO server | INFO replication | INFO memory | SCRIPT LOAD x N   (one pipeline)
+//! INFO server | INFO replication | INFO memory | INFO persistence | SCRIPT LOAD x N   (one pipeline)
 //! maxmemory_policy:volatile-lru + maxmemory:100mb  ->  evicts: refused as a lock node
 //! ```
 //!
@@ -22,12 +22,14 @@ use crate::scripts;
 /// same-server check and the node's clock estimate (`server_time_usec`; see
 /// `node::clocks::NodeClocks`); a user that may not run them can still lock with the quarantine
 /// off. `INFO memory` tells the eviction policy (see [`evicting_policy`]); a server that
-/// refuses it is simply not checked. Then `SCRIPT LOAD` of every script.
+/// refuses it is simply not checked. `INFO persistence` tells whether a restart keeps
+/// the server's writes (see the `continuity` module). Then `SCRIPT LOAD` of every script.
 pub(super) fn handshake_pipe() -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.ignore_errors().cmd("INFO").arg("server");
     pipe.cmd("INFO").arg("replication");
     pipe.cmd("INFO").arg("memory");
+    pipe.cmd("INFO").arg("persistence");
     for s in scripts::all() {
         pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
     }

@@ -242,11 +242,16 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         replies: SetReplies,
     ) -> Result<Option<PhaseOne>, Attempt> {
         let nodes = votes.tally.nodes();
+        if let Accepts::LockOrRecord { retention } = target.accepts
+            && votes.reached()
+        {
+            self.vouched(&replies, retention)?;
+        }
         if let Some(record) = agreed_record(replies.records, self.core.quorum()) {
             // The name's work is done: hand back its record (our SETs are released).
             // An acquisition that wants the lock only finds the name held.
             return Err(match target.accepts {
-                Accepts::LockOrRecord => Attempt::Record(RecordBytes(record)),
+                Accepts::LockOrRecord { .. } => Attempt::Record(RecordBytes(record)),
                 Accepts::Lock => Attempt::Missed {
                     error: LockError::Busy {
                         held_elsewhere: 1,
@@ -274,6 +279,42 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             },
             by_others: replies.held_by_others,
         })
+    }
+
+    /// Whether a quorum of the nodes that granted a replay acquisition (`replies`) can
+    /// vouch that the name has no completion record written within `retention`: a node
+    /// that may have lost writes since then (see [`Continuity`](crate::node::Continuity))
+    /// cannot, once this client saw it restart empty, or once another node answered with
+    /// the name's record. If not, the miss says when enough of them will.
+    #[expect(
+        clippy::result_large_err,
+        reason = "an Attempt that is never Held (the large variant), moved once per miss"
+    )]
+    fn vouched(&self, replies: &SetReplies, retention: Duration) -> Result<(), Attempt> {
+        let nodes = self.core.nodes();
+        let quorum = self.core.quorum();
+        let now = Instant::now();
+        let evidence = !replies.records.is_empty();
+        let mut waits: Vec<Duration> = (0..nodes.count())
+            .filter(|&i| replies.granted.contains(i))
+            .map(|i| {
+                nodes
+                    .continuity(i)
+                    .map_or(Duration::ZERO, |c| c.vouches_in(retention, evidence, now))
+            })
+            .collect();
+        let vouching = waits.iter().filter(|w| w.is_zero()).count();
+        if vouching >= quorum {
+            return Ok(());
+        }
+        waits.sort_unstable();
+        Err(Attempt::missed(LockError::Unverifiable {
+            vouching,
+            granted: waits.len(),
+            needed: quorum,
+            retry_after: waits.get(quorum.saturating_sub(1)).copied(),
+            attempts: 1,
+        }))
     }
 
     /// The fencing number of an attempt that got its quorum: the proposal when a quorum
@@ -384,7 +425,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
                 },
                 set: resource.counter_set,
             }
-        } else if target.accepts == Accepts::LockOrRecord {
+        } else if matches!(target.accepts, Accepts::LockOrRecord { .. }) {
             Request::Script(Invocation {
                 script: &ACQUIRE_OR_REPLAY_SCRIPT,
                 keys: &[&resource.key],
@@ -404,25 +445,49 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         };
         let nodes = self.core.nodes();
         let round = nodes.send(&request, plan);
-        count_set_round(nodes, round, SetReplies::new(proposal)).await
+        let replay = match target.accepts {
+            Accepts::LockOrRecord { .. } => Replay::Doubts,
+            Accepts::Lock => Replay::Off,
+        };
+        count_set_round(nodes, round, SetReplies::new(proposal), replay).await
     }
 }
 
+/// Whether a `SET NX PX` round looks at the doubts about the nodes that grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    /// A replay acquisition: a grant from a node that may have lost writes makes the round
+    /// hear every node (another's record for the name is what makes the doubt count).
+    Doubts,
+    /// A lock only: the quorum decides.
+    Off,
+}
+
 /// Takes the answers of a `SET NX PX` round until the outcome is certain; once a node
-/// answered with a completion record, every answer (the nodes that answered with it need
-/// no release afterwards).
+/// answered with a completion record, or (`replay`) a node that may have lost writes
+/// granted, every answer (the nodes that answered with a record need no release
+/// afterwards).
 async fn count_set_round<N: Nodes + ?Sized>(
     nodes: &N,
     mut round: Round<N::Call>,
     mut replies: SetReplies,
+    replay: Replay,
 ) -> (Round<N::Call>, Votes, SetReplies) {
     let mut votes = Votes::new(nodes.count());
-    while votes.undecided() || !replies.records.is_empty() {
-        round.wake_after(votes.to_decide());
+    while votes.undecided() || !replies.records.is_empty() || replies.doubted {
+        round.wake_after(if replies.doubted {
+            1
+        } else {
+            votes.to_decide()
+        });
         let Some((i, reply)) = round.next().await else {
             break;
         };
         let outcome = replies.take(i, reply);
+        if replay == Replay::Doubts && replies.granted.contains(i) && nodes.continuity(i).is_some()
+        {
+            replies.doubted = true;
+        }
         votes.count(nodes.label(i), outcome);
     }
     if !votes.reached() && votes.quarantined() {

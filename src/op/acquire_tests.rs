@@ -75,6 +75,8 @@ struct FakeNodes {
     labels: Vec<String>,
     rounds: Mutex<VecDeque<Vec<Answer>>>,
     sent: Mutex<Vec<(String, NodeMask)>>,
+    /// What each node may have lost (none: whole).
+    doubts: Vec<Option<Continuity>>,
 }
 
 impl FakeNodes {
@@ -150,6 +152,10 @@ impl Nodes for FakeNodes {
 
     fn notifications_refused(&self, _i: usize, _message: &str) {}
 
+    fn continuity(&self, i: usize) -> Option<Continuity> {
+        self.doubts.get(i).copied().flatten()
+    }
+
     async fn settle(&self, _enough: impl Fn() -> bool + Send) {}
 }
 
@@ -177,11 +183,25 @@ impl Setup {
     }
 
     fn with_min_validity(rounds: Vec<Vec<Answer>>, min_validity: Duration) -> Self {
+        Self::with(rounds, min_validity, vec![None; 3])
+    }
+
+    /// Nodes that may have lost writes as `doubts` say.
+    fn with_doubts(rounds: Vec<Vec<Answer>>, doubts: Vec<Option<Continuity>>) -> Self {
+        Self::with(rounds, Duration::ZERO, doubts)
+    }
+
+    fn with(
+        rounds: Vec<Vec<Answer>>,
+        min_validity: Duration,
+        doubts: Vec<Option<Continuity>>,
+    ) -> Self {
         let n = 3;
         let nodes = FakeNodes {
             labels: (0..n).map(|i| format!("node{i}:6379")).collect(),
             rounds: Mutex::new(rounds.into()),
             sent: Mutex::new(Vec::new()),
+            doubts,
         };
         let timing = Timing {
             ttl: Duration::from_secs(1),
@@ -232,6 +252,21 @@ impl Setup {
 }
 
 use crate::fencing::Clock;
+use crate::node::{Continuity, Loss};
+
+/// A replay acquisition whose records live a minute.
+const REPLAY: Accepts = Accepts::LockOrRecord {
+    retention: Duration::from_secs(60),
+};
+
+/// A node that lost (`Seen`) or may have lost (`Possible`) what was written more than
+/// `secs` ago.
+fn doubt(loss: Loss, secs: u64) -> Option<Continuity> {
+    Some(Continuity {
+        since: Instant::now() - Duration::from_secs(secs),
+        loss,
+    })
+}
 
 fn won() -> Answer {
     Answer::Now(Value::Okay)
@@ -319,8 +354,7 @@ async fn no_quorum_when_nodes_fail_or_stay_silent_and_every_node_is_released() {
 #[tokio::test(start_paused = true)]
 async fn a_record_a_quorum_agrees_on_is_replayed() {
     let s = Setup::new(vec![vec![record(b"a"), won(), record(b"a")]]);
-    let Attempt::Record(RecordBytes(bytes)) = s.attempt(Accepts::LockOrRecord, Fenced::No).await
-    else {
+    let Attempt::Record(RecordBytes(bytes)) = s.attempt(REPLAY, Fenced::No).await else {
         panic!("record")
     };
     assert!(bytes.ends_with(b"a"));
@@ -330,7 +364,7 @@ async fn a_record_a_quorum_agrees_on_is_replayed() {
 #[tokio::test(start_paused = true)]
 async fn records_that_differ_are_never_replayed() {
     let s = Setup::new(vec![vec![record(b"a"), won(), record(b"b")]]);
-    let attempt = s.attempt(Accepts::LockOrRecord, Fenced::No).await;
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
     let Attempt::Missed { error, .. } = attempt else {
         panic!("missed: {attempt:?}")
     };
@@ -443,4 +477,112 @@ fn only_a_record_a_quorum_agrees_on_is_replayed() {
     );
     assert_eq!(agreed_record(vec![a.clone()], 1), Some(a));
     assert_eq!(agreed_record(Vec::new(), 1), None);
+}
+
+/// The case: a finished key's record survives on one node of three; the two
+/// others restarted empty 10 s ago (this client saw it) and grant. The lock would run the
+/// handler again: refused until the retention has passed since their restart.
+#[tokio::test(start_paused = true)]
+async fn grants_from_nodes_seen_restarting_within_the_retention_cannot_vouch() {
+    let doubts = vec![None, doubt(Loss::Seen, 10), doubt(Loss::Seen, 10)];
+    let s = Setup::with_doubts(vec![vec![record(b"a"), won(), won()]], doubts);
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
+    let Attempt::Missed { error, .. } = attempt else {
+        panic!("missed: {attempt:?}")
+    };
+    let LockError::Unverifiable {
+        vouching,
+        granted,
+        needed,
+        retry_after,
+        ..
+    } = error
+    else {
+        panic!("unverifiable: {error:?}")
+    };
+    assert_eq!((vouching, granted, needed), (0, 2, 2));
+    let after = retry_after.expect("a time");
+    assert!(
+        after <= Duration::from_secs(50) && after > Duration::from_secs(49),
+        "{after:?}"
+    );
+    assert!(!error.is_retryable());
+    assert_eq!(
+        s.sent(),
+        ["set or replay", "release"],
+        "its grants released"
+    );
+}
+
+/// Seen restarting, no record anywhere: still no vouching (the record may have been on
+/// those two alone).
+#[tokio::test(start_paused = true)]
+async fn a_seen_restart_cannot_vouch_even_without_a_record_elsewhere() {
+    let doubts = vec![None, doubt(Loss::Seen, 10), doubt(Loss::Seen, 10)];
+    let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts);
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
+    assert!(
+        matches!(
+            attempt,
+            Attempt::Missed {
+                error: LockError::Unverifiable {
+                    vouching: 1,
+                    granted: 3,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{attempt:?}"
+    );
+}
+
+/// Nodes met young (a new deployment as often as a restart) vouch, unless another node
+/// answers with the name's record, however late within the round.
+#[tokio::test(start_paused = true)]
+async fn a_possible_loss_counts_only_against_a_record_elsewhere() {
+    let doubts = vec![None, doubt(Loss::Possible, 10), doubt(Loss::Possible, 10)];
+    let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts.clone());
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
+    assert!(matches!(attempt, Attempt::Held(_)), "{attempt:?}");
+
+    let mut late_record = record(b"a");
+    if let Answer::Now(v) = late_record {
+        late_record = Answer::Late(Duration::from_millis(20), v);
+    }
+    let s = Setup::with_doubts(vec![vec![late_record, won(), won()]], doubts);
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
+    assert!(
+        matches!(
+            attempt,
+            Attempt::Missed {
+                error: LockError::Unverifiable {
+                    vouching: 0,
+                    granted: 2,
+                    ..
+                },
+                ..
+            }
+        ),
+        "the round waits for the record that answers after the grants: {attempt:?}"
+    );
+}
+
+/// Enough vouching nodes, a restart longer ago than the retention, or a lock-only
+/// acquisition: held as before.
+#[tokio::test(start_paused = true)]
+async fn enough_vouching_nodes_or_an_old_restart_or_a_lock_only_acquisition_hold() {
+    let cases = [
+        (vec![None, doubt(Loss::Seen, 10), None], REPLAY),
+        (vec![doubt(Loss::Seen, 61); 3], REPLAY),
+        (vec![doubt(Loss::Seen, 10); 3], Accepts::Lock),
+    ];
+    for (doubts, accepts) in cases {
+        let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts.clone());
+        let attempt = s.attempt(accepts, Fenced::No).await;
+        assert!(
+            matches!(attempt, Attempt::Held(_)),
+            "{doubts:?} {accepts:?}: {attempt:?}"
+        );
+    }
 }

@@ -3,7 +3,8 @@
 //! fencing learned.
 //!
 //! ```text
-//! OK / [OK, ZADD]            -> granted (phase 1 takes the ZADD's answer)
+//! OK / [OK, ZADD]            -> granted (phase 1 takes the ZADD's answer; doubted when the
+//!                               node may have lost writes, for a replay acquisition)
 //! nil + PTTL, another value  -> held elsewhere (foreign; retry after the longest PTTL)
 //! "#record..."               -> a completion record (foreign: no release there)
 //! ```
@@ -21,6 +22,11 @@ use crate::scripts::{AcquireReply, parse_acquire};
 pub(super) struct SetReplies {
     /// The nodes that answered that another client holds the key.
     pub(super) foreign: NodeMask,
+    /// The nodes that granted the lock.
+    pub(super) granted: NodeMask,
+    /// Whether a node that granted may have lost writes (a replay acquisition then
+    /// hears every node: another's record for the name is what makes the doubt count).
+    pub(super) doubted: bool,
     /// The completion records found, one per node that answered with one.
     pub(super) records: Vec<Vec<u8>>,
     /// The longest remaining TTL of another holder's keys.
@@ -35,6 +41,8 @@ impl SetReplies {
     pub(super) fn new(proposal: u64) -> Self {
         Self {
             foreign: NodeMask::default(),
+            granted: NodeMask::default(),
+            doubted: false,
             records: Vec::new(),
             retry_after: None,
             held_by_others: false,
@@ -51,7 +59,7 @@ impl SetReplies {
         let parsed = reply.and_then(parse_acquire);
         let outcome = self.fencing.take(i, parsed.as_ref().ok());
         match parsed? {
-            AcquireReply::Won { .. } => {}
+            AcquireReply::Won { .. } => self.granted.insert(i),
             AcquireReply::HeldElsewhere { pttl, ours } => {
                 self.retry_after = self.retry_after.max(pttl);
                 self.held_by_others |= !ours;

@@ -48,14 +48,9 @@ enum Attempted {
 
 impl InMemoryLock {
     /// One attempt, then the lock (for [`acquire`](Self::acquire)).
-    pub(super) async fn try_lock(
-        &self,
-        name: &[u8],
-        ttl: Duration,
-        replay: bool,
-    ) -> Result<Lock, LockError> {
+    pub(super) async fn try_lock(&self, name: &[u8], ttl: Duration) -> Result<Lock, LockError> {
         let how = Acquisition {
-            replay,
+            replay: None,
             until: None,
         };
         match Backend::acquire(self, name, ttl, how).await? {
@@ -169,7 +164,7 @@ impl Backend for InMemoryLock {
             let mut freed = std::pin::pin!(freed);
             freed.as_mut().enable();
             attempts = attempts.saturating_add(1);
-            let (error, until) = match self.attempt(name, ttl, how.replay, attempts)? {
+            let (error, until) = match self.attempt(name, ttl, how.replay.is_some(), attempts)? {
                 Attempted::Done(acquired) => return Ok(acquired),
                 Attempted::Busy { error, until } => (error, until),
             };

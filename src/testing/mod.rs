@@ -197,7 +197,7 @@ impl InMemoryLock {
     /// (the layer's requests for it are then busy).
     #[must_use = "dropping the `LockGuard` releases the lock at once: bind it for as long as the test needs the lock"]
     pub async fn acquire(&self, name: impl AsRef<[u8]>) -> Result<LockGuard<Self>, LockError> {
-        let lock = self.try_lock(name.as_ref(), self.ttl, false).await?;
+        let lock = self.try_lock(name.as_ref(), self.ttl).await?;
         Ok(LockGuard::new(self.clone(), lock, true))
     }
 }
