@@ -213,8 +213,8 @@ fn path_extractors() {
     assert_eq!(p.extract(&req("/other/gh/42")), Ok(None));
 }
 
-/// Rejection texts fit the request: (HTTP, gRPC) × (header, path parameter) × rejection
-/// kind. A header's texts say "header" over HTTP and "metadata" over gRPC, and never the
+/// Rejection texts fit the request: (HTTP, gRPC) × (header, path parameter, body key) ×
+/// rejection kind. A header's texts say "header" over HTTP and "metadata" over gRPC, and never the
 /// other protocol's word; the texts of the other kinds name neither (nor an "idempotency
 /// key" the request may not have sent), whatever the extractor.
 #[test]
@@ -245,13 +245,15 @@ fn rejection_texts_name_what_the_request_used_in_its_protocol() {
     let structured = Header::new("x-delivery-id").structured(true);
     let twice = Header::new("x-twice");
     let path = PathParam::new("/accounts/{id}/credit", "missing");
+    #[cfg(feature = "json")]
+    let body_key = crate::layer::BodyKey::json("id");
     for protocol in [Protocol::Http, Protocol::Grpc] {
         let (word, other) = match protocol {
             Protocol::Http => ("header", "metadata"),
             Protocol::Grpc => ("metadata", "header"),
         };
         // (extractor's refusal, what the text must say)
-        let refusals = [
+        let mut refusals = vec![
             (
                 header.extract(&request(protocol, "/hook", None)),
                 format!("the x-delivery-id {word} is required"),
@@ -273,6 +275,25 @@ fn rejection_texts_name_what_the_request_used_in_its_protocol() {
                 "route template has no {missing} segment".to_owned(),
             ),
         ];
+        #[cfg(feature = "json")]
+        {
+            let body_request = request(protocol, "/hook", None);
+            let head = RequestHead::of(&body_request);
+            let key =
+                |body: &[u8]| ExtractLockName::<()>::extract_from_body(&body_key, &head, body);
+            refusals.extend([
+                (
+                    key(b"{\"type\":\"charge\"}"),
+                    "the request body has no `/id` field".to_owned(),
+                ),
+                (key(b"id=evt_1"), "the request body is not JSON".to_owned()),
+                (
+                    key(b"{\"id\":[1]}"),
+                    "the request body's `/id` field is not a non-empty string or a number"
+                        .to_owned(),
+                ),
+            ]);
+        }
         for (i, (refusal, want)) in refusals.into_iter().enumerate() {
             let Err(refusal) = refusal else {
                 panic!("case {i} ({protocol:?}) was not refused");
@@ -282,7 +303,7 @@ fn rejection_texts_name_what_the_request_used_in_its_protocol() {
             assert!(!text.contains(other), "case {i} ({protocol:?}): {text}");
             assert!(!text.contains("gRPC"), "case {i} ({protocol:?}): {text}");
         }
-        // The other kinds, the same for a header key and a path parameter.
+        // The other kinds, the same for a header key, a path parameter and a body key.
         let busy = LockError::Busy {
             held_elsewhere: 2,
             nodes: 3,
@@ -295,6 +316,17 @@ fn rejection_texts_name_what_the_request_used_in_its_protocol() {
             Rejection::response_not_kept(protocol),
             Rejection::lost(&LostReason::Expired, protocol),
             Rejection::unreadable_record(protocol),
+            Rejection::body_too_large(65_536, protocol),
+            Rejection::from_lock_error(
+                LockError::Unverifiable {
+                    vouching: 0,
+                    granted: 2,
+                    needed: 2,
+                    retry_after: None,
+                    attempts: 1,
+                },
+                protocol,
+            ),
         ];
         for r in others {
             let kind = r.kind().clone();
