@@ -52,9 +52,9 @@ mod resp;
 mod wire;
 
 pub(crate) use call::{NodeCall, Sending};
-pub(crate) use continuity::Continuity;
 #[cfg(test)]
 pub(crate) use continuity::Loss;
+pub(crate) use continuity::{Continuity, Doubts};
 
 /// Whether a node's restart quarantine applies to a call: it does to the calls that decide
 /// an acquisition or an extension (a quarantined node refuses them at once, and a cluster

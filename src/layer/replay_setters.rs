@@ -62,8 +62,8 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     /// **Records live as long as the nodes keep their data.** A node that restarts without
     /// persistence forgets its records. The layer never takes "no record" from a node that
     /// may have lost them within `retention` (one this client saw restart empty, or one
-    /// that started, restarted or was promoted within it while another node still holds
-    /// the key's record): when fewer than a quorum of the nodes that granted can vouch,
+    /// that started, restarted or was promoted within it, later than its peers, while
+    /// another node still holds the key's record): when fewer than a quorum of the nodes that granted can vouch,
     /// the request gets a 503 of its own
     /// ([`#replay-unverifiable`](super::problems#replay-unverifiable)) instead of a second
     /// run, until enough nodes have held their data for the retention. Persistent nodes

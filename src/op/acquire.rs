@@ -17,7 +17,7 @@ use crate::core::{Accepts, Core, Fenced, Target, ttl_ms};
 use crate::error::{LockError, RecordBytes};
 use crate::fencing::{self, CounterAt, Fencing, Number, PhaseOne, PhaseTwo};
 use crate::name::{Resource, new_value};
-use crate::node::Node;
+use crate::node::{Doubts, Node};
 use crate::quorum::{NodeMask, later};
 use crate::round::{Nodes, Plan, Purpose, Round};
 use crate::scripts::{ACQUIRE_OR_REPLAY_SCRIPT, Arg, Invocation, MAX_NUMBER, Renewal, Request};
@@ -283,25 +283,23 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
 
     /// Whether a quorum of the nodes that granted a replay acquisition (`replies`) can
     /// vouch that the name has no completion record written within `retention`: a node
-    /// that may have lost writes since then (see [`Continuity`](crate::node::Continuity))
-    /// cannot, once this client saw it restart empty, or once another node answered with
-    /// the name's record. If not, the miss says when enough of them will.
+    /// that may have lost writes since then (see [`Doubts`]) cannot, once this client saw
+    /// it restart empty, or, younger than its peers, once another node answered with the
+    /// name's record. If not, the miss says when enough of them will.
     #[expect(
         clippy::result_large_err,
         reason = "an Attempt that is never Held (the large variant), moved once per miss"
     )]
     fn vouched(&self, replies: &SetReplies, retention: Duration) -> Result<(), Attempt> {
-        let nodes = self.core.nodes();
+        let Some(doubts) = &replies.doubts else {
+            return Ok(());
+        };
         let quorum = self.core.quorum();
         let now = Instant::now();
         let evidence = !replies.records.is_empty();
-        let mut waits: Vec<Duration> = (0..nodes.count())
+        let mut waits: Vec<Duration> = (0..self.core.nodes().count())
             .filter(|&i| replies.granted.contains(i))
-            .map(|i| {
-                nodes
-                    .continuity(i)
-                    .map_or(Duration::ZERO, |c| c.vouches_in(retention, evidence, now))
-            })
+            .map(|i| doubts.vouches_in(i, retention, evidence, now))
             .collect();
         let vouching = waits.iter().filter(|w| w.is_zero()).count();
         if vouching >= quorum {
@@ -444,34 +442,20 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             purpose: Purpose::Decide,
         };
         let nodes = self.core.nodes();
+        let doubts = matches!(target.accepts, Accepts::LockOrRecord { .. })
+            .then(|| Doubts::judge((0..nodes.count()).map(|i| nodes.continuity(i)).collect()));
         let round = nodes.send(&request, plan);
-        let replay = match target.accepts {
-            Accepts::LockOrRecord { .. } => Replay::Doubts,
-            Accepts::Lock => Replay::Off,
-        };
-        count_set_round(nodes, round, SetReplies::new(proposal), replay).await
+        count_set_round(nodes, round, SetReplies::new(proposal, doubts)).await
     }
 }
 
-/// Whether a `SET NX PX` round looks at the doubts about the nodes that grant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Replay {
-    /// A replay acquisition: a grant from a node that may have lost writes makes the round
-    /// hear every node (another's record for the name is what makes the doubt count).
-    Doubts,
-    /// A lock only: the quorum decides.
-    Off,
-}
-
 /// Takes the answers of a `SET NX PX` round until the outcome is certain; once a node
-/// answered with a completion record, or (`replay`) a node that may have lost writes
-/// granted, every answer (the nodes that answered with a record need no release
-/// afterwards).
+/// answered with a completion record, or a doubted node granted (a replay acquisition),
+/// every answer (the nodes that answered with a record need no release afterwards).
 async fn count_set_round<N: Nodes + ?Sized>(
     nodes: &N,
     mut round: Round<N::Call>,
     mut replies: SetReplies,
-    replay: Replay,
 ) -> (Round<N::Call>, Votes, SetReplies) {
     let mut votes = Votes::new(nodes.count());
     while votes.undecided() || !replies.records.is_empty() || replies.doubted {
@@ -484,10 +468,6 @@ async fn count_set_round<N: Nodes + ?Sized>(
             break;
         };
         let outcome = replies.take(i, reply);
-        if replay == Replay::Doubts && replies.granted.contains(i) && nodes.continuity(i).is_some()
-        {
-            replies.doubted = true;
-        }
         votes.count(nodes.label(i), outcome);
     }
     if !votes.reached() && votes.quarantined() {

@@ -263,9 +263,14 @@ const REPLAY: Accepts = Accepts::LockOrRecord {
 /// `secs` ago.
 fn doubt(loss: Loss, secs: u64) -> Option<Continuity> {
     Some(Continuity {
-        since: Instant::now() - Duration::from_secs(secs),
+        since: Some(Instant::now() - Duration::from_secs(secs)),
         loss,
     })
+}
+
+/// A node met a day after its start: the oldest, doubted by no one.
+fn old() -> Option<Continuity> {
+    doubt(Loss::Possible, 86_400)
 }
 
 fn won() -> Answer {
@@ -484,7 +489,7 @@ fn only_a_record_a_quorum_agrees_on_is_replayed() {
 /// handler again: refused until the retention has passed since their restart.
 #[tokio::test(start_paused = true)]
 async fn grants_from_nodes_seen_restarting_within_the_retention_cannot_vouch() {
-    let doubts = vec![None, doubt(Loss::Seen, 10), doubt(Loss::Seen, 10)];
+    let doubts = vec![old(), doubt(Loss::Seen, 10), doubt(Loss::Seen, 10)];
     let s = Setup::with_doubts(vec![vec![record(b"a"), won(), won()]], doubts);
     let attempt = s.attempt(REPLAY, Fenced::No).await;
     let Attempt::Missed { error, .. } = attempt else {
@@ -518,7 +523,7 @@ async fn grants_from_nodes_seen_restarting_within_the_retention_cannot_vouch() {
 /// those two alone).
 #[tokio::test(start_paused = true)]
 async fn a_seen_restart_cannot_vouch_even_without_a_record_elsewhere() {
-    let doubts = vec![None, doubt(Loss::Seen, 10), doubt(Loss::Seen, 10)];
+    let doubts = vec![old(), doubt(Loss::Seen, 10), doubt(Loss::Seen, 10)];
     let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts);
     let attempt = s.attempt(REPLAY, Fenced::No).await;
     assert!(
@@ -537,11 +542,12 @@ async fn a_seen_restart_cannot_vouch_even_without_a_record_elsewhere() {
     );
 }
 
-/// Nodes met young (a new deployment as often as a restart) vouch, unless another node
-/// answers with the name's record, however late within the round.
+/// Nodes met younger than their peers (new to the deployment as often as restarted)
+/// vouch, unless another node answers with the name's record, however late within the
+/// round; nodes of one age (a new deployment) vouch whatever the others answer.
 #[tokio::test(start_paused = true)]
 async fn a_possible_loss_counts_only_against_a_record_elsewhere() {
-    let doubts = vec![None, doubt(Loss::Possible, 10), doubt(Loss::Possible, 10)];
+    let doubts = vec![old(), doubt(Loss::Possible, 10), doubt(Loss::Possible, 10)];
     let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts.clone());
     let attempt = s.attempt(REPLAY, Fenced::No).await;
     assert!(matches!(attempt, Attempt::Held(_)), "{attempt:?}");
@@ -566,6 +572,11 @@ async fn a_possible_loss_counts_only_against_a_record_elsewhere() {
         ),
         "the round waits for the record that answers after the grants: {attempt:?}"
     );
+
+    let same_age = vec![doubt(Loss::Possible, 10); 3];
+    let s = Setup::with_doubts(vec![vec![record(b"a"), won(), won()]], same_age);
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
+    assert!(matches!(attempt, Attempt::Held(_)), "{attempt:?}");
 }
 
 /// Enough vouching nodes, a restart longer ago than the retention, or a lock-only
@@ -573,7 +584,7 @@ async fn a_possible_loss_counts_only_against_a_record_elsewhere() {
 #[tokio::test(start_paused = true)]
 async fn enough_vouching_nodes_or_an_old_restart_or_a_lock_only_acquisition_hold() {
     let cases = [
-        (vec![None, doubt(Loss::Seen, 10), None], REPLAY),
+        (vec![old(), doubt(Loss::Seen, 10), None], REPLAY),
         (vec![doubt(Loss::Seen, 61); 3], REPLAY),
         (vec![doubt(Loss::Seen, 10); 3], Accepts::Lock),
     ];

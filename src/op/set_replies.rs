@@ -15,6 +15,7 @@ use redis::Value;
 
 use crate::error::NodeError;
 use crate::fencing::PhaseOne;
+use crate::node::Doubts;
 use crate::quorum::{NodeMask, Outcome};
 use crate::scripts::{AcquireReply, parse_acquire};
 
@@ -24,8 +25,10 @@ pub(super) struct SetReplies {
     pub(super) foreign: NodeMask,
     /// The nodes that granted the lock.
     pub(super) granted: NodeMask,
-    /// Whether a node that granted may have lost writes (a replay acquisition then
-    /// hears every node: another's record for the name is what makes the doubt count).
+    /// What a replay acquisition doubts of each node (`None`: a lock-only acquisition).
+    pub(super) doubts: Option<Doubts>,
+    /// Whether a node that granted is doubted: the round then hears every node, since
+    /// another's record for the name is what makes the doubt count.
     pub(super) doubted: bool,
     /// The completion records found, one per node that answered with one.
     pub(super) records: Vec<Vec<u8>>,
@@ -37,11 +40,13 @@ pub(super) struct SetReplies {
 }
 
 impl SetReplies {
-    /// No reply yet, to an attempt that proposes `proposal` as its fencing number.
-    pub(super) fn new(proposal: u64) -> Self {
+    /// No reply yet, to an attempt that proposes `proposal` as its fencing number, with
+    /// `doubts` for a replay acquisition.
+    pub(super) fn new(proposal: u64, doubts: Option<Doubts>) -> Self {
         Self {
             foreign: NodeMask::default(),
             granted: NodeMask::default(),
+            doubts,
             doubted: false,
             records: Vec::new(),
             retry_after: None,
@@ -59,7 +64,10 @@ impl SetReplies {
         let parsed = reply.and_then(parse_acquire);
         let outcome = self.fencing.take(i, parsed.as_ref().ok());
         match parsed? {
-            AcquireReply::Won { .. } => self.granted.insert(i),
+            AcquireReply::Won { .. } => {
+                self.granted.insert(i);
+                self.doubted |= self.doubts.as_ref().is_some_and(|d| d.doubted(i));
+            }
             AcquireReply::HeldElsewhere { pttl, ours } => {
                 self.retry_after = self.retry_after.max(pttl);
                 self.held_by_others |= !ours;
