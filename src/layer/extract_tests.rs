@@ -253,6 +253,7 @@ fn rejection_texts_name_what_the_request_used_in_its_protocol() {
             Protocol::Grpc => ("metadata", "header"),
         };
         // (extractor's refusal, what the text must say)
+        #[cfg_attr(not(feature = "json"), allow(unused_mut))]
         let mut refusals = vec![
             (
                 header.extract(&request(protocol, "/hook", None)),
