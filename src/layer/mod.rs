@@ -49,6 +49,7 @@ mod body_mode;
 mod config;
 pub mod extract;
 mod extract_fn;
+mod extract_path;
 mod future;
 mod grpc_methods;
 mod keeping;
