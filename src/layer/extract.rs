@@ -109,6 +109,58 @@ pub trait ExtractLockName<B> {
             "this extractor names locks from the request head",
         ))
     }
+
+    /// The namespace of this extractor's names: a [`RedlockLayer`](crate::RedlockLayer)
+    /// locks `"{namespace} {name}"`, so that two layers on one client lock different names
+    /// even when their extractors give the same ones (a delivery id `46` and an account id
+    /// `46`), unless the layer is given a namespace with
+    /// [`RedlockLayer::namespace`](crate::RedlockLayer::namespace) (the same one to share
+    /// names on purpose, `""` for the extractor's names as they are).
+    ///
+    /// The stock extractors say where they read the name: [`Header`] `header:{name}` (in
+    /// lower case), [`PathSegment`] `path-segment:{index}`,
+    /// [`PathParam`] `path:{template}#{param}`,
+    /// [`BodyKey`](super::BodyKey) `body:{JSON pointer}` (`body:fn` for a function), and
+    /// [`PerRoute`](super::PerRoute), [`PerPrincipal`](super::PerPrincipal) and
+    /// [`GrpcMethods`](super::GrpcMethods) their inner extractor's. So two layers with the
+    /// same extractor (the `Idempotency-Key` header on two routers) share names, as one
+    /// layer's routes do; name the layers to keep them apart.
+    ///
+    /// The default, `fn`, is the namespace of every [`extract_fn`] closure and of every
+    /// extractor that does not override it: **two layers with closure extractors share a
+    /// namespace** unless you name them with
+    /// [`RedlockLayer::namespace`](crate::RedlockLayer::namespace) (or override this in
+    /// your extractor).
+    ///
+    /// A namespace must be the same in every process and every build of the application
+    /// (two instances, or two versions during a rolling deploy, must lock the same names):
+    /// derive it from the extractor's settings, never from randomness, addresses or
+    /// [`std::any::type_name`]. A layer asks for it once, at its first request.
+    ///
+    /// ```
+    /// use std::borrow::Cow;
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractError, ExtractLockName, Header, PathParam};
+    ///
+    /// let delivery = Header::new("X-Delivery-Id");
+    /// assert_eq!(ExtractLockName::<()>::namespace(&delivery), "header:x-delivery-id");
+    /// let accounts = PathParam::new("/accounts/{id}/credit", "id");
+    /// assert_eq!(ExtractLockName::<()>::namespace(&accounts), "path:/accounts/{id}/credit#id");
+    ///
+    /// // Your own extractor says where its names come from.
+    /// struct Tenant;
+    /// impl<B> ExtractLockName<B> for Tenant {
+    ///     fn extract(&self, req: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
+    ///         Ok(req.headers().get("x-tenant").map(|v| v.as_bytes().to_vec()))
+    ///     }
+    ///     fn namespace(&self) -> Cow<'_, str> {
+    ///         Cow::Borrowed("tenant")
+    ///     }
+    /// }
+    /// ```
+    fn namespace(&self) -> Cow<'_, str> {
+        Cow::Borrowed("fn")
+    }
 }
 
 /// The parts of a request an extractor closure sees.
@@ -331,6 +383,14 @@ impl<B> ExtractLockName<B> for Header {
                 "the {name} {header} is not a structured-field string such as \"k-1\" \
                  (RFC 8941): {problem} (at byte {at})"
             ))),
+        }
+    }
+
+    /// `header:{name}`, the header's name in lower case.
+    fn namespace(&self) -> Cow<'_, str> {
+        match &self.name {
+            Ok(name) => Cow::Owned(format!("header:{name}")),
+            Err(bad) => Cow::Owned(format!("header:{}", bad.to_ascii_lowercase())),
         }
     }
 }

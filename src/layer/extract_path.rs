@@ -12,6 +12,8 @@
 //! # Ok(()) }
 //! ```
 
+use std::borrow::Cow;
+
 use http::Request;
 
 use super::extract::{ExtractError, ExtractLockName};
@@ -74,6 +76,11 @@ impl<B> ExtractLockName<B> for PathSegment {
         Ok(segments(request.uri().path())
             .nth(self.index)
             .map(percent_decode))
+    }
+
+    /// `path-segment:{index}`.
+    fn namespace(&self) -> Cow<'_, str> {
+        Cow::Owned(format!("path-segment:{}", self.index))
     }
 }
 
@@ -141,5 +148,29 @@ impl<B> ExtractLockName<B> for PathParam {
         } else {
             None
         })
+    }
+
+    /// `path:{template}#{param}`, such as `path:/accounts/{id}/credit#id`.
+    fn namespace(&self) -> Cow<'_, str> {
+        let mut out = String::from("path:");
+        for segment in &self.template {
+            out.push('/');
+            out.push_str(segment);
+        }
+        if self.template.is_empty() {
+            out.push('/');
+        }
+        let wanted = match &self.index {
+            Ok(index) => self.template.get(*index).map_or("", String::as_str),
+            Err(wanted) => wanted,
+        };
+        out.push('#');
+        out.push_str(
+            wanted
+                .strip_prefix('{')
+                .and_then(|w| w.strip_suffix('}'))
+                .unwrap_or(wanted),
+        );
+        Cow::Owned(out)
     }
 }
