@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use tower_redlock::layer::{Header, Rejection, RejectionKind};
 use tower_redlock::{LockToken, Redlock, RedlockLayer};
@@ -64,10 +64,26 @@ impl App {
     }
 }
 
+/// The header that carries the delivery id.
+const DELIVERY: &str = "x-github-delivery";
+
+/// The delivery id of a request (the layer refuses requests without one).
+fn delivery_id(headers: &HeaderMap) -> String {
+    headers
+        .get(DELIVERY)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default()
+}
+
 /// Runs with the delivery's lock held: no other request for the same delivery id runs
-/// at the same time, on this instance or any other using the same nodes.
-async fn webhook(State(app): State<App>, token: LockToken) -> (StatusCode, String) {
-    let id = String::from_utf8_lossy(token.name()).into_owned();
+/// at the same time, on this instance or any other using the same nodes. (The token's
+/// name is the lock's: the layer's namespace and the id, `header:x-github-delivery {id}`.)
+async fn webhook(
+    State(app): State<App>,
+    headers: HeaderMap,
+    token: LockToken,
+) -> (StatusCode, String) {
+    let id = delivery_id(&headers);
     if app.count(&id) > 0 {
         return (StatusCode::OK, format!("already processed {id}\n"));
     }
@@ -120,7 +136,7 @@ async fn stats(State(app): State<App>) -> String {
 /// Logs every rejection with its message, then answers with the default response.
 fn log_rejection(rejection: Rejection, head: &http::request::Parts) -> Rejection {
     let status = rejection.http_status().as_u16();
-    let delivery = String::from_utf8_lossy(rejection.lock_name().unwrap_or_default()).into_owned();
+    let delivery = delivery_id(&head.headers);
     // The client gets a short message; the log gets the details (each failed node's cause).
     let detail = rejection
         .lock_error()
@@ -176,7 +192,7 @@ async fn main() -> Result<(), Error> {
     let probe = Router::new()
         .route("/ready", get(ready))
         .with_state(redlock.clone());
-    let layer = RedlockLayer::new(redlock, Header::new("x-github-delivery").required())
+    let layer = RedlockLayer::new(redlock, Header::new(DELIVERY).required())
         .ttl(Duration::from_secs(30))
         // Delivery ids are unique: there is no later holder to fence, so no counter per id.
         .fencing(false)

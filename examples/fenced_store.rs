@@ -5,11 +5,13 @@
 //! and writes it back through a fenced store that refuses numbers lower than the highest
 //! it has seen (`common/fenced.rs`; a Redis hash here, a `WHERE fence <= $n` in SQL).
 //!
-//! The example then plays the classic failure: a worker A takes the same lock directly,
-//! reads the balance, and is paused (think GC or VM migration) until its lock has
-//! expired. Meanwhile a request credits the account under a new lock. When A wakes up
-//! and writes its stale balance, the store refuses it, because A's fencing number is lower
-//! than the request's. Without fencing A would have silently overwritten the credit.
+//! The layer has no namespace (`.namespace("")`), so its lock names are the names a job
+//! outside the layer locks with `Redlock::lock`. The example then plays the classic
+//! failure: a worker A takes the same lock directly, reads the balance, and is paused
+//! (think GC or VM migration) until its lock has expired. Meanwhile a request credits the
+//! account under a new lock. When A wakes up and writes its stale balance, the store
+//! refuses it, because A's fencing number is lower than the request's. Without fencing A
+//! would have silently overwritten the credit.
 //!
 //! ```text
 //! cargo run --features axum --example fenced_store
@@ -99,7 +101,10 @@ async fn main() -> Result<(), Error> {
             Ok((!id.is_empty()).then(|| lock_name(id).into_bytes()))
         }),
     )
-    .wait(WaitPolicy::up_to(Duration::from_secs(2)).max_waiters(16));
+    .wait(WaitPolicy::up_to(Duration::from_secs(2)).max_waiters(16))
+    // No namespace: the layer locks `account:{id}` as it is, the name worker A locks
+    // directly below (by default it would lock `fn account:{id}`, in its extractor's).
+    .namespace("");
     let router = Router::new()
         .route("/accounts/{id}/credit", post(credit))
         .route_layer(layer)

@@ -45,7 +45,15 @@ async fn job(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible
         *res.status_mut() = StatusCode::NOT_FOUND;
         return Ok(res);
     };
-    let id = String::from_utf8_lossy(token.name()).into_owned();
+    // The job id is the path's second segment (the token's name is the lock's: the
+    // layer's namespace and the id, `path-segment:1 {id}`).
+    let id = req
+        .uri()
+        .path()
+        .split('/')
+        .nth(2)
+        .unwrap_or_default()
+        .to_owned();
     tokio::time::sleep(JOB_TIME).await;
     Ok(Response::new(Full::from(format!(
         "job {id} done; lock still valid for {} ms",

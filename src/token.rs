@@ -158,7 +158,9 @@ impl LockToken {
         &self.shared
     }
 
-    /// The lock name.
+    /// The lock name. Behind a [`RedlockLayer`](crate::RedlockLayer): the layer's
+    /// namespace, a space, and the extractor's name (see
+    /// [`RedlockLayer::namespace`](crate::RedlockLayer::namespace)), what the layer locked.
     pub fn name(&self) -> &[u8] {
         self.shared.lock.name()
     }

@@ -24,6 +24,16 @@ use tower_redlock::{LockToken, Redlock};
 
 const KEY_HEADER: &str = "x-delivery";
 
+/// The lock name the layers here (keyed by `KEY_HEADER`) take for the delivery `id`.
+fn lock_of(id: &str) -> String {
+    support::header_lock(KEY_HEADER, id)
+}
+
+/// The Redis key of that lock name.
+fn key_of(id: &str) -> String {
+    support::key_of(&lock_of(id))
+}
+
 #[derive(Clone)]
 struct App {
     runs: Arc<AtomicUsize>,
@@ -159,12 +169,12 @@ async fn duplicates_run_once(client: HttpClient) {
     state.gate.add_permits(1);
     let last = calls.next().await.expect("reply");
     assert_eq!(last.status, 200);
-    assert_eq!(last.body, "evt-1");
+    assert_eq!(last.body, lock_of("evt-1"), "the token names the lock");
     assert_eq!(state.runs.load(Ordering::SeqCst), 1);
     wait_for(
         "the lock to be released",
         Duration::from_secs(5),
-        || async { cluster.nodes_holding("redlock:{evt-1}").await == 0 },
+        || async { cluster.nodes_holding(key_of("evt-1")).await == 0 },
     )
     .await;
 }
@@ -276,7 +286,7 @@ async fn no_quorum_is_503_with_the_node_causes_for_the_logs_not_the_client() {
     );
     let seen = seen.lock().expect("log");
     let rejection = seen.first().expect("the hook saw the rejection");
-    assert_eq!(rejection.lock_name(), Some(&b"q"[..]));
+    assert_eq!(rejection.lock_name(), Some(lock_of("q").as_bytes()));
     match rejection.lock_error() {
         Some(tower_redlock::LockError::NoQuorum { failures, .. }) => {
             let nodes: Vec<&str> = failures.iter().map(|f| f.node.as_str()).collect();
@@ -326,13 +336,13 @@ async fn a_client_that_disconnects_mid_request_releases_the_lock() {
         let request = spawn_delivery(client, addr, "gone");
         // The handler runs (and so holds the lock) ...
         state.started.acquire().await.expect("started").forget();
-        assert!(cluster.nodes_holding("redlock:{gone}").await >= 2);
+        assert!(cluster.nodes_holding(key_of("gone")).await >= 2);
         // ... when the client goes away; the gate never opens.
         request.abort();
         wait_for(
             "the lock to be released on every node",
             Duration::from_secs(5),
-            || async { cluster.nodes_holding("redlock:{gone}").await == 0 },
+            || async { cluster.nodes_holding(key_of("gone")).await == 0 },
         )
         .await;
         let runs = state.runs.load(Ordering::SeqCst);
@@ -395,7 +405,7 @@ async fn in_body_end_mode_the_lock_is_held_while_the_body_streams() {
     // Read to the end.
     let (tx, mut body) = open("s1").await;
     assert!(
-        cluster.nodes_holding("redlock:{s1}").await >= 2,
+        cluster.nodes_holding(key_of("s1")).await >= 2,
         "held while streaming"
     );
     drop(tx);
@@ -405,21 +415,21 @@ async fn in_body_end_mode_the_lock_is_held_while_the_body_streams() {
     wait_for(
         "release after the body ended",
         Duration::from_secs(5),
-        || async { cluster.nodes_holding("redlock:{s1}").await == 0 },
+        || async { cluster.nodes_holding(key_of("s1")).await == 0 },
     )
     .await;
 
     // Drop the body half-way.
     let (tx, body) = open("s2").await;
     assert!(
-        cluster.nodes_holding("redlock:{s2}").await >= 2,
+        cluster.nodes_holding(key_of("s2")).await >= 2,
         "held while streaming"
     );
     drop(body);
     wait_for(
         "release after the body was dropped",
         Duration::from_secs(5),
-        || async { cluster.nodes_holding("redlock:{s2}").await == 0 },
+        || async { cluster.nodes_holding(key_of("s2")).await == 0 },
     )
     .await;
     drop(tx);
@@ -470,7 +480,7 @@ async fn a_rejection_hook_sees_the_request_and_answers_with_any_axum_response() 
 
     let cluster = Cluster::start(1);
     let r = redlock(&cluster).await;
-    let holder = r.try_lock(b"taken").await.expect("lock");
+    let holder = r.try_lock(lock_of("taken")).await.expect("lock");
     let layer = RedlockLayer::new(r.clone(), Header::new(KEY_HEADER).required()).on_rejection(
         |rejection, head| {
             let request_id = head
@@ -523,7 +533,7 @@ async fn a_rejection_hook_sees_the_request_and_answers_with_any_axum_response() 
 async fn default_rejections_speak_problem_json_to_clients_that_accept_it() {
     let mut cluster = Cluster::start(3);
     let r = redlock(&cluster).await;
-    let _holder = r.try_lock(b"held").await.expect("lock");
+    let _holder = r.try_lock(lock_of("held")).await.expect("lock");
     let layer = RedlockLayer::new(r.clone(), Header::new(KEY_HEADER));
     let addr = serve(app(layer, App::new())).await;
     let client = http1();
@@ -599,8 +609,8 @@ async fn the_layer_works_in_router_layer_and_route_layer() {
     )
     .await;
     assert_eq!(
-        (reply.status.as_u16(), reply.body.as_str()),
-        (200, "via-layer")
+        (reply.status.as_u16(), reply.body),
+        (200, lock_of("via-layer"))
     );
 }
 
@@ -643,7 +653,8 @@ async fn handlers_get_growing_fencing_numbers_unless_the_layer_turns_fencing_off
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
         let (key, member) =
-            tower_redlock::fencing::counter_of(b"redlock:", b"req-1", false).expect("a valid name");
+            tower_redlock::fencing::counter_of(b"redlock:", lock_of("req-1").as_bytes(), false)
+                .expect("a valid name");
         let counter: Option<f64> = conn.zscore(key, member).await.expect("ZSCORE");
         assert_eq!(
             counter, None,
@@ -683,7 +694,7 @@ async fn a_slow_handler_keeps_its_lock_past_the_ttl() {
     while Instant::now() < end {
         assert!(
             matches!(
-                other.try_lock("slow").await,
+                other.try_lock(lock_of("slow")).await,
                 Err(tower_redlock::LockError::Busy { .. })
             ),
             "the lock slipped"
@@ -692,7 +703,7 @@ async fn a_slow_handler_keeps_its_lock_past_the_ttl() {
     }
     state.gate.add_permits(1);
     assert_eq!(request.await.expect("request").status, 200);
-    assert_eq!(cluster.nodes_holding("redlock:{slow}").await, 0);
+    assert_eq!(cluster.nodes_holding(key_of("slow")).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -706,7 +717,7 @@ async fn with_abort_on_loss_a_destroyed_lock_drops_the_handler_and_answers_503()
     state.started.acquire().await.expect("started").forget();
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
-        let _: () = conn.del("redlock:{doomed}").await.expect("DEL");
+        let _: () = conn.del(key_of("doomed")).await.expect("DEL");
     }
     let reply = tokio::time::timeout(Duration::from_secs(5), request)
         .await
@@ -723,7 +734,7 @@ async fn with_abort_on_loss_a_destroyed_lock_drops_the_handler_and_answers_503()
         state.spans.lock().expect("spans").is_empty(),
         "the handler never completed"
     );
-    assert_eq!(cluster.nodes_holding("redlock:{doomed}").await, 0);
+    assert_eq!(cluster.nodes_holding(key_of("doomed")).await, 0);
 }
 
 /// 50 requests for one key behind the wait policy run one at a time, in the order they
@@ -950,7 +961,7 @@ async fn with_replay_5xx_is_not_kept_and_records_expire() {
     assert_eq!(replayed.status, 200, "the kept 200 is replayed");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     wait_for("the record to expire", Duration::from_secs(10), || async {
-        cluster.nodes_holding("redlock:{evt-5}").await == 0
+        cluster.nodes_holding(key_of("evt-5")).await == 0
     })
     .await;
     assert_eq!(send(&client, with_status("200")).await.status, 200);
@@ -1010,7 +1021,7 @@ async fn with_replay_a_duplicate_while_running_is_409_then_replayed() {
         post_req(addr, "/hook", Some((KEY_HEADER, "evt-d"))),
     )
     .await;
-    assert_eq!((after.status.as_u16(), after.body.as_str()), (200, "evt-d"));
+    assert_eq!((after.status.as_u16(), after.body), (200, lock_of("evt-d")));
     assert_eq!(after.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
     assert_eq!(state.runs.load(Ordering::SeqCst), 1);
 }
@@ -1132,7 +1143,10 @@ async fn with_replay_keys_are_sf_strings_and_rejections_are_problem_documents() 
     problem(&empty, 400, "bad_request");
 
     // Busy: a problem document with Retry-After.
-    let holder = r.try_lock(b"held").await.expect("lock");
+    let holder = r
+        .try_lock(support::header_lock("idempotency-key", "held"))
+        .await
+        .expect("lock");
     let busy = send(&client, request("/hook", &[r#""held""#], None)).await;
     problem(&busy, 409, "busy");
     assert_eq!(busy.headers["retry-after"], "1");
@@ -1183,7 +1197,7 @@ async fn with_replay_a_panicking_handler_leaves_no_record() {
     wait_for(
         "the lock to be released",
         Duration::from_secs(5),
-        || async { cluster.nodes_holding("redlock:{evt-p}").await == 0 },
+        || async { cluster.nodes_holding(key_of("evt-p")).await == 0 },
     )
     .await;
     let retry = send(
@@ -1282,17 +1296,17 @@ fn post_fingerprint(path: &str) -> [u8; 32] {
     *tower_redlock::layer::RequestFingerprint::of(&req, b"").as_bytes()
 }
 
-/// Stores `record` under the lock key of `name` on node `i`, for a minute.
-async fn store_record(cluster: &Cluster, i: usize, name: &str, record: &[u8]) {
+/// Stores `record` under the lock key of delivery `id` on node `i`, for a minute.
+async fn store_record(cluster: &Cluster, i: usize, id: &str, record: &[u8]) {
     let mut conn = cluster.raw(i).await;
-    let key = format!("redlock:{{{name}}}");
+    let key = key_of(id);
     let _: () = conn.pset_ex(key, record, 60_000).await.expect("PSETEX");
 }
 
-/// Whether node `i` holds a completion record under the lock key of `name`.
-async fn record_on(cluster: &Cluster, i: usize, name: &str) -> bool {
+/// Whether node `i` holds a completion record under the lock key of delivery `id`.
+async fn record_on(cluster: &Cluster, i: usize, id: &str) -> bool {
     let mut conn = cluster.raw(i).await;
-    let value: Option<Vec<u8>> = conn.get(format!("redlock:{{{name}}}")).await.expect("GET");
+    let value: Option<Vec<u8>> = conn.get(key_of(id)).await.expect("GET");
     value.is_some_and(|v| v.starts_with(b"#record\n"))
 }
 
@@ -1376,12 +1390,12 @@ async fn with_replay_a_handler_that_lost_its_lock_leaves_no_record() {
     // Node 0's key outlives the others (as on a node whose clock runs slow). Its SET may
     // still be landing when the quorum of the others decided.
     wait_for("the lock on node 0", Duration::from_secs(5), || async {
-        cluster.get(0, "redlock:{evt-l}").await.is_some()
+        cluster.get(0, key_of("evt-l")).await.is_some()
     })
     .await;
     let mut conn = cluster.raw(0).await;
     let longer: bool = conn
-        .pexpire("redlock:{evt-l}", 30_000)
+        .pexpire(key_of("evt-l"), 30_000)
         .await
         .expect("PEXPIRE");
     assert!(longer, "the lock key is on node 0");
@@ -1389,8 +1403,8 @@ async fn with_replay_a_handler_that_lost_its_lock_leaves_no_record() {
         "the lock to expire on nodes 1 and 2",
         Duration::from_secs(10),
         || async {
-            cluster.get(1, "redlock:{evt-l}").await.is_none()
-                && cluster.get(2, "redlock:{evt-l}").await.is_none()
+            cluster.get(1, key_of("evt-l")).await.is_none()
+                && cluster.get(2, key_of("evt-l")).await.is_none()
         },
     )
     .await;

@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use http::uri::PathAndQuery;
-use support::{Cluster, wait_for};
+use support::{Cluster, header_lock, key_of, wait_for};
 use tokio::sync::Semaphore;
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::transport::{Channel, Endpoint, Server};
@@ -378,7 +378,10 @@ async fn with_replay_streaming_replies_are_not_replayed() {
         assert_eq!(items, [format!("run {run} a"), format!("run {run} b")]);
         // The lock is released once the stream ended.
         wait_for("the release", Duration::from_secs(5), || async {
-            cluster.nodes_holding("redlock:{s-1}").await == 0
+            cluster
+                .nodes_holding(key_of(&header_lock("idempotency-key", "s-1")))
+                .await
+                == 0
         })
         .await;
     }

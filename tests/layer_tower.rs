@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use redis::AsyncCommands;
-use support::{Cluster, wait_for};
+use support::{Cluster, header_lock, in_namespace, key_of, wait_for};
 use tower::{Layer, ServiceExt, service_fn};
 use tower_redlock::RedlockLayer;
 use tower_redlock::layer::{Header, PathSegment};
@@ -24,6 +24,11 @@ async fn body_text(res: Response<tower_redlock::layer::ResponseBody<Full<Bytes>>
         .await
         .expect("body")
         .to_bytes()
+}
+
+/// The Redis key of a layer keyed by path segment `index` for the segment `segment`.
+fn segment_key(index: usize, segment: &str) -> String {
+    key_of(&in_namespace(&format!("path-segment:{index}"), segment))
 }
 
 async fn exists(cluster: &Cluster, key: &str) -> bool {
@@ -51,7 +56,7 @@ async fn an_inner_error_releases_the_lock_and_is_passed_on() {
         .expect_err("the inner error");
     assert_eq!(err, "inner failure");
     // Released before the error was returned.
-    assert!(!exists(&cluster, "redlock:{job-1}").await);
+    assert!(!exists(&cluster, &segment_key(0, "job-1")).await);
 }
 
 #[tokio::test]
@@ -89,7 +94,7 @@ async fn the_token_is_in_the_extensions_and_released_after_the_response() {
     let body = body_text(res).await;
     assert_eq!(&body[..], b"56 true");
     assert!(
-        !exists(&cluster, "redlock:{k}").await,
+        !exists(&cluster, &key_of(&header_lock("x-key", "k"))).await,
         "released before the response"
     );
     // Without the header: passed through, no token.
@@ -122,10 +127,10 @@ async fn a_dropped_response_future_releases_in_the_background() {
         ),
     );
     started_rx.await.expect("the inner service was called");
-    assert!(exists(&cluster, "redlock:{stuck}").await);
+    assert!(exists(&cluster, &segment_key(0, "stuck")).await);
     call.abort();
     wait_for("the background release", Duration::from_secs(5), || async {
-        !exists(&cluster, "redlock:{stuck}").await
+        !exists(&cluster, &segment_key(0, "stuck")).await
     })
     .await;
 }
@@ -156,7 +161,7 @@ async fn percent_encoded_paths_contend_with_their_decoded_form() {
     wait_for(
         "the first to hold the lock",
         Duration::from_secs(5),
-        || async { exists(&cluster, "redlock:{42}").await },
+        || async { exists(&cluster, &segment_key(1, "42")).await },
     )
     .await;
     let encoded = svc
@@ -219,7 +224,10 @@ async fn a_rejection_hook_sees_the_request_head_and_answers_with_an_http_respons
             .expect("request")
     };
 
-    let held = r.try_lock(b"busy-job").await.expect("lock");
+    let held = r
+        .try_lock(in_namespace("path-segment:0", "busy-job"))
+        .await
+        .expect("lock");
     let res = svc
         .clone()
         .oneshot(request("/busy-job", "r-1"))
@@ -232,7 +240,7 @@ async fn a_rejection_hook_sees_the_request_head_and_answers_with_an_http_respons
     let doomed = tokio::spawn(svc.clone().oneshot(request("/doomed-job", "r-2")));
     started.acquire().await.expect("started").forget();
     let mut conn = cluster.raw(0).await;
-    let _: () = conn.del("redlock:{doomed-job}").await.expect("DEL");
+    let _: () = conn.del(segment_key(0, "doomed-job")).await.expect("DEL");
     let res = tokio::time::timeout(Duration::from_secs(5), doomed)
         .await
         .expect("answered once the loss is seen")

@@ -25,6 +25,16 @@ use tower_redlock::{Redlock, RedlockLayer};
 
 const KEY: &str = "Idempotency-Key";
 
+/// The lock name the layers here (keyed by `KEY`) take for the key `key`.
+fn lock_of(key: &str) -> String {
+    support::header_lock(KEY, key)
+}
+
+/// The Redis key of that lock name.
+fn key_of(key: &str) -> String {
+    support::key_of(&lock_of(key))
+}
+
 /// Sends `req` and reads the whole response (it must not fail).
 async fn send(client: &HttpClient, req: http::Request<Body>) -> Seen {
     exchange(client, req).await.expect("response")
@@ -157,7 +167,7 @@ async fn the_idempotency_key_drafts_cases() {
 
     // Expired record: the key is new again.
     support::wait_for("the record to expire", Duration::from_secs(10), || async {
-        cluster.nodes_holding("redlock:{k-1}").await == 0
+        cluster.nodes_holding(key_of("k-1")).await == 0
     })
     .await;
     let fresh = send(&client, post_to(addr, "/pay", Some("\"k-1\""), "30")).await;
@@ -290,7 +300,7 @@ async fn the_rejection_hook_gets_the_lock_name_for_every_replay_rejection() {
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
         let _: () = conn
-            .pset_ex("redlock:{h-3}", &b"#record\ngarbage"[..], 60_000)
+            .pset_ex(key_of("h-3"), &b"#record\ngarbage"[..], 60_000)
             .await
             .expect("PSETEX");
     }
@@ -304,9 +314,12 @@ async fn the_rejection_hook_gets_the_lock_name_for_every_replay_rejection() {
     assert_eq!(
         seen,
         [
-            ("key_reused".to_owned(), Some(b"h-1".to_vec())),
-            ("response_not_kept".to_owned(), Some(b"h-2".to_vec())),
-            ("unavailable".to_owned(), Some(b"h-3".to_vec())),
+            ("key_reused".to_owned(), Some(lock_of("h-1").into_bytes())),
+            (
+                "response_not_kept".to_owned(),
+                Some(lock_of("h-2").into_bytes())
+            ),
+            ("unavailable".to_owned(), Some(lock_of("h-3").into_bytes())),
         ]
     );
 }
@@ -398,7 +411,7 @@ async fn extreme_retentions_record_for_as_long_as_the_nodes_allow() {
             .replayed()
     );
     let mut conn = cluster.raw(0).await;
-    let pttl: i64 = conn.pttl("redlock:{r-1}").await.expect("PTTL");
+    let pttl: i64 = conn.pttl(key_of("r-1")).await.expect("PTTL");
     assert!(pttl > 50 * 365 * 24 * 3600 * 1000, "{pttl} ms");
     let at_once = serve(payments(
         layer(Duration::ZERO).await,
@@ -415,7 +428,7 @@ async fn extreme_retentions_record_for_as_long_as_the_nodes_allow() {
     support::wait_for(
         "the 1 ms record to expire",
         Duration::from_secs(10),
-        || async { cluster.nodes_holding("redlock:{r-2}").await == 0 },
+        || async { cluster.nodes_holding(key_of("r-2")).await == 0 },
     )
     .await;
     let again = send(&client, post_to(at_once, "/pay", Some("r-2"), "1")).await;
@@ -505,7 +518,7 @@ async fn the_record_is_on_the_nodes_before_the_client_has_the_last_byte() {
         let mut records = 0;
         for i in 0..3 {
             let mut conn = cluster.raw(i).await;
-            let value: Option<Vec<u8>> = conn.get(format!("redlock:{{{key}}}")).await.expect("GET");
+            let value: Option<Vec<u8>> = conn.get(key_of(key)).await.expect("GET");
             records += usize::from(value.is_some_and(|v| v.starts_with(b"#record\n")));
         }
         assert_eq!(
@@ -604,7 +617,7 @@ async fn a_recorded_response_holds_its_lock_until_its_body_ends() {
         .expect("request");
     let mut body = svc.oneshot(req).await.expect("response").into_body();
     assert!(body.holds_lock());
-    assert_eq!(cluster.nodes_holding("redlock:{held-1}").await, 3);
+    assert_eq!(cluster.nodes_holding(key_of("held-1")).await, 3);
     let mut got = Vec::new();
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame.expect("frame").into_data() {

@@ -385,7 +385,7 @@ fn request(
     b.body(body).unwrap_or_default()
 }
 
-/// What a node holds under a lock key.
+/// What a node holds under the lock key of an idempotency key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Held {
     Nothing,
@@ -398,7 +398,7 @@ async fn held(cluster: &Cluster, key: &str) -> Vec<Held> {
     for i in 0..3 {
         let mut conn = cluster.raw(i).await;
         let value: Option<Vec<u8>> = conn
-            .get(format!("redlock:{{{key}}}"))
+            .get(support::key_of(&support::header_lock(KEY, key)))
             .await
             .unwrap_or_default();
         out.push(match value {

@@ -154,7 +154,10 @@ async fn the_layer_span_records_each_requests_outcome() {
     };
     assert_eq!(call(Some("span-secret-1")).await, 200);
     assert_eq!(call(Some("span-secret-1")).await, 200);
-    let held = redlock.lock("span-secret-2").await.expect("lock");
+    let held = redlock
+        .lock(support::header_lock("idempotency-key", "span-secret-2"))
+        .await
+        .expect("lock");
     assert_eq!(call(Some("span-secret-2")).await, 409);
     let _ = redlock.unlock(&held).await;
     assert_eq!(call(None).await, 400);

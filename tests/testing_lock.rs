@@ -67,6 +67,12 @@ where
         .layer(layer)
 }
 
+/// The lock name the layers here take for the key `key`: their namespace (the header's),
+/// a space, the key; computed as a user's test would.
+fn name_of(key: &str) -> Vec<u8> {
+    RedlockLayer::new(InMemoryLock::new(), Header::new(KEY)).lock_name_for::<Body>(key)
+}
+
 fn request(key: &str, body: &str) -> Request<Body> {
     Request::post("/charge")
         .header(KEY, key)
@@ -91,7 +97,10 @@ async fn a_handler_gets_its_lock_and_increasing_fencing_numbers() {
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body, format!("fenced Some({n}) body x"));
     }
-    assert!(!lock.is_locked("order-1"), "released after each response");
+    assert!(
+        !lock.is_locked(name_of("order-1")),
+        "released after each response"
+    );
     let plain = app_without_fencing(&lock, &seen);
     let (_, body) = text(plain.oneshot(request("order-1", "x")).await.unwrap()).await;
     assert_eq!(body, "fenced None body x");
@@ -110,8 +119,8 @@ async fn busy_and_unavailable_answers_come_from_injected_failures() {
     let seen = Seen::default();
     let app = app(RedlockLayer::new(lock.clone(), Header::new(KEY)), &seen);
 
-    lock.fail_next_acquire("order-1", Failure::Busy);
-    lock.fail_next_acquire("order-1", Failure::Unavailable);
+    lock.fail_next_acquire(name_of("order-1"), Failure::Busy);
+    lock.fail_next_acquire(name_of("order-1"), Failure::Unavailable);
     let busy = app.clone().oneshot(request("order-1", "x")).await.unwrap();
     assert_eq!(busy.status(), StatusCode::CONFLICT);
     let down = app.clone().oneshot(request("order-1", "x")).await.unwrap();
@@ -138,7 +147,7 @@ async fn another_holder_makes_requests_busy_until_it_releases() {
     let lock = InMemoryLock::new();
     let seen = Seen::default();
     let app = app(RedlockLayer::new(lock.clone(), Header::new(KEY)), &seen);
-    let other = lock.acquire("order-1").await.unwrap();
+    let other = lock.acquire(name_of("order-1")).await.unwrap();
     let busy = app.clone().oneshot(request("order-1", "x")).await.unwrap();
     assert_eq!(busy.status(), StatusCode::CONFLICT);
     let _ = other.release().await;
@@ -153,7 +162,7 @@ async fn a_waiting_request_gets_the_lock_when_the_holder_releases() {
     let layer = RedlockLayer::new(lock.clone(), Header::new(KEY))
         .wait(WaitPolicy::up_to(Duration::from_secs(30)));
     let app = app(layer, &seen);
-    let other = lock.acquire("order-1").await.unwrap();
+    let other = lock.acquire(name_of("order-1")).await.unwrap();
     let waiting = tokio::spawn(app.oneshot(request("order-1", "x")));
     tokio::task::yield_now().await;
     assert!(!waiting.is_finished());
@@ -174,15 +183,15 @@ async fn a_lost_lock_aborts_the_request_with_503() {
     let app = app(layer, &seen);
     let call = tokio::spawn(app.oneshot(request("order-1", "wait")));
     seen.entered.notified().await;
-    assert!(lock.is_locked("order-1"));
-    assert!(lock.lose("order-1"));
+    assert!(lock.is_locked(name_of("order-1")));
+    assert!(lock.lose(name_of("order-1")));
     let response = tokio::time::timeout(Duration::from_secs(10), call)
         .await
         .expect("answered once the lock is lost")
         .unwrap()
         .unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(!lock.lose("order-1"), "the name was freed");
+    assert!(!lock.lose(name_of("order-1")), "the name was freed");
 }
 
 #[tokio::test]
@@ -192,7 +201,7 @@ async fn a_handler_is_told_its_lock_is_lost() {
     let app = app(RedlockLayer::new(lock.clone(), Header::new(KEY)), &seen);
     let call = tokio::spawn(app.oneshot(request("order-1", "wait")));
     seen.entered.notified().await;
-    lock.lose("order-1");
+    lock.lose(name_of("order-1"));
     let response = call.await.unwrap().unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert!(matches!(
@@ -209,7 +218,7 @@ async fn replay_answers_a_retry_with_the_stored_response() {
     let app = app(layer, &seen);
     let (status, first) = text(app.clone().oneshot(request("order-1", "a")).await.unwrap()).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(lock.record("order-1").is_some());
+    assert!(lock.record(name_of("order-1")).is_some());
     let (status, again) = text(app.clone().oneshot(request("order-1", "a")).await.unwrap()).await;
     assert_eq!((status, again.as_str()), (StatusCode::OK, first.as_str()));
     assert_eq!(
@@ -221,7 +230,7 @@ async fn replay_answers_a_retry_with_the_stored_response() {
     let other = app.clone().oneshot(request("order-1", "b")).await.unwrap();
     assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
     // Without its record, the handler runs again.
-    assert!(lock.forget_record("order-1"));
+    assert!(lock.forget_record(name_of("order-1")));
     let ok = app.oneshot(request("order-1", "a")).await.unwrap();
     assert_eq!(ok.status(), StatusCode::OK);
     assert_eq!(seen.runs.load(Ordering::SeqCst), 2);
@@ -258,7 +267,7 @@ async fn a_lock_without_extension_runs_out_at_its_ttl() {
     let call = tokio::spawn(app.oneshot(request("job", "wait")));
     seen.entered.notified().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while lock.is_locked("job") {
+    while lock.is_locked(name_of("job")) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the lock never ran out"

@@ -233,7 +233,7 @@ async fn header_senders_are_one_line_each() {
             }
             req.body(Body::from("{}")).expect("request")
         };
-        // Ids of their own: layers on one client share its names.
+        // Each layer locks in its header's namespace; ids of their own all the same.
         let id = format!("d-{header}");
         let first = exchange(&client, send(Some(&id))).await.expect("exchange");
         let again = exchange(&client, send(Some(&id))).await.expect("exchange");

@@ -23,6 +23,7 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -187,6 +188,15 @@ impl<B> ExtractLockName<B> for BodyKey {
         body: &[u8],
     ) -> Result<Option<Vec<u8>>, ExtractError> {
         self.find(body)
+    }
+
+    /// `body:{JSON pointer}` (`body:/data/object/id`), or `body:fn` for a function.
+    fn namespace(&self) -> Cow<'_, str> {
+        match &self.source {
+            #[cfg(feature = "json")]
+            Source::Json(pointer) => Cow::Owned(format!("body:{pointer}")),
+            Source::Fn(_) => Cow::Borrowed("body:fn"),
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! The settings a [`RedlockLayer`](crate::RedlockLayer) hands to its services and
-//! futures: TTL, busy policy, release point, extension, abort on loss, rejection hook.
+//! futures: TTL, busy policy, release point, extension, abort on loss, rejection hook,
+//! namespace.
 //!
 //! ```
 //! use std::time::Duration;
@@ -25,6 +26,7 @@ use http::Response;
 use http::request::Parts;
 use tokio::sync::Semaphore;
 
+use super::namespace::Namespace;
 use super::problem::Format;
 use super::reject::Rejection;
 use super::rejection_hook::{Answer, RejectionHook};
@@ -104,6 +106,8 @@ pub(crate) struct Config {
     pub(crate) replay: Option<ReplayPolicy>,
     /// The longest `Retry-After` advised.
     pub(crate) retry_after_cap: Duration,
+    /// What comes before each lock name the layer takes.
+    pub(crate) namespace: Namespace,
 }
 
 impl Config {
@@ -148,6 +152,7 @@ impl fmt::Debug for Config {
             .field("on_rejection", &self.on_rejection.is_some())
             .field("replay", &self.replay)
             .field("retry_after_cap", &self.retry_after_cap)
+            .field("namespace", &self.namespace)
             .finish()
     }
 }

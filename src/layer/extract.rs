@@ -109,6 +109,58 @@ pub trait ExtractLockName<B> {
             "this extractor names locks from the request head",
         ))
     }
+
+    /// The namespace of this extractor's names: a [`RedlockLayer`](crate::RedlockLayer)
+    /// locks `"{namespace} {name}"`, so that two layers on one client lock different names
+    /// even when their extractors give the same ones (a delivery id `46` and an account id
+    /// `46`), unless the layer is given a namespace with
+    /// [`RedlockLayer::namespace`](crate::RedlockLayer::namespace) (the same one to share
+    /// names on purpose, `""` for the extractor's names as they are).
+    ///
+    /// The stock extractors say where they read the name: [`Header`] `header:{name}` (in
+    /// lower case), [`PathSegment`] `path-segment:{index}`,
+    /// [`PathParam`] `path:{template}#{param}`,
+    /// [`BodyKey`](super::BodyKey) `body:{JSON pointer}` (`body:fn` for a function), and
+    /// [`PerRoute`](super::PerRoute), [`PerPrincipal`](super::PerPrincipal) and
+    /// [`GrpcMethods`](super::GrpcMethods) their inner extractor's. So two layers with the
+    /// same extractor (the `Idempotency-Key` header on two routers) share names, as one
+    /// layer's routes do; name the layers to keep them apart.
+    ///
+    /// The default, `fn`, is the namespace of every [`extract_fn`] closure and of every
+    /// extractor that does not override it: **two layers with closure extractors share a
+    /// namespace** unless you name them with
+    /// [`RedlockLayer::namespace`](crate::RedlockLayer::namespace) (or override this in
+    /// your extractor).
+    ///
+    /// A namespace must be the same in every process and every build of the application
+    /// (two instances, or two versions during a rolling deploy, must lock the same names):
+    /// derive it from the extractor's settings, never from randomness, addresses or
+    /// [`std::any::type_name`]. A layer asks for it once, at its first request.
+    ///
+    /// ```
+    /// use std::borrow::Cow;
+    /// use http::Request;
+    /// use tower_redlock::layer::{ExtractError, ExtractLockName, Header, PathParam};
+    ///
+    /// let delivery = Header::new("X-Delivery-Id");
+    /// assert_eq!(ExtractLockName::<()>::namespace(&delivery), "header:x-delivery-id");
+    /// let accounts = PathParam::new("/accounts/{id}/credit", "id");
+    /// assert_eq!(ExtractLockName::<()>::namespace(&accounts), "path:/accounts/{id}/credit#id");
+    ///
+    /// // Your own extractor says where its names come from.
+    /// struct Tenant;
+    /// impl<B> ExtractLockName<B> for Tenant {
+    ///     fn extract(&self, req: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
+    ///         Ok(req.headers().get("x-tenant").map(|v| v.as_bytes().to_vec()))
+    ///     }
+    ///     fn namespace(&self) -> Cow<'_, str> {
+    ///         Cow::Borrowed("tenant")
+    ///     }
+    /// }
+    /// ```
+    fn namespace(&self) -> Cow<'_, str> {
+        Cow::Borrowed("fn")
+    }
 }
 
 /// The parts of a request an extractor closure sees.
@@ -333,137 +385,18 @@ impl<B> ExtractLockName<B> for Header {
             ))),
         }
     }
-}
 
-fn segments(path: &str) -> impl Iterator<Item = &str> {
-    path.split('/').filter(|s| !s.is_empty())
-}
-
-/// A path segment with its `%XX` escapes decoded, so `/jobs/4%32` and `/jobs/42` name the
-/// same lock. A `%` not followed by two hex digits stays as it is.
-fn percent_decode(segment: &str) -> Vec<u8> {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        let hex = |j: usize| bytes.get(j).and_then(|c| char::from(*c).to_digit(16));
-        match (b, hex(i + 1), hex(i + 2)) {
-            (b'%', Some(hi), Some(lo)) => {
-                out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'%'));
-                i += 3;
-            }
-            _ => {
-                out.push(b);
-                i += 1;
-            }
+    /// `header:{name}`, the header's name in lower case.
+    fn namespace(&self) -> Cow<'_, str> {
+        match &self.name {
+            Ok(name) => Cow::Owned(format!("header:{name}")),
+            Err(bad) => Cow::Owned(format!("header:{}", bad.to_ascii_lowercase())),
         }
-    }
-    out
-}
-
-/// The lock name is the path segment at a position (0 is the first after the leading
-/// `/`); requests with fewer segments pass through.
-#[derive(Debug, Clone, Copy)]
-pub struct PathSegment {
-    index: usize,
-}
-
-impl PathSegment {
-    /// Uses segment `index`.
-    ///
-    /// ```
-    /// use http::Request;
-    /// use tower_redlock::layer::{ExtractLockName, PathSegment};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// // Paths like /jobs/{id}/run: segment 1 is the job id.
-    /// let job = PathSegment::new(1);
-    /// let req = Request::post("/jobs/42/run").body(())?;
-    /// assert_eq!(job.extract(&req)?, Some(b"42".to_vec()));
-    /// assert_eq!(job.extract(&Request::get("/jobs").body(())?)?, None); // too short: no lock
-    /// # Ok(()) }
-    /// ```
-    pub fn new(index: usize) -> Self {
-        Self { index }
-    }
-}
-
-impl<B> ExtractLockName<B> for PathSegment {
-    fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
-        Ok(segments(request.uri().path())
-            .nth(self.index)
-            .map(percent_decode))
-    }
-}
-
-/// The lock name is a parameter of a route template such as `/webhooks/{provider}/{id}`:
-/// requests whose path does not match the template pass through.
-#[derive(Debug, Clone)]
-pub struct PathParam {
-    template: Vec<String>,
-    /// The parameter's position in the template, or the parameter the template lacks.
-    index: Result<usize, String>,
-}
-
-impl PathParam {
-    /// Uses parameter `param` (written `{param}` in `template`). Path segments are
-    /// percent-decoded before they are compared or become names.
-    ///
-    /// A `template` without a `{param}` segment never panics: every request is then
-    /// rejected as bad input, with a message that names the setting.
-    ///
-    /// ```
-    /// use http::Request;
-    /// use tower_redlock::layer::{ExtractLockName, PathParam};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// // One lock per delivery id, from any provider; other paths pass through.
-    /// let delivery = PathParam::new("/webhooks/{provider}/{id}", "id");
-    /// let req = Request::post("/webhooks/github/8f2c").body(())?;
-    /// assert_eq!(delivery.extract(&req)?, Some(b"8f2c".to_vec()));
-    /// assert_eq!(delivery.extract(&Request::get("/health").body(())?)?, None);
-    /// # Ok(()) }
-    /// ```
-    pub fn new(template: &str, param: &str) -> Self {
-        let template: Vec<String> = segments(template).map(str::to_owned).collect();
-        let wanted = format!("{{{param}}}");
-        let index = template.iter().position(|s| *s == wanted).ok_or(wanted);
-        Self { template, index }
-    }
-}
-
-impl<B> ExtractLockName<B> for PathParam {
-    fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError> {
-        let index = *self.index.as_ref().map_err(|wanted| {
-            ExtractError::new(format!(
-                "the lock layer's route template has no {wanted} segment"
-            ))
-        })?;
-        let mut found = None;
-        let mut count = 0;
-        for (i, seg) in segments(request.uri().path()).enumerate() {
-            let Some(pattern) = self.template.get(i) else {
-                return Ok(None);
-            };
-            let is_param = pattern.starts_with('{') && pattern.ends_with('}');
-            let decoded = percent_decode(seg);
-            if !is_param && pattern.as_bytes() != decoded.as_slice() {
-                return Ok(None);
-            }
-            if i == index {
-                found = Some(decoded);
-            }
-            count += 1;
-        }
-        Ok(if count == self.template.len() {
-            found
-        } else {
-            None
-        })
     }
 }
 
 pub use super::extract_fn::{ExtractFn, extract_fn};
+pub use super::extract_path::{PathParam, PathSegment};
 
 #[cfg(test)]
 #[path = "extract_tests.rs"]

@@ -32,6 +32,11 @@ impl<F> fmt::Debug for ExtractFn<F> {
 
 /// An extractor from a closure over the request head.
 ///
+/// **Two layers with closure extractors share a namespace** (`fn`, the default of
+/// [`ExtractLockName::namespace`]): the same name from both is one lock, and with replay
+/// one record. Unless that is what you want, name each layer with
+/// [`RedlockLayer::namespace`](crate::RedlockLayer::namespace).
+///
 /// ```
 /// use http::Request;
 /// use tower_redlock::layer::{ExtractLockName, extract_fn};
@@ -45,6 +50,7 @@ impl<F> fmt::Debug for ExtractFn<F> {
 /// });
 /// let req = Request::post("/transfers?account=42&amount=5").body(())?;
 /// assert_eq!(account.extract(&req)?, Some(b"42".to_vec()));
+/// assert_eq!(ExtractLockName::<()>::namespace(&account), "fn");
 /// # Ok(()) }
 /// ```
 pub fn extract_fn<F>(f: F) -> ExtractFn<F>

@@ -24,6 +24,10 @@ use crate::token::LockToken;
 
 const KEY: &str = "key";
 
+/// The lock name the layers of these tests take for the key `a`: their namespace (the
+/// header's), a space, the key.
+const A: &str = "header:key a";
+
 /// Polls `fut` once, with a waker that does nothing.
 fn poll_once<F: Future + Unpin>(fut: &mut F) -> Poll<F::Output> {
     Pin::new(fut).poll(&mut Context::from_waker(Waker::noop()))
@@ -133,14 +137,16 @@ async fn acquiring_then_calling_then_releasing() {
     let handler = Handler::default();
     let mut svc =
         RedlockLayer::new(lock.clone(), Header::new(KEY)).layer(handler.service(StatusCode::OK));
+    let layer = RedlockLayer::new(lock.clone(), Header::new(KEY));
+    assert_eq!(layer.lock_name_for::<()>("a"), A.as_bytes());
     let mut fut = Box::pin(svc.call(request(Some("a"), "wait")));
     assert_eq!(state_of(&fut), r#"ResponseFuture { state: "acquiring" }"#);
     assert!(poll_once(&mut fut).is_pending());
     assert_eq!(state_of(&fut), r#"ResponseFuture { state: "calling" }"#);
-    assert!(lock.is_locked("a"), "held while the handler runs");
+    assert!(lock.is_locked(A), "held while the handler runs");
     handler.gate.notify_one();
     let res = fut.await.unwrap_or_else(|e| match e {});
-    assert!(!lock.is_locked("a"), "released before the response");
+    assert!(!lock.is_locked(A), "released before the response");
     assert!(!res.body().holds_lock());
     assert_eq!(bytes_of(res.into_body()).await, "Some(1)");
 }
@@ -151,21 +157,21 @@ async fn acquiring_then_rejected_for_busy_and_unavailable() {
     let handler = Handler::default();
     let layer = RedlockLayer::new(lock.clone(), Header::new(KEY));
     let svc = layer.layer(handler.service(StatusCode::OK));
-    lock.fail_next_acquire("a", Failure::Busy);
+    lock.fail_next_acquire(A, Failure::Busy);
     let res = svc
         .clone()
         .oneshot(request(Some("a"), ""))
         .await
         .unwrap_or_else(|e| match e {});
     assert_eq!(res.status(), StatusCode::CONFLICT);
-    lock.fail_next_acquire("a", Failure::Unavailable);
+    lock.fail_next_acquire(A, Failure::Unavailable);
     let res = svc
         .clone()
         .oneshot(request(Some("a"), ""))
         .await
         .unwrap_or_else(|e| match e {});
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let held = lock.acquire("a").await.unwrap_or_else(|e| panic!("{e}"));
+    let held = lock.acquire(A).await.unwrap_or_else(|e| panic!("{e}"));
     let res = svc
         .oneshot(request(Some("a"), ""))
         .await
@@ -182,13 +188,13 @@ async fn a_waiting_acquisition_dropped_leaves_nothing_held() {
     let layer = RedlockLayer::new(lock.clone(), Header::new(KEY))
         .wait(WaitPolicy::up_to(Duration::from_secs(60)));
     let mut svc = layer.layer(handler.service(StatusCode::OK));
-    let held = lock.acquire("a").await.unwrap_or_else(|e| panic!("{e}"));
+    let held = lock.acquire(A).await.unwrap_or_else(|e| panic!("{e}"));
     let mut fut = Box::pin(svc.call(request(Some("a"), "")));
     assert!(poll_once(&mut fut).is_pending());
     assert_eq!(state_of(&fut), r#"ResponseFuture { state: "acquiring" }"#);
     drop(fut);
     let _ = held.release().await;
-    assert!(!lock.is_locked("a"));
+    assert!(!lock.is_locked(A));
     assert_eq!(handler.runs(), 0);
 }
 
@@ -200,9 +206,9 @@ async fn a_future_dropped_while_calling_releases() {
         RedlockLayer::new(lock.clone(), Header::new(KEY)).layer(handler.service(StatusCode::OK));
     let mut fut = Box::pin(svc.call(request(Some("a"), "wait")));
     assert!(poll_once(&mut fut).is_pending());
-    assert!(lock.is_locked("a"));
+    assert!(lock.is_locked(A));
     drop(fut);
-    assert!(!lock.is_locked("a"), "the guard released on drop");
+    assert!(!lock.is_locked(A), "the guard released on drop");
 }
 
 #[tokio::test]
@@ -214,7 +220,7 @@ async fn calling_then_lost_aborts_with_503() {
     let mut fut = Box::pin(svc.call(request(Some("a"), "wait")));
     assert!(poll_once(&mut fut).is_pending());
     assert_eq!(state_of(&fut), r#"ResponseFuture { state: "calling" }"#);
-    assert!(lock.lose("a"));
+    assert!(lock.lose(A));
     let Poll::Ready(Ok(res)) = poll_once(&mut fut) else {
         panic!("the loss answers at once");
     };
@@ -224,7 +230,7 @@ async fn calling_then_lost_aborts_with_503() {
         RedlockLayer::new(lock.clone(), Header::new(KEY)).layer(handler.service(StatusCode::OK));
     let mut fut = Box::pin(svc.call(request(Some("b"), "wait")));
     assert!(poll_once(&mut fut).is_pending());
-    assert!(lock.lose("b"));
+    assert!(lock.lose("header:key b"));
     assert!(poll_once(&mut fut).is_pending(), "still calling");
     handler.gate.notify_one();
     assert_eq!(
@@ -242,7 +248,7 @@ async fn an_inner_error_is_returned_after_the_release() {
     let svc = RedlockLayer::new(lock.clone(), Header::new(KEY)).layer(inner);
     let out = svc.oneshot(request(Some("a"), "")).await;
     assert_eq!(out.err(), Some("inner failed"));
-    assert!(!lock.is_locked("a"));
+    assert!(!lock.is_locked(A));
 }
 
 #[tokio::test]
@@ -256,17 +262,17 @@ async fn body_end_release_holds_the_lock_in_the_body() {
         .oneshot(request(Some("a"), ""))
         .await
         .unwrap_or_else(|e| match e {});
-    assert!(res.body().holds_lock() && lock.is_locked("a"));
+    assert!(res.body().holds_lock() && lock.is_locked(A));
     assert_eq!(bytes_of(res.into_body()).await, "Some(1)");
-    assert!(!lock.is_locked("a"), "released at the body's end");
+    assert!(!lock.is_locked(A), "released at the body's end");
     // A body dropped unread releases too.
     let res = svc
         .oneshot(request(Some("a"), ""))
         .await
         .unwrap_or_else(|e| match e {});
-    assert!(lock.is_locked("a"));
+    assert!(lock.is_locked(A));
     drop(res);
-    assert!(!lock.is_locked("a"));
+    assert!(!lock.is_locked(A));
 }
 
 #[tokio::test]
@@ -285,9 +291,9 @@ async fn a_kept_response_streams_its_record_then_a_retry_is_replayed() {
         res.body().holds_lock(),
         "recording: held until the record is stored"
     );
-    assert!(lock.record("a").is_none());
+    assert!(lock.record(A).is_none());
     assert_eq!(bytes_of(res.into_body()).await, "Some(1)");
-    assert!(lock.record("a").is_some() && !lock.is_locked("a"));
+    assert!(lock.record(A).is_some() && !lock.is_locked(A));
     // Acquiring finds the record: replayed, the handler not called.
     let mut fut = Box::pin(svc.clone().call(request(Some("a"), "x")));
     let res = loop {
@@ -319,10 +325,10 @@ async fn a_response_without_a_body_is_stored_before_it_goes_out() {
         .unwrap_or_else(|e| match e {});
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     assert!(
-        lock.record("a").is_some(),
+        lock.record(A).is_some(),
         "stored before the response was handed out"
     );
-    assert!(!res.body().holds_lock() && !lock.is_locked("a"));
+    assert!(!res.body().holds_lock() && !lock.is_locked(A));
 }
 
 #[tokio::test]
@@ -335,8 +341,8 @@ async fn a_response_not_kept_is_released_as_usual() {
         .oneshot(request(Some("a"), "x"))
         .await
         .unwrap_or_else(|e| match e {});
-    assert!(!res.body().holds_lock() && !lock.is_locked("a"));
-    assert!(lock.record("a").is_none(), "a 500 is not kept");
+    assert!(!res.body().holds_lock() && !lock.is_locked(A));
+    assert!(lock.record(A).is_none(), "a 500 is not kept");
 }
 
 /// A request body fed by the test, frame by frame.
@@ -371,12 +377,12 @@ async fn reading_the_body_comes_before_acquiring() {
         state_of(&fut),
         r#"ResponseFuture { state: "reading the request body" }"#
     );
-    assert!(!lock.is_locked("a"), "nothing held while the body is read");
+    assert!(!lock.is_locked(A), "nothing held while the body is read");
     let _ = tx.send(Bytes::from_static(b"x"));
     drop(tx);
     let res = fut.await.unwrap_or_else(|e| match e {});
     assert_eq!(res.status(), StatusCode::OK);
     let _: &ResponseBody<Full<Bytes>, InMemoryLock> = res.body();
     assert_eq!(bytes_of(res.into_body()).await, "Some(1)");
-    assert!(lock.record("a").is_some());
+    assert!(lock.record(A).is_some());
 }

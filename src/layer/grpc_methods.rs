@@ -17,6 +17,8 @@
 //! assert_eq!(extractor.extract(&health).unwrap(), None);
 //! ```
 
+use std::borrow::Cow;
+
 use http::Request;
 
 use super::extract::{ExtractError, ExtractLockName};
@@ -133,5 +135,10 @@ where
         } else {
             Ok(None)
         }
+    }
+
+    /// The inner extractor's.
+    fn namespace(&self) -> Cow<'_, str> {
+        self.inner.namespace()
     }
 }

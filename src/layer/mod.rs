@@ -10,6 +10,17 @@
 //! without quorum, 400 / `INVALID_ARGUMENT` on bad input; never a service error, so the
 //! layer fits axum's `Infallible` services.
 //!
+//! Each layer locks names in a namespace of its own: `"{namespace} {name}"`, the namespace
+//! its extractor's ([`ExtractLockName::namespace`]: `header:idempotency-key`,
+//! `path:/accounts/{id}/credit#id`, ...) unless named with
+//! [`namespace`](crate::RedlockLayer::namespace). So two layers on one client never lock
+//! the same names (a webhook's delivery id `46` and account `46`) unless they are given the
+//! same namespace; `namespace("")` locks the extractor's names as they are, the names a
+//! job outside the layer locks with [`Redlock::lock`](crate::Redlock::lock).
+//! [`lock_name_for`](crate::RedlockLayer::lock_name_for) says which name a layer locks.
+//! Within one layer a name is one lock on every route the layer covers; [`PerRoute`]
+//! scopes names to routes.
+//!
 //! With [`replay`](crate::RedlockLayer::replay) the layer is an idempotency layer: a finished
 //! response is kept under the name and a retry gets it back. A stored response only ever
 //! goes to the caller that sent the first request: the request fingerprint includes the
@@ -49,10 +60,13 @@ mod body_mode;
 mod config;
 pub mod extract;
 mod extract_fn;
+mod extract_path;
 mod future;
 mod grpc_methods;
 mod keeping;
 mod kind;
+mod namespace;
+mod namespace_setters;
 mod pending;
 mod problem;
 pub mod problems;

@@ -21,6 +21,7 @@ use tower_layer::Layer;
 
 use super::body_mode::BodyMode;
 use super::config::{BusyPolicy, Config, ReleaseOn, WaitPolicy};
+use super::namespace::Namespace;
 use super::reject::Rejection;
 use super::rejection_hook::{self, IntoRejectionResponse};
 use super::replay::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};
@@ -38,7 +39,9 @@ use crate::client::Redlock;
 /// use tower_redlock::layer::Header;
 ///
 /// async fn webhook(Extension(token): Extension<LockToken>) -> String {
-///     format!("processing {}", String::from_utf8_lossy(token.name()))
+///     // The lock name: the layer's namespace and the delivery id,
+///     // "header:x-github-delivery 72d3162e".
+///     format!("holding {}", String::from_utf8_lossy(token.name()))
 /// }
 ///
 /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -84,6 +87,7 @@ impl<E, L: LockBackend> RedlockLayer<E, NoBodyFingerprint, L> {
                 on_rejection: None,
                 replay: None,
                 retry_after_cap: super::reject::DEFAULT_RETRY_AFTER_CAP,
+                namespace: Namespace::from_extractor(),
             }),
         }
     }

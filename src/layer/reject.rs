@@ -190,7 +190,8 @@ impl Rejection {
         self
     }
 
-    /// The lock name the extractor produced, when there was one.
+    /// The lock name, when the extractor gave one: the layer's namespace, a space, and the
+    /// extractor's name (see [`RedlockLayer::namespace`](crate::RedlockLayer::namespace)).
     pub fn lock_name(&self) -> Option<&[u8]> {
         self.name.as_deref()
     }

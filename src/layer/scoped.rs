@@ -12,6 +12,8 @@
 //! );
 //! ```
 
+use std::borrow::Cow;
+
 use http::Request;
 
 use super::extract::{ExtractError, ExtractLockName, RequestHead};
@@ -67,6 +69,11 @@ impl<B, E: ExtractLockName<B>> ExtractLockName<B> for PerRoute<E> {
         body: &[u8],
     ) -> Result<Option<Vec<u8>>, ExtractError> {
         scoped_body(&self.inner, head, body, routed)
+    }
+
+    /// The inner extractor's.
+    fn namespace(&self) -> Cow<'_, str> {
+        self.inner.namespace()
     }
 }
 
@@ -164,6 +171,11 @@ impl<B, E: ExtractLockName<B>> ExtractLockName<B> for PerPrincipal<E> {
         body: &[u8],
     ) -> Result<Option<Vec<u8>>, ExtractError> {
         scoped_body(&self.inner, head, body, by_caller)
+    }
+
+    /// The inner extractor's.
+    fn namespace(&self) -> Cow<'_, str> {
+        self.inner.namespace()
     }
 }
 

@@ -254,6 +254,7 @@ where
             let fingerprint = fingerprint::fingerprint(&req);
             let named = match name_in_body(&extractor, &req, limit, protocol) {
                 Ok(Some(name)) => {
+                    let name = config.namespace.lock_name::<ReqBody, E>(&extractor, name);
                     if !request_span.is_disabled() {
                         let shown = lock.shown_name(&name);
                         request_span.record("lock", tracing::field::display(shown));
@@ -274,8 +275,8 @@ where
     }
 }
 
-/// The lock name `extractor` finds in the start of `req`'s body (at most `limit` bytes,
-/// or the request is too large).
+/// The name `extractor` finds in the start of `req`'s body (at most `limit` bytes, or the
+/// request is too large), before the layer's namespace is put in front of it.
 fn name_in_body<B, E>(
     extractor: &E,
     req: &Request<PrefixedBody<B>>,
@@ -296,13 +297,17 @@ where
 }
 
 impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
-    /// Names `req`'s lock, with the request's span.
+    /// Names `req`'s lock (in the layer's namespace), with the request's span.
     fn name<R, Fut, B, Er>(&self, req: &Request<R>, protocol: Protocol) -> Named<Fut, B, Er, L>
     where
         E: ExtractLockName<R>,
     {
         match self.extractor.extract(req) {
             Ok(Some(name)) => {
+                let name = self
+                    .config
+                    .namespace
+                    .lock_name::<R, E>(&self.extractor, name);
                 let span = self.span(Some(&name));
                 Named::Lock(name, span)
             }

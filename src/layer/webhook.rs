@@ -15,6 +15,14 @@
 //! [`PerRoute`](super::PerRoute) when two endpoints receive deliveries with the same ids
 //! (the same event sent to two endpoints), so that each endpoint runs it once.
 //!
+//! Each preset's lock names are in its extractor's namespace (see
+//! [`ExtractLockName::namespace`](super::ExtractLockName::namespace)): the header's,
+//! such as `header:x-github-delivery`, and `body:/id` for Stripe. So a receiver's delivery
+//! ids never meet the names of the application's other layers (an account id that equals
+//! a delivery id). Two receivers of one sender on one client share them, as the routes of
+//! one layer do: name the layers ([`RedlockLayer::namespace`](crate::RedlockLayer::namespace))
+//! or wrap the extractor in `PerRoute` to keep them apart.
+//!
 //! ```no_run
 //! # #[cfg(all(feature = "axum", feature = "json"))]
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -13,6 +13,12 @@
 //! ([`lose`](InMemoryLock::lose)). It is not a model of Redis's timing: nothing is slow and
 //! no node fails halfway.
 //!
+//! The names a layer locks here are the names it locks in Redis: its namespace, a space,
+//! then the extractor's name (`header:idempotency-key order-1`; see
+//! [`RedlockLayer::namespace`](crate::RedlockLayer::namespace)).
+//! [`RedlockLayer::lock_name_for`](crate::RedlockLayer::lock_name_for) gives the name of a
+//! key, for the methods below that take one.
+//!
 //! ```
 //! # #[cfg(feature = "axum")]
 //! # #[tokio::main(flavor = "current_thread")]
@@ -49,11 +55,14 @@
 //! let ok = app.clone().oneshot(request()).await.unwrap();
 //! assert_eq!(ok.status(), StatusCode::OK);
 //!
-//! lock.fail_next_acquire("order-1", Failure::Busy);
+//! // The layer locks its names in its namespace (here the header's): the name of the
+//! // key `order-1` is `header:idempotency-key order-1`.
+//! let name = "header:idempotency-key order-1";
+//! lock.fail_next_acquire(name, Failure::Busy);
 //! let busy = app.clone().oneshot(request()).await.unwrap();
 //! assert_eq!(busy.status(), StatusCode::CONFLICT);
 //!
-//! lock.fail_next_acquire("order-1", Failure::Unavailable);
+//! lock.fail_next_acquire(name, Failure::Unavailable);
 //! let down = app.oneshot(request()).await.unwrap();
 //! assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
 //! # }
@@ -150,7 +159,9 @@ impl InMemoryLock {
     }
 
     /// Makes the next acquisition attempt of `name` fail with `failure` instead of looking
-    /// at the name (calls queue up: one failure per attempt, in order).
+    /// at the name (calls queue up: one failure per attempt, in order). Behind a layer,
+    /// `name` is the layer's lock name (its namespace, a space, the key; see
+    /// [`RedlockLayer::lock_name_for`](crate::RedlockLayer::lock_name_for)).
     pub fn fail_next_acquire(&self, name: impl AsRef<[u8]>, failure: Failure) {
         self.state.names.queue(name.as_ref(), failure);
     }
@@ -172,7 +183,24 @@ impl InMemoryLock {
         lost
     }
 
-    /// Whether `name` is held now.
+    /// Whether `name` is held now. A layer's lock names carry its namespace: look them up
+    /// with [`RedlockLayer::lock_name_for`](crate::RedlockLayer::lock_name_for).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use tower_redlock::RedlockLayer;
+    /// use tower_redlock::layer::Header;
+    /// use tower_redlock::testing::InMemoryLock;
+    ///
+    /// let lock = InMemoryLock::new();
+    /// let layer = RedlockLayer::new(lock.clone(), Header::new("idempotency-key"));
+    /// let name = layer.lock_name_for::<()>("order-1"); // "header:idempotency-key order-1"
+    /// // Another holder of the name: the layer's requests with key order-1 are busy.
+    /// let other = lock.acquire(&name).await.unwrap();
+    /// assert!(lock.is_locked(&name) && !lock.is_locked("order-1"));
+    /// # drop(other); }
+    /// ```
     pub fn is_locked(&self, name: impl AsRef<[u8]>) -> bool {
         self.state.names.is_held(name.as_ref(), Instant::now())
     }

@@ -40,6 +40,25 @@ where
     tower_redlock::Redlock::builder(nodes).restart_quarantine(false)
 }
 
+/// The lock name a layer in namespace `namespace` takes for its extractor's `name`: the
+/// namespace, a space, the name (`RedlockLayer::namespace`; the namespace as given, with
+/// no space or `%` to escape).
+pub fn in_namespace(namespace: &str, name: &str) -> String {
+    format!("{namespace} {name}")
+}
+
+/// The lock name a layer keyed by the header `header` takes for the key `key`: in the
+/// header's namespace, `header:{lower-case name}`.
+pub fn header_lock(header: &str, key: &str) -> String {
+    in_namespace(&format!("header:{}", header.to_ascii_lowercase()), key)
+}
+
+/// The Redis key of lock name `name` under the default key prefix, `redlock:{name}` (for
+/// names the key does not hash: up to 256 bytes, not starting with `}`).
+pub fn key_of(name: &str) -> String {
+    format!("redlock:{{{name}}}")
+}
+
 fn redis_server_binary() -> PathBuf {
     if let Ok(p) = std::env::var("REDIS_SERVER") {
         return PathBuf::from(p);
