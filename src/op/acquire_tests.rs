@@ -597,3 +597,20 @@ async fn enough_vouching_nodes_or_an_old_restart_or_a_lock_only_acquisition_hold
         );
     }
 }
+
+/// A quorum decides: the round does not wait for a silent node (lock only, or a replay
+/// acquisition without doubts), whose call lands in the background.
+#[tokio::test(start_paused = true)]
+async fn a_quorum_decides_without_waiting_for_a_silent_node() {
+    for accepts in [Accepts::Lock, REPLAY] {
+        let s = Setup::new(vec![vec![won(), won(), Answer::Silent]]);
+        let start = tokio::time::Instant::now();
+        let attempt = s.attempt(accepts, Fenced::No).await;
+        assert!(matches!(attempt, Attempt::Held(_)), "{accepts:?}: {attempt:?}");
+        assert!(
+            start.elapsed() < Duration::from_millis(50),
+            "{accepts:?}: waited {:?} for the silent node",
+            start.elapsed()
+        );
+    }
+}
