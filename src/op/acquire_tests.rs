@@ -29,6 +29,8 @@ enum Answer {
     Late(Duration, Value),
     /// A failure, at once.
     Fails,
+    /// A refusal of the restart quarantine, at once.
+    Quarantined,
     /// Never: the call times out at the deadline.
     Silent,
 }
@@ -136,6 +138,13 @@ impl Nodes for FakeNodes {
                     Answer::Now(v) => (Some(Ok(v)), None),
                     Answer::Late(d, v) => (Some(Ok(v)), Some(Box::pin(tokio::time::sleep(d)))),
                     Answer::Fails => (Some(Err(NodeError::Connection("refused".into()))), None),
+                    Answer::Quarantined => (
+                        Some(Err(NodeError::Quarantined {
+                            remaining: Duration::from_secs(3),
+                            reason: crate::error::QuarantineReason::Young,
+                        })),
+                        None,
+                    ),
                     Answer::Silent => (None, None),
                 };
                 FakeCall {
@@ -606,11 +615,31 @@ async fn a_quorum_decides_without_waiting_for_a_silent_node() {
         let s = Setup::new(vec![vec![won(), won(), Answer::Silent]]);
         let start = tokio::time::Instant::now();
         let attempt = s.attempt(accepts, Fenced::No).await;
-        assert!(matches!(attempt, Attempt::Held(_)), "{accepts:?}: {attempt:?}");
+        assert!(
+            matches!(attempt, Attempt::Held(_)),
+            "{accepts:?}: {attempt:?}"
+        );
         assert!(
             start.elapsed() < Duration::from_millis(50),
             "{accepts:?}: waited {:?} for the silent node",
             start.elapsed()
         );
     }
+}
+
+/// Quarantined nodes refuse at once: the error names every one of them, also those whose
+/// refusal came in after the outcome was certain.
+#[tokio::test(start_paused = true)]
+async fn a_no_quorum_error_names_every_quarantined_node() {
+    let quarantined = vec![Answer::Quarantined; 3];
+    let s = Setup::new(vec![quarantined]);
+    let attempt = s.attempt(Accepts::Lock, Fenced::No).await;
+    let Attempt::Missed {
+        error: LockError::NoQuorum { failures, .. },
+        ..
+    } = attempt
+    else {
+        panic!("no quorum: {attempt:?}")
+    };
+    assert_eq!(failures.len(), 3, "{failures:?}");
 }
