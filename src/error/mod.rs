@@ -269,25 +269,7 @@ impl fmt::Display for LockError {
                 )?;
                 write_failures(f, failures)
             }
-            Self::Unverifiable {
-                vouching,
-                granted,
-                needed,
-                retry_after,
-                attempts,
-            } => {
-                write!(
-                    f,
-                    "the lock was granted, but only {vouching} of the {granted} node(s) that \
-                     granted it can vouch that the name has no completion record ({needed} \
-                     needed): the others restarted empty or were promoted within the replay \
-                     retention (after {attempts} attempt(s)); "
-                )?;
-                match retry_after {
-                    Some(d) => write!(f, "enough of them will in about {d:?}"),
-                    None => f.write_str("persistent nodes (appendonly yes) avoid this"),
-                }
-            }
+            Self::Unverifiable { .. } => self.fmt_unverifiable(f),
             Self::InvalidName { reason } => write!(f, "invalid lock name: {reason}"),
             Self::Config(e) => write!(f, "invalid setting: {e}"),
             Self::Entropy(e) => write!(
@@ -302,6 +284,31 @@ impl fmt::Display for LockError {
 }
 
 impl LockError {
+    /// [`LockError::Unverifiable`]'s message.
+    fn fmt_unverifiable(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self::Unverifiable {
+            vouching,
+            granted,
+            needed,
+            retry_after,
+            attempts,
+        } = self
+        else {
+            return Ok(());
+        };
+        write!(
+            f,
+            "the lock was granted, but only {vouching} of the {granted} node(s) that granted \
+             it can vouch that the name has no completion record ({needed} needed): the \
+             others restarted empty or were promoted within the replay retention (after \
+             {attempts} attempt(s)); "
+        )?;
+        match retry_after {
+            Some(d) => write!(f, "enough of them will in about {d:?}"),
+            None => f.write_str("persistent nodes (appendonly yes) avoid this"),
+        }
+    }
+
     /// [`LockError::NoQuorum`]'s message: the quarantine first when it is the only cause.
     fn fmt_no_quorum(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let Self::NoQuorum {
