@@ -535,20 +535,20 @@ async fn a_seen_restart_cannot_vouch_even_without_a_record_elsewhere() {
     let doubts = vec![old(), doubt(Loss::Seen, 10), doubt(Loss::Seen, 10)];
     let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts);
     let attempt = s.attempt(REPLAY, Fenced::No).await;
-    assert!(
-        matches!(
-            attempt,
-            Attempt::Missed {
-                error: LockError::Unverifiable {
-                    vouching: 1,
-                    granted: 3,
-                    ..
-                },
-                ..
-            }
-        ),
-        "{attempt:?}"
-    );
+    assert_eq!(unverifiable(&attempt), Some((1, 3)), "{attempt:?}");
+}
+
+/// `(vouching, granted)` of an attempt refused as unverifiable.
+fn unverifiable(attempt: &Attempt) -> Option<(usize, usize)> {
+    match attempt {
+        Attempt::Missed {
+            error: LockError::Unverifiable {
+                vouching, granted, ..
+            },
+            ..
+        } => Some((*vouching, *granted)),
+        _ => None,
+    }
 }
 
 /// Nodes met younger than their peers (new to the deployment as often as restarted)
@@ -567,18 +567,9 @@ async fn a_possible_loss_counts_only_against_a_record_elsewhere() {
     }
     let s = Setup::with_doubts(vec![vec![late_record, won(), won()]], doubts);
     let attempt = s.attempt(REPLAY, Fenced::No).await;
-    assert!(
-        matches!(
-            attempt,
-            Attempt::Missed {
-                error: LockError::Unverifiable {
-                    vouching: 0,
-                    granted: 2,
-                    ..
-                },
-                ..
-            }
-        ),
+    assert_eq!(
+        unverifiable(&attempt),
+        Some((0, 2)),
         "the round waits for the record that answers after the grants: {attempt:?}"
     );
 
