@@ -10,8 +10,8 @@
 //! nodes that granted can vouch (`docs/reliability.md`, "Replay across restarts").
 //!
 //! ```text
-//! this client saw a new run_id, no AOF      -> Seen: never vouches within the retention since
-//!                                              its start
+//! this client saw a new run_id, no AOF,     -> Seen: never vouches within the retention since
+//!   never promoted (a restart, not failover)   its start
 //! its data began over 2 s after the oldest  -> Possible: vouches unless another node answered
 //!   node's (met young, promoted,                 with the name's record within the retention
 //!   restarted with AOF)                          since its start (the round hears every node)
@@ -64,8 +64,8 @@ pub(crate) enum Loss {
     /// or it restarted with an append-only file. It counts when the node is younger than
     /// its peers and another node answers with the name's record.
     Possible,
-    /// Writes from before `since` are gone: this client saw it restart (a new `run_id`)
-    /// without an append-only file.
+    /// Writes from before `since` are gone: this client saw it restart (a new `run_id`,
+    /// never promoted: not a failover) without an append-only file.
     Seen,
 }
 
@@ -90,6 +90,9 @@ impl Continuity {
             loss: Loss::Possible,
         };
         let new = match known {
+            // Another process that was promoted: a failover (Sentinel) to a replica, which
+            // has what replication carried.
+            Some(k) if k.run_id != info.run_id && info.promoted => promoted,
             // Restarted: nothing before its start, whatever it said before.
             Some(k) if k.run_id != info.run_id => Self {
                 since: Some(started.unwrap_or(now)),
@@ -309,6 +312,23 @@ mod tests {
             c.map(|c| (c.loss, c.since)),
             Some((Loss::Possible, Some(now)))
         );
+    }
+
+    /// A Sentinel failover: the address now reaches another process, a promoted replica.
+    /// It has what replication carried: a doubt from its promotion, not a loss.
+    #[test]
+    fn a_failover_to_a_promoted_replica_is_a_doubt_not_a_loss() {
+        let now = now();
+        let old = met(&info("a", 5 * 86_400, "r1", false), now);
+        let mut replica = info("b", 4 * 86_400, "r2", false);
+        replica.promoted = true;
+        let c = Continuity::after_connect(old, Some(&known("a", "r1")), &replica, S(5), now);
+        assert_eq!(
+            c.map(|c| (c.loss, c.since)),
+            Some((Loss::Possible, Some(now - S(5))))
+        );
+        // Alone (one Sentinel-managed node): no peer to be younger than, no doubt.
+        assert_eq!(Doubts::judge(vec![c]).vouches_in(0, DAY, true, now), S(0));
     }
 
     #[test]
