@@ -303,10 +303,10 @@ impl LockError {
              others restarted empty or were promoted within the replay retention (after \
              {attempts} attempt(s)); "
         )?;
-        match retry_after {
-            Some(d) => write!(f, "enough of them will in about {d:?}"),
-            None => f.write_str("persistent nodes (appendonly yes) avoid this"),
+        if let Some(d) = retry_after {
+            write!(f, "enough of them will in about {d:?}; ")?;
         }
+        f.write_str("persistent nodes (appendonly yes) avoid this")
     }
 
     /// [`LockError::NoQuorum`]'s message: the quarantine first when it is the only cause.
