@@ -20,8 +20,8 @@ use redis::AsyncCommands;
 use support::Cluster;
 use support::http::{HttpClient, Seen, exchange, http1, http2, serve};
 use tokio::sync::Semaphore;
+use tower_redlock::RedlockLayer;
 use tower_redlock::layer::{Header, ReplayPolicy};
-use tower_redlock::{Redlock, RedlockLayer};
 
 const KEY: &str = "Idempotency-Key";
 
@@ -51,15 +51,6 @@ fn post_to(
         b = b.header(KEY, key);
     }
     b.body(Body::from(body)).expect("request")
-}
-
-async fn redlock(cluster: &Cluster) -> Redlock {
-    cluster
-        .client(|b| {
-            b.ttl(Duration::from_secs(30))
-                .node_timeout(Duration::from_millis(200))
-        })
-        .await
 }
 
 /// A payment route that counts its runs, answers 201 with the body it was sent, and
@@ -98,7 +89,7 @@ fn payments(
 async fn the_idempotency_key_drafts_cases() {
     let cluster = Cluster::start(3);
     let (runs, gate) = (Arc::new(AtomicUsize::new(0)), Arc::new(Semaphore::new(0)));
-    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY).required())
+    let layer = RedlockLayer::new(cluster.replay_client().await, Header::new(KEY).required())
         .fencing(false)
         .replay(Duration::from_secs(2));
     let addr = serve(payments(layer, Arc::clone(&runs), Arc::clone(&gate))).await;
@@ -183,7 +174,7 @@ async fn a_reused_key_with_another_body_is_422_by_default() {
     let cluster = Cluster::start(3);
     let client = http1();
     let base = || async {
-        RedlockLayer::new(redlock(&cluster).await, Header::new(KEY))
+        RedlockLayer::new(cluster.replay_client().await, Header::new(KEY))
             .fencing(false)
             .replay(Duration::from_secs(60))
     };
@@ -247,7 +238,7 @@ type Named = (String, Option<Vec<u8>>);
 async fn the_rejection_hook_gets_the_lock_name_for_every_replay_rejection() {
     let cluster = Cluster::start(3);
     let seen: Arc<Mutex<Vec<Named>>> = Arc::default();
-    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY))
+    let layer = RedlockLayer::new(cluster.replay_client().await, Header::new(KEY))
         .fencing(false)
         .replay_policy(ReplayPolicy::new(Duration::from_secs(60)).max_body(16))
         .on_rejection({
@@ -330,9 +321,12 @@ async fn the_rejection_hook_gets_the_lock_name_for_every_replay_rejection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_replay_keeps_what_grpc_clients_need_under_any_header_list() {
     let cluster = Cluster::start(3);
-    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new("idempotency-key"))
-        .fencing(false)
-        .replay_policy(ReplayPolicy::new(Duration::from_secs(60)).headers([header::LOCATION]));
+    let layer = RedlockLayer::new(
+        cluster.replay_client().await,
+        Header::new("idempotency-key"),
+    )
+    .fencing(false)
+    .replay_policy(ReplayPolicy::new(Duration::from_secs(60)).headers([header::LOCATION]));
     let handler = || async {
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
@@ -389,7 +383,7 @@ async fn extreme_retentions_record_for_as_long_as_the_nodes_allow() {
     let gate = Arc::new(Semaphore::new(0));
     let cluster = &cluster;
     let layer = |retention| async move {
-        RedlockLayer::new(redlock(cluster).await, Header::new(KEY))
+        RedlockLayer::new(cluster.replay_client().await, Header::new(KEY))
             .fencing(false)
             .replay_policy(ReplayPolicy::new(retention))
     };
@@ -552,9 +546,12 @@ async fn grpc_replies_of_several_messages_or_a_retryable_status_are_not_kept() {
             }
         }
     };
-    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new("idempotency-key"))
-        .fencing(false)
-        .replay(Duration::from_secs(60));
+    let layer = RedlockLayer::new(
+        cluster.replay_client().await,
+        Header::new("idempotency-key"),
+    )
+    .fencing(false)
+    .replay(Duration::from_secs(60));
     let addr = serve(
         Router::new()
             .route(
@@ -601,7 +598,7 @@ async fn grpc_replies_of_several_messages_or_a_retryable_status_are_not_kept() {
 async fn a_recorded_response_holds_its_lock_until_its_body_ends() {
     use tower::{Layer, ServiceExt, service_fn};
     let cluster = Cluster::start(3);
-    let svc = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY))
+    let svc = RedlockLayer::new(cluster.replay_client().await, Header::new(KEY))
         .fencing(false)
         .replay(Duration::from_secs(60))
         .without_body_fingerprint()

@@ -18,7 +18,7 @@ use http::StatusCode;
 use support::Cluster;
 use support::http::{HttpClient, Seen, exchange, http1, http2, serve};
 use tower_redlock::layer::{BodyKey, Header, PerRoute, WaitPolicy, webhook};
-use tower_redlock::{LockToken, Redlock, RedlockLayer};
+use tower_redlock::{LockToken, RedlockLayer};
 
 const EVENT: &str = r#"{"id":"evt_1NG8Du2eZvKYlo2C","object":"event","type":"payment_intent.succeeded","data":{"object":{"id":"pi_3","amount":2000}}}"#;
 
@@ -32,15 +32,6 @@ async fn receive(State(runs): State<Runs>, token: LockToken, body: Bytes) -> (St
     assert!(token.is_held());
     tokio::time::sleep(Duration::from_millis(50)).await;
     (StatusCode::OK, body)
-}
-
-async fn redlock(cluster: &Cluster) -> Redlock {
-    cluster
-        .client(|b| {
-            b.ttl(Duration::from_secs(30))
-                .node_timeout(Duration::from_millis(200))
-        })
-        .await
 }
 
 fn app<L>(layer: L, runs: &Runs) -> Router
@@ -76,7 +67,7 @@ async fn deliver(client: &HttpClient, addr: std::net::SocketAddr, body: &'static
 #[tokio::test]
 async fn ten_concurrent_deliveries_of_one_event_run_once_with_the_body_intact() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster).await;
+    let redlock = cluster.replay_client().await;
     for client in [http1(), http2()] {
         let runs = Runs::default();
         let layer = RedlockLayer::from_body(redlock.clone(), webhook::stripe())
@@ -114,7 +105,7 @@ async fn ten_concurrent_deliveries_of_one_event_run_once_with_the_body_intact() 
 #[tokio::test]
 async fn bodies_that_name_no_lock_are_refused_and_never_run() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster).await;
+    let redlock = cluster.replay_client().await;
     let runs = Runs::default();
     let key = BodyKey::json("data.object.id").limit(256);
     let addr = serve(app(RedlockLayer::from_body(redlock, key), &runs)).await;
@@ -154,7 +145,7 @@ async fn bodies_that_name_no_lock_are_refused_and_never_run() {
 #[tokio::test]
 async fn a_chunked_body_is_read_across_its_frames_and_handed_on_whole() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster).await;
+    let redlock = cluster.replay_client().await;
     let runs = Runs::default();
     let layer = RedlockLayer::from_body(redlock, webhook::stripe().limit(4096));
     let addr = serve(app(layer, &runs)).await;
@@ -189,7 +180,7 @@ async fn a_chunked_body_is_read_across_its_frames_and_handed_on_whole() {
 #[tokio::test]
 async fn routes_scope_the_ids_they_share_and_a_head_layer_says_it_cannot_read_bodies() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster).await;
+    let redlock = cluster.replay_client().await;
     let runs = Runs::default();
     let layer = RedlockLayer::from_body(redlock.clone(), PerRoute::new(webhook::stripe()))
         .replay(Duration::from_secs(60));
@@ -214,7 +205,7 @@ async fn routes_scope_the_ids_they_share_and_a_head_layer_says_it_cannot_read_bo
 #[tokio::test]
 async fn header_senders_are_one_line_each() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster).await;
+    let redlock = cluster.replay_client().await;
     for (extractor, header) in [
         (webhook::github(), "x-github-delivery"),
         (webhook::shopify(), "x-shopify-webhook-id"),

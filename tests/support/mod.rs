@@ -497,6 +497,16 @@ impl Cluster {
         redlock
     }
 
+    /// A client for the layer's replay tests, warmed up: a 30 s TTL (no lock runs out
+    /// mid-test) and a 200 ms node timeout (slow test machines).
+    pub async fn replay_client(&self) -> tower_redlock::Redlock {
+        self.client(|b| {
+            b.ttl(Duration::from_secs(30))
+                .node_timeout(Duration::from_millis(200))
+        })
+        .await
+    }
+
     /// How many of the running nodes hold `key`.
     pub async fn nodes_holding(&self, key: impl AsRef<[u8]>) -> usize {
         let mut n = 0;
