@@ -255,10 +255,7 @@ where
             let named = match name_in_body(&extractor, &req, limit, protocol) {
                 Ok(Some(name)) => {
                     let name = config.namespace.lock_name::<ReqBody, E>(&extractor, name);
-                    if !request_span.is_disabled() {
-                        let shown = lock.shown_name(&name);
-                        request_span.record("lock", tracing::field::display(shown));
-                    }
+                    record_lock(&request_span, &lock, &name);
                     BodyNamed::Lock(Box::pin(acquire(lock, name, config)))
                 }
                 Ok(None) => BodyNamed::Pass,
@@ -313,13 +310,8 @@ impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
             }
             Ok(None) => Named::PassThrough,
             Err(e) => {
-                let span = self.span(None);
-                span.record("outcome", "rejected");
-                span.record("rejection", "bad_request");
-                let head = head_of(req);
                 let rejection = Rejection::bad_request(e.message(), protocol);
-                let response = span.in_scope(|| self.config.respond(rejection, &head));
-                Named::Rejected(ResponseFuture::rejected(response, span))
+                Named::Rejected(self.rejected_now(req, rejection, "bad_request"))
             }
         }
     }
@@ -335,11 +327,21 @@ impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
             "redlock layer: the lock name is in the request body, but this layer does not read \
              bodies; build it with RedlockLayer::from_body (and not without_body_fingerprint)"
         );
-        let span = self.span(None);
-        span.record("outcome", "rejected");
-        span.record("rejection", "internal");
         let rejection =
             Rejection::misconfigured("the lock layer cannot read this request's body", protocol);
+        self.rejected_now(req, rejection, "internal")
+    }
+
+    /// The future of `req`, rejected before any lock (`kind`: the span's `rejection`).
+    fn rejected_now<R, Fut, B, Er>(
+        &self,
+        req: &Request<R>,
+        rejection: Rejection,
+        kind: &'static str,
+    ) -> ResponseFuture<Fut, B, Er, L> {
+        let span = self.span(None);
+        span.record("outcome", "rejected");
+        span.record("rejection", kind);
         let response = span.in_scope(|| self.config.respond(rejection, &head_of(req)));
         ResponseFuture::rejected(response, span)
     }
@@ -404,12 +406,18 @@ impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
             outcome = tracing::field::Empty,
             rejection = tracing::field::Empty,
         );
-        if let Some(name) = name
-            && !span.is_disabled()
-        {
-            span.record("lock", tracing::field::display(self.lock.shown_name(name)));
+        if let Some(name) = name {
+            record_lock(&span, &self.lock, name);
         }
         span
+    }
+}
+
+/// Records lock `name` in `span` as `lock` shows names (a hash unless names are logged),
+/// if the span is on.
+fn record_lock<L: LockBackend>(span: &tracing::Span, lock: &L, name: &[u8]) {
+    if !span.is_disabled() {
+        span.record("lock", tracing::field::display(lock.shown_name(name)));
     }
 }
 
