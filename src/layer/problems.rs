@@ -176,42 +176,45 @@
 //! *What to do:* do not retry the same body. A webhook sender that gets this needs the
 //! receiver's limit raised ([`BodyKey::limit`](super::BodyKey::limit)).
 
+/// A problem type's URI: the section `anchor` of this page (the docs.rs address of the
+/// crate's latest version).
+macro_rules! uri {
+    ($anchor:literal) => {
+        concat!(
+            "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#",
+            $anchor
+        )
+    };
+}
+
 /// The `type` of a busy rejection: see [busy](self#busy).
-pub const BUSY: &str =
-    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#busy";
+pub const BUSY: &str = uri!("busy");
 /// The `type` of an unavailable lock service: see [unavailable](self#unavailable).
-pub const UNAVAILABLE: &str =
-    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#unavailable";
+pub const UNAVAILABLE: &str = uri!("unavailable");
 /// The `type` of an unavailable lock service whose nodes are in the restart quarantine:
 /// see [quarantine](self#quarantine).
-pub const QUARANTINE: &str =
-    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#quarantine";
+pub const QUARANTINE: &str = uri!("quarantine");
 /// The `type` of a replayed key that too few nodes can answer for after restarts: see
 /// [replay-unverifiable](self#replay-unverifiable).
-pub const REPLAY_UNVERIFIABLE: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#replay-unverifiable";
+pub const REPLAY_UNVERIFIABLE: &str = uri!("replay-unverifiable");
 /// The `type` of a lock lost while the request ran: see [lost](self#lost).
-pub const LOST: &str =
-    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#lost";
+pub const LOST: &str = uri!("lost");
 /// The `type` of a stored response that cannot be read: see
 /// [record-unreadable](self#record-unreadable).
-pub const RECORD_UNREADABLE: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#record-unreadable";
+pub const RECORD_UNREADABLE: &str = uri!("record-unreadable");
 /// The `type` of a request that cannot be locked as sent: see [bad-request](self#bad-request).
-pub const BAD_REQUEST: &str =
-    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#bad-request";
+pub const BAD_REQUEST: &str = uri!("bad-request");
 /// The `type` of a misconfigured layer: see [internal](self#internal).
-pub const INTERNAL: &str =
-    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#internal";
+pub const INTERNAL: &str = uri!("internal");
 /// The `type` of an idempotency key used for another request: see
 /// [key-reused](self#key-reused).
-pub const KEY_REUSED: &str =
-    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#key-reused";
+pub const KEY_REUSED: &str = uri!("key-reused");
 /// The `type` of a completed request whose response was not kept: see
 /// [response-not-kept](self#response-not-kept).
-pub const RESPONSE_NOT_KEPT: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#response-not-kept";
+pub const RESPONSE_NOT_KEPT: &str = uri!("response-not-kept");
 /// The `type` of a request body over what is read for its key: see
 /// [body-too-large](self#body-too-large).
-pub const BODY_TOO_LARGE: &str =
-    "https://docs.rs/tower-redlock/latest/tower_redlock/layer/problems/index.html#body-too-large";
+pub const BODY_TOO_LARGE: &str = uri!("body-too-large");
 
 /// The problem type of a rejection: its `type` URI and `title`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
