@@ -12,6 +12,7 @@
 //! Environment:
 //! - `LOAD_QUICK=1`: a smoke run (W1 200 pairs, W2 2,000, W3 2 s, one repeat);
 //! - `LOAD_W1_PAIRS`, `LOAD_W2_PAIRS`, `LOAD_W3_SECS`, `LOAD_REPEATS`: sizes;
+//! - `LOAD_NODES=1` (or `5`): only that node count;
 //! - `LOAD_REPORT=path`: where to write the report; `LOAD_NO_WRITE=1`: do not write it.
 //!
 //! Arguments `w1`, `w2`, `w3` run only those workloads; such a partial run writes its
@@ -93,6 +94,8 @@ struct Config {
     repeats: usize,
     workloads: Vec<Workload>,
     report: Option<String>,
+    /// The node counts to run (`LOAD_NODES=1` or `5`; both by default).
+    nodes: Vec<usize>,
 }
 
 impl Config {
@@ -114,7 +117,11 @@ impl Config {
             })
             .collect();
         // A partial run does not replace the full report unless LOAD_REPORT names a file.
-        let partial = !workloads.is_empty();
+        let nodes = match env_parse::<usize>("LOAD_NODES") {
+            Some(n) => vec![n],
+            None => NODE_COUNTS.to_vec(),
+        };
+        let partial = !workloads.is_empty() || nodes.len() < NODE_COUNTS.len();
         if workloads.is_empty() {
             workloads = vec![Workload::W1, Workload::W2, Workload::W3];
         }
@@ -134,11 +141,16 @@ impl Config {
             repeats: env_parse("LOAD_REPEATS").unwrap_or(repeats),
             workloads,
             report,
+            nodes,
         };
         assert!(cfg.w1_pairs > 0, "LOAD_W1_PAIRS must be positive");
         assert!(cfg.w2_pairs > 0, "LOAD_W2_PAIRS must be positive");
         assert!(cfg.w3_secs > 0.0, "LOAD_W3_SECS must be positive");
         assert!(cfg.repeats > 0, "LOAD_REPEATS must be positive");
+        assert!(
+            cfg.nodes.iter().all(|n| NODE_COUNTS.contains(n)),
+            "LOAD_NODES must be 1 or 5"
+        );
         cfg
     }
 }
@@ -596,7 +608,7 @@ impl Cell {
 }
 
 async fn bench(cfg: &Config) -> Vec<Cell> {
-    let max_nodes = NODE_COUNTS.iter().copied().max().expect("node counts");
+    let max_nodes = cfg.nodes.iter().copied().max().expect("node counts");
     let cluster = support::Cluster::start(max_nodes);
     let urls = cluster.urls();
     let mut all_conns = Vec::with_capacity(max_nodes);
@@ -605,7 +617,7 @@ async fn bench(cfg: &Config) -> Vec<Cell> {
     }
     let mut cells = Vec::new();
     let mut run_id = 0usize;
-    for n in NODE_COUNTS {
+    for &n in &cfg.nodes {
         let clients = clients(&urls[..n]).await;
         for &workload in &cfg.workloads {
             let mut cell = Cell {

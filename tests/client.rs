@@ -794,14 +794,30 @@ async fn an_unfenced_acquisition_is_one_plain_set_per_node() {
     assert_eq!(cluster.command_calls(0, "eval").await, 0);
 }
 
-/// Releases sent to a node while another is on its way go out together, as one script
+/// Releases sent to a node while others are on their way go out together, as one script
 /// call, and each still gets its own answer: deleted, not held (another value there), or
-/// the error of its own key (a list), without failing the others.
+/// the error of its own key (a list), without failing the others. On our own connection
+/// the releases of one write are merged; on redis-rs's (RESP3 here) those queued behind
+/// the release on its way go out as batches.
 #[tokio::test]
 async fn concurrent_releases_go_out_together_and_each_gets_its_own_answer() {
+    concurrent_releases_go_out_together("").await;
+}
+
+#[tokio::test]
+async fn concurrent_releases_over_resp3_go_out_together_and_each_gets_its_own_answer() {
+    concurrent_releases_go_out_together("/?protocol=resp3").await;
+}
+
+async fn concurrent_releases_go_out_together(url_tail: &str) {
     const LOCKS: usize = 40;
     let cluster = Cluster::start(3);
-    let redlock = cluster.client(|b| b.fencing(false)).await;
+    let urls = cluster.urls().into_iter().map(|u| format!("{u}{url_tail}"));
+    let redlock = support::builder(urls)
+        .fencing(false)
+        .build()
+        .expect("build");
+    support::warm(&redlock).await;
     let mut locks = Vec::new();
     for i in 0..LOCKS {
         locks.push(redlock.try_lock(format!("batch-{i}")).await.expect("free"));

@@ -59,7 +59,7 @@ async fn a_refused_publish_does_not_stop_a_release() {
     assert!(report.failures().is_empty(), "{report:?}");
     assert_eq!(cluster.nodes_holding(key("no-channel")).await, 0);
 
-    // Released together: the first takes the node's turn, the others go out as batches.
+    // Released together: merged into script calls as our connection writes them.
     let names: Vec<String> = (0..40).map(|i| format!("batch-{i}")).collect();
     let locks = join_all(names.iter().map(|n| redlock.lock(n))).await;
     let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
@@ -85,13 +85,28 @@ async fn a_refused_publish_does_not_stop_a_release() {
     );
 }
 
+/// A client of `cluster`'s nodes, warmed up, over our own connections or (`resp3`)
+/// redis-rs's, where a release on its way holds its node's release turn.
+async fn client(
+    cluster: &Cluster,
+    resp3: bool,
+    configure: impl FnOnce(tower_redlock::RedlockBuilder) -> tower_redlock::RedlockBuilder,
+) -> Redlock {
+    let tail = if resp3 { "/?protocol=resp3" } else { "" };
+    let urls = cluster.urls().into_iter().map(|u| format!("{u}{tail}"));
+    let redlock = configure(support::builder(urls)).build().expect("build");
+    support::warm(&redlock).await;
+    redlock
+}
+
 /// A release polled once and then left alone without being dropped (pinned in a
-/// `select!` loop, stored, leaked) takes its node's release turn, but does not stall the
-/// client's other releases to that node: the turn goes on with the node's answer.
+/// `select!` loop, stored, leaked) does not stall the client's other releases to that
+/// node on our own connection, which has no release turn. (On redis-rs's connections it
+/// holds the node's turn until its deadline.)
 #[tokio::test]
 async fn a_release_left_unpolled_does_not_stall_the_others() {
     let cluster = Cluster::start(1);
-    let redlock = cluster.client(|b| b.ttl(Duration::from_secs(60))).await;
+    let redlock = client(&cluster, false, |b| b.ttl(Duration::from_secs(60))).await;
     let a = redlock.lock("stalled").await.expect("lock");
     assert_eq!(cluster.nodes_holding(key("stalled")).await, 1);
     let mut stalled = Box::pin(redlock.unlock(&a));
@@ -116,24 +131,29 @@ async fn a_release_left_unpolled_does_not_stall_the_others() {
 }
 
 /// When the stalled release's answer does not come (the node is paused), the releases
-/// queued behind it go out once its deadline passes, and reach the node even though
-/// their own callers stopped waiting meanwhile.
+/// after it (on redis-rs's connections, queued behind it until its deadline passes)
+/// reach the node even though their own callers stopped waiting meanwhile.
 #[tokio::test]
 async fn releases_behind_a_stalled_turn_still_reach_the_node() {
+    for resp3 in [false, true] {
+        releases_behind_a_stalled_release_still_reach_the_node(resp3).await;
+    }
+}
+
+async fn releases_behind_a_stalled_release_still_reach_the_node(resp3: bool) {
     let mut cluster = Cluster::start(1);
-    let redlock = cluster
-        .client(|b| {
-            b.ttl(Duration::from_secs(60))
-                .node_timeout(Duration::from_millis(100))
-        })
-        .await;
+    let redlock = client(&cluster, resp3, |b| {
+        b.ttl(Duration::from_secs(60))
+            .node_timeout(Duration::from_millis(100))
+    })
+    .await;
     let a = redlock.lock("stalled").await.expect("lock");
     let b = redlock.lock("behind").await.expect("lock");
     assert_eq!(cluster.nodes_holding(key("behind")).await, 1);
     cluster.nodes[0].pause();
     let mut stalled = Box::pin(redlock.unlock(&a));
     poll_once(stalled.as_mut()).await;
-    // Queued behind the stalled turn; the node does not answer in time.
+    // Behind the stalled release; the node does not answer in time.
     let report = redlock.unlock(&b).await;
     assert_eq!(report.released(), 0, "{report:?}");
     cluster.nodes[0].resume();

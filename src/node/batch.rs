@@ -1,5 +1,6 @@
-//! Releases to one node that go out together. A release sent to an idle node goes out at
-//! once, alone. While it is on its way, the releases sent after it wait; as soon as it is
+//! Releases to one node that go out together, on redis-rs's connections (TLS, Unix
+//! sockets, RESP3; our own connection merges the releases of each write itself, see
+//! `wire::merged`). A release sent to an idle node goes out at once, alone. While it is on its way, the releases sent after it wait; as soon as it is
 //! answered, they go out as one [`RELEASE_MANY`](crate::scripts) script call, and so on.
 //! Under load a node then runs one script per batch instead of one per lock (a script
 //! call costs the server several times what the `GET`, `DEL` and `PUBLISH` inside it
@@ -15,9 +16,8 @@
 //! timeout (a batch that still fails is logged). Each answer is the one the release alone
 //! would have had.
 //!
-//! The turn: the release on its way holds the node's turn until its answer arrives (our
-//! own connection hands the turn on as it reads the answer, whether or not the caller
-//! still polls), and at the latest until its caller's deadline. So a caller that stops
+//! The turn: the release on its way holds the node's turn until its call ends, and at the
+//! latest until its caller's deadline. So a caller that stops
 //! polling its release without dropping it delays the releases behind it by one deadline
 //! at most. At most [`MAX_QUEUED`] releases wait per node; past that, a release goes
 //! out alone at once.
@@ -26,7 +26,8 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! // RESP3: redis-rs's connection, whose releases queue behind the one on its way.
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379/?protocol=resp3"]).build()?;
 //! let (a, b) = (redlock.lock("a").await?, redlock.lock("b").await?);
 //! // Released together: `b`'s delete may go out in one batch with others queued behind `a`'s.
 //! let (ra, rb) = tokio::join!(redlock.unlock(&a), redlock.unlock(&b));
@@ -251,9 +252,8 @@ impl Future for Waiting {
     }
 }
 
-/// The node's turn, held by the release on its way to it. It is over when dropped: by the
-/// connection as the answer arrives (our own connection), or with the call (redis-rs's
-/// connections), and at the latest at the release's deadline.
+/// The node's turn, held by the release on its way to it. It is over when dropped, with
+/// the call, and at the latest at the release's deadline.
 pub(super) struct Turn {
     releases: Arc<Releases>,
     id: u64,

@@ -4,16 +4,16 @@
 //!
 //! ```text
 //! NodeCall::start:  our connection ready ----> Sent (its reply to come) --follow-up--> Running
-//!                   a release, another on its way to the node -> Queued (the batch's answer)
 //!                   anything else -----------> Running (connect, redis-rs, a landing first)
 //! ```
 //!
 //! The hot path (`Sent`) allocates nothing: the command is written at once, or handed to
-//! the connection's task, and the call waits for its reply. A reply that asks for a
-//! follow-up (a script the node no longer has, or the holder's TTL of a taken key) turns
-//! the call into `Running`. Releases to a node that come while one is on its way queue
-//! for its next batch (see the `batch` module, which keeps the queue and the turn; the
-//! task that sends a batch is here).
+//! the connection's task, and the call waits for its reply; a release there is merged
+//! with the other releases of the connection's next write (see the `wire` module). A
+//! reply that asks for a follow-up (a script the node no longer has, or the holder's TTL
+//! of a taken key) turns the call into `Running`. On redis-rs's connections, releases to
+//! a node that come while one is on its way queue for its next batch (see the `batch`
+//! module, which keeps the queue and the turn; the task that sends a batch is here).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -49,7 +49,8 @@ pub(crate) struct Sending<'a> {
     /// an idle connection (no task hop); to several, their connections' tasks write it
     /// side by side.
     pub(crate) nodes: usize,
-    /// When the round stops waiting: a release holds its node's turn at most that long.
+    /// When the round stops waiting: a release on a redis-rs connection holds its node's
+    /// turn at most that long.
     pub(crate) deadline: Instant,
     /// The call first waits for the node's call in this earlier round to land (a release
     /// after a late `SET`).
@@ -97,8 +98,6 @@ enum Flight {
         wire: wire::Wire,
         reply: wire::Reply,
     },
-    /// A release queued for its node's next batch.
-    Queued(batch::Waiting),
     /// Anything else: waiting for a connection, an earlier call's landing or a batch of
     /// releases, a redis-rs connection, or a follow-up command (rare, so boxed).
     Running(BoxFuture<'static, Result<Value, NodeError>>),
@@ -156,8 +155,8 @@ impl NodeCall {
     }
 
     /// Whether the call may hold its node's release turn until it is polled: a release
-    /// still running (waiting for a connection, or on a redis-rs connection). A call on
-    /// our own connection has its turn handed on by the connection as the answer is read.
+    /// still running (waiting for a connection, or on a redis-rs connection). A release
+    /// on our own connection takes no turn.
     pub(crate) fn holds_turn(&self) -> bool {
         matches!(self.flight, Flight::Running(_)) && self.call.is_release()
     }
@@ -186,7 +185,6 @@ impl Future for NodeCall {
                 }));
                 Pin::new(this).poll(cx)
             }
-            Flight::Queued(waiting) => Pin::new(waiting).poll(cx),
             Flight::Running(running) => running.as_mut().poll(cx),
         }
     }
@@ -194,9 +192,8 @@ impl Future for NodeCall {
 
 impl Node {
     /// `call` started without waiting, if the node's own connection is ready (and, when
-    /// acquiring, the node is not quarantined): the command is then on the connection,
-    /// or, for a release while another is on its way to the node, queued for the next
-    /// batch. `None` otherwise: [`run`](Self::run) it.
+    /// acquiring, the node is not quarantined): the command is then on the connection.
+    /// `None` otherwise: [`run`](Self::run) it.
     fn start_now(self: &Arc<Self>, call: &Arc<Call>, sending: How) -> Option<Flight> {
         let (wire, generation) = {
             let mut st = self.state();
@@ -210,40 +207,38 @@ impl Node {
             }
             (wire, st.generation)
         };
-        let turn = if call.is_release() && self.batches_releases() {
-            match self.release_turn(call, sending.deadline) {
-                Ok(turn) => turn,
-                Err(waiting) => return Some(Flight::Queued(waiting)),
-            }
-        } else {
-            None
-        };
-        Some(self.send_on(&wire, generation, call, turn, sending.writes))
+        Some(self.send_on(&wire, generation, call, sending.writes))
     }
 
     /// Runs `call`, waiting for the connection first if need be. When the quarantine applies, a
-    /// quarantined node fails at once. A release sent while another is on its way to
-    /// this node goes out with the next batch. `on_sent` runs once the command is on our
-    /// own connection to the node, where any later command goes after it (it never runs
-    /// on redis-rs's connections).
+    /// quarantined node fails at once. A release on a redis-rs connection sent while
+    /// another is on its way to this node goes out with the next batch. `on_sent` runs
+    /// once the command is on our own connection to the node, where any later command
+    /// goes after it (it never runs on redis-rs's connections).
     async fn run(
         self: &Arc<Self>,
         call: &Arc<Call>,
         sending: How,
         on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
-        if !(call.is_release() && self.batches_releases()) {
-            return self.call_now(call, sending, None, on_sent).await;
-        }
-        match self.release_turn(call, sending.deadline) {
-            Ok(turn) => self.call_now(call, sending, turn, || {}).await,
-            Err(waiting) => waiting.await,
-        }
+        let (conn, generation) = self.connection(sending.quarantine).await?;
+        let batched = call.is_release() && self.batches_releases();
+        let turn = match &conn {
+            Conn::Own(_) => None,
+            _ if batched => match self.release_turn(call, sending.deadline) {
+                Ok(turn) => turn,
+                Err(waiting) => return waiting.await,
+            },
+            _ => None,
+        };
+        self.call_on(conn, generation, call, sending, turn, on_sent)
+            .await
     }
 
-    /// Where a release goes at this node: `Ok` to send it now, holding the node's turn
-    /// (or, with `None`, alone); `Err` with its answer to come once it is queued for the
-    /// next batch (starting the task that sends batches when it is the first to wait).
+    /// Where a release on a redis-rs connection goes at this node: `Ok` to send it now,
+    /// holding the node's turn (or, with `None`, alone); `Err` with its answer to come once
+    /// it is queued for the next batch (starting the task that sends batches when it is
+    /// the first to wait).
     fn release_turn(
         self: &Arc<Self>,
         call: &Arc<Call>,
@@ -264,26 +259,24 @@ impl Node {
         }
     }
 
-    /// Sends `call` on our own connection `wire` (of `generation`); `turn` if it is a
-    /// release holding the node's turn, which the connection drops (hands on) as it reads
-    /// the answer. A fenced acquisition leaves its renewal out where this connection
-    /// renewed the set recently (see `renewals`).
+    /// Sends `call` on our own connection `wire` (of `generation`); a release merged with
+    /// the others of the connection's next write. A fenced acquisition leaves its renewal
+    /// out where this connection renewed the set recently (see `renewals`).
     fn send_on(
         &self,
         wire: &wire::Wire,
         generation: u64,
-        call: &Call,
-        turn: Option<batch::Turn>,
+        call: &Arc<Call>,
         writes: Writes,
     ) -> Flight {
-        let reply = match (turn, call.renews()) {
-            (Some(turn), _) => wire.request_then(call.packed(), writes, Box::new(turn)),
-            (None, Some(set)) if !self.renewals.due(set, generation) => {
+        let reply = match call.renews() {
+            _ if call.is_release() => wire.release(call, writes),
+            Some(set) if !self.renewals.due(set, generation) => {
                 let (packed, commands) = call.without_renewal();
-                wire.request_all(packed, commands, writes)
+                wire.request_all(packed, commands, writes, call.key())
             }
-            (None, renews) => {
-                let reply = wire.request_all(call.packed(), call.commands(), writes);
+            renews => {
+                let reply = wire.request_all(call.packed(), call.commands(), writes, call.key());
                 if let Some(set) = renews {
                     // Marked once it is on the connection: a request that leaves the
                     // renewal out for this mark goes after it there.
@@ -299,19 +292,32 @@ impl Node {
         }
     }
 
-    /// Runs `call` on the current connection at once; `turn` if it is a release holding
-    /// the node's turn; `on_sent` as for [`run`](Self::run).
+    /// Runs `call` at once on the node's current connection, waiting for one if need be,
+    /// with no release turn (a batch's lone release).
     async fn call_now(
         self: &Arc<Self>,
+        call: &Arc<Call>,
+        sending: How,
+    ) -> Result<Value, NodeError> {
+        let (conn, generation) = self.connection(sending.quarantine).await?;
+        self.call_on(conn, generation, call, sending, None, || {})
+            .await
+    }
+
+    /// Runs `call` on `conn` (of `generation`); `turn` if it is a release holding the
+    /// node's turn on a redis-rs connection; `on_sent` as for [`run`](Self::run).
+    async fn call_on(
+        self: &Arc<Self>,
+        mut conn: Conn,
+        generation: u64,
         call: &Arc<Call>,
         sending: How,
         turn: Option<batch::Turn>,
         on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
-        let (mut conn, generation) = self.connection(sending.quarantine).await?;
         if let Conn::Own(wire) = &conn {
             // The hot path: the command encoded once for the round.
-            let flight = self.send_on(wire, generation, call, turn, sending.writes);
+            let flight = self.send_on(wire, generation, call, sending.writes);
             on_sent();
             return NodeCall::new(self, call, flight).await;
         }
@@ -409,7 +415,7 @@ impl Node {
             writes: Writes::Caller,
             deadline: lone.deadline,
         };
-        match self.call_now(&lone.call, sending, None, || {}).await {
+        match self.call_now(&lone.call, sending).await {
             Err(error) if error == NodeError::Timeout || error.breaks_connection() => Err(error),
             answer => Ok(vec![answer]),
         }

@@ -4,10 +4,12 @@
 //! its way (no task hop on an idle connection). Otherwise it is appended to one buffer
 //! that the connection's task writes in one go: at once when few replies are still to
 //! come, else right after it hands out the next replies (many requests per write under
-//! load). A round to several nodes leaves the writing to their tasks, so the writes run
-//! side by side rather than one after another on the caller's thread. Replies are
-//! matched to requests in order, each into a small shared slot the caller waits on; a
-//! caller that stops waiting leaves its slot, and the reply is dropped when it arrives.
+//! load), or, for rounds to one node, as soon as a few requests wait. A round to several
+//! nodes leaves the writing to their tasks, so the writes run side by side rather than
+//! one after another on the caller's thread. The releases of one write go out as one
+//! script call (see `merged`). Replies are matched to requests in order, each into a
+//! small shared slot the caller waits on; a caller that stops waiting leaves its slot,
+//! and the reply is dropped when it arrives.
 //!
 //! Nodes reached over TLS or a Unix socket, with RESP3 asked for, or in a cluster use
 //! redis-rs's connections instead, which apply the TCP settings of the node's
@@ -16,9 +18,10 @@
 //! Nagle's algorithm; see `open.rs`).
 //!
 //! ```text
-//! caller:  send(SET ...)  --alone, idle> try_write now                 --> await slot
-//!                         --shallow----> append to `out`, wake the task --> await slot
-//!                         --deep-------> append to `out`                --> await slot
+//! caller:  send(SET ...)  --alone, idle-----> try_write now                 --> await slot
+//!                         --shallow, or 8th--> append to `out`, wake the task --> await slot
+//!                         --deep-------------> append to `out`                --> await slot
+//!          release(...)   --not idle---------> join the write's merged call   --> await slot
 //! task:    readable -> parse replies -> fill slots in order -> write what `out` holds
 //! ```
 //!
@@ -44,17 +47,29 @@ use tokio::sync::Notify;
 
 use super::resp;
 
+mod merged;
 mod open;
 mod slot;
 
 pub(crate) use open::{handshake, plain_tcp};
 
+use merged::{Keys, MAX_MERGED, Merged};
 use slot::Slot;
-pub(crate) use slot::{Replies, Reply, Then};
+pub(crate) use slot::{Replies, Reply};
+
+use crate::scripts::Call;
 
 /// With fewer replies than this still to come, a request wakes the task to write it now;
 /// with more, it waits for the task to write it after handing out the next replies.
 const SHALLOW: usize = 4;
+
+/// With many replies still to come, a round to one node has the task woken to write once
+/// this many requests wait, rather than at the next replies: the server starts on the
+/// first requests of a burst while the callers make the rest, instead of taking the whole
+/// burst at once after a wait (a round trip saved under load). Rounds to several nodes
+/// leave the writes for the next replies, where their servers' CPU, not the wait, bounds
+/// them: fewer, larger writes cost the servers less.
+const CHUNK: usize = 8;
 
 /// How much the task reads at most per read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -122,16 +137,31 @@ struct WireShared {
 struct WireState {
     /// Requests not yet handed to the task for writing.
     out: Vec<u8>,
-    /// The slot of each reply still to come, in order (a request of n commands has n).
-    waiting: VecDeque<Arc<Slot>>,
+    /// Where each reply still to come goes, in order (a request of n commands has n).
+    waiting: VecDeque<Waiter>,
+    /// The releases that join one call at this place in `out`, and the keys of the
+    /// requests sent after it (see `merged`).
+    merging: Option<(usize, Arc<Merged>, Keys)>,
+    /// Earlier such calls that are full, with their places in `out`, in order.
+    merged: Vec<(usize, Arc<Merged>)>,
     /// The task was woken to write `out` and has not taken it yet.
     write_asked: bool,
+    /// How many requests `out` holds (each release of a merged call counted).
+    queued: usize,
     /// The task holds bytes it took from `out` and has not fully written.
     task_writing: bool,
     /// Why the connection can no longer be used.
     broken: Option<Broken>,
     /// Every handle is gone.
     closed: bool,
+}
+
+/// Where a reply goes.
+enum Waiter {
+    /// To the slot of its request.
+    Reply(Arc<Slot>),
+    /// To the releases of a merged call.
+    Merged(Arc<Merged>),
 }
 
 /// Why a connection broke, kept to fail later requests with.
@@ -172,16 +202,21 @@ impl WireShared {
                 st.broken = Some(why.clone());
             }
             st.out = Vec::new();
+            st.merging = None;
+            st.merged = Vec::new();
             std::mem::take(&mut st.waiting)
         };
         let mut last: Option<Arc<Slot>> = None;
-        for slot in waiting {
-            // The slots of one request are next to each other: fail each once.
-            if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &slot)) {
-                continue;
+        for waiter in waiting {
+            match waiter {
+                // The slots of one request are next to each other: fail each once.
+                Waiter::Reply(slot) if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &slot)) => {}
+                Waiter::Reply(slot) => {
+                    slot.fail(why.error());
+                    last = Some(slot);
+                }
+                Waiter::Merged(merged) => merged.fail(&why.error()),
             }
-            slot.fail(why.error());
-            last = Some(slot);
         }
     }
 }
@@ -215,44 +250,110 @@ impl Wire {
 
     /// Sends `packed` (one or more commands, as RESP) and expects `replies` replies; the
     /// slot they fill.
-    fn send(&self, packed: &[u8], replies: usize, writes: Writes, then: Option<Then>) -> Arc<Slot> {
-        let shared = &self.0.0;
-        let slot = Arc::new(Slot::new(replies, then));
-        let mut st = shared.state();
+    fn send(&self, packed: &[u8], replies: usize, writes: Writes, key: Option<&[u8]>) -> Arc<Slot> {
+        let slot = Arc::new(Slot::new(replies));
+        let mut st = self.0.0.state();
         if let Some(broken) = &st.broken {
             slot.fail(broken.error());
             return slot;
         }
-        // On an idle connection a caller that `Writes::Caller` writes itself, sparing a task
-        // wake-up. With
-        // many replies still to come, the task writes `out` when it hands them out (many
-        // requests per write); with few, it is woken to write now.
         let in_flight = st.waiting.len();
-        let idle = in_flight == 0;
         for _ in 0..replies {
-            st.waiting.push_back(Arc::clone(&slot));
+            st.waiting.push_back(Waiter::Reply(Arc::clone(&slot)));
         }
+        // A release that joins the call merging before this request must not overtake it.
+        match (key, &mut st.merging) {
+            (Some(key), Some((_, _, after))) => after.insert(key),
+            (None, Some(_)) => close_merging(&mut st),
+            (_, None) => {}
+        }
+        self.enqueue(st, packed, in_flight, writes);
+        slot
+    }
+
+    /// Puts `packed` on its way, its replies' places taken behind `in_flight` others. On an
+    /// idle connection a caller that `Writes::Caller` writes itself, sparing a task
+    /// wake-up. With many replies still to come, the task writes `out` when it hands them
+    /// out (many requests per write); with few, it is woken to write now.
+    fn enqueue(
+        &self,
+        mut st: MutexGuard<'_, WireState>,
+        packed: &[u8],
+        in_flight: usize,
+        writes: Writes,
+    ) {
+        let shared = &self.0.0;
         let mut rest = packed;
-        if writes == Writes::Caller && idle && st.out.is_empty() && !st.task_writing {
+        if writes == Writes::Caller && in_flight == 0 && st.out.is_empty() && !st.task_writing {
             match write(&*shared.writing, packed) {
                 Ok(n) => rest = &packed[n..],
                 Err(why) => {
                     drop(st);
                     shared.break_with(why);
-                    return slot;
+                    return;
                 }
             }
         }
         if rest.is_empty() {
-            return slot;
+            return;
         }
         st.out.extend_from_slice(rest);
-        if in_flight < SHALLOW && !st.write_asked {
+        st.queued += 1;
+        self.wake_if_due(st, in_flight, writes);
+    }
+
+    /// Wakes the task to write now when fewer than [`SHALLOW`] replies are still to come,
+    /// or, for rounds to one node, when [`CHUNK`] requests wait.
+    fn wake_if_due(&self, mut st: MutexGuard<'_, WireState>, in_flight: usize, writes: Writes) {
+        // (A task still writing earlier bytes writes these as soon as the socket takes more.)
+        let chunk = writes == Writes::Caller && st.queued >= CHUNK && !st.task_writing;
+        let due = in_flight < SHALLOW || chunk;
+        if due && !st.write_asked {
             st.write_asked = true;
             drop(st);
-            shared.wake.notify_one();
+            self.0.0.wake.notify_one();
         }
-        slot
+    }
+
+    /// Sends the release `call`: alone if the caller finds the connection idle; otherwise
+    /// merged with the other releases of the connection's next write into one call (see
+    /// `merged`), each answered as it would have been alone.
+    pub(crate) fn release(&self, call: &Arc<Call>, writes: Writes) -> Reply {
+        let slot = Arc::new(Slot::new(1));
+        let mut st = self.0.0.state();
+        if let Some(broken) = &st.broken {
+            slot.fail(broken.error());
+            return Reply(slot);
+        }
+        let in_flight = st.waiting.len();
+        if writes == Writes::Caller && in_flight == 0 && st.out.is_empty() && !st.task_writing {
+            st.waiting.push_back(Waiter::Reply(Arc::clone(&slot)));
+            self.enqueue(st, call.packed(), in_flight, writes);
+            return Reply(slot);
+        }
+        if st
+            .merging
+            .as_ref()
+            .is_some_and(|(_, _, after)| after.may_hold(call.key()))
+        {
+            // A request sent since may be about this key: the release goes after it.
+            close_merging(&mut st);
+        }
+        let merged = match &st.merging {
+            Some((_, merged, _)) => Arc::clone(merged),
+            None => {
+                let merged = Arc::new(Merged::default());
+                st.merging = Some((st.out.len(), Arc::clone(&merged), Keys::default()));
+                st.waiting.push_back(Waiter::Merged(Arc::clone(&merged)));
+                merged
+            }
+        };
+        if merged.join(call, Arc::clone(&slot)) >= MAX_MERGED {
+            close_merging(&mut st);
+        }
+        st.queued += 1;
+        self.wake_if_due(st, in_flight, writes);
+        Reply(slot)
     }
 
     /// Closes the connection now: nothing more is written (what was not written yet is
@@ -281,18 +382,18 @@ impl Wire {
         Reply(self.send(packed, 1, writes, None))
     }
 
-    /// Sends `commands` commands at once, as [`request`](Self::request) sends one: their
-    /// replies as one array, server errors among them as values (a reply of one command as
-    /// itself).
-    pub(crate) fn request_all(&self, packed: &[u8], commands: usize, writes: Writes) -> Reply {
-        Reply(self.send(packed, commands, writes, None))
-    }
-
-    /// Like [`request`](Self::request), and drops `then` as soon as the reply is read (or
-    /// the request fails), even if the caller no longer polls the reply: a release's turn
-    /// on the node goes on with the answer, not with the caller.
-    pub(crate) fn request_then(&self, packed: &[u8], writes: Writes, then: Then) -> Reply {
-        Reply(self.send(packed, 1, writes, Some(then)))
+    /// Sends `commands` commands at once about `key`, as [`request`](Self::request) sends
+    /// one: their replies as one array, server errors among them as values (a reply of one
+    /// command as itself). Releases sent later may still go out before it, unless theirs
+    /// is `key`.
+    pub(crate) fn request_all(
+        &self,
+        packed: &[u8],
+        commands: usize,
+        writes: Writes,
+        key: &[u8],
+    ) -> Reply {
+        Reply(self.send(packed, commands, writes, Some(key)))
     }
 
     /// Sends `commands` commands at once; their replies, errors among them as values.
@@ -337,8 +438,10 @@ async fn drive(shared: Arc<WireShared>, mut reading: impl AsyncRead + Unpin) {
     let mut scan = resp::Scan::default();
     // What the task took from `out` and has not fully written yet.
     let mut unwritten: Vec<u8> = Vec::new();
+    // Where `out` goes while merged releases are put in their places.
+    let mut spare: Vec<u8> = Vec::new();
     loop {
-        if !take_out(&shared, &mut unwritten) {
+        if !take_out(&shared, &mut unwritten, &mut spare) {
             break;
         }
         if let Err(why) = write_some(&shared, &mut unwritten) {
@@ -373,19 +476,50 @@ async fn drive(shared: Arc<WireShared>, mut reading: impl AsyncRead + Unpin) {
     }
 }
 
-/// Takes what callers left in `out` into `unwritten` once the last of it is written;
-/// `false` when the connection is closed or broken (the task ends).
-fn take_out(shared: &WireShared, unwritten: &mut Vec<u8>) -> bool {
+/// Takes what callers left in `out` into `unwritten` once the last of it is written, the
+/// merged releases written in their places (using `spare`); `false` when the connection
+/// is closed or broken (the task ends).
+fn take_out(shared: &WireShared, unwritten: &mut Vec<u8>, spare: &mut Vec<u8>) -> bool {
     let mut st = shared.state();
     if st.closed || st.broken.is_some() {
         return false;
     }
     st.write_asked = false;
-    if unwritten.is_empty() {
-        std::mem::swap(unwritten, &mut st.out);
+    if !unwritten.is_empty() {
+        st.task_writing = true;
+        return true;
     }
-    st.task_writing = !unwritten.is_empty();
+    st.queued = 0;
+    close_merging(&mut st);
+    let merged = std::mem::take(&mut st.merged);
+    if merged.is_empty() {
+        std::mem::swap(unwritten, &mut st.out);
+        st.task_writing = !unwritten.is_empty();
+        return true;
+    }
+    std::mem::swap(spare, &mut st.out);
+    st.task_writing = true;
+    drop(st);
+    // No caller writes meanwhile (the merged calls' replies are still to come).
+    let mut from = 0;
+    for (at, call) in merged {
+        unwritten.extend_from_slice(spare.get(from..at).unwrap_or_default());
+        call.pack_into(unwritten);
+        from = at;
+    }
+    unwritten.extend_from_slice(spare.get(from..).unwrap_or_default());
+    spare.clear();
+    if spare.capacity() > MAX_IDLE_BUFFER {
+        *spare = Vec::new();
+    }
     true
+}
+
+/// Closes the call that releases join now, if any: later ones start another.
+fn close_merging(st: &mut WireState) {
+    if let Some((at, merged, _)) = st.merging.take() {
+        st.merged.push((at, merged));
+    }
 }
 
 /// Writes what the socket takes now of `unwritten`.
@@ -475,12 +609,12 @@ fn hand_out(shared: &WireShared, buf: &mut Vec<u8>, scan: &mut resp::Scan) -> Re
         // A large reply is past: give its memory back.
         buf.shrink_to(READ_CHUNK);
     }
-    let mut slots = Vec::with_capacity(values.len());
+    let mut waiters = Vec::with_capacity(values.len());
     {
         let mut st = shared.state();
         for _ in 0..values.len() {
             match st.waiting.pop_front() {
-                Some(slot) => slots.push(slot),
+                Some(waiter) => waiters.push(waiter),
                 None => {
                     failed = Some(Broken::Protocol("a reply to no request".into()));
                     break;
@@ -488,8 +622,11 @@ fn hand_out(shared: &WireShared, buf: &mut Vec<u8>, scan: &mut resp::Scan) -> Re
             }
         }
     }
-    for (slot, value) in slots.into_iter().zip(values) {
-        slot.deliver(value);
+    for (waiter, value) in waiters.into_iter().zip(values) {
+        match waiter {
+            Waiter::Reply(slot) => slot.deliver(value),
+            Waiter::Merged(merged) => merged.deliver(value),
+        }
     }
     failed.map_or(Ok(()), Err)
 }
@@ -497,3 +634,7 @@ fn hand_out(shared: &WireShared, buf: &mut Vec<u8>, scan: &mut resp::Scan) -> Re
 #[cfg(test)]
 #[path = "wire_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "wire_merged_tests.rs"]
+mod merged_tests;

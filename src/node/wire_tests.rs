@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use super::{Wire, Writer, Writes};
 
 /// How long a test waits for something that must happen (it never sleeps for it).
-const PATIENCE: Duration = Duration::from_secs(5);
+pub(super) const PATIENCE: Duration = Duration::from_secs(5);
 
 /// `SET key value` as RESP.
 fn set(key: &str, value: &[u8]) -> Vec<u8> {
@@ -34,7 +34,7 @@ fn set(key: &str, value: &[u8]) -> Vec<u8> {
 
 /// The server's side of an in-memory connection: what the client wrote, and the replies
 /// it reads, one scripted read at a time.
-struct Server {
+pub(super) struct Server {
     requests: Arc<Pipe>,
     replies: mpsc::Sender<Vec<u8>>,
 }
@@ -102,7 +102,7 @@ impl AsyncRead for ScriptedReader {
 
 /// A connection over an in-memory transport whose request pipe takes `capacity` bytes;
 /// the server sends each reply chunk only once the client took the one before.
-fn in_memory(capacity: usize) -> (Wire, Server) {
+pub(super) fn in_memory(capacity: usize) -> (Wire, Server) {
     let requests = Arc::new(Pipe(Mutex::new(PipeState {
         bytes: Vec::new(),
         capacity,
@@ -119,7 +119,7 @@ fn in_memory(capacity: usize) -> (Wire, Server) {
 
 impl Server {
     /// Sends `chunk` as one read of the client.
-    async fn send(&self, chunk: &[u8]) {
+    pub(super) async fn send(&self, chunk: &[u8]) {
         let sent = tokio::time::timeout(PATIENCE, self.replies.send(chunk.to_vec()));
         assert!(
             matches!(sent.await, Ok(Ok(()))),
@@ -128,7 +128,7 @@ impl Server {
     }
 
     /// Takes `n` bytes the client wrote, as they come (making room for more each time).
-    async fn take(&self, n: usize) -> Vec<u8> {
+    pub(super) async fn take(&self, n: usize) -> Vec<u8> {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         let mut taken = Vec::with_capacity(n);
         while taken.len() < n {
@@ -399,8 +399,8 @@ async fn a_closed_connection_writes_nothing_more() {
 async fn a_request_of_several_commands_gets_its_replies_together() {
     let (wire, server) = in_memory(1 << 20);
     let three = [set("a", b"1"), set("b", b"2"), set("c", b"3")].concat();
-    let pipeline = wire.request_all(&three, 3, Writes::Caller);
-    let failing = wire.request_all(&three, 3, Writes::Caller);
+    let pipeline = wire.request_all(&three, 3, Writes::Caller, b"k");
+    let failing = wire.request_all(&three, 3, Writes::Caller, b"k");
     let next = wire.request(b"*1\r\n$4\r\nPING\r\n", Writes::Caller);
     // The first request's replies split across reads, one of them with the second's.
     server.send(b"+OK\r\n:1").await;
@@ -430,4 +430,50 @@ async fn a_request_of_several_commands_gets_its_replies_together() {
         after.ok().and_then(Result::ok),
         Some(Value::SimpleString("PONG".into()))
     );
+}
+
+/// With many replies still to come, the requests of rounds to one node (the caller
+/// writes) go out as soon as `CHUNK` of them wait, without waiting for a reply; those of
+/// rounds to several nodes wait for the next replies, however many they are.
+#[tokio::test]
+async fn a_deep_connection_writes_a_chunk_of_one_node_requests_at_once() {
+    const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+    for writes in [Writes::Caller, Writes::Task] {
+        let (wire, server) = in_memory(1 << 16);
+        // Enough requests on their way for the connection to be deep.
+        let mut answers: Vec<_> = (0..super::SHALLOW)
+            .map(|_| wire.request(PING, Writes::Caller))
+            .collect();
+        server.take(super::SHALLOW * PING.len()).await;
+        answers.extend((0..super::CHUNK - 1).map(|_| wire.request(PING, writes)));
+        let written = || server.requests.0.lock().expect("pipe").bytes.len();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            written(),
+            0,
+            "{writes:?}: fewer than a chunk wait for the replies"
+        );
+        answers.push(wire.request(PING, writes));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let chunk = super::CHUNK * PING.len();
+        match writes {
+            Writes::Caller => assert_eq!(written(), chunk, "a chunk goes at once"),
+            Writes::Task => {
+                assert_eq!(written(), 0, "rounds to several nodes wait for the replies");
+                server.send(b"+PONG\r\n").await;
+                server.take(chunk).await;
+            }
+        }
+        let replies: Vec<u8> = b"+PONG\r\n".repeat(answers.len());
+        let rest = if writes == Writes::Task { 1 } else { 0 };
+        server.send(&replies[rest * 7..]).await;
+        for answer in answers {
+            let got = tokio::time::timeout(PATIENCE, answer).await;
+            assert!(matches!(got, Ok(Ok(_))), "{writes:?}: {got:?}");
+        }
+    }
 }

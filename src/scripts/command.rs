@@ -303,8 +303,8 @@ impl Call {
         }
     }
 
-    /// The key the call is about (its first key), by which a cluster routes it.
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    /// The key the call is about (its first key: every script's `KEYS[1]` is its lock's
+    /// key), by which a cluster routes it and our connection orders releases after it.
     pub(crate) fn key(&self) -> &[u8] {
         match self.kind {
             CallKind::SetNx { key, .. }

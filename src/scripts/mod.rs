@@ -23,7 +23,9 @@ pub(crate) use lua::{
     ACQUIRE_OR_REPLAY_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT, INSPECT_SCRIPT,
     RECORD_MARKER, all,
 };
-pub(crate) use release_many::release_many;
+pub(crate) use release_many::{
+    answers as release_many_answers, pack_into as pack_release_many, release_many,
+};
 pub(crate) use reply::{
     AcquireReply, Deleted, FenceRead, MAX_NUMBER, parse_acquire, parse_deleted, parse_flag,
     parse_inspect,

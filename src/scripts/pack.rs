@@ -85,22 +85,14 @@ impl Packer {
             size.saturating_add(count.saturating_mul(16))
                 .saturating_add(16),
         );
-        buf.push(b'*');
-        buf.extend_from_slice(digits(count as u64, &mut [0; 20]));
-        buf.extend_from_slice(b"\r\n");
+        array_header(&mut buf, count);
         Self(buf, Words::Inline(Default::default(), 0))
     }
 
     /// Writes `arg` as the next word; its index among the words.
     pub(super) fn bytes(&mut self, arg: &[u8]) -> usize {
-        self.0.push(b'$');
-        self.0
-            .extend_from_slice(digits(arg.len() as u64, &mut [0; 20]));
-        self.0.extend_from_slice(b"\r\n");
-        let start = self.0.len();
-        self.0.extend_from_slice(arg);
-        self.1.push(start..self.0.len());
-        self.0.extend_from_slice(b"\r\n");
+        let end = bulk(&mut self.0, arg);
+        self.1.push(end - arg.len()..end);
         self.1.len() - 1
     }
 
@@ -111,9 +103,7 @@ impl Packer {
 
     /// Starts the next command of a pipeline, of `count` words.
     pub(super) fn next_command(&mut self, count: usize) {
-        self.0.push(b'*');
-        self.0.extend_from_slice(digits(count as u64, &mut [0; 20]));
-        self.0.extend_from_slice(b"\r\n");
+        array_header(&mut self.0, count);
     }
 
     /// The commands written, and where their words are.
@@ -122,8 +112,26 @@ impl Packer {
     }
 }
 
+/// Starts a command of `count` words at the end of `out`: its RESP array header.
+pub(super) fn array_header(out: &mut Vec<u8>, count: usize) {
+    out.push(b'*');
+    out.extend_from_slice(digits(count as u64, &mut [0; 20]));
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes `arg` as a RESP bulk string at the end of `out`; where `arg` ends in `out`.
+pub(super) fn bulk(out: &mut Vec<u8>, arg: &[u8]) -> usize {
+    out.push(b'$');
+    out.extend_from_slice(digits(arg.len() as u64, &mut [0; 20]));
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(arg);
+    let end = out.len();
+    out.extend_from_slice(b"\r\n");
+    end
+}
+
 /// `n` in decimal digits, written to the end of `buf`.
-fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+pub(super) fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut at = buf.len();
     loop {
         at -= 1;

@@ -21,6 +21,7 @@ use redis::aio::ConnectionLike;
 
 use super::command::Call;
 use super::lua::RELEASE_MANY_SCRIPT;
+use super::pack;
 use super::reply::key_answer;
 use super::run::run_script;
 
@@ -30,24 +31,53 @@ pub(crate) async fn release_many<C: ConnectionLike>(
     calls: &[impl std::ops::Deref<Target = Call>],
     conn: &mut C,
 ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
-    // Each call's key, value and client id (a call that is not a release has none: it
-    // gets the answer of an empty key, 0).
-    let releases: Vec<[&[u8]; 3]> = calls
-        .iter()
-        .map(|call| call.release().unwrap_or_default())
-        .collect();
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(RELEASE_MANY_SCRIPT.sha.as_str()).arg(calls.len());
-    for [key, _, _] in &releases {
-        cmd.arg(*key);
-    }
-    for [_, value, _] in &releases {
-        cmd.arg(*value);
-    }
-    cmd.arg(releases.first().map_or(&[][..], |[_, _, id]| id));
+    for_each_word(calls, |word| {
+        cmd.arg(word);
+    });
     let reply = run_script(&cmd, &RELEASE_MANY_SCRIPT, conn).await?;
+    answers(reply, calls.len())
+}
+
+/// The `EVALSHA` of [`RELEASE_MANY`](super::lua::RELEASE_MANY) for the releases `calls`
+/// (all of one client), packed as RESP at the end of `out`: what [`release_many`] sends,
+/// for our own connection, which merges the releases it has to write into one call.
+pub(crate) fn pack_into(calls: &[impl std::ops::Deref<Target = Call>], out: &mut Vec<u8>) {
+    pack::array_header(out, 3 + 2 * calls.len() + 1);
+    pack::bulk(out, b"EVALSHA");
+    pack::bulk(out, RELEASE_MANY_SCRIPT.sha.as_bytes());
+    pack::bulk(out, pack::digits(calls.len() as u64, &mut [0; 20]));
+    for_each_word(calls, |word| {
+        pack::bulk(out, word);
+    });
+}
+
+/// The keys, then the values, then the client id of `calls`: the words of a
+/// [`RELEASE_MANY`](super::lua::RELEASE_MANY) after its key count. A call that is not a
+/// release has none: it gets the answer of an empty key, 0.
+fn for_each_word(calls: &[impl std::ops::Deref<Target = Call>], mut word: impl FnMut(&[u8])) {
+    for call in calls {
+        word(call.release().unwrap_or_default()[0]);
+    }
+    for call in calls {
+        word(call.release().unwrap_or_default()[1]);
+    }
+    let id = calls
+        .first()
+        .and_then(|call| call.release())
+        .map_or(&[][..], |[_, _, id]| id);
+    word(id);
+}
+
+/// The answers of `n` releases sent as one [`RELEASE_MANY`](super::lua::RELEASE_MANY),
+/// from its `reply`: each as the release alone would have had it.
+pub(crate) fn answers(
+    reply: Value,
+    n: usize,
+) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
     match reply {
-        Value::Array(answers) if answers.len() == calls.len() => {
+        Value::Array(answers) if answers.len() == n => {
             Ok(answers.into_iter().map(key_answer).collect())
         }
         other => Err(redis::RedisError::from((

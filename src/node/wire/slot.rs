@@ -1,8 +1,6 @@
 //! Where the replies of one request go: a small shared slot the connection's task fills
 //! in order and the caller waits on ([`Reply`], [`Replies`]). A caller that stops waiting
-//! leaves its slot; the reply is dropped when it arrives. What a request holds until its
-//! replies are read ([`Then`], a release's turn) is dropped as they arrive, whether or not
-//! the caller still polls.
+//! leaves its slot; the reply is dropped when it arrives.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,13 +25,7 @@ struct SlotState {
     expected: usize,
     got: Got,
     waker: Option<Waker>,
-    /// Dropped as soon as every reply is in (or the request failed), whether or not the
-    /// caller still polls: see [`Wire::request_then`].
-    then: Option<Then>,
 }
-
-/// What a request holds until its replies are read (see [`Wire::request_then`]).
-pub(crate) type Then = Box<dyn Send>;
 
 enum Got {
     Nothing,
@@ -45,12 +37,11 @@ enum Got {
 }
 
 impl Slot {
-    pub(super) fn new(expected: usize, then: Option<Then>) -> Self {
+    pub(super) fn new(expected: usize) -> Self {
         Self(Mutex::new(SlotState {
             expected,
             got: Got::Nothing,
             waker: None,
-            then,
         }))
     }
 
@@ -60,7 +51,7 @@ impl Slot {
 
     /// One more reply arrived.
     pub(super) fn deliver(&self, value: Value) {
-        let (waker, then) = {
+        let waker = {
             let mut st = self.state();
             st.expected = st.expected.saturating_sub(1);
             st.got = match std::mem::replace(&mut st.got, Got::Nothing) {
@@ -77,29 +68,27 @@ impl Slot {
                 other => other,
             };
             if st.expected == 0 {
-                (st.waker.take(), st.then.take())
+                st.waker.take()
             } else {
-                (None, None)
+                None
             }
         };
         if let Some(w) = waker {
             w.wake();
         }
-        drop(then);
     }
 
     /// The request failed (the connection broke).
     pub(super) fn fail(&self, error: RedisError) {
-        let (waker, then) = {
+        let waker = {
             let mut st = self.state();
             st.expected = 0;
             st.got = Got::Failed(error);
-            (st.waker.take(), st.then.take())
+            st.waker.take()
         };
         if let Some(w) = waker {
             w.wake();
         }
-        drop(then);
     }
 }
 
