@@ -221,9 +221,9 @@ impl Node {
         sending: How,
         on_sent: impl FnOnce(),
     ) -> Result<Value, NodeError> {
-        let (conn, generation) = self.connection(sending.quarantine).await?;
+        let connected = self.connection(sending.quarantine).await?;
         let batched = call.is_release() && self.batches_releases();
-        let turn = match &conn {
+        let turn = match &connected.0 {
             Conn::Own(_) => None,
             _ if batched => match self.release_turn(call, sending.deadline) {
                 Ok(turn) => turn,
@@ -231,8 +231,7 @@ impl Node {
             },
             _ => None,
         };
-        self.call_on(conn, generation, call, sending, turn, on_sent)
-            .await
+        self.call_on(connected, call, sending, turn, on_sent).await
     }
 
     /// Where a release on a redis-rs connection goes at this node: `Ok` to send it now,
@@ -299,17 +298,15 @@ impl Node {
         call: &Arc<Call>,
         sending: How,
     ) -> Result<Value, NodeError> {
-        let (conn, generation) = self.connection(sending.quarantine).await?;
-        self.call_on(conn, generation, call, sending, None, || {})
-            .await
+        let connected = self.connection(sending.quarantine).await?;
+        self.call_on(connected, call, sending, None, || {}).await
     }
 
     /// Runs `call` on `conn` (of `generation`); `turn` if it is a release holding the
     /// node's turn on a redis-rs connection; `on_sent` as for [`run`](Self::run).
     async fn call_on(
         self: &Arc<Self>,
-        mut conn: Conn,
-        generation: u64,
+        (mut conn, generation): (Conn, u64),
         call: &Arc<Call>,
         sending: How,
         turn: Option<batch::Turn>,

@@ -477,3 +477,23 @@ async fn a_deep_connection_writes_a_chunk_of_one_node_requests_at_once() {
         }
     }
 }
+
+/// On an idle connection the caller of a round to one node writes its request itself,
+/// before it even waits (no task hop); a round to several nodes leaves it to the task.
+#[tokio::test]
+async fn the_caller_writes_on_an_idle_connection_for_a_one_node_round() {
+    const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+    for writes in [Writes::Caller, Writes::Task] {
+        let (wire, server) = in_memory(1 << 16);
+        let answer = wire.request(PING, writes);
+        let written = server.requests.0.lock().expect("pipe").bytes.len();
+        match writes {
+            Writes::Caller => assert_eq!(written, PING.len(), "written by the caller"),
+            Writes::Task => assert_eq!(written, 0, "left to the task"),
+        }
+        server.take(PING.len()).await;
+        server.send(b"+PONG\r\n").await;
+        let got = tokio::time::timeout(PATIENCE, answer).await;
+        assert!(matches!(got, Ok(Ok(_))), "{writes:?}: {got:?}");
+    }
+}
