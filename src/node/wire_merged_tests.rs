@@ -96,11 +96,21 @@ async fn a_release_alone_in_its_write_goes_as_itself() {
     server.send(b"+PONG\r\n:1\r\n").await;
     assert!(answer(ping).await.is_ok());
     assert_eq!(answer(a).await.ok(), Some(Value::Int(1)));
-    // On an idle connection the caller writes it at once, as itself too.
-    let again = wire.release(&call, Writes::Caller);
-    expect(&server, call.packed(), "the release on an idle connection").await;
-    server.send(b":0\r\n").await;
-    assert_eq!(answer(again).await.ok(), Some(Value::Int(0)));
+    // On an idle connection the caller of a one-node round writes it at once, as itself
+    // too (before it even waits); a round to several nodes leaves it to the task.
+    for writes in [Writes::Caller, Writes::Task] {
+        let again = wire.release(&call, writes);
+        let written = server.written();
+        let by_caller = if writes == Writes::Caller {
+            call.packed().len()
+        } else {
+            0
+        };
+        assert_eq!(written, by_caller, "{writes:?}");
+        expect(&server, call.packed(), "the release on an idle connection").await;
+        server.send(b":0\r\n").await;
+        assert_eq!(answer(again).await.ok(), Some(Value::Int(0)));
+    }
 }
 
 /// A merged call the node no longer has the script of (`NOSCRIPT`) fails each release
@@ -258,4 +268,89 @@ fn set_nx(call: &Call) -> Vec<u8> {
     out.extend_from_slice(key);
     out.extend_from_slice(b"\r\n$1\r\nv\r\n$2\r\nNX\r\n");
     out
+}
+
+/// Releases count towards the chunk that a round to one node has written at once on a
+/// deep connection, as requests do.
+#[tokio::test]
+async fn releases_count_towards_a_chunk() {
+    let (wire, server) = in_memory(1 << 16);
+    let mut pings: Vec<Reply> = (0..super::SHALLOW)
+        .map(|_| wire.request(PING, Writes::Caller))
+        .collect();
+    server.take(super::SHALLOW * PING.len()).await;
+    let calls: Vec<Arc<Call>> = (0..super::CHUNK - 1)
+        .map(|i| release(&format!("k{i}"), "v"))
+        .collect();
+    let releases: Vec<Reply> = calls
+        .iter()
+        .map(|c| wire.release(c, Writes::Caller))
+        .collect();
+    pings.push(wire.request_all(PING, 1, Writes::Caller, b"other"));
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let chunk = merged(&calls).len() + PING.len();
+    let written = server.written();
+    assert_eq!(
+        written, chunk,
+        "the chunk of releases and a request goes at once"
+    );
+    let mut replies = b"+PONG\r\n".repeat(super::SHALLOW);
+    replies.extend(format!("*{}\r\n", calls.len()).into_bytes());
+    replies.extend(b":1\r\n".repeat(calls.len()));
+    replies.extend(b"+PONG\r\n");
+    server.take(chunk).await;
+    server.send(&replies).await;
+    for reply in pings {
+        assert!(answer(reply).await.is_ok());
+    }
+    for reply in releases {
+        assert_eq!(answer(reply).await.ok(), Some(Value::Int(1)));
+    }
+}
+
+/// A large request written together with merged releases does not leave its memory in the
+/// buffers that take turns with `out`.
+#[tokio::test]
+async fn a_large_request_among_merged_releases_does_not_keep_its_memory() {
+    let (wire, server) = in_memory(1 << 24);
+    let call = release("a", "v");
+    let large = {
+        let mut out = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1048576\r\n".to_vec();
+        out.extend(vec![b'x'; 1 << 20]);
+        out.extend(b"\r\n");
+        out
+    };
+    let ping = wire.request(PING, Writes::Caller);
+    let set = wire.request_all(&large, 1, Writes::Task, b"k");
+    let a = wire.release(&call, Writes::Caller);
+    server
+        .take(PING.len() + large.len() + call.packed().len())
+        .await;
+    server.send(b"+PONG\r\n+OK\r\n:1\r\n").await;
+    assert!(answer(ping).await.is_ok());
+    assert!(answer(set).await.is_ok());
+    assert!(answer(a).await.is_ok());
+    // Small writes, with and without a merged release, so every buffer takes its turn
+    // as `out`.
+    for i in 0..6 {
+        let ping = wire.request(PING, Writes::Task);
+        let a = (i % 2 == 0).then(|| wire.release(&call, Writes::Caller));
+        let len = PING.len() + a.as_ref().map_or(0, |_| call.packed().len());
+        server.take(len).await;
+        server
+            .send(if a.is_some() {
+                b"+PONG\r\n:1\r\n"
+            } else {
+                b"+PONG\r\n"
+            })
+            .await;
+        assert!(answer(ping).await.is_ok());
+        if let Some(a) = a {
+            assert!(answer(a).await.is_ok());
+        }
+        let kept = wire.0.0.state().out.capacity();
+        assert!(kept <= super::MAX_IDLE_BUFFER, "{kept} bytes kept");
+    }
 }

@@ -118,6 +118,11 @@ pub(super) fn in_memory(capacity: usize) -> (Wire, Server) {
 }
 
 impl Server {
+    /// How many bytes the client wrote that the server has not taken yet.
+    pub(super) fn written(&self) -> usize {
+        self.requests.0.lock().expect("pipe").bytes.len()
+    }
+
     /// Sends `chunk` as one read of the client.
     pub(super) async fn send(&self, chunk: &[u8]) {
         let sent = tokio::time::timeout(PATIENCE, self.replies.send(chunk.to_vec()));
@@ -446,7 +451,7 @@ async fn a_deep_connection_writes_a_chunk_of_one_node_requests_at_once() {
             .collect();
         server.take(super::SHALLOW * PING.len()).await;
         answers.extend((0..super::CHUNK - 1).map(|_| wire.request(PING, writes)));
-        let written = || server.requests.0.lock().expect("pipe").bytes.len();
+        let written = || server.written();
         for _ in 0..10 {
             tokio::task::yield_now().await;
         }
@@ -486,7 +491,7 @@ async fn the_caller_writes_on_an_idle_connection_for_a_one_node_round() {
     for writes in [Writes::Caller, Writes::Task] {
         let (wire, server) = in_memory(1 << 16);
         let answer = wire.request(PING, writes);
-        let written = server.requests.0.lock().expect("pipe").bytes.len();
+        let written = server.written();
         match writes {
             Writes::Caller => assert_eq!(written, PING.len(), "written by the caller"),
             Writes::Task => assert_eq!(written, 0, "left to the task"),

@@ -87,3 +87,50 @@ pub(crate) fn answers(
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scripts::Request;
+
+    fn release(key: &str, value: &str) -> Call {
+        Request::Release {
+            key: key.as_bytes(),
+            value: value.as_bytes(),
+            id: b"client-1",
+        }
+        .call()
+    }
+
+    /// The merged call as the server must read it: the keys, then the values, then the
+    /// client id, after the script and the key count.
+    #[test]
+    fn releases_pack_as_one_release_many_call() {
+        let calls = [release("a", "va"), release("bb", "vb"), release("c", "vc")];
+        let mut out = b"before|".to_vec();
+        pack_into(&[&calls[0], &calls[1], &calls[2]], &mut out);
+        let sha = RELEASE_MANY_SCRIPT.sha.as_str();
+        let expected = format!(
+            "before|*10\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n3\r\n$1\r\na\r\n$2\r\nbb\r\n\
+             $1\r\nc\r\n$2\r\nva\r\n$2\r\nvb\r\n$2\r\nvc\r\n$8\r\nclient-1\r\n"
+        );
+        assert_eq!(String::from_utf8_lossy(&out), expected);
+    }
+
+    /// Each release gets its own answer, an error of its key as its own error; a reply of
+    /// another length is an error for all.
+    #[test]
+    fn the_reply_splits_into_each_releases_answer() {
+        let error = Value::Array(vec![Value::BulkString(b"WRONGTYPE no".to_vec())]);
+        let each = answers(Value::Array(vec![Value::Int(1), error, Value::Int(0)]), 3)
+            .expect("one answer each");
+        assert_eq!(each[0].as_ref().ok(), Some(&Value::Int(1)));
+        assert_eq!(
+            each[1].as_ref().err().and_then(|e| e.code()),
+            Some("WRONGTYPE")
+        );
+        assert_eq!(each[2].as_ref().ok(), Some(&Value::Int(0)));
+        assert!(answers(Value::Array(vec![Value::Int(1)]), 2).is_err());
+        assert!(answers(Value::Int(1), 1).is_err());
+    }
+}
