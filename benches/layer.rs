@@ -207,6 +207,17 @@ async fn hook() -> &'static str {
     "ok"
 }
 
+/// The server's client of the nodes at `urls`, warmed up.
+async fn server_client(urls: Vec<String>, fencing: bool) -> tower_redlock::Redlock {
+    let redlock = support::builder(urls)
+        .ttl(TTL)
+        .fencing(fencing)
+        .build()
+        .expect("build tower-redlock");
+    support::warm(&redlock).await;
+    redlock
+}
+
 /// The handler variant's route: locks the request's key, unlocks it, answers.
 async fn lock_in_handler(
     axum::extract::State(redlock): axum::extract::State<tower_redlock::Redlock>,
@@ -245,33 +256,18 @@ fn serve_child(spec: &str) {
         let app = match variant {
             Variant::Plain | Variant::PlainBody => app,
             Variant::Handler => {
-                let redlock = support::builder(urls)
-                    .ttl(TTL)
-                    .fencing(false)
-                    .build()
-                    .expect("build tower-redlock");
-                support::warm(&redlock).await;
+                let redlock = server_client(urls, false).await;
                 Router::new()
                     .route("/hook", post(lock_in_handler))
                     .with_state(redlock)
             }
             Variant::BodyKey => {
-                let redlock = support::builder(urls)
-                    .ttl(TTL)
-                    .fencing(false)
-                    .build()
-                    .expect("build tower-redlock");
-                support::warm(&redlock).await;
+                let redlock = server_client(urls, false).await;
                 let key = tower_redlock::layer::BodyKey::json("id");
                 app.route_layer(tower_redlock::RedlockLayer::from_body(redlock, key))
             }
             _ => {
-                let redlock = support::builder(urls)
-                    .ttl(TTL)
-                    .fencing(variant == Variant::Fenced)
-                    .build()
-                    .expect("build tower-redlock");
-                support::warm(&redlock).await;
+                let redlock = server_client(urls, variant == Variant::Fenced).await;
                 let layer = tower_redlock::RedlockLayer::new(
                     redlock,
                     tower_redlock::layer::Header::new(KEY_HEADER).required(),
@@ -728,13 +724,7 @@ impl Cell {
 
     /// Median over the repeats of `variant − its base` (plain, or plain with the same body).
     fn delta(&self, v: usize, field: fn(&Metrics) -> f64) -> f64 {
-        let b = base_index(v);
-        let mut values: Vec<f64> = self
-            .runs
-            .iter()
-            .map(|r| field(&r[v]) - field(&r[b]))
-            .collect();
-        median(&mut values)
+        self.between(v, base_index(v), field)
     }
 
     /// Median over the repeats of `variant ÷ its base`.

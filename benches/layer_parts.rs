@@ -18,9 +18,7 @@
 //! `PARTS_REQUESTS` requests (default 20,000): wall time, and heap allocations (a
 //! counting global allocator). `cargo bench --bench layer_parts --features testing,axum`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
@@ -32,33 +30,8 @@ use tower_redlock::testing::InMemoryLock;
 
 mod common;
 
-/// Counts heap allocations (reallocations included).
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call goes to the system allocator unchanged; the counter is a side effect.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: common::Counting = common::Counting;
 
 const KEY_HEADER: &str = "x-request-id";
 
@@ -92,7 +65,7 @@ where
     B: http_body::Body,
     B::Error: std::fmt::Debug,
 {
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    let allocations = common::allocations();
     let start = Instant::now();
     for i in first..first + n {
         let svc = svc.ready().await.expect("ready");
@@ -101,20 +74,20 @@ where
         let _ = res.into_body().collect().await.expect("body");
     }
     let ns = start.elapsed().as_nanos() as f64 / n as f64;
-    let allocations = (ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64 / n as f64;
+    let allocations = (common::allocations() - allocations) as f64 / n as f64;
     (ns, allocations)
 }
 
 /// The test lock's acquire and release, `n` fresh names; ns and allocations per pair.
 async fn lock_alone(lock: &InMemoryLock, n: u64, first: u64) -> (f64, f64) {
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    let allocations = common::allocations();
     let start = Instant::now();
     for i in first..first + n {
         let guard = lock.acquire(format!("req-{i}")).await.expect("free");
         let _ = guard.release().await;
     }
     let ns = start.elapsed().as_nanos() as f64 / n as f64;
-    let allocations = (ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64 / n as f64;
+    let allocations = (common::allocations() - allocations) as f64 / n as f64;
     (ns, allocations)
 }
 

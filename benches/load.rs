@@ -28,7 +28,6 @@ use common::{
     source_state,
 };
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -37,43 +36,8 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use tokio::sync::watch;
 
-// ---------------------------------------------------------------------------------------
-// Allocation counting
-
-/// The system allocator, counting allocations (alloc, alloc_zeroed and realloc calls).
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to `System`; the counter has no effect on
-// the memory handed out.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: common::Counting = common::Counting;
 
 // ---------------------------------------------------------------------------------------
 // Configuration
@@ -279,7 +243,7 @@ impl Snapshot {
 /// are not counted as client work).
 async fn snapshot_start(conns: &mut [MultiplexedConnection]) -> Snapshot {
     let redis_us = redis_cpu_us(conns).await;
-    let allocs = ALLOCS.load(Ordering::Relaxed);
+    let allocs = common::allocations();
     let cpu_us = process_cpu_us();
     Snapshot {
         at: Instant::now(),
@@ -294,7 +258,7 @@ async fn snapshot_start(conns: &mut [MultiplexedConnection]) -> Snapshot {
 async fn snapshot_end(conns: &mut [MultiplexedConnection]) -> Snapshot {
     let at = Instant::now();
     let cpu_us = process_cpu_us();
-    let allocs = ALLOCS.load(Ordering::Relaxed);
+    let allocs = common::allocations();
     let fenced = tower_redlock::fencing::rounds();
     Snapshot {
         at,

@@ -1,8 +1,14 @@
 //! What the benchmarks share: environment settings, Redis CPU and flushing, percentiles
-//! and medians, and the machine and source description of a report.
+//! and medians, the counting allocator, and the machine and source description of a report.
 #![allow(dead_code)]
 
 use std::process::Command;
+
+mod counting;
+
+// Not every benchmark counts allocations (the layer benchmark's server runs as users run it).
+#[allow(unused_imports)]
+pub use counting::{Counting, allocations};
 
 use redis::aio::MultiplexedConnection;
 

@@ -39,6 +39,33 @@ async fn expect(server: &Server, expected: &[u8], what: &str) {
     );
 }
 
+/// A connection busy with a `PING` (answered `+PONG` once the server sends `then`) when
+/// the releases of `keys` come, `writes` as given: they go out merged after it. Each
+/// release's answer, once the server replied `then`.
+async fn merged_after_a_ping(
+    keys: &[&str],
+    writes: Writes,
+    then: Option<&[u8]>,
+) -> Vec<redis::RedisResult<Value>> {
+    let (wire, server) = in_memory(1 << 16);
+    let ping = wire.request(PING, Writes::Caller);
+    let calls: Vec<Arc<Call>> = keys.iter().map(|k| release(k, "v")).collect();
+    let replies: Vec<Reply> = calls.iter().map(|c| wire.release(c, writes)).collect();
+    expect(&server, PING, "the request written at once").await;
+    expect(&server, &merged(&calls), "the releases merged").await;
+    server.send(b"+PONG\r\n").await;
+    assert!(answer(ping).await.is_ok());
+    match then {
+        Some(reply) => server.send(reply).await,
+        None => drop(server),
+    }
+    let mut answers = Vec::new();
+    for reply in replies {
+        answers.push(answer(reply).await);
+    }
+    answers
+}
+
 async fn answer(reply: Reply) -> redis::RedisResult<Value> {
     tokio::time::timeout(PATIENCE, reply)
         .await
@@ -117,21 +144,10 @@ async fn a_release_alone_in_its_write_goes_as_itself() {
 /// with it, so that each is sent again alone by `EVAL`, as a lone release would be.
 #[tokio::test]
 async fn noscript_for_a_merged_call_reaches_each_release() {
-    let (wire, server) = in_memory(1 << 16);
-    let ping = wire.request(PING, Writes::Caller);
-    let calls: Vec<Arc<Call>> = ["a", "b"].iter().map(|k| release(k, "v")).collect();
-    let replies: Vec<Reply> = calls
-        .iter()
-        .map(|c| wire.release(c, Writes::Caller))
-        .collect();
-    expect(&server, PING, "the request written at once").await;
-    expect(&server, &merged(&calls), "the releases merged").await;
-    server
-        .send(b"+PONG\r\n-NOSCRIPT No matching script. Please use EVAL.\r\n")
-        .await;
-    assert!(answer(ping).await.is_ok());
-    for reply in replies {
-        let error = answer(reply).await.expect_err("NOSCRIPT");
+    let noscript = b"-NOSCRIPT No matching script. Please use EVAL.\r\n";
+    let answers = merged_after_a_ping(&["a", "b"], Writes::Caller, Some(noscript)).await;
+    for answer in answers {
+        let error = answer.expect_err("NOSCRIPT");
         assert_eq!(
             error.kind(),
             redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
@@ -143,20 +159,8 @@ async fn noscript_for_a_merged_call_reaches_each_release() {
 /// A connection cut before a merged call is answered fails each of its releases.
 #[tokio::test]
 async fn a_cut_fails_each_merged_release() {
-    let (wire, server) = in_memory(1 << 16);
-    let ping = wire.request(PING, Writes::Caller);
-    let calls: Vec<Arc<Call>> = ["a", "b", "c"].iter().map(|k| release(k, "v")).collect();
-    let replies: Vec<Reply> = calls
-        .iter()
-        .map(|c| wire.release(c, Writes::Task))
-        .collect();
-    expect(&server, PING, "the request written at once").await;
-    expect(&server, &merged(&calls), "the releases merged").await;
-    server.send(b"+PONG\r\n").await;
-    assert!(answer(ping).await.is_ok());
-    drop(server);
-    for reply in replies {
-        let error = answer(reply).await.expect_err("cut");
+    for answer in merged_after_a_ping(&["a", "b", "c"], Writes::Task, None).await {
+        let error = answer.expect_err("cut");
         assert!(
             error.is_io_error() || error.is_connection_dropped(),
             "{error}"
@@ -203,19 +207,9 @@ async fn more_releases_than_one_call_takes_go_out_as_several() {
 /// fails each release, with the reply described.
 #[tokio::test]
 async fn a_reply_of_the_wrong_shape_fails_each_release() {
-    let (wire, server) = in_memory(1 << 16);
-    let ping = wire.request(PING, Writes::Caller);
-    let calls: Vec<Arc<Call>> = ["a", "b"].iter().map(|k| release(k, "v")).collect();
-    let replies: Vec<Reply> = calls
-        .iter()
-        .map(|c| wire.release(c, Writes::Caller))
-        .collect();
-    expect(&server, PING, "the request written at once").await;
-    expect(&server, &merged(&calls), "the releases merged").await;
-    server.send(b"+PONG\r\n*1\r\n:1\r\n").await;
-    assert!(answer(ping).await.is_ok());
-    for reply in replies {
-        let error = answer(reply).await.expect_err("wrong shape");
+    let one_answer = b"*1\r\n:1\r\n";
+    for answer in merged_after_a_ping(&["a", "b"], Writes::Caller, Some(one_answer)).await {
+        let error = answer.expect_err("wrong shape");
         assert_eq!(
             error.kind(),
             redis::ErrorKind::UnexpectedReturnType,
