@@ -812,12 +812,7 @@ async fn concurrent_releases_over_resp3_go_out_together_and_each_gets_its_own_an
 async fn concurrent_releases_go_out_together(url_tail: &str) {
     const LOCKS: usize = 40;
     let cluster = Cluster::start(3);
-    let urls = cluster.urls().into_iter().map(|u| format!("{u}{url_tail}"));
-    let redlock = support::builder(urls)
-        .fencing(false)
-        .build()
-        .expect("build");
-    support::warm(&redlock).await;
+    let redlock = cluster.client_over(url_tail, |b| b.fencing(false)).await;
     let mut locks = Vec::new();
     for i in 0..LOCKS {
         locks.push(redlock.try_lock(format!("batch-{i}")).await.expect("free"));

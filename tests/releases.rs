@@ -85,18 +85,10 @@ async fn a_refused_publish_does_not_stop_a_release() {
     );
 }
 
-/// A client of `cluster`'s nodes, warmed up, over our own connections or (`resp3`)
-/// redis-rs's, where a release on its way holds its node's release turn.
-async fn client(
-    cluster: &Cluster,
-    resp3: bool,
-    configure: impl FnOnce(tower_redlock::RedlockBuilder) -> tower_redlock::RedlockBuilder,
-) -> Redlock {
-    let tail = if resp3 { "/?protocol=resp3" } else { "" };
-    let urls = cluster.urls().into_iter().map(|u| format!("{u}{tail}"));
-    let redlock = configure(support::builder(urls)).build().expect("build");
-    support::warm(&redlock).await;
-    redlock
+/// The URL tail for a client over our own connections or (`resp3`) redis-rs's, where a
+/// release on its way holds its node's release turn.
+fn tail(resp3: bool) -> &'static str {
+    if resp3 { "/?protocol=resp3" } else { "" }
 }
 
 /// A release polled once and then left alone without being dropped (pinned in a
@@ -106,7 +98,7 @@ async fn client(
 #[tokio::test]
 async fn a_release_left_unpolled_does_not_stall_the_others() {
     let cluster = Cluster::start(1);
-    let redlock = client(&cluster, false, |b| b.ttl(Duration::from_secs(60))).await;
+    let redlock = cluster.client(|b| b.ttl(Duration::from_secs(60))).await;
     let a = redlock.lock("stalled").await.expect("lock");
     assert_eq!(cluster.nodes_holding(key("stalled")).await, 1);
     let mut stalled = Box::pin(redlock.unlock(&a));
@@ -142,11 +134,12 @@ async fn releases_behind_a_stalled_turn_still_reach_the_node() {
 
 async fn releases_behind_a_stalled_release_still_reach_the_node(resp3: bool) {
     let mut cluster = Cluster::start(1);
-    let redlock = client(&cluster, resp3, |b| {
-        b.ttl(Duration::from_secs(60))
-            .node_timeout(Duration::from_millis(100))
-    })
-    .await;
+    let redlock = cluster
+        .client_over(tail(resp3), |b| {
+            b.ttl(Duration::from_secs(60))
+                .node_timeout(Duration::from_millis(100))
+        })
+        .await;
     let a = redlock.lock("stalled").await.expect("lock");
     let b = redlock.lock("behind").await.expect("lock");
     assert_eq!(cluster.nodes_holding(key("behind")).await, 1);

@@ -156,6 +156,14 @@ struct WireState {
     closed: bool,
 }
 
+impl WireState {
+    /// Whether the caller writes its request itself, at once: a round to one node
+    /// (`Writes::Caller`) on an idle connection (no reply to come, nothing left to write).
+    fn caller_writes(&self, writes: Writes, in_flight: usize) -> bool {
+        writes == Writes::Caller && in_flight == 0 && self.out.is_empty() && !self.task_writing
+    }
+}
+
 /// Where a reply goes.
 enum Waiter {
     /// To the slot of its request.
@@ -252,11 +260,9 @@ impl Wire {
     /// slot they fill.
     fn send(&self, packed: &[u8], replies: usize, writes: Writes, key: Option<&[u8]>) -> Arc<Slot> {
         let slot = Arc::new(Slot::new(replies));
-        let mut st = self.0.0.state();
-        if let Some(broken) = &st.broken {
-            slot.fail(broken.error());
+        let Some(mut st) = self.open(&slot) else {
             return slot;
-        }
+        };
         let in_flight = st.waiting.len();
         for _ in 0..replies {
             st.waiting.push_back(Waiter::Reply(Arc::clone(&slot)));
@@ -269,6 +275,19 @@ impl Wire {
         }
         self.enqueue(st, packed, in_flight, writes);
         slot
+    }
+
+    /// The connection's state, to send the request whose replies go to `slot`; `None`
+    /// when it is broken (`slot` then failed with why).
+    fn open(&self, slot: &Slot) -> Option<MutexGuard<'_, WireState>> {
+        let st = self.0.0.state();
+        match &st.broken {
+            Some(broken) => {
+                slot.fail(broken.error());
+                None
+            }
+            None => Some(st),
+        }
     }
 
     /// Puts `packed` on its way, its replies' places taken behind `in_flight` others. On an
@@ -284,7 +303,7 @@ impl Wire {
     ) {
         let shared = &self.0.0;
         let mut rest = packed;
-        if writes == Writes::Caller && in_flight == 0 && st.out.is_empty() && !st.task_writing {
+        if st.caller_writes(writes, in_flight) {
             match write(&*shared.writing, packed) {
                 Ok(n) => rest = &packed[n..],
                 Err(why) => {
@@ -320,13 +339,11 @@ impl Wire {
     /// `merged`), each answered as it would have been alone.
     pub(crate) fn release(&self, call: &Arc<Call>, writes: Writes) -> Reply {
         let slot = Arc::new(Slot::new(1));
-        let mut st = self.0.0.state();
-        if let Some(broken) = &st.broken {
-            slot.fail(broken.error());
+        let Some(mut st) = self.open(&slot) else {
             return Reply(slot);
-        }
+        };
         let in_flight = st.waiting.len();
-        if writes == Writes::Caller && in_flight == 0 && st.out.is_empty() && !st.task_writing {
+        if st.caller_writes(writes, in_flight) {
             st.waiting.push_back(Waiter::Reply(Arc::clone(&slot)));
             self.enqueue(st, call.packed(), in_flight, writes);
             return Reply(slot);
@@ -509,10 +526,16 @@ fn take_out(shared: &WireShared, unwritten: &mut Vec<u8>, spare: &mut Vec<u8>) -
     }
     unwritten.extend_from_slice(spare.get(from..).unwrap_or_default());
     spare.clear();
-    if spare.capacity() > MAX_IDLE_BUFFER {
-        *spare = Vec::new();
-    }
+    give_back(spare);
     true
+}
+
+/// Gives back the memory of the empty buffer `buf` when it is large (after a large
+/// request), so that one large request does not stay in the connection for its life.
+fn give_back(buf: &mut Vec<u8>) {
+    if buf.capacity() > MAX_IDLE_BUFFER {
+        *buf = Vec::new();
+    }
 }
 
 /// Closes the call that releases join now, if any: later ones start another.
@@ -530,11 +553,8 @@ fn write_some(shared: &WireShared, unwritten: &mut Vec<u8>) -> Result<(), Broken
     let n = write(&*shared.writing, unwritten)?;
     unwritten.drain(..n);
     if unwritten.is_empty() {
-        if unwritten.capacity() > MAX_IDLE_BUFFER {
-            // A large request is out: give its memory back (the buffer goes back to `out`
-            // at the next swap).
-            *unwritten = Vec::new();
-        }
+        // A large request is out (the buffer goes back to `out` at the next swap).
+        give_back(unwritten);
         shared.state().task_writing = false;
     }
     Ok(())

@@ -492,7 +492,18 @@ impl Cluster {
         &self,
         configure: impl FnOnce(tower_redlock::RedlockBuilder) -> tower_redlock::RedlockBuilder,
     ) -> tower_redlock::Redlock {
-        let redlock = configure(builder(self.urls())).build().expect("build");
+        self.client_over("", configure).await
+    }
+
+    /// [`client`](Self::client) with `tail` after each node's URL: `/?protocol=resp3` for
+    /// redis-rs's connections instead of the client's own.
+    pub async fn client_over(
+        &self,
+        tail: &str,
+        configure: impl FnOnce(tower_redlock::RedlockBuilder) -> tower_redlock::RedlockBuilder,
+    ) -> tower_redlock::Redlock {
+        let urls = self.urls().into_iter().map(|u| format!("{u}{tail}"));
+        let redlock = configure(builder(urls)).build().expect("build");
         warm(&redlock).await;
         redlock
     }
