@@ -159,6 +159,55 @@ async fn releases_behind_a_stalled_release_still_reach_the_node(resp3: bool) {
     drop(stalled);
 }
 
+/// Releases our own connection to a node has not written yet when it is dropped (behind
+/// requests the paused node does not answer, which time out and make the node reconnect)
+/// go out on its next connection, and delete their keys once the node answers again,
+/// though their callers stopped waiting long before.
+#[tokio::test]
+async fn releases_not_written_when_the_connection_drops_go_on_the_next_one() {
+    let mut cluster = Cluster::start(1);
+    let redlock = cluster
+        .client(|b| {
+            b.ttl(Duration::from_secs(60))
+                .node_timeout(Duration::from_millis(200))
+                .connect_timeout(Duration::from_secs(20))
+                .reconnect_after_timeouts(1)
+        })
+        .await;
+    let names = ["unwritten-0", "unwritten-1"];
+    let locks = join_all(names.iter().map(|n| redlock.lock(*n))).await;
+    let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    assert_eq!(cluster.nodes_holding(key(names[1])).await, 1);
+    cluster.nodes[0].pause();
+    // Four acquisitions on their way: the connection is deep enough that the releases
+    // wait for its next write.
+    let mut busy: Vec<_> = (0..4)
+        .map(|i| Box::pin(redlock.try_lock(format!("busy-{i}"))))
+        .collect();
+    for attempt in &mut busy {
+        poll_once(attempt.as_mut()).await;
+    }
+    // The connection's task writes them (this runtime has one thread: it runs now).
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let unlocks = join_all(locks.iter().map(|l| redlock.unlock(l)));
+    let (attempts, reports) = tokio::join!(join_all(busy), unlocks);
+    assert!(attempts.iter().all(Result::is_err), "the node is paused");
+    for report in &reports {
+        assert_eq!(report.released(), 0, "{report:?}");
+    }
+    cluster.nodes[0].resume();
+    for name in names {
+        wait_for(
+            "the release sent again on the next connection",
+            Duration::from_secs(10),
+            || async { cluster.nodes_holding(key(name)).await == 0 },
+        )
+        .await;
+    }
+}
+
 /// `shutdown()` waits for the releases on their way: 200 guards dropped at once (their
 /// releases spawned in the background, most of them queued behind one another for each
 /// node) on nodes 40 ms away (a fault proxy delays every chunk), then a shutdown, and no

@@ -71,6 +71,15 @@ impl Node {
                         .into(),
                     ))
                 });
+            if let Ok(Opened {
+                conn: Conn::Own(wire),
+                ..
+            }) = &outcome
+            {
+                // Releases it has not written when it breaks go on the next connection.
+                let weak = Arc::downgrade(&node);
+                wire.on_unsent(move |unsent| Node::resend(&weak, unsent));
+            }
             node.connected(outcome);
             unfinished.0 = None;
         });

@@ -51,6 +51,7 @@ mod merged;
 mod open;
 mod slot;
 
+pub(crate) use merged::Unsent;
 pub(crate) use open::{handshake, plain_tcp};
 
 use merged::{Keys, MAX_MERGED, Merged};
@@ -152,6 +153,8 @@ struct WireState {
     task_writing: bool,
     /// Why the connection can no longer be used.
     broken: Option<Broken>,
+    /// Where the releases not written yet go when it breaks (see [`Wire::on_unsent`]).
+    on_unsent: Option<OnUnsent>,
     /// Every handle is gone.
     closed: bool,
 }
@@ -163,6 +166,9 @@ impl WireState {
         writes == Writes::Caller && in_flight == 0 && self.out.is_empty() && !self.task_writing
     }
 }
+
+/// Takes the releases a connection had not written when it broke.
+type OnUnsent = Box<dyn FnOnce(Vec<Unsent>) + Send>;
 
 /// Where a reply goes.
 enum Waiter {
@@ -202,9 +208,10 @@ impl WireShared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Marks the connection broken and fails every request still out.
+    /// Marks the connection broken and fails every request still out, except merged
+    /// releases not written yet: they go where [`Wire::on_unsent`] said (or fail too).
     fn break_with(&self, why: Broken) {
-        let waiting = {
+        let (waiting, on_unsent) = {
             let mut st = self.state();
             if st.broken.is_none() {
                 st.broken = Some(why.clone());
@@ -212,8 +219,9 @@ impl WireShared {
             st.out = Vec::new();
             st.merging = None;
             st.merged = Vec::new();
-            std::mem::take(&mut st.waiting)
+            (std::mem::take(&mut st.waiting), st.on_unsent.take())
         };
+        let mut unsent = Vec::new();
         let mut last: Option<Arc<Slot>> = None;
         for waiter in waiting {
             match waiter {
@@ -223,7 +231,16 @@ impl WireShared {
                     slot.fail(why.error());
                     last = Some(slot);
                 }
-                Waiter::Merged(merged) => merged.fail(&why.error()),
+                Waiter::Merged(merged) => merged.fail(&why.error(), &mut unsent),
+            }
+        }
+        match on_unsent {
+            _ if unsent.is_empty() => {}
+            Some(on_unsent) => on_unsent(unsent),
+            None => {
+                for release in unsent {
+                    release.answer(Err(why.error()));
+                }
             }
         }
     }
@@ -371,6 +388,15 @@ impl Wire {
         st.queued += 1;
         self.wake_if_due(st, in_flight, writes);
         Reply(slot)
+    }
+
+    /// Where the merged releases not written yet go if the connection breaks (the node
+    /// sends them on its next connection); without it they fail with the connection.
+    pub(crate) fn on_unsent(&self, on_unsent: impl FnOnce(Vec<Unsent>) + Send + 'static) {
+        let mut st = self.0.0.state();
+        if st.broken.is_none() {
+            st.on_unsent = Some(Box::new(on_unsent));
+        }
     }
 
     /// Closes the connection now: nothing more is written (what was not written yet is

@@ -168,6 +168,59 @@ async fn a_cut_fails_each_merged_release() {
     }
 }
 
+/// When the connection breaks, the merged releases it had not written yet go where
+/// `on_unsent` said, with their calls, and their callers get the answers given there; a
+/// merged call that was written, a request on its way, and a release sent on the broken
+/// connection fail. Without `on_unsent` the releases not written fail too.
+#[tokio::test]
+async fn releases_not_written_when_the_connection_breaks_go_where_it_says() {
+    for told in [true, false] {
+        let (wire, server) = in_memory(1 << 16);
+        let handed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        if told {
+            let handed = Arc::clone(&handed);
+            wire.on_unsent(move |unsent| handed.lock().expect("handed").extend(unsent));
+        }
+        let ping = wire.request(PING, Writes::Caller); // idle: written at once
+        let calls: Vec<Arc<Call>> = ["a", "b"].iter().map(|k| release(k, "v")).collect();
+        let written: Vec<Reply> = calls
+            .iter()
+            .map(|c| wire.release(c, Writes::Task))
+            .collect();
+        expect(&server, PING, "the request written at once").await;
+        expect(&server, &merged(&calls), "the releases merged").await;
+        // The task is asked to write these, and has not run yet when the connection breaks.
+        let later_calls: Vec<Arc<Call>> = ["c", "d"].iter().map(|k| release(k, "v")).collect();
+        let later: Vec<Reply> = later_calls
+            .iter()
+            .map(|c| wire.release(c, Writes::Caller))
+            .collect();
+        wire.close(false);
+        let after = wire.release(&release("e", "v"), Writes::Caller);
+        for reply in [ping, after].into_iter().chain(written) {
+            assert!(answer(reply).await.is_err(), "sent, or sent when broken");
+        }
+        let unsent = std::mem::take(&mut *handed.lock().expect("handed"));
+        if !told {
+            assert!(unsent.is_empty());
+            for reply in later {
+                assert!(answer(reply).await.is_err(), "not written, nowhere to go");
+            }
+            continue;
+        }
+        let keys: Vec<&[u8]> = unsent.iter().map(|u| u.call().key()).collect();
+        let expected: Vec<&[u8]> = later_calls.iter().map(|c| c.key()).collect();
+        assert_eq!(keys, expected, "the releases not written, in order");
+        for (i, release) in unsent.into_iter().enumerate() {
+            release.answer(Ok(Value::Int(i as i64)));
+        }
+        for (i, reply) in later.into_iter().enumerate() {
+            assert_eq!(answer(reply).await.ok(), Some(Value::Int(i as i64)));
+        }
+        assert_eq!(server.written(), 0, "nothing more was written");
+    }
+}
+
 /// More releases than one call takes go out as several, one after the other, each
 /// answered in order.
 #[tokio::test]

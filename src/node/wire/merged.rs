@@ -11,7 +11,9 @@
 //! request sent since may be about its key (a `SET` of this client's that the release
 //! must not overtake, say): requests whose key is not known (follow-ups, health checks)
 //! close it, and a release whose key may be among the others' starts a new call after
-//! them. A release alone in its write goes as itself.
+//! them. A release alone in its write goes as itself. Releases still waiting for the
+//! write when the connection breaks were never seen by the node: they go to its next
+//! connection ([`Unsent`]), even if their callers stopped waiting.
 //!
 //! ```text
 //! out:  SET a | RELEASE b | SET c | RELEASE d | RELEASE e | SET f | RELEASE f
@@ -99,6 +101,8 @@ impl Merged {
         let mut items = self.items();
         let calls: Vec<Arc<Call>> = items.iter_mut().filter_map(|i| i.call.take()).collect();
         match calls.as_slice() {
+            // Failed while being taken (the connection broke): nothing to write.
+            [] => {}
             [lone] => out.extend_from_slice(lone.packed()),
             many => scripts::pack_release_many(many, out),
         }
@@ -135,10 +139,39 @@ impl Merged {
         }
     }
 
-    /// The call failed (the connection broke): so did each release.
-    pub(super) fn fail(&self, error: &RedisError) {
+    /// The connection broke: a call written fails each of its releases; the releases of
+    /// one not written yet go to `unsent` (the node never saw them).
+    pub(super) fn fail(&self, error: &RedisError, unsent: &mut Vec<Unsent>) {
         for item in std::mem::take(&mut *self.items()) {
-            item.slot.fail(error.clone());
+            match item.call {
+                Some(call) => unsent.push(Unsent {
+                    call,
+                    slot: item.slot,
+                }),
+                None => item.slot.fail(error.clone()),
+            }
+        }
+    }
+}
+
+/// A release its connection broke before writing: the node never saw it, so it may go on
+/// the node's next connection; its caller, if still waiting, gets the answer from there.
+pub(crate) struct Unsent {
+    call: Arc<Call>,
+    slot: Arc<Slot>,
+}
+
+impl Unsent {
+    /// The release.
+    pub(crate) fn call(&self) -> &Arc<Call> {
+        &self.call
+    }
+
+    /// Its answer, for its caller.
+    pub(crate) fn answer(self, answer: redis::RedisResult<Value>) {
+        match answer {
+            Ok(value) => self.slot.deliver(value),
+            Err(error) => self.slot.fail(error),
         }
     }
 }
