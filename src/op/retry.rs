@@ -16,6 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use tracing::Instrument;
 
 use super::acquire::{Acquire, Acquired, Attempt};
@@ -223,27 +224,30 @@ impl<B: Background> Retry<'_, B> {
 
 /// Runs `acquisition` of `resource` in a `redlock.acquire` span (per `observe`) that
 /// records the attempts, the elapsed time and the outcome, and counts it in the metrics.
-pub(crate) async fn observed<N: ?Sized>(
+pub(crate) fn observed<N: ?Sized>(
     observe: Observe,
     core: &Core<N>,
     resource: &Resource,
     acquisition: impl Future<Output = Result<Acquired, LockError>>,
-) -> Result<Acquired, LockError> {
+) -> impl Future<Output = Result<Acquired, LockError>> {
+    // Not an `async fn`: one would keep `acquisition` both as its argument and as the
+    // future it awaits, twice the acquisition's size in every caller's future.
     let span = observe.span(core, Operation::Acquire, &resource.name);
     let start = Instant::now();
-    let result = acquisition.instrument(span.clone()).await;
-    let (attempts, outcome) = match &result {
-        Ok(Acquired::Lock(lock)) => (lock.attempts, "acquired"),
-        Ok(Acquired::Record { attempts, .. }) => (*attempts, "replayed"),
-        Err(error) => (error.attempts().unwrap_or(1), error.outcome()),
-    };
-    crate::metrics::acquired(outcome, start.elapsed().as_secs_f64());
-    if !span.is_disabled() {
-        span.record("attempts", attempts);
-        span.record("elapsed_us", elapsed_us(start));
-        span.record("outcome", outcome);
-    }
-    result
+    acquisition.instrument(span.clone()).map(move |result| {
+        let (attempts, outcome) = match &result {
+            Ok(Acquired::Lock(lock)) => (lock.attempts, "acquired"),
+            Ok(Acquired::Record { attempts, .. }) => (*attempts, "replayed"),
+            Err(error) => (error.attempts().unwrap_or(1), error.outcome()),
+        };
+        crate::metrics::acquired(outcome, start.elapsed().as_secs_f64());
+        if !span.is_disabled() {
+            span.record("attempts", attempts);
+            span.record("elapsed_us", elapsed_us(start));
+            span.record("outcome", outcome);
+        }
+        result
+    })
 }
 
 /// What the wait after a missed attempt goes by: why it missed, whether another client
