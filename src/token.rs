@@ -322,10 +322,10 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner) = t;
     }
 
-    /// Marks the lock lost (the first reason wins).
     /// Records why the lock was lost (the first reason wins); whether this was the first.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
         let label = reason.metric_label();
+        let mut first = false;
         self.lost.send_if_modified(|cur| {
             if cur.is_some() {
                 return false;
@@ -336,8 +336,14 @@ impl Shared {
                 crate::metrics::lost(label);
             }
             *cur = Some(reason);
-            true
-        })
+            first = true;
+            // With nobody waiting (most locks), the reason is set without a notification
+            // (which costs every release a round of locks). Counted under the value's
+            // lock: a receiver that subscribed before it reads the value after this, or
+            // was counted here; one that subscribes later reads the value first.
+            self.lost.receiver_count() > 0
+        });
+        first
     }
 
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {
@@ -416,3 +422,7 @@ impl Shared {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "token_tests.rs"]
+mod tests;
