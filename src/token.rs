@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::error::LockError;
 use crate::landing::Landing;
@@ -293,7 +293,10 @@ pub(crate) struct Shared {
     /// Whether a completion record (the layer's replay) replaced the lock on some node:
     /// its release then finds the record there, which is no failure.
     recorded: AtomicBool,
-    lost: watch::Sender<Option<LostReason>>,
+    /// Why the lock was lost, once it is (the first reason).
+    lost: Mutex<Option<LostReason>>,
+    /// Tells the holders waiting in [`lost`](Self::lost) that it is.
+    told: Notify,
 }
 
 impl Shared {
@@ -304,7 +307,8 @@ impl Shared {
             valid_until,
             runs_out_as: Mutex::new(LostReason::Expired),
             recorded: AtomicBool::new(false),
-            lost: watch::channel(None).0,
+            lost: Mutex::new(None),
+            told: Notify::new(),
         })
     }
 
@@ -324,30 +328,27 @@ impl Shared {
 
     /// Records why the lock was lost (the first reason wins); whether this was the first.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
-        let label = reason.metric_label();
-        let mut first = false;
-        self.lost.send_if_modified(|cur| {
-            if cur.is_some() {
+        {
+            let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+            if lost.is_some() {
                 return false;
             }
             // Counted before the holders are told, so that whoever sees the loss sees it
             // counted too.
-            if let Some(label) = label {
+            if let Some(label) = reason.metric_label() {
                 crate::metrics::lost(label);
             }
-            *cur = Some(reason);
-            first = true;
-            // With nobody waiting (most locks), the reason is set without a notification
-            // (which costs every release a round of locks). Counted under the value's
-            // lock: a receiver that subscribed before it reads the value after this, or
-            // was counted here; one that subscribes later reads the value first.
-            self.lost.receiver_count() > 0
-        });
-        first
+            *lost = Some(reason);
+        }
+        self.told.notify_waiters();
+        true
     }
 
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {
-        self.lost.borrow().clone()
+        self.lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Notes that a completion record replaced the lock on some node.
@@ -371,7 +372,7 @@ impl Shared {
 
     /// Marks the lock lost if its validity deadline has passed; whether it is lost.
     pub(crate) fn expire_if_due(&self) -> bool {
-        if self.lost.borrow().is_some() {
+        if self.lost_reason().is_some() {
             return true;
         }
         if Instant::now() < self.valid_until() {
@@ -394,9 +395,10 @@ impl Shared {
     /// deadline is read again after each wake, since extensions move it. Outside a tokio
     /// runtime (no timer), for the signal only.
     pub(crate) async fn lost(&self) -> LostReason {
-        let mut rx = self.lost.subscribe();
         loop {
-            if let Some(reason) = rx.borrow_and_update().clone() {
+            // Told from the moment it exists: a loss marked after the look below wakes it.
+            let told = self.told.notified();
+            if let Some(reason) = self.lost_reason() {
                 return reason;
             }
             if self.expire_if_due() {
@@ -404,19 +406,12 @@ impl Shared {
             }
             if tokio::runtime::Handle::try_current().is_err() {
                 // No tokio timer here: only the signal can tell.
-                if rx.changed().await.is_err() {
-                    return LostReason::Released;
-                }
+                told.await;
                 continue;
             }
             let deadline = tokio::time::Instant::from_std(self.valid_until());
             tokio::select! {
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        // Unreachable while `self` holds the sender; treat as released.
-                        return LostReason::Released;
-                    }
-                }
+                () = told => {}
                 () = tokio::time::sleep_until(deadline) => {}
             }
         }
