@@ -70,7 +70,7 @@ const SHALLOW: usize = 4;
 /// burst at once after a wait (a round trip saved under load). Rounds to several nodes
 /// leave the writes for the next replies, where their servers' CPU, not the wait, bounds
 /// them: fewer, larger writes cost the servers less.
-const CHUNK: usize = 8;
+const CHUNK: usize = 16;
 
 /// How much the task reads at most per read.
 const READ_CHUNK: usize = 16 * 1024;
