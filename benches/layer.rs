@@ -989,6 +989,12 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
                 fmt_num(cell.delta(locked, |m| m.server_cpu)),
             );
         }
+        let _ = writeln!(
+            w,
+            "\nThe layer itself, function by function (a `perf` profile of the locked server \
+             against the lock in the handler, before and after the changes it led to): \
+             [`layer-profile.md`](layer-profile.md)."
+        );
     }
     if let (Some(now), Some(before)) = (at(Variant::Replayed), at(Variant::ReplayedBefore)) {
         let _ = writeln!(
