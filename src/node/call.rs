@@ -352,57 +352,59 @@ impl Node {
     /// before writing (merged releases wait for the connection's next write). In a task of
     /// their own, so they reach the node even when their callers stopped waiting (within
     /// twice the connect timeout), as a batch of releases does (see
-    /// [`send_batch`](Self::send_batch)); their callers still waiting get these answers. Sending them again cannot delete twice: the node never saw them.
+    /// [`send_batch`](Self::send_batch)); their callers still waiting get these answers.
+    /// Sending them again cannot delete twice: the node never saw them.
     pub(super) fn resend(node: &Weak<Self>, unsent: Vec<wire::Unsent>) {
-        let gone = || {
-            RedisError::from((
-                redis::ErrorKind::Io,
-                "the connection broke before the release was written",
-            ))
-        };
+        // Without the node or a runtime, each release fails (see `Unsent`'s drop).
         let (Some(node), Ok(runtime)) = (node.upgrade(), tokio::runtime::Handle::try_current())
         else {
-            for release in unsent {
-                release.answer(Err(gone()));
-            }
             return;
         };
         // Connecting takes at most the connect timeout; the answer gets as long again.
         let limit = later(Instant::now(), node.connect_timeout().saturating_mul(2));
-        let sending = How {
-            quarantine: Quarantine::Ignored,
-            writes: Writes::Caller,
-            deadline: limit,
-        };
         runtime.spawn(async move {
-            let limit = tokio::time::Instant::from_std(limit);
-            let sent = unsent.into_iter().map(|release| {
-                let node = &node;
-                async move {
-                    let call = Arc::clone(release.call());
-                    let answer = tokio::time::timeout_at(limit, node.call_now(&call, sending))
-                        .await
-                        .unwrap_or(Err(NodeError::Timeout));
-                    let failed = answer.is_err();
-                    release.answer(answer.map_err(|error| {
-                        RedisError::from((redis::ErrorKind::Io, "the release could not be sent again", error.to_string()))
-                    }));
-                    failed
-                }
-            });
+            let sent = unsent
+                .into_iter()
+                .map(|release| node.resend_one(release, limit));
             let failed = futures_util::future::join_all(sent)
                 .await
                 .into_iter()
-                .filter(|failed| *failed)
+                .filter(|sent| !sent)
                 .count();
             if failed > 0 {
                 tracing::warn!(
                     node = %node.label(),
                     releases = failed,
-                    "redlock releases could not be sent to a node after its connection broke: their keys stay until their TTL"
+                    "redlock releases could not be sent to a node after its connection broke: \
+                     their keys stay until their TTL"
                 );
             }
         });
+    }
+
+    /// Sends one release of [`resend`](Self::resend) until `limit` and hands its caller
+    /// the answer; whether the node answered it.
+    async fn resend_one(self: &Arc<Self>, release: wire::Unsent, limit: Instant) -> bool {
+        let sending = How {
+            quarantine: Quarantine::Ignored,
+            writes: Writes::Caller,
+            deadline: limit,
+        };
+        let call = Arc::clone(release.call());
+        let limit = tokio::time::Instant::from_std(limit);
+        let answer = tokio::time::timeout_at(limit, self.call_now(&call, sending))
+            .await
+            .unwrap_or(Err(NodeError::Timeout));
+        let sent = answer.is_ok();
+        release.answer(answer.map_err(|error| {
+            let detail = error.to_string();
+            RedisError::from((
+                redis::ErrorKind::Io,
+                "the release could not be sent again",
+                detail,
+            ))
+        }));
+        sent
     }
 
     /// Starts the task that sends this node's queued releases: it waits until the turn is

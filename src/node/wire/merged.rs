@@ -146,7 +146,7 @@ impl Merged {
             match item.call {
                 Some(call) => unsent.push(Unsent {
                     call,
-                    slot: item.slot,
+                    slot: Some(item.slot),
                 }),
                 None => item.slot.fail(error.clone()),
             }
@@ -155,10 +155,12 @@ impl Merged {
 }
 
 /// A release its connection broke before writing: the node never saw it, so it may go on
-/// the node's next connection; its caller, if still waiting, gets the answer from there.
+/// the node's next connection; its caller, if still waiting, gets the answer from there
+/// (or a failure, if it is dropped unanswered).
 pub(crate) struct Unsent {
     call: Arc<Call>,
-    slot: Arc<Slot>,
+    /// Taken by the answer.
+    slot: Option<Arc<Slot>>,
 }
 
 impl Unsent {
@@ -168,10 +170,22 @@ impl Unsent {
     }
 
     /// Its answer, for its caller.
-    pub(crate) fn answer(self, answer: redis::RedisResult<Value>) {
-        match answer {
-            Ok(value) => self.slot.deliver(value),
-            Err(error) => self.slot.fail(error),
+    pub(crate) fn answer(mut self, answer: redis::RedisResult<Value>) {
+        match (self.slot.take(), answer) {
+            (Some(slot), Ok(value)) => slot.deliver(value),
+            (Some(slot), Err(error)) => slot.fail(error),
+            (None, _) => {}
+        }
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            slot.fail(RedisError::from((
+                redis::ErrorKind::Io,
+                "the connection broke before the release was written",
+            )));
         }
     }
 }
