@@ -166,6 +166,41 @@ async fn releases_behind_a_stalled_release_still_reach_the_node(resp3: bool) {
 #[tokio::test]
 async fn releases_not_written_when_the_connection_drops_go_on_the_next_one() {
     let mut cluster = Cluster::start(1);
+    let _redlock = releases_left_unwritten(&mut cluster).await;
+    cluster.nodes[0].resume();
+    for name in UNWRITTEN {
+        wait_for(
+            "the release sent again on the next connection",
+            Duration::from_secs(10),
+            || async { cluster.nodes_holding(key(name)).await == 0 },
+        )
+        .await;
+    }
+}
+
+/// When the next connection never comes (the node is gone), the releases sent again fail,
+/// and the client says that their keys stay until their TTL.
+#[tokio::test]
+async fn releases_not_sent_again_are_reported() {
+    let logs = CapturedLogs::start();
+    let mut cluster = Cluster::start(1);
+    let _redlock = releases_left_unwritten(&mut cluster).await;
+    cluster.nodes[0].kill();
+    wait_for("the warning", Duration::from_secs(10), || async {
+        logs.contains("could not be sent to a node after its connection broke")
+    })
+    .await;
+}
+
+/// The locks whose releases are left unwritten by [`releases_left_unwritten`].
+const UNWRITTEN: [&str; 2] = ["unwritten-0", "unwritten-1"];
+
+/// Takes the locks of [`UNWRITTEN`] on `cluster`'s one node, pauses the node, puts four
+/// acquisitions on the connection (deep enough that releases wait for its next write) and
+/// releases the locks: the acquisitions time out, the node reconnects, and the releases,
+/// never written, are sent again. Returns once every call has given up (the releases'
+/// reports say so); the node is still paused.
+async fn releases_left_unwritten(cluster: &mut Cluster) -> Redlock {
     let redlock = cluster
         .client(|b| {
             b.ttl(Duration::from_secs(60))
@@ -174,13 +209,10 @@ async fn releases_not_written_when_the_connection_drops_go_on_the_next_one() {
                 .reconnect_after_timeouts(1)
         })
         .await;
-    let names = ["unwritten-0", "unwritten-1"];
-    let locks = join_all(names.iter().map(|n| redlock.lock(*n))).await;
+    let locks = join_all(UNWRITTEN.iter().map(|n| redlock.lock(*n))).await;
     let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
-    assert_eq!(cluster.nodes_holding(key(names[1])).await, 1);
+    assert_eq!(cluster.nodes_holding(key(UNWRITTEN[1])).await, 1);
     cluster.nodes[0].pause();
-    // Four acquisitions on their way: the connection is deep enough that the releases
-    // wait for its next write.
     let mut busy: Vec<_> = (0..4)
         .map(|i| Box::pin(redlock.try_lock(format!("busy-{i}"))))
         .collect();
@@ -197,15 +229,7 @@ async fn releases_not_written_when_the_connection_drops_go_on_the_next_one() {
     for report in &reports {
         assert_eq!(report.released(), 0, "{report:?}");
     }
-    cluster.nodes[0].resume();
-    for name in names {
-        wait_for(
-            "the release sent again on the next connection",
-            Duration::from_secs(10),
-            || async { cluster.nodes_holding(key(name)).await == 0 },
-        )
-        .await;
-    }
+    redlock
 }
 
 /// `shutdown()` waits for the releases on their way: 200 guards dropped at once (their
