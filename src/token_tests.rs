@@ -33,7 +33,7 @@ async fn a_waiting_holder_is_told_the_first_reason() {
         let shared = Arc::clone(&shared);
         async move { shared.lost().await }
     });
-    // The waiter subscribes before the loss, or reads it when it starts.
+    // The waiter registers before the loss, or reads it when it starts.
     tokio::task::yield_now().await;
     assert!(shared.mark_lost(LostReason::Released), "the first reason");
     assert!(
@@ -62,7 +62,7 @@ async fn a_loss_nobody_waited_for_is_seen_later() {
 /// Holders waiting from many threads while the loss is marked are each told, however
 /// their subscriptions and the mark interleave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holders_subscribing_while_the_loss_is_marked_are_all_told() {
+async fn holders_waiting_while_the_loss_is_marked_are_all_told() {
     for i in 0..5000 {
         let shared = shared(&format!("race-{i}"));
         let waiters: Vec<_> = (0..4)
