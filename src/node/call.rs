@@ -69,6 +69,19 @@ struct How {
     deadline: Instant,
 }
 
+impl How {
+    /// A release sent by the task that runs it (a batch's lone release, one sent again),
+    /// until `deadline`: it goes to a quarantined node too, and that task writes it on an
+    /// idle connection itself.
+    fn release_by_task(deadline: Instant) -> Self {
+        Self {
+            quarantine: Quarantine::Ignored,
+            writes: Writes::Caller,
+            deadline,
+        }
+    }
+}
+
 impl Sending<'_> {
     fn how(&self) -> How {
         How {
@@ -385,11 +398,7 @@ impl Node {
     /// Sends one release of [`resend`](Self::resend) until `limit` and hands its caller
     /// the answer; whether the node answered it.
     async fn resend_one(self: &Arc<Self>, release: wire::Unsent, limit: Instant) -> bool {
-        let sending = How {
-            quarantine: Quarantine::Ignored,
-            writes: Writes::Caller,
-            deadline: limit,
-        };
+        let sending = How::release_by_task(limit);
         let call = Arc::clone(release.call());
         let limit = tokio::time::Instant::from_std(limit);
         let answer = tokio::time::timeout_at(limit, self.call_now(&call, sending))
@@ -465,12 +474,7 @@ impl Node {
         self: &Arc<Self>,
         lone: &Queued,
     ) -> Result<Vec<Result<Value, NodeError>>, NodeError> {
-        // This task is the caller: it writes on an idle connection itself.
-        let sending = How {
-            quarantine: Quarantine::Ignored,
-            writes: Writes::Caller,
-            deadline: lone.deadline,
-        };
+        let sending = How::release_by_task(lone.deadline);
         match self.call_now(&lone.call, sending).await {
             Err(error) if error == NodeError::Timeout || error.breaks_connection() => Err(error),
             answer => Ok(vec![answer]),
