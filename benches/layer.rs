@@ -969,8 +969,12 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
              waits twice on Redis costs the HTTP server beyond the lock itself: its \
              connection task woken and polled again); *the layer itself* = locked − the \
              lock in the handler (extractor, guard and keep-alive, token in the extensions, \
-             span, response wrapping).\n\n| N | client alone µs/pair | waiting in a handler \
-             µs/req | the layer itself µs/req | locked − plain µs/req |\n|---|---:|---:|---:|---:|"
+             span, response wrapping); *÷ the lock in the handler* = (locked − plain) ÷ (the \
+             lock in the handler − plain): what the layer costs the server for the same lock \
+             and unlock written by hand in the handler (median, lowest and highest repeat in \
+             brackets).\n\n| N | client alone µs/pair | waiting in a handler \
+             µs/req | the layer itself µs/req | locked − plain µs/req | ÷ the lock in the handler |\n\
+             |---|---:|---:|---:|---:|---:|"
         );
         for cell in cells {
             let mut waiting: Vec<f64> = cell
@@ -979,14 +983,25 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
                 .zip(&cell.client)
                 .map(|(r, c)| r[handler].server_cpu - r[0].server_cpu - c.server_cpu)
                 .collect();
+            let mut to_handler: Vec<f64> = cell
+                .runs
+                .iter()
+                .map(|r| {
+                    (r[locked].server_cpu - r[0].server_cpu)
+                        / (r[handler].server_cpu - r[0].server_cpu)
+                })
+                .collect();
+            let lowest = to_handler.iter().copied().fold(f64::INFINITY, f64::min);
+            let highest = to_handler.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {:.2} [{lowest:.2}–{highest:.2}] |",
                 cell.nodes,
                 fmt_num(cell.client_median(|m| m.server_cpu)),
                 fmt_num(median(&mut waiting)),
                 fmt_num(cell.between(locked, handler, |m| m.server_cpu)),
                 fmt_num(cell.delta(locked, |m| m.server_cpu)),
+                median(&mut to_handler),
             );
         }
         let _ = writeln!(

@@ -15,6 +15,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 
 use crate::backend::LockBackend;
@@ -148,11 +149,12 @@ impl<L: LockBackend> LockGuard<L> {
         self.stop_extending();
         let shared = Arc::clone(self.token.shared());
         let release = self.backend.release(Arc::clone(&shared));
-        Box::pin(async move {
-            let out = release.await;
+        // A combinator, not an `async` block: the block would keep the release's future
+        // twice (captured, then awaited), a box of twice the size on every release.
+        Box::pin(release.map(move |out| {
             shared.mark_lost(LostReason::Released);
             out
-        })
+        }))
     }
 
     fn stop_extending(&mut self) {
