@@ -760,15 +760,22 @@ impl Cell {
 
     /// Median over the repeats of (`variant` − plain) server CPU ÷ the client alone's CPU
     /// per pair.
-    fn layer_to_client(&self, v: usize) -> f64 {
+    fn layer_to_client(&self, v: usize) -> String {
         let mut values: Vec<f64> = self
             .runs
             .iter()
             .zip(&self.client)
             .map(|(r, c)| (r[v].server_cpu - r[0].server_cpu) / c.server_cpu)
             .collect();
-        median(&mut values)
+        with_spread(&mut values)
     }
+}
+
+/// The median of `values` with the lowest and highest in brackets: `1.15 [1.04–1.36]`.
+fn with_spread(values: &mut [f64]) -> String {
+    let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:.2} [{lowest:.2}–{highest:.2}]", median(values))
 }
 
 async fn bench(cfg: &Config) -> Vec<Cell> {
@@ -930,7 +937,8 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
          from the same run, median over the repeats. Layer CPU = the server's extra CPU per \
          request; + Redis = that plus the nodes' CPU per request. ÷ client = layer CPU ÷ the \
          client alone's CPU per pair in the same repeat (both at {CONNECTIONS} concurrent \
-         requests; fencing off, so for the locked row and the lock in the handler only).\n"
+         requests; fencing off, so for the locked row and the lock in the handler only; the \
+         lowest and highest repeat in brackets).\n"
     );
     let _ = writeln!(
         w,
@@ -946,7 +954,7 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
                 variant.label(),
                 fmt_num(cell.delta(v, |m| m.server_cpu)),
                 if matches!(variant, Variant::Locked | Variant::Handler) {
-                    format!("{:.2}", cell.layer_to_client(v))
+                    cell.layer_to_client(v)
                 } else {
                     "—".to_owned()
                 },
@@ -991,17 +999,15 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
                         / (r[handler].server_cpu - r[0].server_cpu)
                 })
                 .collect();
-            let lowest = to_handler.iter().copied().fold(f64::INFINITY, f64::min);
-            let highest = to_handler.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {} | {} | {:.2} [{lowest:.2}–{highest:.2}] |",
+                "| {} | {} | {} | {} | {} | {} |",
                 cell.nodes,
                 fmt_num(cell.client_median(|m| m.server_cpu)),
                 fmt_num(median(&mut waiting)),
                 fmt_num(cell.between(locked, handler, |m| m.server_cpu)),
                 fmt_num(cell.delta(locked, |m| m.server_cpu)),
-                median(&mut to_handler),
+                with_spread(&mut to_handler),
             );
         }
         let _ = writeln!(
