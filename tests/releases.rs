@@ -162,9 +162,10 @@ async fn releases_behind_a_stalled_release_still_reach_the_node(resp3: bool) {
 /// Releases our own connection to a node has not written yet when it is dropped (behind
 /// requests the paused node does not answer, which time out and make the node reconnect)
 /// go out on its next connection, and delete their keys once the node answers again,
-/// though their callers stopped waiting long before.
+/// though their callers stopped waiting long before. Nothing is reported as lost.
 #[tokio::test]
 async fn releases_not_written_when_the_connection_drops_go_on_the_next_one() {
+    let logs = CapturedLogs::start();
     let mut cluster = Cluster::start(1);
     let _redlock = releases_left_unwritten(&mut cluster).await;
     cluster.nodes[0].resume();
@@ -176,6 +177,11 @@ async fn releases_not_written_when_the_connection_drops_go_on_the_next_one() {
         )
         .await;
     }
+    wait_for("the resend's end", Duration::from_secs(10), || async {
+        logs.contains("releases sent again to a node after its connection broke")
+    })
+    .await;
+    assert!(!logs.contains("could not be sent to a node after its connection broke"));
 }
 
 /// When the next connection never comes (the node is gone), the releases sent again fail,
@@ -190,6 +196,68 @@ async fn releases_not_sent_again_are_reported() {
         logs.contains("could not be sent to a node after its connection broke")
     })
     .await;
+}
+
+/// Releases merged into one call while the node's script cache is empty (`SCRIPT FLUSH`)
+/// still delete their keys: the merged call is refused with `NOSCRIPT`, and each release
+/// falls back to `EVAL` as it would alone. The releases wait behind four acquisitions that
+/// the paused node holds up, so they go out together in one call once it answers.
+#[tokio::test]
+async fn merged_releases_fall_back_when_the_scripts_were_flushed() {
+    let mut cluster = Cluster::start(1);
+    let redlock = cluster
+        .client(|b| {
+            b.ttl(Duration::from_secs(60))
+                .node_timeout(Duration::from_secs(2))
+        })
+        .await;
+    let names = ["flushed-0", "flushed-1", "flushed-2"];
+    let locks = join_all(names.iter().map(|n| redlock.lock(*n))).await;
+    let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    let mut raw = cluster.raw(0).await;
+    for command in [["SCRIPT", "FLUSH"], ["CONFIG", "RESETSTAT"]] {
+        let _: () = redis::cmd(command[0])
+            .arg(command[1])
+            .query_async(&mut raw)
+            .await
+            .expect(command[0]);
+    }
+    cluster.nodes[0].pause();
+    let mut busy: Vec<_> = (0..4)
+        .map(|i| Box::pin(redlock.try_lock(format!("flushed-busy-{i}"))))
+        .collect();
+    for attempt in &mut busy {
+        poll_once(attempt.as_mut()).await;
+    }
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let mut unlocks = Box::pin(join_all(locks.iter().map(|l| redlock.unlock(l))));
+    poll_once(unlocks.as_mut()).await;
+    cluster.nodes[0].resume();
+    let (attempts, reports) = tokio::join!(join_all(busy), unlocks);
+    assert!(attempts.iter().all(Result::is_ok), "{attempts:?}");
+    for report in &reports {
+        assert_eq!(report.released(), 1, "{report:?}");
+    }
+    for name in names {
+        assert_eq!(cluster.nodes_holding(key(name)).await, 0, "{name}");
+    }
+    // One merged call was refused (not one per release), and each release ran as `EVAL`.
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await
+        .expect("INFO");
+    let calls = |command: &str| {
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!((calls("evalsha"), calls("eval")), (1, 3), "{stats}");
 }
 
 /// The locks whose releases are left unwritten by [`releases_left_unwritten`].

@@ -391,6 +391,11 @@ impl Node {
                     "redlock releases could not be sent to a node after its connection broke: \
                      their keys stay until their TTL"
                 );
+            } else {
+                tracing::debug!(
+                    node = %node.label(),
+                    "redlock releases sent again to a node after its connection broke"
+                );
             }
         });
     }
