@@ -228,6 +228,33 @@ async fn releases_not_written_when_the_connection_breaks_go_where_it_says() {
     }
 }
 
+/// A connection that breaks with no release left unwritten calls nobody: the node starts
+/// no resend for nothing.
+#[tokio::test]
+async fn a_break_with_every_release_written_hands_nothing_on() {
+    let (wire, server) = in_memory(1 << 16);
+    let told = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let told = Arc::clone(&told);
+        wire.on_unsent(move |_| {
+            told.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
+    let ping = wire.request(PING, Writes::Caller);
+    let calls: Vec<Arc<Call>> = ["a", "b"].iter().map(|k| release(k, "v")).collect();
+    let written: Vec<Reply> = calls
+        .iter()
+        .map(|c| wire.release(c, Writes::Task))
+        .collect();
+    expect(&server, PING, "the request written at once").await;
+    expect(&server, &merged(&calls), "the releases merged").await;
+    wire.close(false);
+    for reply in std::iter::once(ping).chain(written) {
+        assert!(answer(reply).await.is_err(), "sent, then broken");
+    }
+    assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
 /// More releases than one call takes go out as several, one after the other, each
 /// answered in order.
 #[tokio::test]
