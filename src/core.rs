@@ -21,12 +21,13 @@ use crate::defaults::{MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RA
 use crate::error::{ConfigError, LockError};
 use crate::name::{CounterSets, Resource, keys_for};
 use crate::node::Node;
+use crate::node::running::{Releases, Running};
 use crate::quorum::{self, later};
 
 pub(crate) mod lifecycle;
 
+use lifecycle::Lifecycle;
 pub use lifecycle::Shutdown;
-use lifecycle::{Lifecycle, Running};
 
 /// What every operation needs (see the module docs). `N` is the nodes' list: the client's
 /// [`Node`]s, or fake nodes in the operations' unit tests.
@@ -72,19 +73,20 @@ pub(crate) enum Fenced {
 }
 
 impl<N: ?Sized> Core<N> {
-    /// The core over `nodes`, `count` of them; `max_ttl_ms` is shared with the nodes
-    /// (their quarantines last the longest TTL in use).
+    /// The core over `nodes`, `count` of them, sharing with them the longest TTL in use
+    /// (`max_ttl_ms`: their quarantines last that long) and the count of running releases
+    /// (`releases`: their own release tasks count there too).
     pub(crate) fn new(
         (nodes, count): (Box<N>, usize),
         timing: Timing,
         keys: KeySpace,
-        max_ttl_ms: Arc<AtomicU64>,
+        (max_ttl_ms, releases): (Arc<AtomicU64>, Arc<Releases>),
     ) -> Self {
         Self {
             timing,
             keys,
             max_ttl_ms,
-            lifecycle: Lifecycle::default(),
+            lifecycle: Lifecycle::new(releases),
             count,
             quorum: quorum::quorum(count),
             nodes,

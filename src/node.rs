@@ -49,6 +49,7 @@ mod handshake;
 mod identity;
 mod renewals;
 mod resp;
+pub(crate) mod running;
 mod wire;
 
 pub(crate) use call::{NodeCall, Sending};
@@ -146,6 +147,9 @@ pub(crate) struct NodeSettings {
     pub(crate) key_prefix: Arc<[u8]>,
     /// The longest TTL the client has used, in ms: the length of a quarantine.
     pub(crate) max_ttl_ms: Arc<AtomicU64>,
+    /// The client's running releases (what `shutdown` waits for): the node's own release
+    /// tasks count in it.
+    pub(crate) releases: Arc<running::Releases>,
     /// The servers the client's nodes reached: `run_id` -> the node that counts for it.
     pub(crate) servers: Arc<Mutex<HashMap<String, Owner>>>,
     /// How many sets of fencing counters the client keeps on each node.
@@ -465,6 +469,7 @@ mod tests {
             quarantine: false,
             key_prefix: Arc::from(&b"redlock:"[..]),
             max_ttl_ms: Arc::default(),
+            releases: Arc::default(),
             servers: Arc::default(),
             counter_sets: 1,
             renew_every: Duration::from_secs(3600),

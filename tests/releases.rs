@@ -198,6 +198,61 @@ async fn releases_not_sent_again_are_reported() {
     .await;
 }
 
+/// `shutdown` waits for the releases to be sent again after a broken connection, though
+/// their callers stopped waiting long before: while the node is still paused it is not
+/// done, and once it returns, their keys are gone.
+#[tokio::test]
+async fn shutdown_waits_for_the_releases_sent_again() {
+    let mut cluster = Cluster::start(1);
+    let redlock = releases_left_unwritten(&mut cluster).await;
+    let shutdown = redlock.shutdown();
+    tokio::pin!(shutdown);
+    let done = std::future::poll_fn(|cx| Poll::Ready(shutdown.as_mut().poll(cx).is_ready()));
+    assert!(
+        !done.await,
+        "the shutdown did not wait for the releases to send again"
+    );
+    cluster.nodes[0].resume();
+    assert_eq!(shutdown.await.unfinished(), 0);
+    for name in UNWRITTEN {
+        assert_eq!(cluster.nodes_holding(key(name)).await, 0, "{name}");
+    }
+}
+
+/// `shutdown` waits for a release queued behind another on redis-rs's connections (the
+/// node's batch task sends it), though its caller stopped waiting: while the node is
+/// paused it is not done, and once it returns, the keys are gone.
+#[tokio::test]
+async fn shutdown_waits_for_the_queued_releases() {
+    let mut cluster = Cluster::start(1);
+    let redlock = cluster
+        .client_over(tail(true), |b| {
+            b.ttl(Duration::from_secs(60))
+                .node_timeout(Duration::from_millis(100))
+        })
+        .await;
+    let names = ["first", "queued"];
+    let locks = join_all(names.iter().map(|n| redlock.lock(*n))).await;
+    let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    cluster.nodes[0].pause();
+    let reports = join_all(locks.iter().map(|l| redlock.unlock(l))).await;
+    for report in &reports {
+        assert_eq!(report.released(), 0, "the node is paused: {report:?}");
+    }
+    let shutdown = redlock.shutdown();
+    tokio::pin!(shutdown);
+    let done = std::future::poll_fn(|cx| Poll::Ready(shutdown.as_mut().poll(cx).is_ready()));
+    assert!(
+        !done.await,
+        "the shutdown did not wait for the queued release"
+    );
+    cluster.nodes[0].resume();
+    assert_eq!(shutdown.await.unfinished(), 0);
+    for name in names {
+        assert_eq!(cluster.nodes_holding(key(name)).await, 0, "{name}");
+    }
+}
+
 /// Releases merged into one call while the node's script cache is empty (`SCRIPT FLUSH`)
 /// still delete their keys: the merged call is refused with `NOSCRIPT`, and each release
 /// falls back to `EVAL` as it would alone. The releases wait behind four acquisitions that

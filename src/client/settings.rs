@@ -104,6 +104,7 @@ impl RedlockBuilder {
             quarantine: self.restart_quarantine,
             key_prefix: Arc::from(self.key_prefix.as_slice()),
             max_ttl_ms: Arc::clone(max_ttl_ms),
+            releases: Arc::default(),
             servers: Arc::default(),
             counter_sets: counter_sets.count(),
             renew_every: renewal_interval(fencing_retention),
@@ -136,7 +137,8 @@ impl RedlockBuilder {
             prefix: self.key_prefix,
             counter_sets,
         };
-        let core = Core::new((nodes.into_boxed_slice(), n), timing, keys, max_ttl_ms);
+        let shared = (max_ttl_ms, Arc::clone(&node_settings.releases));
+        let core = Core::new((nodes.into_boxed_slice(), n), timing, keys, shared);
         let clock = Clock::new(node_settings.clocks);
         let state = State {
             core: Arc::new(core),

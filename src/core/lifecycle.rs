@@ -13,12 +13,11 @@
 //! ```
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
-
 use crate::error::LockError;
+use crate::node::running::{Releases, Running};
 use crate::quorum::later;
 
 /// Whether a client still takes locks, and the releases it still runs.
@@ -28,15 +27,16 @@ pub(crate) struct Lifecycle {
     releases: Arc<Releases>,
 }
 
-/// The releases a client runs now (in the background or in an `unlock` call).
-#[derive(Debug, Default)]
-pub(crate) struct Releases {
-    running: AtomicUsize,
-    /// Woken when the last running release finishes.
-    idle: Notify,
-}
-
 impl Lifecycle {
+    /// Open, counting its running releases in `releases` (shared with the nodes, whose
+    /// own release tasks count there too).
+    pub(crate) fn new(releases: Arc<Releases>) -> Self {
+        Self {
+            closed: AtomicBool::new(false),
+            releases,
+        }
+    }
+
     /// `Err(LockError::Closed)` once the client was shut down.
     pub(crate) fn check_open(&self) -> Result<(), LockError> {
         if self.closed.load(Ordering::Acquire) {
@@ -48,8 +48,7 @@ impl Lifecycle {
     /// Counts a release as running until the returned value is dropped (it can move into
     /// the task that runs the release: counted from before the task starts).
     pub(crate) fn release_running(&self) -> Running {
-        self.releases.running.fetch_add(1, Ordering::AcqRel);
-        Running(Arc::clone(&self.releases))
+        self.releases.start()
     }
 
     /// Closes the client (acquisitions and extensions fail with `Closed` from now on) and
@@ -58,13 +57,13 @@ impl Lifecycle {
         self.closed.store(true, Ordering::Release);
         let deadline = tokio::time::Instant::from_std(later(Instant::now(), bound));
         loop {
-            let idle = self.releases.idle.notified();
-            let running = self.releases.running.load(Ordering::Acquire);
+            let idle = self.releases.idle();
+            let running = self.releases.count();
             if running == 0 {
                 return Shutdown { unfinished: 0 };
             }
             if tokio::time::timeout_at(deadline, idle).await.is_err() {
-                let unfinished = self.releases.running.load(Ordering::Acquire);
+                let unfinished = self.releases.count();
                 if unfinished > 0 {
                     tracing::warn!(
                         unfinished,
@@ -73,18 +72,6 @@ impl Lifecycle {
                 }
                 return Shutdown { unfinished };
             }
-        }
-    }
-}
-
-/// A release counted as running ([`Lifecycle::release_running`]).
-#[derive(Debug)]
-pub(crate) struct Running(Arc<Releases>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
         }
     }
 }
@@ -128,8 +115,8 @@ mod tests {
         assert_eq!(lifecycle.check_open(), Ok(()));
         let a = lifecycle.release_running();
         let b = lifecycle.release_running();
-        assert_eq!(lifecycle.releases.running.load(Ordering::Acquire), 2);
-        let idle = lifecycle.releases.idle.notified();
+        assert_eq!(lifecycle.releases.count(), 2);
+        let idle = lifecycle.releases.idle();
         drop(a);
         drop(b);
         tokio::time::timeout(Duration::from_secs(1), idle)

@@ -375,7 +375,10 @@ impl Node {
         };
         // Connecting takes at most the connect timeout; the answer gets as long again.
         let limit = later(Instant::now(), node.connect_timeout().saturating_mul(2));
+        // Running until every one is answered: `shutdown` waits for them.
+        let running = node.settings.releases.start();
         runtime.spawn(async move {
+            let _running = running;
             let sent = unsent
                 .into_iter()
                 .map(|release| node.resend_one(release, limit));
@@ -427,7 +430,11 @@ impl Node {
     /// it). Called within a runtime (see [`Release::Queued`]).
     fn send_batches(self: &Arc<Self>) {
         let node = Arc::clone(self);
+        // Running until the queue is empty: `shutdown` waits for the releases in it, also
+        // those whose callers stopped waiting.
+        let running = self.settings.releases.start();
         tokio::spawn(async move {
+            let _running = running;
             let sender = batch::Sender::new(&node.releases);
             node.releases.wait_turn().await;
             while let Some(queued) = node.releases.next_batch() {

@@ -227,7 +227,7 @@ impl Setup {
             (Box::new(nodes), n),
             timing,
             keys,
-            Arc::new(AtomicU64::new(0)),
+            (Arc::new(AtomicU64::new(0)), Arc::default()),
         );
         let clocks = Arc::new(NodeClocks::new(n, Duration::from_secs(10)));
         Self {
