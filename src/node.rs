@@ -235,6 +235,7 @@ impl Node {
         settings: NodeSettings,
     ) -> Self {
         let renewals = renewals::Renewals::new(settings.counter_sets, settings.renew_every);
+        let releases = batch::Releases::counting_in(Arc::clone(&settings.releases));
         Self {
             index,
             label,
@@ -253,7 +254,7 @@ impl Node {
             }),
             changed: Notify::new(),
             consecutive_timeouts: AtomicU32::new(0),
-            releases: Arc::default(),
+            releases: Arc::new(releases),
             untold: AtomicBool::new(false),
             eviction_warned: AtomicBool::new(false),
             renewals,

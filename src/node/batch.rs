@@ -44,6 +44,7 @@ use std::time::Instant;
 use redis::Value;
 use tokio::sync::{Notify, oneshot};
 
+use super::running::{self, Running};
 use crate::error::NodeError;
 use crate::scripts::Call;
 
@@ -60,6 +61,9 @@ pub(super) struct Releases {
     state: Mutex<ReleaseQueue>,
     /// Wakes the task that sends the queue: the turn was handed on.
     handed_on: Notify,
+    /// The client's running releases: a queued one counts there until it is answered,
+    /// also once its caller stopped waiting (`shutdown` waits for it).
+    running: Arc<running::Releases>,
 }
 
 #[derive(Default)]
@@ -101,6 +105,8 @@ pub(super) struct Queued {
     /// When its caller stops waiting: a batch waits for its server until the last one.
     pub(super) deadline: Instant,
     answer: oneshot::Sender<Result<Value, NodeError>>,
+    /// Counted as running until answered (or dropped).
+    _running: Running,
 }
 
 impl Queued {
@@ -125,6 +131,14 @@ pub(super) enum Release {
 }
 
 impl Releases {
+    /// A node's queue, its releases counted in the client's `running`.
+    pub(super) fn counting_in(running: Arc<running::Releases>) -> Self {
+        Self {
+            running,
+            ..Self::default()
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, ReleaseQueue> {
         // Every change keeps the state consistent, so a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -166,6 +180,7 @@ impl Releases {
             call: Arc::clone(call),
             deadline,
             answer,
+            _running: self.running.start(),
         });
         Release::Queued {
             waiting: Waiting(answered),

@@ -212,3 +212,36 @@ fn without_a_runtime_a_release_behind_the_turn_goes_alone() {
         Release::Alone
     ));
 }
+
+/// A queued release counts among the client's running releases (what `shutdown` waits
+/// for) from when it queues until it is answered, whether or not its caller still waits;
+/// the release that holds the turn is its caller's to count.
+#[tokio::test]
+async fn a_queued_release_counts_as_running_until_answered() {
+    let running = Arc::new(running::Releases::default());
+    let releases = Arc::new(Releases::counting_in(Arc::clone(&running)));
+    let Release::Turn(turn) = releases.take_turn_or_queue(&release(0), later()) else {
+        panic!("the turn");
+    };
+    assert_eq!(running.count(), 0, "the turn's holder is its caller's");
+    let mut waiting = Vec::new();
+    for i in 1..=2 {
+        let Release::Queued { waiting: w, .. } = releases.take_turn_or_queue(&release(i), later())
+        else {
+            panic!("queued");
+        };
+        waiting.push(w);
+    }
+    assert_eq!(running.count(), 2);
+    drop(waiting); // the callers stop waiting: still running
+    assert_eq!(running.count(), 2);
+    drop(turn);
+    let batch = releases.next_batch().expect("the queue");
+    let mut batch = batch.into_iter();
+    if let Some(first) = batch.next() {
+        first.answer(Ok(Value::Int(1)));
+    }
+    assert_eq!(running.count(), 1);
+    drop(batch);
+    assert_eq!(running.count(), 0);
+}

@@ -33,6 +33,7 @@ use futures_util::future::BoxFuture;
 use redis::{RedisError, Value};
 
 use super::batch::{self, Queued, Release};
+use super::running::Running;
 use super::wire::{self, Writes};
 use super::{Conn, Link, Node, Quarantine};
 use crate::error::NodeError;
@@ -375,13 +376,15 @@ impl Node {
         };
         // Connecting takes at most the connect timeout; the answer gets as long again.
         let limit = later(Instant::now(), node.connect_timeout().saturating_mul(2));
-        // Running until every one is answered: `shutdown` waits for them.
-        let running = node.settings.releases.start();
+        // Each counts as running until answered: `shutdown` waits for them.
+        let unsent: Vec<_> = unsent
+            .into_iter()
+            .map(|release| (release, node.settings.releases.start()))
+            .collect();
         runtime.spawn(async move {
-            let _running = running;
             let sent = unsent
                 .into_iter()
-                .map(|release| node.resend_one(release, limit));
+                .map(|(release, running)| node.resend_one(release, running, limit));
             let failed = futures_util::future::join_all(sent)
                 .await
                 .into_iter()
@@ -404,8 +407,13 @@ impl Node {
     }
 
     /// Sends one release of [`resend`](Self::resend) until `limit` and hands its caller
-    /// the answer; whether the node answered it.
-    async fn resend_one(self: &Arc<Self>, release: wire::Unsent, limit: Instant) -> bool {
+    /// the answer; whether the node answered it. It counts as `running` until then.
+    async fn resend_one(
+        self: &Arc<Self>,
+        release: wire::Unsent,
+        running: Running,
+        limit: Instant,
+    ) -> bool {
         let sending = How::release_by_task(limit);
         let call = Arc::clone(release.call());
         let limit = tokio::time::Instant::from_std(limit);
@@ -413,6 +421,7 @@ impl Node {
             .await
             .unwrap_or(Err(NodeError::Timeout));
         let sent = answer.is_ok();
+        let _running = running;
         release.answer(answer.map_err(|error| {
             let detail = error.to_string();
             RedisError::from((
@@ -430,11 +439,7 @@ impl Node {
     /// it). Called within a runtime (see [`Release::Queued`]).
     fn send_batches(self: &Arc<Self>) {
         let node = Arc::clone(self);
-        // Running until the queue is empty: `shutdown` waits for the releases in it, also
-        // those whose callers stopped waiting.
-        let running = self.settings.releases.start();
         tokio::spawn(async move {
-            let _running = running;
             let sender = batch::Sender::new(&node.releases);
             node.releases.wait_turn().await;
             while let Some(queued) = node.releases.next_batch() {
