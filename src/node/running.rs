@@ -1,7 +1,7 @@
 //! The releases a client runs now, which `Redlock::shutdown` waits for: counted by the
-//! operations (a release in an `unlock` call or in the background) and by the nodes' own
-//! release tasks, which go on after their callers stopped waiting (a batch of queued
-//! releases, releases sent again on a new connection).
+//! operations (a release in an `unlock` call or in the background), and by a node for each
+//! release it still sends after its caller stopped waiting (one queued for the next batch,
+//! one sent again on a new connection), until that release is answered.
 //!
 //! ```text
 //! let running = releases.start();   // counted from now, also before its task runs
