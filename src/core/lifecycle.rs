@@ -99,7 +99,10 @@ pub struct Shutdown {
 
 impl Shutdown {
     /// How many releases were still running when the shutdown stopped waiting: zero when
-    /// every release reached its nodes (or failed there for good).
+    /// every release reached its nodes (or failed there for good). A release counts once
+    /// while its call runs, and once more for each node that still holds it to send after
+    /// its caller stopped waiting (queued for a batch, or to send again on a new
+    /// connection), so the count can exceed the number of locks.
     pub fn unfinished(&self) -> usize {
         self.unfinished
     }
