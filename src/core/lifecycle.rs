@@ -100,9 +100,9 @@ pub struct Shutdown {
 impl Shutdown {
     /// How many releases were still running when the shutdown stopped waiting: zero when
     /// every release reached its nodes (or failed there for good). A release counts once
-    /// while its call runs, and once more for each node that still holds it to send after
-    /// its caller stopped waiting (queued for a batch, or to send again on a new
-    /// connection), so the count can exceed the number of locks.
+    /// while its call runs, and once more for each node where it waits in a queue for a
+    /// batch or to be sent again on a new connection (these go on after their caller
+    /// stopped waiting), so the count can exceed the number of locks.
     pub fn unfinished(&self) -> usize {
         self.unfinished
     }
