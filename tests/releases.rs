@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use support::{CapturedLogs, Cluster, wait_for};
-use tower_redlock::Redlock;
+use tower_redlock::{Lock, LockError, Redlock};
 
 /// The key of lock `name` under the default prefix.
 fn key(name: &str) -> String {
@@ -19,7 +19,7 @@ fn key(name: &str) -> String {
 }
 
 /// Polls `future` once: it must still be pending (its command is on its way).
-async fn poll_once(future: Pin<&mut impl Future>) {
+async fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) {
     let mut future = future;
     let pending = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_pending()));
     assert!(pending.await, "the release finished at its first poll");
@@ -91,6 +91,17 @@ fn tail(resp3: bool) -> &'static str {
     if resp3 { "/?protocol=resp3" } else { "" }
 }
 
+/// A client of `cluster` over our own connections or (`resp3`) redis-rs's: a TTL that
+/// outlasts the test, a node timeout of 100 ms.
+async fn short_timeout_client(cluster: &Cluster, resp3: bool) -> Redlock {
+    cluster
+        .client_over(tail(resp3), |b| {
+            b.ttl(Duration::from_secs(60))
+                .node_timeout(Duration::from_millis(100))
+        })
+        .await
+}
+
 /// A release polled once and then left alone without being dropped (pinned in a
 /// `select!` loop, stored, leaked) does not stall the client's other releases to that
 /// node on our own connection, which has no release turn. (On redis-rs's connections it
@@ -134,12 +145,7 @@ async fn releases_behind_a_stalled_turn_still_reach_the_node() {
 
 async fn releases_behind_a_stalled_release_still_reach_the_node(resp3: bool) {
     let mut cluster = Cluster::start(1);
-    let redlock = cluster
-        .client_over(tail(resp3), |b| {
-            b.ttl(Duration::from_secs(60))
-                .node_timeout(Duration::from_millis(100))
-        })
-        .await;
+    let redlock = short_timeout_client(&cluster, resp3).await;
     let a = redlock.lock("stalled").await.expect("lock");
     let b = redlock.lock("behind").await.expect("lock");
     assert_eq!(cluster.nodes_holding(key("behind")).await, 1);
@@ -205,18 +211,7 @@ async fn releases_not_sent_again_are_reported() {
 async fn shutdown_waits_for_the_releases_sent_again() {
     let mut cluster = Cluster::start(1);
     let redlock = releases_left_unwritten(&mut cluster).await;
-    let shutdown = redlock.shutdown();
-    tokio::pin!(shutdown);
-    let done = std::future::poll_fn(|cx| Poll::Ready(shutdown.as_mut().poll(cx).is_ready()));
-    assert!(
-        !done.await,
-        "the shutdown did not wait for the releases to send again"
-    );
-    cluster.nodes[0].resume();
-    assert_eq!(shutdown.await.unfinished(), 0);
-    for name in UNWRITTEN {
-        assert_eq!(cluster.nodes_holding(key(name)).await, 0, "{name}");
-    }
+    shutdown_waits_for_the_paused_node(&mut cluster, &redlock, &UNWRITTEN).await;
 }
 
 /// `shutdown` waits for a release queued behind another on redis-rs's connections (the
@@ -225,12 +220,7 @@ async fn shutdown_waits_for_the_releases_sent_again() {
 #[tokio::test]
 async fn shutdown_waits_for_the_queued_releases() {
     let mut cluster = Cluster::start(1);
-    let redlock = cluster
-        .client_over(tail(true), |b| {
-            b.ttl(Duration::from_secs(60))
-                .node_timeout(Duration::from_millis(100))
-        })
-        .await;
+    let redlock = short_timeout_client(&cluster, true).await;
     let names = ["first", "queued"];
     let locks = join_all(names.iter().map(|n| redlock.lock(*n))).await;
     let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
@@ -239,13 +229,21 @@ async fn shutdown_waits_for_the_queued_releases() {
     for report in &reports {
         assert_eq!(report.released(), 0, "the node is paused: {report:?}");
     }
+    shutdown_waits_for_the_paused_node(&mut cluster, &redlock, &names).await;
+}
+
+/// `redlock.shutdown()` is not done while `cluster`'s one node is paused (releases of
+/// `names` are still on their way to it); once the node is resumed it finishes with
+/// every release answered, and none of `names` is locked any more.
+async fn shutdown_waits_for_the_paused_node(
+    cluster: &mut Cluster,
+    redlock: &Redlock,
+    names: &[&str],
+) {
     let shutdown = redlock.shutdown();
     tokio::pin!(shutdown);
     let done = std::future::poll_fn(|cx| Poll::Ready(shutdown.as_mut().poll(cx).is_ready()));
-    assert!(
-        !done.await,
-        "the shutdown did not wait for the queued release"
-    );
+    assert!(!done.await, "the shutdown did not wait for the releases");
     cluster.nodes[0].resume();
     assert_eq!(shutdown.await.unfinished(), 0);
     for name in names {
@@ -277,16 +275,7 @@ async fn merged_releases_fall_back_when_the_scripts_were_flushed() {
             .await
             .expect(command[0]);
     }
-    cluster.nodes[0].pause();
-    let mut busy: Vec<_> = (0..4)
-        .map(|i| Box::pin(redlock.try_lock(format!("flushed-busy-{i}"))))
-        .collect();
-    for attempt in &mut busy {
-        poll_once(attempt.as_mut()).await;
-    }
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
+    let busy = pause_behind_four_acquisitions(&mut cluster, &redlock, "flushed-busy").await;
     let mut unlocks = Box::pin(join_all(locks.iter().map(|l| redlock.unlock(l))));
     poll_once(unlocks.as_mut()).await;
     cluster.nodes[0].resume();
@@ -335,17 +324,7 @@ async fn releases_left_unwritten(cluster: &mut Cluster) -> Redlock {
     let locks = join_all(UNWRITTEN.iter().map(|n| redlock.lock(*n))).await;
     let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
     assert_eq!(cluster.nodes_holding(key(UNWRITTEN[1])).await, 1);
-    cluster.nodes[0].pause();
-    let mut busy: Vec<_> = (0..4)
-        .map(|i| Box::pin(redlock.try_lock(format!("busy-{i}"))))
-        .collect();
-    for attempt in &mut busy {
-        poll_once(attempt.as_mut()).await;
-    }
-    // The connection's task writes them (this runtime has one thread: it runs now).
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
+    let busy = pause_behind_four_acquisitions(cluster, &redlock, "busy").await;
     let unlocks = join_all(locks.iter().map(|l| redlock.unlock(l)));
     let (attempts, reports) = tokio::join!(join_all(busy), unlocks);
     assert!(attempts.iter().all(Result::is_err), "the node is paused");
@@ -365,7 +344,6 @@ async fn releases_left_unwritten(cluster: &mut Cluster) -> Redlock {
 #[tokio::test]
 async fn shutdown_sends_the_queued_releases_and_closes_the_client() {
     use support::{FaultProxy, Mode};
-    use tower_redlock::LockError;
 
     let cluster = Cluster::start(3);
     let mut proxies = Vec::new();
@@ -434,4 +412,29 @@ async fn shutdown_sends_the_queued_releases_and_closes_the_client() {
         Err(LockError::Closed)
     );
     assert_eq!(clone.unlock(&kept).await.released(), 3);
+}
+
+/// An acquisition held up by a paused node.
+type Busy<'a> = Pin<Box<dyn Future<Output = Result<Lock, LockError>> + 'a>>;
+
+/// Pauses `cluster`'s one node and puts four acquisitions (`{prefix}-0` to `-3`) on
+/// `redlock`'s connection to it, deep enough that releases after them wait for the
+/// connection's next write: the acquisitions, still pending.
+async fn pause_behind_four_acquisitions<'a>(
+    cluster: &mut Cluster,
+    redlock: &'a Redlock,
+    prefix: &str,
+) -> Vec<Busy<'a>> {
+    cluster.nodes[0].pause();
+    let mut busy: Vec<Busy<'a>> = (0..4)
+        .map(|i| Box::pin(redlock.try_lock(format!("{prefix}-{i}"))) as Busy<'a>)
+        .collect();
+    for attempt in &mut busy {
+        poll_once(attempt.as_mut()).await;
+    }
+    // The connection's task writes them (the tests' runtime has one thread: it runs now).
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    busy
 }

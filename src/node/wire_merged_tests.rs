@@ -7,7 +7,7 @@ use std::sync::Arc;
 use redis::Value;
 
 use super::tests::{PATIENCE, Server, in_memory};
-use super::{Reply, Writes};
+use super::{Reply, Wire, Writes};
 use crate::scripts::{self, Call, Request};
 
 const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
@@ -37,6 +37,20 @@ async fn expect(server: &Server, expected: &[u8], what: &str) {
         String::from_utf8_lossy(expected),
         "{what}"
     );
+}
+
+/// A `PING` on an idle connection (written at once), then the releases of `a` and `b`,
+/// merged into the connection's next write: both on the server. Their replies.
+async fn a_ping_then_two_merged_releases(wire: &Wire, server: &Server) -> (Reply, Vec<Reply>) {
+    let ping = wire.request(PING, Writes::Caller);
+    let calls: Vec<Arc<Call>> = ["a", "b"].iter().map(|k| release(k, "v")).collect();
+    let written: Vec<Reply> = calls
+        .iter()
+        .map(|c| wire.release(c, Writes::Task))
+        .collect();
+    expect(server, PING, "the request written at once").await;
+    expect(server, &merged(&calls), "the releases merged").await;
+    (ping, written)
 }
 
 /// A connection busy with a `PING` (answered `+PONG` once the server sends `then`) when
@@ -182,14 +196,7 @@ async fn releases_not_written_when_the_connection_breaks_go_where_it_says() {
             let handed = Arc::clone(&handed);
             wire.on_unsent(move |unsent| handed.lock().expect("handed").extend(unsent));
         }
-        let ping = wire.request(PING, Writes::Caller); // idle: written at once
-        let calls: Vec<Arc<Call>> = ["a", "b"].iter().map(|k| release(k, "v")).collect();
-        let written: Vec<Reply> = calls
-            .iter()
-            .map(|c| wire.release(c, Writes::Task))
-            .collect();
-        expect(&server, PING, "the request written at once").await;
-        expect(&server, &merged(&calls), "the releases merged").await;
+        let (ping, written) = a_ping_then_two_merged_releases(&wire, &server).await;
         // The task is asked to write these, and has not run yet when the connection breaks.
         let later_calls: Vec<Arc<Call>> = ["c", "d"].iter().map(|k| release(k, "v")).collect();
         let later: Vec<Reply> = later_calls
@@ -240,14 +247,7 @@ async fn a_break_with_every_release_written_hands_nothing_on() {
             told.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         });
     }
-    let ping = wire.request(PING, Writes::Caller);
-    let calls: Vec<Arc<Call>> = ["a", "b"].iter().map(|k| release(k, "v")).collect();
-    let written: Vec<Reply> = calls
-        .iter()
-        .map(|c| wire.release(c, Writes::Task))
-        .collect();
-    expect(&server, PING, "the request written at once").await;
-    expect(&server, &merged(&calls), "the releases merged").await;
+    let (ping, written) = a_ping_then_two_merged_releases(&wire, &server).await;
     wire.close(false);
     for reply in std::iter::once(ping).chain(written) {
         assert!(answer(reply).await.is_err(), "sent, then broken");
