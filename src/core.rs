@@ -75,7 +75,7 @@ pub(crate) enum Fenced {
 impl<N: ?Sized> Core<N> {
     /// The core over `nodes`, `count` of them, sharing with them the longest TTL in use
     /// (`max_ttl_ms`: their quarantines last that long) and the count of running releases
-    /// (`releases`: their own release tasks count there too).
+    /// (`releases`: the releases they still send on their own count there too).
     pub(crate) fn new(
         (nodes, count): (Box<N>, usize),
         timing: Timing,

@@ -147,8 +147,8 @@ pub(crate) struct NodeSettings {
     pub(crate) key_prefix: Arc<[u8]>,
     /// The longest TTL the client has used, in ms: the length of a quarantine.
     pub(crate) max_ttl_ms: Arc<AtomicU64>,
-    /// The client's running releases (what `shutdown` waits for): the node's own release
-    /// tasks count in it.
+    /// The client's running releases (what `shutdown` waits for): each release the node
+    /// still sends after its caller stopped waiting (queued, or to send again) counts in it.
     pub(crate) releases: Arc<running::Releases>,
     /// The servers the client's nodes reached: `run_id` -> the node that counts for it.
     pub(crate) servers: Arc<Mutex<HashMap<String, Owner>>>,

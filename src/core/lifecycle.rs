@@ -28,8 +28,8 @@ pub(crate) struct Lifecycle {
 }
 
 impl Lifecycle {
-    /// Open, counting its running releases in `releases` (shared with the nodes, whose
-    /// own release tasks count there too).
+    /// Open, counting its running releases in `releases` (shared with the nodes: the
+    /// releases they still send on their own count there too).
     pub(crate) fn new(releases: Arc<Releases>) -> Self {
         Self {
             closed: AtomicBool::new(false),
