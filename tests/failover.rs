@@ -278,14 +278,23 @@ async fn a_cluster_shard_failover_to_a_replica_that_lacks_the_key_makes_no_secon
     tokio::task::block_in_place(|| cluster.start_failover(replica));
     let probes = during_the_failover(&running, nodes(), name, until);
     tokio::task::block_in_place(|| cluster.wait_promoted(replica, key.as_bytes()));
-    assert!(
-        !support::query_port::<bool>(
-            cluster.replicas[replica].port(),
-            redis::cmd("EXISTS").arg(&key)
-        )
-        .unwrap_or(true),
-        "the promoted replica lacks the key"
-    );
+    // Just promoted, the node may refuse a command for a moment (the cluster's state not
+    // settled yet): wait for its answer, then check it.
+    let mut exists = None;
+    tokio::task::block_in_place(|| {
+        support::wait_blocking(
+            "the promoted replica's answer",
+            Duration::from_secs(10),
+            || {
+                exists = support::query_port::<bool>(
+                    cluster.replicas[replica].port(),
+                    redis::cmd("EXISTS").arg(&key),
+                );
+                exists.is_some()
+            },
+        );
+    });
+    assert_eq!(exists, Some(false), "the promoted replica lacks the key");
     after_the_failover(nodes(), "the cluster node", probes, name, until).await;
 }
 
