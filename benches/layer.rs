@@ -40,7 +40,7 @@ mod support;
 mod common;
 
 use common::{
-    env_parse, flush_all, fmt_num, median, percentile_us, process_cpu_us, redis_cpu_us,
+    env_parse, flush_all, fmt_num, median, percentile_us, process_cpu_us, range, redis_cpu_us,
     source_state,
 };
 
@@ -773,8 +773,7 @@ impl Cell {
 
 /// The median of `values` with the lowest and highest in brackets: `1.15 [1.04–1.36]`.
 fn with_spread(values: &mut [f64]) -> String {
-    let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let highest = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (lowest, highest) = range(values);
     format!("{:.2} [{lowest:.2}–{highest:.2}]", median(values))
 }
 

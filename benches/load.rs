@@ -24,7 +24,7 @@ mod support;
 mod common;
 
 use common::{
-    env_parse, flush_all, fmt_num, median, percentile_us, process_cpu_us, redis_cpu_us,
+    env_parse, flush_all, fmt_num, median, percentile_us, process_cpu_us, range, redis_cpu_us,
     source_state,
 };
 
@@ -855,8 +855,7 @@ fn write_fencing(w: &mut String, cells: &[Cell]) {
     };
     // The median of per-repeat ratios, with their range.
     let spread = |mut ratios: Vec<f64>| {
-        let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let high = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (low, high) = range(&ratios);
         let mid = median(&mut ratios);
         if mid.is_nan() || ratios.len() < 2 {
             show(mid)

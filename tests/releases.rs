@@ -18,11 +18,24 @@ fn key(name: &str) -> String {
     format!("redlock:{{{name}}}")
 }
 
-/// Polls `future` once: it must still be pending (its command is on its way).
+/// Polls `future` once: it must still be pending (its command is on its way, or what it
+/// waits for is held up).
 async fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) {
     let mut future = future;
     let pending = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_pending()));
-    assert!(pending.await, "the release finished at its first poll");
+    assert!(
+        pending.await,
+        "finished at its first poll: nothing held it up"
+    );
+}
+
+/// Takes the lock of each of `names` at once, each of which must be granted.
+async fn lock_all(
+    redlock: &Redlock,
+    names: impl IntoIterator<Item = impl AsRef<[u8]>>,
+) -> Vec<Lock> {
+    let locks = join_all(names.into_iter().map(|n| redlock.lock(n))).await;
+    locks.into_iter().map(|l| l.expect("lock")).collect()
 }
 
 /// A user whose ACL lets it run `PUBLISH` but not on the lock channels (Redis 7's default
@@ -61,8 +74,7 @@ async fn a_refused_publish_does_not_stop_a_release() {
 
     // Released together: merged into script calls as our connection writes them.
     let names: Vec<String> = (0..40).map(|i| format!("batch-{i}")).collect();
-    let locks = join_all(names.iter().map(|n| redlock.lock(n))).await;
-    let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    let locks = lock_all(&redlock, &names).await;
     assert_eq!(cluster.nodes_holding(key(&names[0])).await, 1);
     let reports = join_all(locks.iter().map(|l| redlock.unlock(l))).await;
     for (name, report) in names.iter().zip(&reports) {
@@ -125,8 +137,7 @@ async fn a_release_left_unpolled_does_not_stall_the_others() {
         let report = redlock.unlock(&lock).await;
         assert_eq!(report.released(), 1, "release {i}: {report:?}");
     }
-    let locks = join_all((0..20).map(|i| redlock.lock(format!("together-{i}")))).await;
-    let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    let locks = lock_all(&redlock, (0..20).map(|i| format!("together-{i}"))).await;
     for report in join_all(locks.iter().map(|l| redlock.unlock(l))).await {
         assert_eq!(report.released(), 1, "{report:?}");
     }
@@ -222,8 +233,7 @@ async fn shutdown_waits_for_the_queued_releases() {
     let mut cluster = Cluster::start(1);
     let redlock = short_timeout_client(&cluster, true).await;
     let names = ["first", "queued"];
-    let locks = join_all(names.iter().map(|n| redlock.lock(*n))).await;
-    let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    let locks = lock_all(&redlock, names).await;
     cluster.nodes[0].pause();
     let reports = join_all(locks.iter().map(|l| redlock.unlock(l))).await;
     for report in &reports {
@@ -242,8 +252,7 @@ async fn shutdown_waits_for_the_paused_node(
 ) {
     let shutdown = redlock.shutdown();
     tokio::pin!(shutdown);
-    let done = std::future::poll_fn(|cx| Poll::Ready(shutdown.as_mut().poll(cx).is_ready()));
-    assert!(!done.await, "the shutdown did not wait for the releases");
+    poll_once(shutdown.as_mut()).await;
     cluster.nodes[0].resume();
     assert_eq!(shutdown.await.unfinished(), 0);
     for name in names {
@@ -265,8 +274,7 @@ async fn merged_releases_fall_back_when_the_scripts_were_flushed() {
         })
         .await;
     let names = ["flushed-0", "flushed-1", "flushed-2"];
-    let locks = join_all(names.iter().map(|n| redlock.lock(*n))).await;
-    let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    let locks = lock_all(&redlock, names).await;
     let mut raw = cluster.raw(0).await;
     for command in [["SCRIPT", "FLUSH"], ["CONFIG", "RESETSTAT"]] {
         let _: () = redis::cmd(command[0])
@@ -321,8 +329,7 @@ async fn releases_left_unwritten(cluster: &mut Cluster) -> Redlock {
                 .reconnect_after_timeouts(1)
         })
         .await;
-    let locks = join_all(UNWRITTEN.iter().map(|n| redlock.lock(*n))).await;
-    let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    let locks = lock_all(&redlock, UNWRITTEN).await;
     assert_eq!(cluster.nodes_holding(key(UNWRITTEN[1])).await, 1);
     let busy = pause_behind_four_acquisitions(cluster, &redlock, "busy").await;
     let unlocks = join_all(locks.iter().map(|l| redlock.unlock(l)));

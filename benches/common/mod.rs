@@ -73,6 +73,13 @@ pub fn percentile_us(sorted_ns: &[u64], p: f64) -> f64 {
     sorted_ns[rank.clamp(1, sorted_ns.len()) - 1] as f64 / 1e3
 }
 
+/// The lowest and the highest of `values` (infinities for none).
+pub fn range(values: &[f64]) -> (f64, f64) {
+    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (low, high)
+}
+
 pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();

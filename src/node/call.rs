@@ -407,11 +407,12 @@ impl Node {
     }
 
     /// Sends one release of [`resend`](Self::resend) until `limit` and hands its caller
-    /// the answer; whether the node answered it. It counts as `running` until then.
+    /// the answer; whether the node answered it. It counts as running (`_running`, dropped
+    /// when this returns) until then.
     async fn resend_one(
         self: &Arc<Self>,
         release: wire::Unsent,
-        running: Running,
+        _running: Running,
         limit: Instant,
     ) -> bool {
         let sending = How::release_by_task(limit);
@@ -421,7 +422,6 @@ impl Node {
             .await
             .unwrap_or(Err(NodeError::Timeout));
         let sent = answer.is_ok();
-        let _running = running;
         release.answer(answer.map_err(|error| {
             let detail = error.to_string();
             RedisError::from((
