@@ -25,8 +25,10 @@
 //!
 //! `impl Node` comes in layers that never call up: this file (the node's state, the
 //! answers and timeouts of its calls), [`connect`] (uses this file), then [`check`] and
-//! [`call`] (use both). [`identity`] judges what a server says of itself, and [`batch`]
-//! keeps a node's queue of releases; neither knows a node.
+//! [`call`] (use both), and [`resend`] over [`call`] ([`connect`] names it as where a
+//! connection of ours hands the releases it did not write when it breaks). [`identity`]
+//! judges what a server says of itself, and [`batch`] keeps a node's queue of releases;
+//! neither knows a node.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -48,6 +50,7 @@ mod continuity;
 mod handshake;
 mod identity;
 mod renewals;
+mod resend;
 mod resp;
 pub(crate) mod running;
 mod wire;

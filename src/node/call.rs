@@ -14,6 +14,7 @@
 //! of a taken key) turns the call into `Running`. On redis-rs's connections, releases to
 //! a node that come while one is on its way queue for its next batch (see the `batch`
 //! module, which keeps the queue and the turn; the task that sends a batch is here).
+//! Releases our connection broke before writing are sent again by the `resend` module.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,15 +26,14 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
 use futures_util::future::BoxFuture;
-use redis::{RedisError, Value};
+use redis::Value;
 
 use super::batch::{self, Queued, Release};
-use super::running::Running;
 use super::wire::{self, Writes};
 use super::{Conn, Link, Node, Quarantine};
 use crate::error::NodeError;
@@ -63,7 +63,7 @@ pub(crate) struct Sending<'a> {
 
 /// How a node sends one call (what [`Sending`] says, for one node).
 #[derive(Debug, Clone, Copy)]
-struct How {
+pub(super) struct How {
     quarantine: Quarantine,
     /// Who writes the command on an idle connection of ours.
     writes: Writes,
@@ -74,7 +74,7 @@ impl How {
     /// A release sent by the task that runs it (a batch's lone release, one sent again),
     /// until `deadline`: it goes to a quarantined node too, and that task writes it on an
     /// idle connection itself.
-    fn release_by_task(deadline: Instant) -> Self {
+    pub(super) fn release_by_task(deadline: Instant) -> Self {
         Self {
             quarantine: Quarantine::Ignored,
             writes: Writes::Caller,
@@ -306,8 +306,8 @@ impl Node {
     }
 
     /// Runs `call` at once on the node's current connection, waiting for one if need be,
-    /// with no release turn (a batch's lone release).
-    async fn call_now(
+    /// with no release turn (a batch's lone release, a release sent again).
+    pub(super) async fn call_now(
         self: &Arc<Self>,
         call: &Arc<Call>,
         sending: How,
@@ -360,77 +360,6 @@ impl Node {
         };
         drop(turn);
         self.answered(generation, answer)
-    }
-
-    /// Sends `unsent` again on the node's next connection: releases its connection broke
-    /// before writing (merged releases wait for the connection's next write). In a task of
-    /// their own, so they reach the node even when their callers stopped waiting (within
-    /// twice the connect timeout), as a batch of releases does (see
-    /// [`send_batch`](Self::send_batch)); their callers still waiting get these answers.
-    /// Sending them again cannot delete twice: the node never saw them.
-    pub(super) fn resend(node: &Weak<Self>, unsent: Vec<wire::Unsent>) {
-        // Without the node or a runtime, each release fails (see `Unsent`'s drop).
-        let (Some(node), Ok(runtime)) = (node.upgrade(), tokio::runtime::Handle::try_current())
-        else {
-            return;
-        };
-        // Connecting takes at most the connect timeout; the answer gets as long again.
-        let limit = later(Instant::now(), node.connect_timeout().saturating_mul(2));
-        // Each counts as running until answered: `shutdown` waits for them.
-        let unsent: Vec<_> = unsent
-            .into_iter()
-            .map(|release| (release, node.settings.releases.start()))
-            .collect();
-        runtime.spawn(async move {
-            let sent = unsent
-                .into_iter()
-                .map(|(release, running)| node.resend_one(release, running, limit));
-            let failed = futures_util::future::join_all(sent)
-                .await
-                .into_iter()
-                .filter(|sent| !sent)
-                .count();
-            if failed > 0 {
-                tracing::warn!(
-                    node = %node.label(),
-                    releases = failed,
-                    "redlock releases could not be sent to a node after its connection broke: \
-                     their keys stay until their TTL"
-                );
-            } else {
-                tracing::debug!(
-                    node = %node.label(),
-                    "redlock releases sent again to a node after its connection broke"
-                );
-            }
-        });
-    }
-
-    /// Sends one release of [`resend`](Self::resend) until `limit` and hands its caller
-    /// the answer; whether the node answered it. It counts as running (`_running`, dropped
-    /// when this returns) until then.
-    async fn resend_one(
-        self: &Arc<Self>,
-        release: wire::Unsent,
-        _running: Running,
-        limit: Instant,
-    ) -> bool {
-        let sending = How::release_by_task(limit);
-        let call = Arc::clone(release.call());
-        let limit = tokio::time::Instant::from_std(limit);
-        let answer = tokio::time::timeout_at(limit, self.call_now(&call, sending))
-            .await
-            .unwrap_or(Err(NodeError::Timeout));
-        let sent = answer.is_ok();
-        release.answer(answer.map_err(|error| {
-            let detail = error.to_string();
-            RedisError::from((
-                redis::ErrorKind::Io,
-                "the release could not be sent again",
-                detail,
-            ))
-        }));
-        sent
     }
 
     /// Starts the task that sends this node's queued releases: it waits until the turn is
