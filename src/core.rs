@@ -14,14 +14,13 @@
 //! ```
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::defaults::{MAX_TTL, MIN_RETENTION_TO_TTL_RATIO, MIN_TTL_TO_TIMEOUT_RATIO};
 use crate::error::{ConfigError, LockError};
 use crate::name::{CounterSets, Resource, keys_for};
-use crate::node::Node;
 use crate::node::running::{Releases, Running};
+use crate::node::{Horizon, Node};
 use crate::quorum::{self, later};
 
 pub(crate) mod lifecycle;
@@ -35,8 +34,9 @@ pub use lifecycle::Shutdown;
 pub(crate) struct Core<N: ?Sized = [Arc<Node>]> {
     timing: Timing,
     keys: KeySpace,
-    /// The longest TTL used so far, in ms (shared with the nodes, for quarantines).
-    max_ttl_ms: Arc<AtomicU64>,
+    /// The longest TTL any client of the nodes uses (shared with the nodes: the length
+    /// of their quarantines).
+    horizon: Arc<Horizon>,
     lifecycle: Lifecycle,
     /// How many nodes (and `quorum`, how many must agree).
     count: usize,
@@ -73,19 +73,19 @@ pub(crate) enum Fenced {
 }
 
 impl<N: ?Sized> Core<N> {
-    /// The core over `nodes`, `count` of them, sharing with them the longest TTL in use
-    /// (`max_ttl_ms`: their quarantines last that long) and the count of running releases
-    /// (`releases`: the releases they still send on their own count there too).
+    /// The core over `nodes`, `count` of them, sharing with them the horizon (their
+    /// quarantines last that long; this client's TTLs go into it) and the count of running
+    /// releases (`releases`: the releases they still send on their own count there too).
     pub(crate) fn new(
         (nodes, count): (Box<N>, usize),
         timing: Timing,
         keys: KeySpace,
-        (max_ttl_ms, releases): (Arc<AtomicU64>, Arc<Releases>),
+        (horizon, releases): (Arc<Horizon>, Arc<Releases>),
     ) -> Self {
         Self {
             timing,
             keys,
-            max_ttl_ms,
+            horizon,
             lifecycle: Lifecycle::new(releases),
             count,
             quorum: quorum::quorum(count),
@@ -148,11 +148,17 @@ impl<N: ?Sized> Core<N> {
     }
 
     /// Checks a TTL for one call and records it in use (the longest sets the length of
-    /// node quarantines).
+    /// node quarantines; one longer than any this client announced is announced before
+    /// its first lock: see `op::announce`).
     pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), LockError> {
         check_ttl(ttl, self.timing.node_timeout)?;
-        self.max_ttl_ms.fetch_max(ttl_ms(ttl), Ordering::Relaxed);
+        self.horizon.uses(ttl);
         Ok(())
+    }
+
+    /// The horizon: the longest TTL any client of the nodes uses, as this client knows it.
+    pub(crate) fn horizon(&self) -> &Horizon {
+        &self.horizon
     }
 
     /// The keys of lock `name` held for `ttl` (checked, and with enough validity left

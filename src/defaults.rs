@@ -47,6 +47,10 @@ pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
 pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
 /// Default connect timeout (TCP, TLS, `INFO` and `SCRIPT LOAD`): 1 s.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default interval of the background check of each node's connection (its role, its
+/// ledger: see [`RedlockBuilder::check_interval`](crate::RedlockBuilder::check_interval)):
+/// 1 s.
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// Default number of consecutive timeouts after which a node's connection is rebuilt: 3.
 pub const DEFAULT_RECONNECT_AFTER_TIMEOUTS: u32 = 3;
 /// Default extension interval of a [`LockGuard`](crate::LockGuard), as a fraction of the

@@ -14,24 +14,27 @@
 //! deadline, so a hung node never stalls an operation beyond it.
 //!
 //! **Restart-safe quorum.** A Redis node that restarts without persistence forgets its
-//! lock keys, and a replica promoted by a failover lacks the writes that had not reached
-//! it: either could grant a lock that another client still holds through it (the
-//! "delayed restart" rule of the Redlock spec exists for this). Every connect reads who
-//! the server is (`run_id`, replication role and id: see [`identity`]); a server that is
-//! not a master is refused; one that restarted, started or became a master less than the
-//! longest TTL in use ago is quarantined: it takes no part in acquiring or extending
-//! (releases still go to it) until every lock it may have lost has expired, whenever this
-//! client started. The quarantine is timed on the client's monotonic clock.
+//! lock keys, one flushed forgets them too, and a replica promoted by a failover lacks the
+//! writes that had not reached it: any could grant a lock that another client still holds
+//! through it (the "delayed restart" rule of the Redlock spec exists for this). What a
+//! node lost is decided by the node itself ([`loss`]): its ledger, read with `INFO` at
+//! every connect and every check, says since when its data is whole, and its horizon how
+//! long any client's locks live. A node that may have lost keys takes no part in acquiring
+//! or extending (releases still go to it) until the horizon has passed since the loss,
+//! for every client alike; a server that is not a master is refused. Each node's
+//! connection is checked every `check_interval` ([`check`]), so a flush, a demotion or a
+//! failover under a live connection is seen within one interval.
 //!
 //! `impl Node` comes in layers that never call up: this file (the node's state, the
-//! answers and timeouts of its calls), [`connect`] (uses this file), then [`check`] and
-//! [`call`] (use both), and [`resend`] over [`call`] ([`connect`] names it as where a
-//! connection of ours hands the releases it did not write when it breaks). [`identity`]
-//! judges what a server says of itself, and [`batch`] keeps a node's queue of releases;
-//! neither knows a node.
+//! answers and timeouts of its calls), [`judging`] (one read judged and kept) and the
+//! cluster's shards (use this file), [`connect`] (uses those), then [`check`] and [`call`]
+//! (use all of them), and [`resend`] over [`call`] ([`connect`] names it as where a
+//! connection of ours hands the releases it did not write when it breaks). [`loss`]
+//! judges what a node keeps and says of itself, and [`batch`] keeps a node's queue of
+//! releases; neither knows a node.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -46,9 +49,9 @@ pub(crate) mod clocks;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod connect;
-mod continuity;
 mod handshake;
-mod identity;
+mod judging;
+pub(crate) mod loss;
 mod renewals;
 mod resend;
 mod resp;
@@ -56,9 +59,7 @@ pub(crate) mod running;
 mod wire;
 
 pub(crate) use call::{NodeCall, Sending};
-#[cfg(test)]
-pub(crate) use continuity::Loss;
-pub(crate) use continuity::{Continuity, Doubts};
+pub(crate) use loss::{Doubts, Horizon, Whole};
 
 /// Whether a node's restart quarantine applies to a call: it does to the calls that decide
 /// an acquisition or an extension (a quarantined node refuses them at once, and a cluster
@@ -76,6 +77,7 @@ pub(crate) use renewals::{renewal_interval, set_expiry_ms};
 
 use crate::error::{NodeError, QuarantineReason};
 use crate::sentinel::SentinelMaster;
+use loss::{LedgerKeys, NodeLoss};
 
 /// How a node finds its server: a fixed address, the master the sentinels name, or a
 /// Redis Cluster (each key on the shard that owns its slot).
@@ -146,10 +148,12 @@ pub(crate) struct NodeSettings {
     pub(crate) reconnect_after_timeouts: u32,
     /// Whether nodes that may have lost keys are quarantined.
     pub(crate) quarantine: bool,
-    /// The client's key prefix: promotion markers go under it (see `identity`).
+    /// The client's key prefix: the nodes' ledgers go under it (see `loss`).
     pub(crate) key_prefix: Arc<[u8]>,
-    /// The longest TTL the client has used, in ms: the length of a quarantine.
-    pub(crate) max_ttl_ms: Arc<AtomicU64>,
+    /// The length of a quarantine: the longest TTL any client of the nodes uses.
+    pub(crate) horizon: Arc<Horizon>,
+    /// How often each node's connection is checked in the background (role, ledger).
+    pub(crate) check_every: Duration,
     /// The client's running releases (what `shutdown` waits for): each release the node
     /// still sends after its caller stopped waiting (queued, or to send again) counts in it.
     pub(crate) releases: Arc<running::Releases>,
@@ -191,13 +195,14 @@ struct NodeState {
     /// When the current connection was made (none before the first).
     connected_at: Option<Instant>,
     backoff: Duration,
-    /// Who the server was on the last connect (`run_id` and replication id), if `INFO`
-    /// told.
-    known: Option<identity::Identity>,
-    /// Since when the server's data is whole, if it may have lost writes (for replay).
-    continuity: Option<Continuity>,
-    /// Kept out of acquire and extend until then, and why.
-    quarantined_until: Option<(Instant, QuarantineReason)>,
+    /// What this client knows of the node's losses (its ledger as last read).
+    loss: NodeLoss,
+    /// On a Redis Cluster node, the same of each shard's master, by cluster node id.
+    shard_losses: HashMap<String, NodeLoss>,
+    /// The node counts in the quarantined-nodes gauge.
+    counted: bool,
+    /// The server's `run_id` on the last connect, if `INFO` told.
+    run_id: Option<String>,
     /// The node whose server this node's address also reaches, if any (logged once).
     same_server_as: Option<String>,
     /// The server's version, from the last connect that could read it.
@@ -222,6 +227,12 @@ pub(crate) struct Node {
     renewals: renewals::Renewals,
     /// The node's eviction policy was warned about.
     eviction_warned: AtomicBool,
+    /// That `INFO` tells no `run_id` or role was warned about.
+    info_warned: AtomicBool,
+    /// The background check runs (see [`check`]).
+    watched: AtomicBool,
+    /// Where the node's ledger and horizon are.
+    ledger: LedgerKeys,
 }
 
 impl std::fmt::Debug for Node {
@@ -243,15 +254,15 @@ impl Node {
             index,
             label,
             connector,
-            settings,
             state: Mutex::new(NodeState {
                 slot: Link::Idle,
                 generation: 0,
                 connected_at: None,
                 backoff: BACKOFF_MIN,
-                known: None,
-                continuity: None,
-                quarantined_until: None,
+                loss: NodeLoss::default(),
+                shard_losses: HashMap::new(),
+                counted: false,
+                run_id: None,
                 same_server_as: None,
                 version: None,
             }),
@@ -260,7 +271,11 @@ impl Node {
             releases: Arc::new(releases),
             untold: AtomicBool::new(false),
             eviction_warned: AtomicBool::new(false),
+            info_warned: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
+            ledger: LedgerKeys::new(&settings.key_prefix),
             renewals,
+            settings,
         }
     }
 
@@ -297,48 +312,38 @@ impl Node {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Since when the node's data is whole, if it may have lost writes (see
-    /// [`continuity`]).
-    pub(crate) fn continuity(&self) -> Option<Continuity> {
-        self.state().continuity
+    /// Since when the node's data is whole, as a replay acquisition sees it (see
+    /// [`loss::doubts`]).
+    pub(crate) fn whole(&self) -> Whole {
+        match self.state().loss.since() {
+            None => Whole::Unknown,
+            Some(None) => Whole::Always,
+            Some(Some(at)) => Whole::Since(at),
+        }
     }
 
     /// How much longer the node is quarantined, and why, if it is (the state is locked by
-    /// the caller).
+    /// the caller). Keeps the quarantined-nodes gauge and logs the end of a quarantine.
     fn quarantine_left(&self, st: &mut NodeState) -> Option<(Duration, QuarantineReason)> {
-        let (until, reason) = st.quarantined_until?;
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            st.quarantined_until = None;
-            crate::metrics::gauge(
-                crate::metrics::Gauge::QuarantinedNodes,
-                crate::metrics::Move::Down,
-            );
-            tracing::info!(node = %self.label, "redlock node quarantine over: it takes part in acquisitions again");
-            return None;
+        let (now, horizon) = (Instant::now(), &*self.settings.horizon);
+        let left = std::iter::once(&st.loss)
+            .chain(st.shard_losses.values())
+            .filter_map(|loss| loss.quarantine(now, horizon))
+            .max_by_key(|(left, _)| *left);
+        let gauge = |m| crate::metrics::gauge(crate::metrics::Gauge::QuarantinedNodes, m);
+        match (&left, st.counted) {
+            (Some(_), false) => {
+                st.counted = true;
+                gauge(crate::metrics::Move::Up);
+            }
+            (None, true) => {
+                st.counted = false;
+                gauge(crate::metrics::Move::Down);
+                tracing::info!(node = %self.label, "redlock node quarantine over: it takes part in acquisitions again");
+            }
+            _ => {}
         }
-        Some((left, reason))
-    }
-
-    /// Keeps the node out of acquisitions for `length` from now (or longer, if it already
-    /// is) because of `reason` (the state is locked by the caller).
-    fn quarantine(&self, st: &mut NodeState, length: Duration, reason: QuarantineReason) {
-        let until = crate::quorum::later(Instant::now(), length);
-        match st.quarantined_until {
-            Some((longer, _)) if longer >= until => return,
-            Some(_) => {}
-            None => crate::metrics::gauge(
-                crate::metrics::Gauge::QuarantinedNodes,
-                crate::metrics::Move::Up,
-            ),
-        }
-        st.quarantined_until = Some((until, reason));
-        tracing::warn!(
-            node = %self.label,
-            quarantine = ?length,
-            %reason,
-            "redlock node may have lost lock keys: kept out of acquisitions until every lock it may have lost has expired"
-        );
+        left
     }
 
     /// Drops the connection of `generation` (if still current) so the next call reconnects.
@@ -361,11 +366,6 @@ impl Node {
         if let Link::Ready(Conn::Own(wire)) = old {
             wire.close(*why == NodeError::Timeout);
         }
-    }
-
-    /// The longest TTL the client has used: the length of a quarantine.
-    fn max_ttl(&self) -> Duration {
-        Duration::from_millis(self.settings.max_ttl_ms.load(Ordering::Relaxed))
     }
 
     /// How much longer the node is quarantined, and why, if it is.
@@ -472,7 +472,8 @@ mod tests {
             reconnect_after_timeouts: 2,
             quarantine: false,
             key_prefix: Arc::from(&b"redlock:"[..]),
-            max_ttl_ms: Arc::default(),
+            horizon: Arc::new(Horizon::new(1, Duration::from_secs(1), false)),
+            check_every: Duration::from_secs(1),
             releases: Arc::default(),
             servers: Arc::default(),
             counter_sets: 1,

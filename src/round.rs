@@ -37,7 +37,7 @@ use redis::Value;
 
 use crate::error::NodeError;
 use crate::landing::{Landing, LandingState};
-use crate::node::{Continuity, Node, NodeCall, Quarantine, Sending};
+use crate::node::{Node, NodeCall, Quarantine, Sending, Whole};
 use crate::quorum::NodeMask;
 use crate::scripts::Request;
 
@@ -112,16 +112,28 @@ pub(crate) trait Nodes: Send + Sync {
     /// (`message`): see [`Node::notifications_refused`].
     fn notifications_refused(&self, i: usize, message: &str);
 
-    /// Since when node `i`'s data is whole, if it may have lost writes (see
-    /// [`Continuity`]): nodes that cannot tell have none.
-    fn continuity(&self, i: usize) -> Option<Continuity> {
+    /// Since when node `i`'s data is whole, as its ledger says (see [`Whole`]): nodes that
+    /// cannot tell are [`Whole::Unknown`].
+    fn whole(&self, i: usize) -> Whole {
         let _ = i;
-        None
+        Whole::Unknown
     }
 
     /// Waits for the connects under way, one node at a time as they settle, until `enough`
     /// says so or every connect is over.
     fn settle(&self, enough: impl Fn() -> bool + Send) -> impl Future<Output = ()> + Send;
+
+    /// Raises every node's horizon to `ttl_ms` by `deadline` (see `node::loss::horizon`):
+    /// each node's outcome, in order. Fake nodes take it at once.
+    fn announce(
+        &self,
+        ttl_ms: u64,
+        deadline: Instant,
+    ) -> impl Future<Output = Vec<Result<(), NodeError>>> + Send {
+        let _ = (ttl_ms, deadline);
+        let took = (0..self.count()).map(|_| Ok(())).collect();
+        std::future::ready(took)
+    }
 }
 
 impl Nodes for [Arc<Node>] {
@@ -145,8 +157,8 @@ impl Nodes for [Arc<Node>] {
         }
     }
 
-    fn continuity(&self, i: usize) -> Option<Continuity> {
-        self.get(i).and_then(|node| node.continuity())
+    fn whole(&self, i: usize) -> Whole {
+        self.get(i).map_or(Whole::Unknown, |node| node.whole())
     }
 
     async fn settle(&self, enough: impl Fn() -> bool + Send) {
@@ -156,6 +168,16 @@ impl Nodes for [Arc<Node>] {
                 return;
             }
         }
+    }
+
+    async fn announce(&self, ttl_ms: u64, deadline: Instant) -> Vec<Result<(), NodeError>> {
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let each = self.iter().map(|node| async move {
+            tokio::time::timeout_at(deadline, node.announce(ttl_ms))
+                .await
+                .unwrap_or(Err(NodeError::Timeout))
+        });
+        futures_util::future::join_all(each).await
     }
 }
 

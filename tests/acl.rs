@@ -172,7 +172,7 @@ async fn the_readme_line_for_plain_masters_is_enough() {
     for node in &servers.nodes {
         apply(node.port(), &node_rule());
     }
-    servers.wait_older_than(TTL).await;
+    servers.age_ledgers();
     let urls: Vec<String> = servers
         .nodes
         .iter()
@@ -208,7 +208,7 @@ async fn the_readme_lines_for_sentinel_managed_masters_are_enough() {
         sentinel_port,
         &readme_rule("ACL SETUSER locker on >secret -@all +sentinel"),
     );
-    tokio::task::block_in_place(|| node.wait_older_than(TTL.as_secs()));
+    tokio::task::block_in_place(|| node.age_ledgers());
     let sentinel = format!("redis://locker:secret@127.0.0.1:{sentinel_port}");
     let master: redis::ConnectionInfo = "redis://locker:secret@127.0.0.1:6379"
         .parse()
@@ -239,14 +239,7 @@ async fn the_readme_lines_for_a_redis_cluster_are_enough() {
         apply(m.port(), &node_rule());
         apply(m.port(), &extra);
     }
-    wait_for("the cluster to age", Duration::from_secs(30), || {
-        let old = cluster
-            .masters
-            .iter()
-            .all(|n| n.uptime_secs().is_some_and(|u| u > TTL.as_secs()));
-        async move { old }
-    })
-    .await;
+    tokio::task::block_in_place(|| cluster.age_ledgers());
     let seeds: Vec<String> = cluster
         .masters
         .iter()

@@ -1044,7 +1044,7 @@ async fn the_readme_acl_rule_is_enough_and_info_is_only_for_the_quarantine() {
         cluster.nodes[0].port()
     );
     let ttl = Duration::from_secs(1);
-    cluster.wait_older_than(ttl).await; // the quarantine stays on
+    cluster.age_ledgers(); // the quarantine stays on
     let client = |quarantine: bool| {
         tower_redlock::Redlock::builder([url.clone()])
             .ttl(ttl)
@@ -1311,7 +1311,7 @@ async fn health_and_inspection_tell_what_the_nodes_hold() {
     cluster.nodes[1].kill();
     assert!(!redlock.health().await.ready());
 
-    // Young nodes under the restart quarantine are up but not usable.
+    // New nodes under the restart quarantine are up but not usable.
     let fresh = Cluster::start(3);
     let quarantined = tower_redlock::Redlock::builder(fresh.urls())
         .build()
@@ -1341,7 +1341,7 @@ async fn the_quarantine_error_counts_the_quarantined_nodes_and_no_unawaited_gran
     };
     let fresh = Cluster::start(3);
     let all = quarantined(fresh.urls());
-    assert!(!all.health().await.ready()); // connected, each node judged young
+    assert!(!all.health().await.ready()); // connected, each node without a ledger
     let error = all.try_lock("fresh").await.expect_err("quarantined");
     let text = error.to_string();
     assert!(
@@ -1350,9 +1350,16 @@ async fn the_quarantine_error_counts_the_quarantined_nodes_and_no_unawaited_gran
     );
     assert!(!text.contains("granted"), "{text}");
 
-    // Two young nodes next to an old one.
+    // Two nodes restarted empty next to one that kept its ledger (made by a first client,
+    // whose quarantine of the new nodes is over).
     let mut mixed = Cluster::start(3);
-    mixed.wait_older_than(ttl).await;
+    let first = quarantined(mixed.urls());
+    wait_for(
+        "the ledgers made and the nodes in service",
+        ttl * 5,
+        || async { first.health().await.ready() },
+    )
+    .await;
     mixed.nodes[0].restart();
     mixed.nodes[1].restart();
     let two = quarantined(mixed.urls());

@@ -45,7 +45,7 @@ struct Outcome {
 /// tries until A's validity ends.
 async fn restart_scenario(quarantine: bool) -> Outcome {
     let mut cluster = Cluster::start(5);
-    cluster.wait_older_than(TTL).await;
+    cluster.age_ledgers();
     let store_node = RedisNode::start();
     let store = FencedStore::connect(&store_node.url())
         .await
@@ -210,10 +210,11 @@ async fn a_clock_jump_breaks_mutual_exclusion_but_fencing_rejects_the_stale_writ
     );
 }
 
-/// Fresh nodes are quarantined on first contact for the rest of the TTL, and say so in the
-/// no-quorum error; then the lock is granted.
+/// Fresh nodes hold no ledger: the first client makes one and every client keeps them out
+/// for the TTL from then (nothing tells a new node from one restarted empty), saying so in
+/// the no-quorum error; then the lock is granted.
 #[tokio::test]
-async fn young_nodes_are_quarantined_until_they_are_older_than_the_ttl() {
+async fn new_nodes_are_quarantined_for_a_ttl_from_their_first_ledger() {
     let cluster = Cluster::start(3);
     let r = Redlock::builder(cluster.urls())
         .ttl(Duration::from_secs(1))
@@ -268,12 +269,13 @@ async fn young_nodes_are_quarantined_until_they_are_older_than_the_ttl() {
     .await;
 }
 
-/// A node whose run id changed is quarantined for the TTL even though the client knew it.
+/// A node restarted empty answers without its ledger: quarantined for the TTL although the
+/// client knew it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_is_detected_by_its_new_run_id() {
+async fn a_restart_is_detected_by_its_missing_ledger() {
     let mut cluster = Cluster::start(3);
     let ttl = Duration::from_secs(1);
-    cluster.wait_older_than(ttl).await;
+    cluster.age_ledgers();
     let r = Redlock::builder(cluster.urls())
         .ttl(ttl)
         .node_timeout(Duration::from_millis(100))
@@ -438,14 +440,14 @@ async fn a_cluster_node_locks_on_the_owning_shard_and_a_dead_shard_fails_only_it
         .node_timeout(Duration::from_millis(300))
         .build()
         .expect("build");
-    // Its masters are young: the first check of its shards quarantines the node as a
-    // fresh single node would be.
+    // Its masters are new (no ledger): the first check of its shards quarantines the node
+    // as a fresh single node would be.
     let status = redlock.health().await.nodes()[0].status().clone();
     assert!(
         matches!(
             status,
             NodeStatus::Quarantined {
-                reason: QuarantineReason::Young,
+                reason: QuarantineReason::Empty,
                 ..
             }
         ),

@@ -26,7 +26,7 @@ const PERIOD: Duration = Duration::from_millis(700);
 const MAX_GAP: Duration = Duration::from_millis(2500);
 
 async fn run(scenario: &str, kinds: &[Fault], w: Workload, length: Duration) {
-    let mut setup = Setup::start(w.ttl).await;
+    let mut setup = Setup::start().await;
     let store = FencedStore::connect(&setup.store_node.url())
         .await
         .expect("store");

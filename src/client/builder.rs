@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use super::node_config::NodeConfig;
 use crate::defaults::{
-    DEFAULT_ALLOW_EVICTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_EXTEND_FRACTION,
-    DEFAULT_FENCING, DEFAULT_FENCING_CLOCK_BOUND, DEFAULT_KEY_PREFIX, DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_NODE_TIMEOUT, DEFAULT_RECONNECT_AFTER_TIMEOUTS, DEFAULT_RESTART_QUARANTINE,
-    DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL,
+    DEFAULT_ALLOW_EVICTION, DEFAULT_CHECK_INTERVAL, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR,
+    DEFAULT_EXTEND_FRACTION, DEFAULT_FENCING, DEFAULT_FENCING_CLOCK_BOUND, DEFAULT_KEY_PREFIX,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_NODE_TIMEOUT, DEFAULT_RECONNECT_AFTER_TIMEOUTS,
+    DEFAULT_RESTART_QUARANTINE, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL,
 };
 
 /// Builds a [`Redlock`](crate::Redlock); see [`Redlock::builder`](crate::Redlock::builder). Every setting has a documented default;
@@ -39,6 +39,7 @@ pub struct RedlockBuilder {
     pub(super) key_prefix: Vec<u8>,
     pub(super) min_validity: Duration,
     pub(super) connect_timeout: Duration,
+    pub(super) check_interval: Duration,
     pub(super) reconnect_after_timeouts: u32,
     pub(super) extend_fraction: f64,
     pub(super) max_hold: Option<Duration>,
@@ -72,6 +73,7 @@ impl RedlockBuilder {
             key_prefix: DEFAULT_KEY_PREFIX.as_bytes().to_vec(),
             min_validity: Duration::ZERO,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            check_interval: DEFAULT_CHECK_INTERVAL,
             reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
             extend_fraction: DEFAULT_EXTEND_FRACTION,
             max_hold: None,
@@ -275,6 +277,33 @@ impl RedlockBuilder {
         self
     }
 
+    /// How often each node's connection is checked in the background
+    /// ([`DEFAULT_CHECK_INTERVAL`]: 1 s): its role (a master demoted by a failover is left
+    /// for the new one) and, with the [restart quarantine](Self::restart_quarantine), its
+    /// ledger, so a node flushed, failed over or demoted and promoted again under a live
+    /// connection is kept out of acquisitions within one interval. The check also
+    /// reconnects a node that is down. One round trip per node and interval;
+    /// `Duration::MAX` checks only at connects and in `health()`. Zero is
+    /// [`ConfigError::ZeroCheckInterval`](crate::ConfigError::ZeroCheckInterval).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::Redlock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let nodes = ["redis://redis-1:6379", "redis://redis-2:6379", "redis://redis-3:6379"];
+    /// // Short locks: see a flushed node within 200 ms.
+    /// let redlock = Redlock::builder(nodes)
+    ///     .ttl(Duration::from_secs(2))
+    ///     .check_interval(Duration::from_millis(200))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn check_interval(mut self, interval: Duration) -> Self {
+        self.check_interval = interval;
+        self
+    }
+
     /// After this many consecutive timeouts on a node its connection is rebuilt
     /// ([`DEFAULT_RECONNECT_AFTER_TIMEOUTS`]; 0 counts as 1).
     ///
@@ -322,32 +351,36 @@ impl RedlockBuilder {
         self
     }
 
-    /// Whether a node that restarted is kept out of acquisitions and extensions until
-    /// the locks it may have lost have expired ([`DEFAULT_RESTART_QUARANTINE`]: on).
+    /// Whether a node that may have lost keys is kept out of acquisitions and extensions
+    /// until the locks it may have lost have expired ([`DEFAULT_RESTART_QUARANTINE`]: on).
     ///
     /// A Redis node restarted without persistence has forgotten its lock keys and would
     /// grant a lock that another client still holds through it: with 5 nodes, client A
     /// holds nodes 1-3, node 3 restarts empty, client B takes nodes 3-5, and both hold
     /// the lock. The Redlock spec's remedy is to keep a restarted node unavailable for a
-    /// TTL; the client enforces it. On every (re)connect it reads `INFO server` and `INFO
-    /// replication`: a node whose `run_id` changed is quarantined for the longest TTL this
-    /// client has used (at least the default TTL); on first contact a node up for less
-    /// than that is quarantined for the difference. A replica promoted by a failover may
-    /// lack keys too (replication is asynchronous): a master promoted within the longest
-    /// TTL is quarantined until that TTL has passed since its promotion, as a marker key
-    /// the first client to meet it leaves on it tells; a Redis Cluster shard whose master
-    /// changed or restarted quarantines its cluster node. A server that is not a master is
-    /// refused ([`NodeError::NotMaster`](crate::NodeError::NotMaster)). A quarantined node
-    /// fails acquire and extend at once with
+    /// TTL; the clients enforce it together. Each node keeps a ledger under the key
+    /// prefix (`<prefix>#ledger`, no TTL): an epoch that names its dataset and the moment
+    /// of its last possible loss, on its own clock; and a horizon (`<prefix>#horizon`):
+    /// the longest TTL any client of the nodes uses, raised by each client at every
+    /// connect and check, and before its first lock with a longer TTL than it announced.
+    /// Every connect and every background check ([`check_interval`](Self::check_interval))
+    /// reads both with `INFO`: a node without its ledger (restarted empty, flushed, a
+    /// replica that never synced, or new), another server process (a restart that
+    /// reloaded a file, a failover), or the same process promoted again is kept out until
+    /// the horizon has passed since that moment, the same moment and length for every
+    /// client. A new replication id alone (a replica attached, a backup, the backlog
+    /// freed) keeps the node in service. A Redis Cluster shard is judged the same way and
+    /// quarantines its cluster node. A server that is not a master is refused
+    /// ([`NodeError::NotMaster`](crate::NodeError::NotMaster)). A quarantined node fails
+    /// acquire and extend at once with
     /// [`NodeError::Quarantined`](crate::NodeError::Quarantined), which the no-quorum error
     /// lists with its reason; releases still go to it. Quarantines are logged (`warn`)
-    /// when they start. With it off, none of these checks is made (and a cluster node's
-    /// acquisitions carry no `CLIENT INFO` and `LASTSAVE`).
+    /// when they start. With it off, none of these checks is made (no ledger is kept, and
+    /// a cluster node's acquisitions carry no `CLIENT INFO` and `LASTSAVE`).
     ///
     /// Switch it off only for nodes with `appendonly yes` and `appendfsync always` and no
     /// replicas that could be promoted, or for throwaway nodes started empty by the same
-    /// program (tests, demos). If other clients lock the same names with longer TTLs, give
-    /// this client that TTL as its default.
+    /// program (tests, demos).
     ///
     /// ```
     /// use tower_redlock::Redlock;

@@ -11,18 +11,17 @@
 //! ```
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use super::builder::RedlockBuilder;
-use crate::core::{Core, Fenced, KeySpace, Timing, check_retention, check_ttl, ttl_ms};
+use crate::core::{Core, Fenced, KeySpace, Timing, check_retention, check_ttl};
 use crate::defaults::DEFAULT_FENCING_RETENTION;
 use crate::error::ConfigError;
 use crate::fencing::{Clock, Fencing};
 use crate::keepalive::inbox::{Guards, KeepAlive};
 use crate::name::{CounterSets, prefix_keeps_tags};
-use crate::node::NodeSettings;
 use crate::node::clocks::NodeClocks;
+use crate::node::{Horizon, NodeSettings};
 use crate::node::{renewal_interval, set_expiry_ms};
 use crate::op::observe::Observe;
 use crate::op::retry::RetryPolicy;
@@ -82,6 +81,9 @@ impl RedlockBuilder {
         if self.connect_timeout.is_zero() {
             return Err(ConfigError::ZeroConnectTimeout);
         }
+        if self.check_interval.is_zero() {
+            return Err(ConfigError::ZeroCheckInterval);
+        }
         if !(self.extend_fraction > 0.0 && self.extend_fraction < 1.0) {
             return Err(ConfigError::ExtendFractionOutOfRange {
                 fraction: self.extend_fraction,
@@ -96,14 +98,15 @@ impl RedlockBuilder {
         &self,
         fencing_retention: Duration,
         counter_sets: CounterSets,
-        max_ttl_ms: &Arc<AtomicU64>,
+        horizon: &Arc<Horizon>,
     ) -> NodeSettings {
         NodeSettings {
             connect_timeout: self.connect_timeout,
             reconnect_after_timeouts: self.reconnect_after_timeouts,
             quarantine: self.restart_quarantine,
             key_prefix: Arc::from(self.key_prefix.as_slice()),
-            max_ttl_ms: Arc::clone(max_ttl_ms),
+            horizon: Arc::clone(horizon),
+            check_every: self.check_interval,
             releases: Arc::default(),
             servers: Arc::default(),
             counter_sets: counter_sets.count(),
@@ -117,13 +120,17 @@ impl RedlockBuilder {
     /// checked.
     pub(super) fn state(self) -> Result<(State, Fenced), ConfigError> {
         let fencing_retention = self.validate()?;
-        let max_ttl_ms = Arc::new(AtomicU64::new(ttl_ms(self.ttl)));
+        let horizon = Arc::new(Horizon::new(
+            self.nodes.len(),
+            self.ttl,
+            self.restart_quarantine,
+        ));
         let counter_sets = if self.nodes.iter().any(|node| node.as_cluster().is_some()) {
             CounterSets::PerSlot
         } else {
             CounterSets::One
         };
-        let node_settings = self.node_settings(fencing_retention, counter_sets, &max_ttl_ms);
+        let node_settings = self.node_settings(fencing_retention, counter_sets, &horizon);
         let nodes = self.nodes(&node_settings)?;
         let n = nodes.len();
         let timing = Timing {
@@ -137,7 +144,7 @@ impl RedlockBuilder {
             prefix: self.key_prefix,
             counter_sets,
         };
-        let shared = (max_ttl_ms, Arc::clone(&node_settings.releases));
+        let shared = (horizon, Arc::clone(&node_settings.releases));
         let core = Core::new((nodes.into_boxed_slice(), n), timing, keys, shared);
         let clock = Clock::new(node_settings.clocks);
         let state = State {

@@ -100,6 +100,9 @@ pub enum ConfigError {
     ZeroAttempts,
     /// The connect timeout is zero: give at least the time a TCP (and TLS) handshake takes.
     ZeroConnectTimeout,
+    /// The check interval is zero: give the time between two background checks of a node
+    /// (`Duration::MAX` for none).
+    ZeroCheckInterval,
     /// The fencing retention is shorter than
     /// [`MIN_RETENTION_TO_TTL_RATIO`](crate::defaults::MIN_RETENTION_TO_TTL_RATIO) times the
     /// TTL: a counter could expire while numbers near it are still in use. Raise the
@@ -181,6 +184,7 @@ impl fmt::Display for ConfigError {
             ),
             Self::ZeroAttempts => f.write_str("max_attempts is zero"),
             Self::ZeroConnectTimeout => f.write_str("the connect timeout is zero"),
+            Self::ZeroCheckInterval => f.write_str("the check interval is zero"),
             _ => self.fmt_rest(f),
         }
     }

@@ -10,29 +10,33 @@
 //! ```
 
 /// Why the restart quarantine keeps a node out of acquisitions (see
-/// [`NodeStatus::Quarantined`](crate::NodeStatus::Quarantined)).
+/// [`NodeStatus::Quarantined`](crate::NodeStatus::Quarantined)). The node's own ledger
+/// records it, so every client of the node gives the same reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum QuarantineReason {
-    /// Its `run_id` changed since this client last connected: it restarted, or another
-    /// server answers at its address (a failover), and it may have lost keys.
+    /// It answered without its ledger, the key that names its dataset: it restarted
+    /// empty, was flushed (`FLUSHALL`), is a replica that never synced, or is new to these
+    /// clients (nothing tells these apart). Every key it held may be gone.
+    Empty,
+    /// Another server process answers than at the last judgement, started less than the
+    /// longest TTL ago: it restarted and reloaded its data from a file, so writes since
+    /// its last save may be gone.
     Restarted,
-    /// On first contact it had been up for less than the longest TTL in use.
-    Young,
-    /// It became a master less than the longest TTL ago, or at a time nothing tells (a
-    /// failover promoted a replica, which may lack the last writes of the old master).
+    /// It became a master: a failover promoted a replica (another process than at the last
+    /// judgement, running for longer than the longest TTL), or a master was demoted and
+    /// promoted again. Writes replication had not carried may be gone.
     Promoted,
-    /// A shard of a Redis Cluster node has a new master, or its master restarted.
-    ShardChanged,
 }
 
 impl std::fmt::Display for QuarantineReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Self::Restarted => "it restarted (new run id)",
-            Self::Young => "it started less than the longest TTL ago",
-            Self::Promoted => "it became a master less than the longest TTL ago (a failover)",
-            Self::ShardChanged => "a shard of the cluster has a new or restarted master",
+            Self::Empty => {
+                "it answered without its ledger (restarted empty, flushed, a replica that never synced, or new)"
+            }
+            Self::Restarted => "it restarted (another run id) and reloaded its data from a file",
+            Self::Promoted => "it became a master (a failover)",
         })
     }
 }

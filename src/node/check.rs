@@ -1,4 +1,9 @@
-//! A node's health check: `PING` and `INFO replication` in one timed round trip.
+//! A node's check: `INFO server` and `INFO replication` (and, with the restart quarantine,
+//! the node's ledger and horizon) in one timed round trip, judged as at a connect. Run by
+//! `health()`, and in the background every `check_interval` ([`Node::watch`]), so that a
+//! node flushed, demoted, promoted again or failed over under a live connection is seen
+//! within one interval, by every client alike. Also the horizon's raise before a longer
+//! TTL's first lock ([`Node::announce`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -8,17 +13,19 @@
 //! # Ok(()) }
 //! ```
 
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 use tokio::time::timeout_at;
 
-use super::identity::{Role, ServerInfo};
-use super::{Node, Quarantine};
+use super::judging::{LedgerRead, Settled, ledger_refused, settle};
+use super::loss::{Role, ServerInfo};
+use super::{Conn, Node, Quarantine};
 use crate::error::NodeError;
 
-/// The outcome of a health check of one node ([`Node::check`]).
+/// The outcome of a check of one node ([`Node::check`]).
 pub(crate) struct Check {
     pub(crate) result: Result<(), NodeError>,
     pub(crate) round_trip: Option<Duration>,
@@ -26,36 +33,32 @@ pub(crate) struct Check {
     pub(crate) role: Option<String>,
 }
 
-impl Check {
-    /// This check of `node` (connected in `generation`), with what its `INFO replication`
-    /// said: the role, and a failure if the replication changed under the connection
-    /// (which is then dropped, so that the next connect judges the server anew).
-    fn with_replication(self, node: &Node, generation: u64, replication: Option<&str>) -> Self {
-        let role = replication.and_then(|info| {
-            info.lines()
-                .find_map(|l| l.trim_end().strip_prefix("role:").map(str::to_owned))
-        });
-        let changed = replication
-            .filter(|_| !node.is_cluster())
-            .and_then(|info| node.moved_on(info));
-        match changed {
-            Some(changed) => {
-                node.invalidate(generation, &changed);
-                Self {
-                    result: Err(changed),
-                    round_trip: None,
-                    role,
-                    ..self
-                }
-            }
-            None => Self { role, ..self },
-        }
-    }
-}
-
 impl Node {
-    /// A health check within `deadline`: `PING` and `INFO replication` (for the role) in
-    /// one round trip, timed.
+    /// Starts the node's background check, once per node: every `check_interval`, while
+    /// the client lives, the node is checked ([`check`](Self::check)), which also
+    /// reconnects it when it is down and its backoff ran out. Must be called within a tokio
+    /// runtime; if that runtime ends, the next connect starts the check again.
+    pub(super) fn watch(self: &Arc<Self>) {
+        if self.watched.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let every = self.settings.check_every;
+        tokio::spawn(async move {
+            let _unwatched = Unwatched(weak.clone());
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(node) = weak.upgrade() else {
+                    return;
+                };
+                let deadline = crate::quorum::later(Instant::now(), node.connect_timeout());
+                let _ = node.check(deadline).await;
+            }
+        });
+    }
+
+    /// A check within `deadline`: `INFO server` and `INFO replication` (and the ledger's
+    /// read, with the restart quarantine) in one round trip, timed, then judged.
     pub(crate) async fn check(self: &Arc<Self>, deadline: Instant) -> Check {
         let failed = |error| Check {
             result: Err(error),
@@ -70,12 +73,22 @@ impl Node {
                 Ok(Err(e)) => return failed(e),
                 Err(_) => return failed(NodeError::Timeout),
             };
-        let start = Instant::now();
+        #[cfg(feature = "cluster")]
+        if let (Some(cluster), Conn::Cluster(c)) = (self.cluster(), &mut conn) {
+            return self.check_cluster(cluster, c, deadline).await;
+        }
+        let judging = self.settings.quarantine && !self.is_cluster();
         let mut pipe = redis::pipe();
         pipe.ignore_errors()
-            .cmd("PING")
+            .cmd("INFO")
+            .arg("server")
             .cmd("INFO")
             .arg("replication");
+        if judging {
+            let own = self.settings.horizon.own_ms();
+            self.ledger.read_into(&mut pipe, own);
+        }
+        let start = Instant::now();
         let replies = timeout_at(
             deadline,
             pipe.query_async::<Vec<redis::RedisResult<Value>>>(&mut conn),
@@ -93,42 +106,123 @@ impl Node {
             }
             Err(_) => return failed(NodeError::Timeout),
         };
-        if let Some(Err(e)) = replies.next() {
-            return failed(NodeError::from(e));
-        }
-        let replication = replies
-            .next()
-            .and_then(Result::ok)
-            .and_then(|v| redis::from_redis_value::<String>(v).ok());
-        // The state's lock is not held past this line: the replication's judgment takes it.
-        let version = self.state().version.clone();
-        let checked = Check {
-            result: Ok(()),
-            round_trip: Some(round_trip),
-            version,
-            role: None,
+        let mut text = || {
+            replies
+                .next()
+                .and_then(Result::ok)
+                .and_then(|v| redis::from_redis_value::<String>(v).ok())
+                .unwrap_or_default()
         };
-        checked.with_replication(self, generation, replication.as_deref())
+        let (server, replication) = (text(), text());
+        let info = ServerInfo::parse([server.as_str(), replication.as_str()]);
+        let role = match &info.role {
+            Role::Master => Some("master".to_owned()),
+            Role::Other(role) => Some(role.clone()),
+            Role::Unknown => None,
+        };
+        let version = self.state().version.clone();
+        let checked = |result| Check {
+            result,
+            round_trip: Some(round_trip),
+            version: version.clone(),
+            role: role.clone(),
+        };
+        if let Role::Other(role) = &info.role {
+            // Demoted (a failover): reconnect, which for a Sentinel-managed node finds the
+            // new master.
+            let demoted = NodeError::NotMaster { role: role.clone() };
+            self.invalidate(generation, &demoted);
+            return checked(Err(demoted));
+        }
+        if !judging {
+            return checked(Ok(()));
+        }
+        let read = LedgerRead::parse(replies.next(), replies.next());
+        let settled = match read {
+            Ok(read) => self.settle_on(&conn, &info, read, start, deadline).await,
+            Err(e) => Err(e),
+        };
+        match settled {
+            Ok(settled) => {
+                self.judged(&mut self.state(), &settled);
+                checked(Ok(()))
+            }
+            Err(e) => checked(Err(e)),
+        }
     }
 
-    /// Whether the server's replication changed under a connection that stayed up: it is
-    /// no longer a master, or it is one with another replication id than at connect (a
-    /// master demoted and promoted again, which may lack keys).
-    fn moved_on(&self, replication: &str) -> Option<NodeError> {
-        let now = ServerInfo::parse([replication]);
-        if let Role::Other(role) = now.role {
-            return Some(NodeError::NotMaster { role });
+    /// Raises the node's horizon to `ttl_ms` (on a Redis Cluster node, every judged
+    /// shard's), quarantined or not.
+    pub(crate) async fn announce(self: &Arc<Self>, ttl_ms: u64) -> Result<(), NodeError> {
+        let (mut conn, _) = self.connection(Quarantine::Ignored).await?;
+        #[cfg(feature = "cluster")]
+        if let (Some(cluster), super::Conn::Cluster(c)) = (self.cluster(), &mut conn) {
+            return self.announce_on_cluster(cluster, c, ttl_ms).await;
         }
-        let st = self.state();
-        let known = st.known.as_ref()?;
-        let changed =
-            !known.replid.is_empty() && !now.replid.is_empty() && known.replid != now.replid;
-        changed.then(|| {
-            NodeError::Connection(
-                "the server's replication id changed since it connected (a failover?): \
-                 reconnecting"
-                    .into(),
-            )
-        })
+        let reply: Value = self
+            .ledger
+            .raise(ttl_ms)
+            .query_async(&mut conn)
+            .await
+            .map_err(NodeError::from)?;
+        let ms = super::loss::ledger::horizon_value(&reply).map_err(|e| ledger_refused(&e))?;
+        self.settings.horizon.heard(self.index, ms, Instant::now());
+        Ok(())
+    }
+
+    /// The background check and `health()` of a cluster node: its shards checked, timed.
+    #[cfg(feature = "cluster")]
+    async fn check_cluster(
+        &self,
+        cluster: &super::ClusterNode,
+        conn: &mut redis::cluster_async::ClusterConnection,
+        deadline: tokio::time::Instant,
+    ) -> Check {
+        let start = Instant::now();
+        let checked = tokio::time::timeout_at(deadline, self.check_shards(cluster, conn)).await;
+        let version = self.state().version.clone();
+        Check {
+            result: checked.map_err(|_| NodeError::Timeout),
+            round_trip: Some(start.elapsed()),
+            version,
+            role: Some("master".to_owned()),
+        }
+    }
+
+    /// Judges `read` (with `info`, sent at `sent`) and swaps the ledger over `conn`, by
+    /// `deadline`.
+    async fn settle_on(
+        &self,
+        conn: &Conn,
+        info: &ServerInfo,
+        read: LedgerRead,
+        sent: Instant,
+        deadline: tokio::time::Instant,
+    ) -> Result<Settled, NodeError> {
+        self.warn_if_info_hides(info);
+        let conn = conn.clone();
+        let send = move |cmd: redis::Cmd| {
+            let mut conn = conn.clone();
+            async move { cmd.query_async::<Value>(&mut conn).await }
+        };
+        let length = self.settings.horizon.length();
+        let known = self.state().run_id.clone();
+        let seen = (info, known.as_deref());
+        let settling = settle(&self.ledger, seen, read, (sent, length), send);
+        timeout_at(deadline, settling)
+            .await
+            .unwrap_or(Err(NodeError::Timeout))
+    }
+}
+
+/// Lets the next connect start a node's background check again once the task that ran it
+/// ended (its runtime shut down).
+struct Unwatched(Weak<Node>);
+
+impl Drop for Unwatched {
+    fn drop(&mut self) {
+        if let Some(node) = self.0.upgrade() {
+            node.watched.store(false, Ordering::Release);
+        }
     }
 }

@@ -1,22 +1,25 @@
-//! A Redis Cluster node's shards under watch: which master serves each slot, who each is
-//! (`run_id`, replication id), and the check that every acquisition landed on a master
-//! this client judged, over the connection it judged.
+//! A Redis Cluster node's shards under watch: which masters serve slots, how each was
+//! reached, and the check that every acquisition landed on a master this client judged,
+//! over the connection it judged.
 //!
-//! A shard whose master changed (a failover promoted a replica that may lack lock keys) or
-//! restarted (without persistence it forgot them) must not take part in acquisitions
-//! until every lock it may have lost has expired, like a restarted node. redis-rs's
-//! cluster connection follows such changes by itself (it refreshes its slot map after a
-//! `MOVED` and reconnects in the background), so the crate cannot wait to be told: every
-//! acquisition on a cluster node carries two more commands, `CLIENT INFO` (the server's
-//! address of the connection it went out on, and that connection's id) and `LASTSAVE`
-//! (which a restart moves). Together with the key's slot they say where the command ran:
-//! on the master the last check found for that slot, over the connection it checked
-//! ([`Landed`], [`ShardMap::trusts`]). Anything else (another master, a new connection, a
-//! restart) makes the node check its shards again before the answer counts
-//! ([`Node::check_shards`]): `CLUSTER NODES` for the masters and their slots, then `INFO`
-//! on each master, judged by the same rule as a single node (see `identity`). A master
-//! that restarted or was promoted less than the longest TTL ago quarantines the whole
-//! node.
+//! A shard whose master changed (a failover promoted a replica that may lack lock keys),
+//! restarted, or was flushed must not take part in acquisitions until every lock it may
+//! have lost has expired, like a single node. redis-rs's cluster connection follows such
+//! changes by itself (it refreshes its slot map after a `MOVED` and reconnects in the
+//! background), so the crate cannot wait to be told: every acquisition on a cluster node
+//! carries two more commands, `CLIENT INFO` (the server's address of the connection it
+//! went out on, and that connection's id) and `LASTSAVE` (which a restart moves).
+//! Together they say where the command ran: on a master the last check judged, over the
+//! connection it checked ([`Landed`], [`ShardMap::trusts`]); a resharding's `ASK` to the
+//! importing master lands on a judged master too. Anything else (a new master, a new
+//! connection, a restart) makes the node check its shards again before the answer counts
+//! ([`Node::check_shards`]): `CLUSTER NODES` for the masters, then on each master `INFO`
+//! and its ledger (in the master's lowest slot), judged by the same judge as a single
+//! node (see `loss`). A shard that may have lost keys quarantines the whole node. The
+//! background check runs the same check every `check_interval`.
+//!
+//! Masters are reached by the address redis-rs keys them by: the IP, or with
+//! `cluster-preferred-endpoint-type hostname` the announced hostname.
 //!
 //! ```no_run
 //! # #[cfg(feature = "cluster")]
@@ -32,17 +35,17 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::Instant;
 
 use futures_util::future::join_all;
 use redis::Value;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
-use super::Node;
-use super::identity::{Identity, PromotionMarker, Role, ServerInfo, quarantine_for};
-use crate::error::{NodeError, QuarantineReason};
-use crate::name::slot::{SLOTS, slot};
+use super::judging::{LedgerRead, Settled, settle};
+use super::loss::{LedgerKeys, Role, ServerInfo};
+use super::{Node, NodeState};
+use crate::error::NodeError;
 
 /// A Redis Cluster node's client and what it knows of the shards.
 pub(crate) struct ClusterNode {
@@ -64,7 +67,7 @@ impl ClusterNode {
         }
     }
 
-    fn shards(&self) -> std::sync::MutexGuard<'_, ShardMap> {
+    pub(super) fn shards(&self) -> std::sync::MutexGuard<'_, ShardMap> {
         self.shards.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -126,9 +129,29 @@ impl Landed {
 pub(crate) struct Master {
     pub(crate) id: String,
     pub(crate) host: String,
+    /// The hostname it announces (`cluster-announce-hostname`), if any.
+    pub(crate) hostname: Option<String>,
     pub(crate) port: u16,
     /// Its slot ranges, inclusive.
     pub(crate) slots: Vec<(u16, u16)>,
+}
+
+impl Master {
+    /// The addresses redis-rs may key the master's connection by: its IP, then its
+    /// hostname (with `cluster-preferred-endpoint-type hostname`).
+    fn routes(&self) -> impl Iterator<Item = SingleNodeRoutingInfo> + '_ {
+        std::iter::once(&self.host)
+            .chain(&self.hostname)
+            .map(|host| SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: self.port,
+            })
+    }
+
+    /// The slot its ledger is in: its lowest.
+    fn ledger_slot(&self) -> u16 {
+        self.slots.iter().map(|r| r.0).min().unwrap_or(0)
+    }
 }
 
 /// The masters that serve slots, from `CLUSTER NODES` (failed ones left out).
@@ -145,6 +168,10 @@ pub(crate) fn masters(nodes: &str) -> Vec<Master> {
                 return None;
             }
             // `ip:port@cport[,hostname]`
+            let (addr, hostname) = match addr.split_once(',') {
+                Some((addr, name)) => (addr, (!name.is_empty()).then(|| name.to_owned())),
+                None => (addr, None),
+            };
             let (host, port) = addr.split('@').next()?.rsplit_once(':')?;
             let slots: Vec<(u16, u16)> = words
                 .skip(5)
@@ -158,6 +185,7 @@ pub(crate) fn masters(nodes: &str) -> Vec<Master> {
             (!slots.is_empty() && !host.is_empty()).then(|| Master {
                 id: id.to_owned(),
                 host: host.to_owned(),
+                hostname,
                 port,
                 slots,
             })
@@ -165,66 +193,98 @@ pub(crate) fn masters(nodes: &str) -> Vec<Master> {
         .collect()
 }
 
-/// A master the last check judged: who it was, and the connection it was judged over.
+/// A master the last check judged: how it was reached, and its version.
 #[derive(Debug, Clone)]
 struct Judged {
-    identity: Identity,
     server: String,
     token: Token,
+    version: String,
+    /// The route that reached it, and where its ledger is (for the horizon's raise).
+    ledger: Option<(SingleNodeRoutingInfo, LedgerKeys)>,
 }
 
-/// What the last check found: the masters by node id, and which serves each slot.
+/// What the last check found: the masters by node id.
 #[derive(Debug, Default)]
 pub(crate) struct ShardMap {
-    /// Every master ever judged, by node id (kept when it leaves: should it come back,
-    /// its identity tells whether it restarted).
+    /// Every master ever judged, by node id (kept when it leaves: a failover's old master
+    /// may come back).
     masters: HashMap<String, Judged>,
-    /// For each slot, the node id of its master at the last check.
-    owners: Vec<Option<std::sync::Arc<str>>>,
-    /// Whether a check ever completed (the first one meets every master first).
-    checked: bool,
 }
 
 impl ShardMap {
-    /// Whether an acquisition of a key in `slot` that ran as `landed` says counts: it ran
-    /// on the master the last check found for the slot, over the connection checked then,
-    /// and the server did not restart since.
-    pub(crate) fn trusts(&self, slot: u16, landed: &Landed) -> bool {
-        let Some(Some(owner)) = self.owners.get(usize::from(slot)) else {
-            return false;
-        };
+    /// Whether an acquisition that ran as `landed` says counts: it ran on a master the
+    /// last check judged, over the connection checked then, and the server did not
+    /// restart since. (A name in a slot being resharded may run on the importing master,
+    /// by `ASK`: judged as well.)
+    pub(crate) fn trusts(&self, landed: &Landed) -> bool {
         self.masters
-            .get(&**owner)
-            .is_some_and(|m| m.server == landed.server && m.token == landed.token)
+            .values()
+            .any(|m| m.server == landed.server && m.token == landed.token)
     }
 
-    /// Records a check: `masters` as `CLUSTER NODES` listed them, and for those that
-    /// answered, who they are and how they were reached.
-    fn record(&mut self, masters: &[Master], judged: Vec<(String, Judged)>) {
-        let mut owners = vec![None; SLOTS];
-        for m in masters {
-            let id: std::sync::Arc<str> = m.id.as_str().into();
-            for &(a, b) in &m.slots {
-                for s in a..=b.min(SLOTS as u16 - 1) {
-                    owners[usize::from(s)] = Some(std::sync::Arc::clone(&id));
-                }
-            }
-        }
-        self.owners = owners;
+    /// Records a check's masters that answered.
+    fn record(&mut self, judged: Vec<(String, Judged)>) {
         self.masters.extend(judged);
-        self.checked = true;
     }
+
+    /// Where the masters of the last check keep their ledgers.
+    fn ledgers(&self) -> Vec<(SingleNodeRoutingInfo, LedgerKeys)> {
+        self.masters
+            .values()
+            .filter_map(|m| m.ledger.clone())
+            .collect()
+    }
+
+    /// The oldest version of a master judged, if any.
+    fn oldest_version(&self) -> Option<&str> {
+        self.masters
+            .values()
+            .map(|m| m.version.as_str())
+            .filter(|v| !v.is_empty())
+            .min_by(|a, b| version_key(a).cmp(&version_key(b)))
+    }
+}
+
+/// A version's numbers, for ordering (`7.0.15` -> `[7, 0, 15]`).
+fn version_key(version: &str) -> Vec<u64> {
+    version.split('.').map(|n| n.parse().unwrap_or(0)).collect()
 }
 
 /// What one master said of itself in a check.
 struct Seen {
     info: ServerInfo,
     landed: Landed,
-    /// How long it has been a master at least (its promotion marker).
-    master_for: Duration,
+    /// The route that reached it.
+    route: SingleNodeRoutingInfo,
+    /// Its ledger's read, with the restart quarantine on.
+    read: Option<Result<LedgerRead, NodeError>>,
+    /// When the request was sent.
+    sent: Instant,
     /// Its clock as of the client's base (see `node::clocks::NodeClocks`), if `INFO server`
     /// told.
     clock: Option<u64>,
+}
+
+/// The error of an acquisition whose probe (`CLIENT INFO`, `LASTSAVE`) the server
+/// refused with `refused`; `version`, the oldest version of the shards judged.
+fn probe_refused(refused: &redis::RedisError, version: Option<&str>) -> NodeError {
+    let text = refused.to_string();
+    let unknown = text.to_ascii_lowercase().contains("unknown subcommand");
+    let message = if unknown {
+        format!(
+            "the restart quarantine checks where a cluster node's commands run with CLIENT \
+             INFO, which needs Redis 6.2 or later (the shards run {}): upgrade them, or turn \
+             restart_quarantine off ({text})",
+            version.unwrap_or("an older version")
+        )
+    } else {
+        format!(
+            "the restart quarantine checks where a cluster node's commands run with CLIENT \
+             INFO and LASTSAVE, which the server refused: grant the user +client|info \
+             +lastsave, or turn restart_quarantine off ({text})"
+        )
+    };
+    NodeError::Redis(message.into())
 }
 
 impl Node {
@@ -251,37 +311,29 @@ impl Node {
         let mut replies: Vec<Value> = pipe.query_async(conn).await?;
         let probe = replies.split_off(replies.len().saturating_sub(PROBE));
         if let Some(refused) = probe.iter().find_map(|v| v.clone().extract_error().err()) {
-            return Ok(Err(NodeError::Redis(
-                format!(
-                    "the restart quarantine checks where a cluster node's commands run with \
-                     CLIENT INFO and LASTSAVE, which the server refused: grant the user \
-                     +client|info +lastsave, or turn restart_quarantine off ({refused})"
-                )
-                .into(),
-            )));
+            let version = cluster.shards().oldest_version().map(str::to_owned);
+            return Ok(Err(probe_refused(&refused, version.as_deref())));
         }
         let landed = match probe.as_slice() {
             [info, lastsave] => Landed::parse(info, lastsave),
             _ => None,
         };
-        let slot = slot(call.key());
-        if let Some(refusal) = self.landed_well(cluster, conn, slot, landed.as_ref()).await {
+        if let Some(refusal) = self.landed_well(cluster, conn, landed.as_ref()).await {
             return Ok(Err(refusal));
         }
         let first = call.first_of(replies);
         Ok(call.finish(first, conn).await.map_err(NodeError::from))
     }
 
-    /// `None` if an acquisition in `slot` that ran as `landed` counts, checking the
-    /// shards first if the last check does not vouch for it; otherwise why not.
+    /// `None` if an acquisition that ran as `landed` counts, checking the shards first if
+    /// the last check does not vouch for it; otherwise why not.
     async fn landed_well(
         &self,
         cluster: &ClusterNode,
         conn: &mut ClusterConnection,
-        slot: u16,
         landed: Option<&Landed>,
     ) -> Option<NodeError> {
-        let trusted = || landed.is_some_and(|landed| cluster.shards().trusts(slot, landed));
+        let trusted = || landed.is_some_and(|landed| cluster.shards().trusts(landed));
         if !trusted() {
             self.check_shards(cluster, conn).await;
         }
@@ -297,9 +349,34 @@ impl Node {
         })
     }
 
+    /// Raises every judged shard's horizon to `ttl_ms`: all must take it.
+    pub(super) async fn announce_on_cluster(
+        &self,
+        cluster: &ClusterNode,
+        conn: &mut ClusterConnection,
+        ttl_ms: u64,
+    ) -> Result<(), NodeError> {
+        let ledgers = cluster.shards().ledgers();
+        if ledgers.is_empty() {
+            return Err(NodeError::Redis(
+                "no shard of the cluster was checked yet: the horizon has nowhere to go".into(),
+            ));
+        }
+        for (route, keys) in ledgers {
+            let reply = conn
+                .route_command(keys.raise(ttl_ms), RoutingInfo::SingleNode(route))
+                .await?;
+            let ms = super::loss::ledger::horizon_value(&reply).map_err(|e| {
+                NodeError::Redis(format!("the horizon's raise on a shard: {e}").into())
+            })?;
+            self.settings.horizon.heard(self.index, ms, Instant::now());
+        }
+        Ok(())
+    }
+
     /// Checks the cluster's shards (once at a time; a caller that waited for another's
-    /// check uses it): every master `CLUSTER NODES` lists, judged by what it says of
-    /// itself. A master that may have lost keys quarantines the node.
+    /// check uses it): every master `CLUSTER NODES` lists, judged by its ledger and what
+    /// it says of itself. A master that may have lost keys quarantines the node.
     pub(crate) async fn check_shards(&self, cluster: &ClusterNode, conn: &mut ClusterConnection) {
         let before = cluster.checks.load(Ordering::Acquire);
         let _one = cluster.checking.lock().await;
@@ -325,93 +402,144 @@ impl Node {
         if let Some(clock) = seen.iter().flatten().filter_map(|s| s.clock).min() {
             self.settings.clocks.set(self.index, clock);
         }
-        let max_ttl = self.max_ttl();
-        let mut judged = Vec::new();
+        let judged = join_all(
+            masters
+                .iter()
+                .zip(seen)
+                .filter_map(|(m, seen)| Some((m, seen?)))
+                .map(|(m, seen)| self.judge_shard(conn.clone(), m, seen)),
+        )
+        .await;
+        let mut judged_masters = Vec::new();
         {
-            let map = cluster.shards();
             let mut st = self.state();
-            for (m, seen) in masters.iter().zip(seen) {
-                let Some(seen) = seen else { continue };
-                let known = map.masters.get(&m.id).map(|j| &j.identity);
-                let first = !map.checked;
-                let verdict = quarantine_for(known, &seen.info, seen.master_for, max_ttl);
-                if let Some((length, reason)) = verdict {
-                    let reason = if first {
-                        reason
-                    } else {
-                        QuarantineReason::ShardChanged
-                    };
-                    tracing::debug!(node = %self.label, shard = %seen.landed.server, "redlock cluster shard may have lost lock keys");
-                    self.quarantine(&mut st, length, reason);
+            for (id, judged, settled) in judged {
+                if let Some(settled) = settled {
+                    self.keep_shard(&mut st, &id, &settled);
                 }
-                if let Some(identity) = seen.info.identity() {
-                    let Landed { server, token } = seen.landed;
-                    judged.push((
-                        m.id.clone(),
-                        Judged {
-                            identity,
-                            server,
-                            token,
-                        },
-                    ));
+                if st.version.is_none() && !judged.version.is_empty() {
+                    st.version = Some(judged.version.clone());
                 }
+                judged_masters.push((id, judged));
             }
         }
-        cluster.shards().record(&masters, judged);
+        cluster.shards().record(judged_masters);
         cluster.checks.fetch_add(1, Ordering::Release);
     }
 
-    /// What master `m` says of itself (`INFO`, the probe's commands, and for a promoted
-    /// master its marker), over the cluster connection; `None` if it did not answer as a
-    /// master.
-    async fn see(&self, mut conn: ClusterConnection, m: &Master) -> Option<Seen> {
-        let route = || SingleNodeRoutingInfo::ByAddress {
-            host: m.host.clone(),
-            port: m.port,
+    /// Keeps a shard's judged ledger (the state locked by the caller).
+    fn keep_shard(&self, st: &mut NodeState, id: &str, settled: &Settled) {
+        let loss = st.shard_losses.entry(id.to_owned()).or_default();
+        self.keep_judged(loss, settled);
+    }
+
+    /// Judges master `m` from what it said (`seen`), swapping its ledger over `conn`:
+    /// its node id, how it was reached, and the judged ledger (`None` with the restart
+    /// quarantine off, or when its ledger could not be judged this time).
+    async fn judge_shard(
+        &self,
+        conn: ClusterConnection,
+        m: &Master,
+        seen: Seen,
+    ) -> (String, Judged, Option<Settled>) {
+        let Seen {
+            info,
+            landed,
+            route,
+            read,
+            sent,
+            clock: _,
+        } = seen;
+        let keys = LedgerKeys::in_slot(&self.settings.key_prefix, m.ledger_slot());
+        let judged = Judged {
+            server: landed.server,
+            token: landed.token,
+            version: info.version.clone(),
+            ledger: Some((route.clone(), keys.clone())),
         };
+        let settled = match read {
+            Some(Ok(read)) => {
+                let send = move |cmd: redis::Cmd| {
+                    let mut conn = conn.clone();
+                    let route = RoutingInfo::SingleNode(route.clone());
+                    async move { conn.route_command(cmd, route).await }
+                };
+                let length = self.settings.horizon.length();
+                match settle(&keys, (&info, None), read, (sent, length), send).await {
+                    Ok(settled) => Some(settled),
+                    Err(e) => {
+                        tracing::warn!(node = %self.label, shard = %judged.server, error = %e, "redlock cluster shard's ledger could not be judged");
+                        None
+                    }
+                }
+            }
+            Some(Err(e)) => {
+                tracing::debug!(node = %self.label, shard = %judged.server, error = %e, "redlock cluster shard's ledger not read (its slot moving?)");
+                None
+            }
+            None => None,
+        };
+        (m.id.clone(), judged, settled)
+    }
+
+    /// What master `m` says of itself (`INFO`, the probe's commands, and with the restart
+    /// quarantine its ledger), over the cluster connection, by the first of its addresses
+    /// redis-rs knows; `None` if it did not answer as a master.
+    async fn see(&self, mut conn: ClusterConnection, m: &Master) -> Option<Seen> {
+        let keys = LedgerKeys::in_slot(&self.settings.key_prefix, m.ledger_slot());
         let mut pipe = redis::pipe();
         pipe.cmd("INFO")
             .arg("server")
             .cmd("INFO")
             .arg("replication");
         add_probe(&mut pipe);
-        let sent = std::time::Instant::now();
-        let replies = conn.route_pipeline(pipe, 0, 2 + PROBE, route()).await;
-        let clock_at = sent + sent.elapsed() / 2;
-        let replies = match replies {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(node = %self.label, shard = %m.host, error = %e, "redlock cluster shard did not answer its check");
-                return None;
+        let judging = self.settings.quarantine;
+        if judging {
+            keys.read_into(&mut pipe, self.settings.horizon.own_ms());
+        }
+        let count = 2 + PROBE + if judging { 2 } else { 0 };
+        let sent = Instant::now();
+        let mut answer = None;
+        for route in m.routes() {
+            match conn
+                .route_pipeline(pipe.clone(), 0, count, route.clone())
+                .await
+            {
+                Ok(replies) => {
+                    answer = Some((replies, route));
+                    break;
+                }
+                Err(e) if e.kind() == redis::ErrorKind::ClusterConnectionNotFound => {}
+                Err(e) => {
+                    tracing::debug!(node = %self.label, shard = %m.host, error = %e, "redlock cluster shard did not answer its check");
+                    return None;
+                }
             }
-        };
-        let [server, replication, client_info, lastsave] = replies.as_slice() else {
-            return None;
-        };
+        }
+        let (replies, route) = answer?;
+        let clock_at = sent + sent.elapsed() / 2;
+        let mut replies = replies.into_iter();
+        let mut next = || replies.next().unwrap_or(Value::Nil);
+        let (server, replication, client_info, lastsave) = (next(), next(), next(), next());
         let text = |v: &Value| redis::from_redis_value_ref::<String>(v).unwrap_or_default();
-        let info = ServerInfo::parse([text(server).as_str(), text(replication).as_str()]);
-        let landed = Landed::parse(client_info, lastsave)?;
+        let info = ServerInfo::parse([text(&server).as_str(), text(&replication).as_str()]);
+        let landed = Landed::parse(&client_info, &lastsave)?;
         if info.role != Role::Master {
             return None;
         }
-        let master_for = if info.promoted {
-            let first_slot = m.slots.first().map_or(0, |r| r.0);
-            let marker =
-                PromotionMarker::in_slot(&self.settings.key_prefix, &info.replid, first_slot);
-            match conn.route_pipeline(marker.commands(), 0, 2, route()).await {
-                Ok(replies) => PromotionMarker::master_for(&replies),
-                Err(_) => Duration::ZERO,
-            }
-        } else {
-            Duration::ZERO
-        };
+        let read = judging.then(|| {
+            let as_result = |v: Value| v.extract_error();
+            LedgerRead::parse(Some(as_result(next())), Some(as_result(next())))
+        });
         let clock = info
             .time_us
             .map(|us| self.settings.clocks.estimate(us, clock_at));
         Some(Seen {
             info,
             landed,
-            master_for,
+            route,
+            read,
+            sent,
             clock,
         })
     }

@@ -17,6 +17,9 @@ fn masters_with_slots_from_cluster_nodes() {
     assert_eq!(m.len(), 3, "{m:?}");
     assert_eq!(m[0].id, "67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1");
     assert_eq!((m[0].host.as_str(), m[0].port), ("127.0.0.1", 30002));
+    assert_eq!(m[0].hostname.as_deref(), Some("hostname2"));
+    let routes: Vec<_> = m[0].routes().collect();
+    assert_eq!(routes.len(), 2, "by IP, then by the announced hostname");
     assert_eq!(m[0].slots, vec![(5461, 10922)]);
     assert_eq!(
         m[1].slots,
@@ -36,45 +39,58 @@ fn landed(server: &str, client_id: u64, lastsave: i64) -> Landed {
     }
 }
 
-fn judged(server: &str, client_id: u64, lastsave: i64) -> Judged {
+fn judged(server: &str, client_id: u64, lastsave: i64, version: &str) -> Judged {
     Judged {
-        identity: Identity {
-            run_id: "r".into(),
-            replid: "x".into(),
-        },
         server: server.into(),
         token: Token {
             client_id,
             lastsave,
         },
+        version: version.into(),
+        ledger: None,
     }
 }
 
 #[test]
-fn only_the_checked_master_over_the_checked_connection_is_trusted() {
+fn only_a_checked_master_over_the_checked_connection_is_trusted() {
     let mut map = ShardMap::default();
     let m = masters(NODES);
     assert!(
-        !map.trusts(0, &landed("127.0.0.1:30001", 7, 100)),
+        !map.trusts(&landed("127.0.0.1:30001", 7, 100)),
         "nothing checked yet"
     );
-    map.record(
-        &m,
-        vec![
-            (m[2].id.clone(), judged("127.0.0.1:30001", 7, 100)),
-            (m[0].id.clone(), judged("127.0.0.1:30002", 9, 100)),
-        ],
-    );
-    assert!(map.trusts(0, &landed("127.0.0.1:30001", 7, 100)));
-    assert!(map.trusts(5460, &landed("127.0.0.1:30001", 7, 100)));
-    assert!(map.trusts(5461, &landed("127.0.0.1:30002", 9, 100)));
-    // Another master for the slot (a failover, or a slot moved).
-    assert!(!map.trusts(5461, &landed("127.0.0.1:30001", 7, 100)));
+    map.record(vec![
+        (m[2].id.clone(), judged("127.0.0.1:30001", 7, 100, "7.0.15")),
+        (m[0].id.clone(), judged("127.0.0.1:30002", 9, 100, "6.2.1")),
+    ]);
+    assert!(map.trusts(&landed("127.0.0.1:30001", 7, 100)));
+    // A resharding's ASK runs a name on the importing master: judged too.
+    assert!(map.trusts(&landed("127.0.0.1:30002", 9, 100)));
     // A new connection, or a restart that moved LASTSAVE.
-    assert!(!map.trusts(0, &landed("127.0.0.1:30001", 8, 100)));
-    assert!(!map.trusts(0, &landed("127.0.0.1:30001", 7, 101)));
-    // A master that did not answer the check is not trusted.
-    assert!(!map.trusts(10923, &landed("127.0.0.1:30003", 1, 100)));
+    assert!(!map.trusts(&landed("127.0.0.1:30001", 8, 100)));
+    assert!(!map.trusts(&landed("127.0.0.1:30001", 7, 101)));
+    // A master that did not answer the check (or a replica promoted since) is not.
+    assert!(!map.trusts(&landed("127.0.0.1:30003", 1, 100)));
+    assert_eq!(map.oldest_version(), Some("6.2.1"));
+}
+
+#[test]
+fn an_old_server_without_client_info_is_named_with_its_version() {
+    let unknown = redis::RedisError::from((
+        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+        "An error was signalled by the server",
+        "Unknown subcommand or wrong number of arguments for 'INFO'. Try CLIENT HELP.".into(),
+    ));
+    let message = probe_refused(&unknown, Some("6.0.16")).to_string();
+    assert!(message.contains("Redis 6.2 or later"), "{message}");
+    assert!(message.contains("6.0.16"), "{message}");
+    let denied = redis::RedisError::from((
+        redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+        "denied",
+        "this user has no permissions to run the 'client|info' command".into(),
+    ));
+    let message = probe_refused(&denied, Some("7.0.15")).to_string();
+    assert!(message.contains("+client|info"), "{message}");
 }
 
 #[test]
@@ -113,15 +129,14 @@ fn the_probe_asks_for_the_connection_and_the_last_save() {
     assert_eq!(PROBE, 2, "two replies to split off");
 }
 
-/// `CLUSTER NODES` from a broken or hostile server may list slots past the last one:
-/// they are ignored, never an out-of-bounds write.
+/// A master's ledger sits in its lowest slot; a master listed without a hostname is
+/// reached by its IP only.
 #[test]
-fn slots_past_the_last_one_are_ignored() {
-    let mut map = ShardMap::default();
-    let nodes = "a1 127.0.0.1:1@2 master - 0 0 1 connected 16000-65535\n";
+fn a_masters_ledger_is_in_its_lowest_slot() {
+    let nodes = "a1 127.0.0.1:1@2 master - 0 0 1 connected 16000-16383 5 7-9\n";
     let m = masters(nodes);
-    assert_eq!(m[0].slots, vec![(16000, 65535)]);
-    map.record(&m, vec![(m[0].id.clone(), judged("127.0.0.1:1", 1, 1))]);
-    assert!(map.trusts(16383, &landed("127.0.0.1:1", 1, 1)));
-    assert_eq!(map.owners.len(), SLOTS);
+    assert_eq!(m[0].slots, vec![(16000, 16383), (5, 5), (7, 9)]);
+    assert_eq!(m[0].ledger_slot(), 5);
+    assert_eq!(m[0].hostname, None);
+    assert_eq!(m[0].routes().count(), 1);
 }

@@ -1,7 +1,9 @@
 //! Connecting a node: the background task that (re)connects, with backoff, the
-//! handshake (`INFO server`, `INFO memory` and the scripts in one round trip), the
-//! restart quarantine and the one-vote-per-server check, and [`Node::connection`], which
-//! every call goes through when the connection is not ready at once.
+//! handshake (`INFO`, the scripts and the node's ledger in one round trip, then the
+//! ledger's swap when the judge changed it), the restart quarantine and the
+//! one-vote-per-server check, and [`Node::connection`], which every call goes through
+//! when the connection is not ready at once. A node's first connect starts its
+//! background check ([`Node::watch`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,15 +17,15 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::FutureExt;
 use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::time::timeout_at;
 
-use super::continuity::Continuity;
-use super::handshake::{evicting_policy, handshake_pipe, info_field};
-use super::identity::{PromotionMarker, Role, ServerInfo, quarantine_for};
+use super::handshake::{LEDGER_AT, evicting_policy, handshake_pipe, info_field};
+use super::judging::{LedgerRead, Settled, settle};
+use super::loss::{Role, ServerInfo};
 use super::{
     BACKOFF_MAX, BACKOFF_MIN, Conn, Connector, Link, Node, NodeState, Owner, Quarantine, wire,
 };
@@ -33,8 +35,8 @@ use crate::error::NodeError;
 pub(super) struct Opened {
     conn: Conn,
     info: ServerInfo,
-    /// How long the server has been a master at least (see [`Node::master_for`]).
-    master_for: Duration,
+    /// The node's ledger, judged (with the restart quarantine on).
+    ledger: Option<Settled>,
     /// When, on this client's monotonic clock, the server read its clock for `INFO
     /// server` (the middle of the handshake's request).
     clock_at: Instant,
@@ -82,6 +84,7 @@ impl Node {
             }
             node.connected(outcome);
             unfinished.0 = None;
+            node.watch();
         });
     }
 
@@ -114,7 +117,7 @@ impl Node {
                 return Ok(Opened {
                     conn: Conn::Cluster(conn),
                     info: ServerInfo::default(),
-                    master_for: Duration::ZERO,
+                    ledger: None,
                     clock_at: Instant::now(),
                     evicting: None,
                 });
@@ -136,7 +139,8 @@ impl Node {
             redis::ConnectionAddr::TcpTls { .. }
         );
         let opened = match timeout_at(deadline, self.handshake(&client)).await {
-            Ok(Ok(opened)) => opened,
+            Ok(Ok(Ok(opened))) => opened,
+            Ok(Ok(Err(refused))) => return Err(refused),
             Ok(Err(e)) => return Err(self.connect_failed(e, tls)),
             Err(_) => return Err(self.connect_timed_out(tls)),
         };
@@ -147,15 +151,26 @@ impl Node {
     }
 
     /// Connects through `client` and, in one round trip, reads `INFO server`, `INFO
-    /// replication` and `INFO memory` and loads the scripts; then, for a promoted master,
-    /// reads how long it has been one ([`master_for`](Self::master_for)).
-    async fn handshake(&self, client: &Client) -> redis::RedisResult<Opened> {
+    /// replication`, `INFO memory` and `INFO persistence`, loads the scripts and (with the
+    /// restart quarantine) reads the node's ledger and raises its horizon; then judges the
+    /// ledger, swapping it when the verdict changed it.
+    async fn handshake(&self, client: &Client) -> redis::RedisResult<Result<Opened, NodeError>> {
         let mut conn = self.connect_to(client).await?;
+        let horizon = &self.settings.horizon;
+        let ledger = self
+            .settings
+            .quarantine
+            .then(|| (&self.ledger, horizon.own_ms()));
         let sent = Instant::now();
-        let replies: Vec<redis::RedisResult<Value>> =
-            handshake_pipe().query_async(&mut conn).await?;
+        let mut replies: Vec<redis::RedisResult<Value>> =
+            handshake_pipe(ledger).query_async(&mut conn).await?;
         // The server read its clock for `INFO server` between the two.
         let clock_at = sent + sent.elapsed() / 2;
+        let read = ledger.map(|_| {
+            let mut tail = replies.split_off(replies.len().saturating_sub(LEDGER_AT));
+            let raise = tail.pop();
+            LedgerRead::parse(tail.pop(), raise)
+        });
         let mut replies = replies.into_iter();
         let server = replies.next().unwrap_or(Ok(Value::Nil));
         let replication = replies.next().and_then(Result::ok);
@@ -175,21 +190,42 @@ impl Node {
                 String::new()
             }
         };
-        let replication = replication
-            .and_then(|v| redis::from_redis_value::<String>(v).ok())
-            .unwrap_or_default();
-        let persistence = persistence
-            .and_then(|v| redis::from_redis_value::<String>(v).ok())
-            .unwrap_or_default();
+        let text = |v: Option<Value>| {
+            v.and_then(|v| redis::from_redis_value::<String>(v).ok())
+                .unwrap_or_default()
+        };
+        let (replication, persistence) = (text(replication), text(persistence));
         let info = ServerInfo::parse([server.as_str(), replication.as_str(), persistence.as_str()]);
-        let master_for = self.master_for(&mut conn, &info).await;
-        Ok(Opened {
+        let ledger = match read {
+            // A replica is refused before its ledger counts (see `refusal`).
+            Some(_) if info.role != Role::Master && info.role != Role::Unknown => None,
+            Some(read) => {
+                let read = match read {
+                    Ok(read) => read,
+                    Err(refused) => return Ok(Err(refused)),
+                };
+                self.warn_if_info_hides(&info);
+                let swap_on = conn.clone();
+                let send = move |cmd: redis::Cmd| {
+                    let mut conn = swap_on.clone();
+                    async move { cmd.query_async::<Value>(&mut conn).await }
+                };
+                let known = self.state().run_id.clone();
+                let seen = (&info, known.as_deref());
+                match settle(&self.ledger, seen, read, (sent, horizon.length()), send).await {
+                    Ok(settled) => Some(settled),
+                    Err(e) => return Ok(Err(e)),
+                }
+            }
+            None => None,
+        };
+        Ok(Ok(Opened {
             conn,
             info,
-            master_for,
+            ledger,
             clock_at,
             evicting,
-        })
+        }))
     }
 
     /// The connection to the server behind `client`: our own for plain TCP, redis-rs's
@@ -212,29 +248,6 @@ impl Node {
                 )
             }
         })
-    }
-
-    /// How long the server behind `conn` has been a master at least: for a promoted
-    /// master that this client does not know under its current identity, from the
-    /// promotion marker (which this call leaves if no client did; see the `identity`
-    /// module). Zero when nothing tells (the marker refused, or just made): the
-    /// promotion then counts as now.
-    async fn master_for(&self, conn: &mut Conn, info: &ServerInfo) -> Duration {
-        if !self.settings.quarantine || info.role != Role::Master || !info.promoted {
-            return Duration::ZERO;
-        }
-        let known = self.state().known.clone();
-        if known.is_some() && known == info.identity() {
-            return Duration::ZERO; // known as it is: not quarantined
-        }
-        let marker = PromotionMarker::new(&self.settings.key_prefix, &info.replid);
-        match marker.commands().query_async::<Vec<Value>>(conn).await {
-            Ok(replies) => PromotionMarker::master_for(&replies),
-            Err(e) => {
-                tracing::debug!(node = %self.label, error = %e, "redlock node: the promotion marker could not be read; the promotion counts as now");
-                Duration::ZERO
-            }
-        }
     }
 
     /// The error of a handshake that failed with `e` (over TLS if `tls`).
@@ -365,13 +378,13 @@ impl Node {
         self.changed.notify_waiters();
     }
 
-    /// The node is connected through `opened` (the state is locked by the caller): judged
-    /// (the quarantine) and ready.
+    /// The node is connected through `opened` (the state is locked by the caller): its
+    /// judged ledger kept (the quarantine), and ready.
     fn ready(&self, st: &mut NodeState, opened: Opened) {
         let Opened {
             conn,
             info,
-            master_for,
+            ledger,
             clock_at,
             evicting: _,
         } = opened;
@@ -384,43 +397,19 @@ impl Node {
             uptime_s = info.uptime.as_secs(),
             "redlock node connected"
         );
-        // A node without a run id (a cluster, or INFO not allowed) is not judged here:
-        // nothing tells its restarts (a cluster's shards are judged by their own check).
-        if self.settings.quarantine && !info.run_id.is_empty() {
-            self.quarantine_after_connect(st, &info, master_for);
+        if let Some(settled) = &ledger {
+            self.judged(st, settled);
         }
         if !info.version.is_empty() {
             st.version = Some(info.version.clone());
         }
-        st.continuity = Continuity::after_connect(
-            st.continuity,
-            st.known.as_ref(),
-            &info,
-            master_for,
-            Instant::now(),
-        );
-        st.known = info.identity();
+        st.run_id = (!info.run_id.is_empty()).then(|| info.run_id.clone());
         st.same_server_as = None;
         st.generation += 1;
         st.connected_at = Some(Instant::now());
         st.slot = Link::Ready(conn);
         st.backoff = BACKOFF_MIN;
         self.consecutive_timeouts.store(0, Ordering::Relaxed);
-    }
-
-    /// Starts a quarantine if the node may have lost keys (see the `identity` module).
-    fn quarantine_after_connect(
-        &self,
-        st: &mut NodeState,
-        info: &ServerInfo,
-        master_for: Duration,
-    ) {
-        let max_ttl = self.max_ttl();
-        let Some((length, reason)) = quarantine_for(st.known.as_ref(), info, master_for, max_ttl)
-        else {
-            return;
-        };
-        self.quarantine(st, length, reason);
     }
 
     /// A connect task dropped before it finished: the node is down, ready to reconnect.

@@ -1,9 +1,11 @@
 //! What a node's handshake asks in one round trip (`INFO server`, `INFO replication`,
-//! `INFO memory`, `INFO persistence`, `SCRIPT LOAD` of every script) and how its `INFO` answers read: a field,
+//! `INFO memory`, `INFO persistence`, `SCRIPT LOAD` of every script, and with the restart
+//! quarantine the node's ledger and horizon) and how its `INFO` answers read: a field,
 //! and whether the server may evict lock keys.
 //!
 //! ```text
-//! INFO server | INFO replication | INFO memory | INFO persistence | SCRIPT LOAD x N   (one pipeline)
+//! INFO server | INFO replication | INFO memory | INFO persistence | SCRIPT LOAD x N
+//!   | GET <prefix>#ledger | EVAL raise <prefix>#horizon <ttl>          (one pipeline)
 //! maxmemory_policy:volatile-lru + maxmemory:100mb  ->  evicts: refused as a lock node
 //! ```
 //!
@@ -15,16 +17,19 @@
 //! # Ok(()) }
 //! ```
 
+use super::loss::LedgerKeys;
 use crate::scripts;
 
 /// The commands of a handshake, in one pipeline: `INFO server` and `INFO replication`
-/// feed the restart quarantine (see the `identity` module), the role check, the
-/// same-server check and the node's clock estimate (`server_time_usec`; see
-/// `node::clocks::NodeClocks`); a user that may not run them can still lock with the quarantine
-/// off. `INFO memory` tells the eviction policy (see [`evicting_policy`]); a server that
-/// refuses it is simply not checked. `INFO persistence` tells whether a restart keeps
-/// the server's writes (see the `continuity` module). Then `SCRIPT LOAD` of every script.
-pub(super) fn handshake_pipe() -> redis::Pipeline {
+/// feed the restart quarantine (a second opinion beside the ledger: see the `loss`
+/// module), the role check, the same-server check and the node's clock estimate
+/// (`server_time_usec`; see `node::clocks::NodeClocks`); a user that may not run them can
+/// still lock with the quarantine off. `INFO memory` tells the eviction policy (see
+/// [`evicting_policy`]); a server that refuses it is simply not checked. `INFO
+/// persistence` tells whether a restart keeps the server's writes. Then `SCRIPT LOAD` of
+/// every script, and with `ledger` (the quarantine on: its keys and the client's longest
+/// TTL) the ledger's read and the horizon's raise, last ([`LEDGER_AT`] from the end).
+pub(super) fn handshake_pipe(ledger: Option<(&LedgerKeys, u64)>) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.ignore_errors().cmd("INFO").arg("server");
     pipe.cmd("INFO").arg("replication");
@@ -33,8 +38,15 @@ pub(super) fn handshake_pipe() -> redis::Pipeline {
     for s in scripts::all() {
         pipe.cmd("SCRIPT").arg("LOAD").arg(s.code);
     }
+    if let Some((keys, ttl_ms)) = ledger {
+        keys.read_into(&mut pipe, ttl_ms);
+    }
     pipe
 }
+
+/// How many commands from the end of a pipeline the ledger's read starts (its `GET`, then
+/// the horizon's raise).
+pub(super) const LEDGER_AT: usize = 2;
 
 /// The value of `field` in an `INFO` reply.
 pub(super) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {

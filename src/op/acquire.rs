@@ -116,6 +116,10 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         outer: Option<Instant>,
         attempt: u32,
     ) -> Attempt {
+        // A TTL longer than any announced goes into the nodes' horizons first.
+        if let Err(error) = super::announce::announce(self.core, target.ttl).await {
+            return Attempt::missed(error);
+        }
         let value: Arc<str> = match new_value(self.waiters.id()) {
             Ok(value) => value.into(),
             Err(error) => return Attempt::missed(error),
@@ -242,6 +246,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         replies: SetReplies,
     ) -> Result<Option<PhaseOne>, Attempt> {
         let nodes = votes.tally.nodes();
+        let records = replies.records.len();
         if let Accepts::LockOrRecord { retention } = target.accepts
             && votes.reached()
         {
@@ -267,7 +272,13 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             return Ok((target.fenced == Fenced::Yes).then_some(replies.fencing));
         }
         let tally = &votes.tally;
-        if !tally.is_busy() {
+        // To a replay acquisition, a record on fewer than a quorum of nodes and no holder
+        // besides is no request holding the name: it is short of nodes (nodes that lost
+        // the record, or are not back yet), and the record is evidence the key completed.
+        let only_records = matches!(target.accepts, Accepts::LockOrRecord { .. })
+            && records >= tally.held_elsewhere()
+            && records < self.core.quorum();
+        if !tally.is_busy() || only_records {
             return Err(Attempt::missed(votes.no_quorum()));
         }
         Err(Attempt::Missed {
@@ -442,8 +453,8 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             purpose: Purpose::Decide,
         };
         let nodes = self.core.nodes();
-        let doubts = matches!(target.accepts, Accepts::LockOrRecord { .. })
-            .then(|| Doubts::judge((0..nodes.count()).map(|i| nodes.continuity(i)).collect()));
+        let doubts =
+            matches!(target.accepts, Accepts::LockOrRecord { .. }).then(|| doubts_of(nodes));
         let round = nodes.send(&request, plan);
         count_set_round(nodes, round, SetReplies::new(proposal, doubts)).await
     }
@@ -467,6 +478,11 @@ async fn count_set_round<N: Nodes + ?Sized>(
         let Some((i, reply)) = round.next().await else {
             break;
         };
+        if replies.doubts.is_some() {
+            // A node that answered was judged before (its connect, at the latest): what
+            // the nodes' ledgers say now, never what they said before the round's connects.
+            replies.doubts = Some(doubts_of(nodes));
+        }
         let outcome = replies.take(i, reply);
         votes.count(nodes.label(i), outcome);
     }
@@ -479,6 +495,11 @@ async fn count_set_round<N: Nodes + ?Sized>(
         }
     }
     (round, votes, replies)
+}
+
+/// What a replay acquisition doubts of `nodes` now (see [`Doubts`]).
+fn doubts_of<N: Nodes + ?Sized>(nodes: &N) -> Doubts {
+    Doubts::judge((0..nodes.count()).map(|i| nodes.whole(i)).collect())
 }
 
 /// The record that at least `quorum` of `records` (one per node) are, byte for byte: the

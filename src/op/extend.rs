@@ -58,6 +58,7 @@ impl<N: Nodes + ?Sized> Extend<'_, N> {
         let core = self.core;
         core.check_open()?;
         core.check_ttl(ttl)?;
+        super::announce::announce(core, ttl).await?;
         let ttl = Duration::from_millis(ttl_ms(ttl));
         let start = Instant::now();
         if start >= lock.valid_until {

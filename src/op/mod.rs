@@ -12,6 +12,7 @@
 //! ```
 
 pub(crate) mod acquire;
+pub(crate) mod announce;
 pub(crate) mod extend;
 pub(crate) mod inspect;
 pub(crate) mod observe;

@@ -113,6 +113,30 @@ impl RedisCluster {
             .expect("a master owns the slot")
     }
 
+    /// Gives every master the ledger a client would have made long ago, in its lowest
+    /// slot, where the crate looks for it (see [`super::age_ledger`]).
+    pub fn age_ledgers(&self) {
+        for m in &self.masters {
+            let nodes: String =
+                query_port(m.port(), redis::cmd("CLUSTER").arg("NODES")).expect("CLUSTER NODES");
+            let lowest = nodes
+                .lines()
+                .find(|l| l.contains("myself"))
+                .into_iter()
+                .flat_map(|l| l.split_ascii_whitespace().skip(8))
+                .filter(|w| !w.starts_with('['))
+                .filter_map(|w| w.split('-').next()?.parse::<u16>().ok())
+                .min()
+                .expect("a master with slots");
+            let key = ledger_key(lowest);
+            assert!(
+                super::age_ledger_at(m.port(), &key).is_some(),
+                "the ledger on {}",
+                m.port()
+            );
+        }
+    }
+
     /// The node id of master `i`.
     pub fn node_id(&self, i: usize) -> String {
         query_port::<String>(self.masters[i].port(), redis::cmd("CLUSTER").arg("MYID"))
@@ -226,5 +250,37 @@ fn lists(line: &str, slot: i64) -> bool {
             (Some(a), None) => a == slot,
             _ => false,
         }
+    })
+}
+
+/// The key of the ledger of a shard whose lowest slot is `slot`: `redlock:#ledger{tag}`,
+/// with the crate's tag for the slot (read off the fencing counters' key of a name in it).
+fn ledger_key(slot: u16) -> Vec<u8> {
+    let name = (0u32..)
+        .map(|n| format!("n{n}"))
+        .find(|name| crc16(name.as_bytes()) % 16384 == slot)
+        .expect("a name in every slot");
+    let (counters, _) = tower_redlock::fencing::counter_of(b"redlock:", name.as_bytes(), true)
+        .expect("a valid name");
+    let tag = counters
+        .iter()
+        .position(|&b| b == b'{')
+        .map(|at| counters[at..].to_vec())
+        .expect("a tagged key");
+    [&b"redlock:#ledger"[..], &tag].concat()
+}
+
+/// Redis Cluster's CRC16 (XMODEM) of a key without a hash tag.
+fn crc16(bytes: &[u8]) -> u16 {
+    bytes.iter().fold(0u16, |mut crc, &b| {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+        crc
     })
 }

@@ -118,16 +118,16 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// Starts the nodes and waits until they have been up for longer than `ttl`, so that the
-    /// clients' restart quarantine (on, as by default) does not hold young nodes back.
-    pub async fn start(ttl: Duration) -> Self {
+    /// Starts the nodes with ledgers made long ago, so that the clients' restart
+    /// quarantine (on, as by default) holds back only the nodes the nemesis restarts.
+    pub async fn start() -> Self {
         let cluster = Cluster::start(5);
         let mut proxies = Vec::new();
         for node in &cluster.nodes {
             proxies.push(FaultProxy::start(node.addr()).await);
         }
         let store_node = super::RedisNode::start();
-        cluster.wait_older_than(ttl).await;
+        cluster.age_ledgers();
         Self {
             cluster,
             proxies,

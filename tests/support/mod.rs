@@ -255,6 +255,54 @@ impl RedisNode {
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
+
+    /// Gives the node the ledger a client would have made long ago (see [`age_ledger`]).
+    pub fn age_ledger(&self) {
+        assert!(
+            age_ledger(self.port).is_some(),
+            "the ledger on {}",
+            self.port
+        );
+    }
+}
+
+/// Writes on the node at `port` the ledger (under the default key prefix) that the
+/// restart quarantine's first client would have made long ago: its last loss at the Unix
+/// epoch, naming the server that runs there now. A node in service since long before the
+/// test, as far as the quarantine can tell; `None` if the node did not answer.
+pub fn age_ledger(port: u16) -> Option<()> {
+    age_ledger_at(port, b"redlock:#ledger")
+}
+
+/// [`age_ledger`] at `key` (a Redis Cluster shard's ledger is in its lowest slot); the
+/// node's replicas, if any, have it when this returns.
+pub fn age_ledger_at(port: u16, key: &[u8]) -> Option<()> {
+    let server: String = query_port(port, redis::cmd("INFO").arg("server"))?;
+    let replication: String = query_port(port, redis::cmd("INFO").arg("replication"))?;
+    let field = |info: &str, name: &str| {
+        info.lines()
+            .find_map(|l| l.trim_end().strip_prefix(name)?.strip_prefix(':'))
+            .map(str::to_owned)
+    };
+    let run = field(&server, "run_id")?;
+    let repl = field(&replication, "master_replid")?;
+    let replicas: u32 = field(&replication, "connected_slaves")?.parse().ok()?;
+    let value = format!("1 aged{port} 0 empty {run} {repl}");
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    // WAIT on the connection that wrote: until the replicas have the ledger.
+    let (_, acked): ((), u32) = redis::pipe()
+        .cmd("SET")
+        .arg(key)
+        .arg(value)
+        .cmd("WAIT")
+        .arg(replicas)
+        .arg(15_000)
+        .query(&mut con)
+        .ok()?;
+    (acked >= replicas).then_some(())
 }
 
 impl Drop for RedisNode {
@@ -380,6 +428,9 @@ fn spawn_on(port: u16, clock_file: Option<&std::path::Path>, extra: &[String]) -
         "no",
         "--loglevel",
         "warning",
+        // A replica's full sync starts at once (Redis 7 waits 5 s for more replicas).
+        "--repl-diskless-sync-delay",
+        "0",
         "--dir",
         &std::env::temp_dir().to_string_lossy(),
     ])
@@ -468,22 +519,13 @@ impl Cluster {
         self.nodes.iter().map(RedisNode::url).collect()
     }
 
-    /// Waits until every node has been up for longer than `ttl`, so that a client meeting
-    /// them for the first time does not quarantine them as young.
-    pub async fn wait_older_than(&self, ttl: Duration) {
-        let aged = ttl.as_secs() + 1; // uptime_in_seconds is rounded down
-        wait_for(
-            "the nodes to be older than the TTL",
-            Duration::from_secs(30),
-            || {
-                let ok = self
-                    .nodes
-                    .iter()
-                    .all(|n| n.uptime_secs().is_some_and(|u| u >= aged));
-                async move { ok }
-            },
-        )
-        .await;
+    /// Gives every node the ledger a client would have made long ago (see
+    /// [`age_ledger`]): nodes in service since long before the test, so that only a
+    /// failover, a restart or a flush can keep one out.
+    pub fn age_ledgers(&self) {
+        for node in &self.nodes {
+            node.age_ledger();
+        }
     }
 
     /// A client over these nodes, built by `configure` from [`builder`] and warmed up

@@ -1,0 +1,186 @@
+//! Judging a node from one read: its ledger and horizon, read with `INFO` in the same
+//! request (the connect's handshake, every check), handed to the judge of [`loss`]; the
+//! ledger swapped on the node when the verdict changed it (and judged again over what
+//! another client swapped in first); the verdict kept in the node's state.
+//!
+//! ```text
+//! read:   INFO server | INFO replication | ... | GET <prefix>#ledger | EVAL raise <prefix>#horizon ttl
+//! judge:  loss::judge(ledger, info, node's clock, horizon, fresh epoch)
+//! swap:   EVAL swap <prefix>#ledger <read> <judged>     (only when it changed)
+//! keep:   NodeLoss::read -> the quarantine, the same moment on every client
+//! ```
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // Every connect and every check judges its node; health() shows the verdict.
+//! let redlock = tower_redlock::Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+//! println!("{:?}", redlock.health().await.nodes()[0].status());
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use redis::{RedisResult, Value};
+
+use super::loss::{self, Ledger, LedgerKeys, News, NodeLoss, Role, Seen, ServerInfo};
+use super::{Node, NodeState};
+use crate::error::NodeError;
+
+/// What a read of a node's ledger found (before the judge).
+#[derive(Debug, Clone)]
+pub(super) struct LedgerRead {
+    /// The ledger's value (`None`: no ledger).
+    pub(super) value: Option<Vec<u8>>,
+    /// The node's horizon after the raise, in ms.
+    pub(super) horizon_ms: u64,
+}
+
+impl LedgerRead {
+    /// The replies to [`LedgerKeys::read_into`]'s two commands (`GET`, the raise).
+    pub(super) fn parse(
+        get: Option<RedisResult<Value>>,
+        raise: Option<RedisResult<Value>>,
+    ) -> Result<Self, NodeError> {
+        let reply = |r: Option<RedisResult<Value>>| match r {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => Err(ledger_refused(&e.to_string())),
+            None => Err(NodeError::Protocol("the ledger read got no reply".into())),
+        };
+        let value = loss::ledger::read_value(&reply(get)?).map_err(|e| ledger_refused(&e))?;
+        let horizon_ms =
+            loss::ledger::horizon_value(&reply(raise)?).map_err(|e| ledger_refused(&e))?;
+        Ok(Self { value, horizon_ms })
+    }
+}
+
+/// The error of a node that refused its ledger's commands (`why`).
+pub(super) fn ledger_refused(why: &str) -> NodeError {
+    NodeError::Redis(
+        format!(
+            "the restart quarantine keeps a ledger on each node (<key prefix>#ledger and \
+             <key prefix>#horizon, read and written by GET, SET and EVAL), which the server \
+             refused: grant them to the user, or turn restart_quarantine off ({why})"
+        )
+        .into(),
+    )
+}
+
+/// A judged read: the ledger the node holds now, and the node's clock when it was read.
+#[derive(Debug, Clone)]
+pub(super) struct Settled {
+    pub(super) ledger: Ledger,
+    pub(super) now_ms: u64,
+    pub(super) read_at: Instant,
+    pub(super) horizon_ms: u64,
+}
+
+/// The node's clock in ms from what `INFO` said, or, when it did not tell, this
+/// client's wall clock (an estimate: ledgers then carry the client's clock).
+pub(super) fn node_time_ms(info: &ServerInfo) -> u64 {
+    info.time_ms().unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    })
+}
+
+/// How many times a judgement is made again over a ledger another client swapped in
+/// first, before giving up.
+const SWAPS: usize = 4;
+
+/// Judges `read` (with `info`, and the `run_id` this client knew there, read at
+/// `read_at`, under a horizon of `horizon`) and swaps the node's ledger at `keys` for the
+/// judged one through `send` when it changed.
+pub(super) async fn settle<F, Fut>(
+    keys: &LedgerKeys,
+    (info, known_run): (&ServerInfo, Option<&str>),
+    read: LedgerRead,
+    (read_at, horizon): (Instant, Duration),
+    mut send: F,
+) -> Result<Settled, NodeError>
+where
+    F: FnMut(redis::Cmd) -> Fut,
+    Fut: Future<Output = RedisResult<Value>>,
+{
+    let now_ms = node_time_ms(info);
+    let epoch = loss::fresh_epoch()
+        .ok_or_else(|| NodeError::Connection("the OS gave no random bytes for an epoch".into()))?;
+    let mut value = read.value;
+    for _ in 0..SWAPS {
+        let judgement = loss::judge(&Seen {
+            ledger: value.as_deref(),
+            info,
+            now_ms,
+            horizon: horizon.max(Duration::from_millis(read.horizon_ms)),
+            known_run,
+            fresh_epoch: &epoch,
+        });
+        let settled = |ledger| Settled {
+            ledger,
+            now_ms,
+            read_at,
+            horizon_ms: read.horizon_ms,
+        };
+        if !judgement.write {
+            return Ok(settled(judgement.ledger));
+        }
+        let reply = send(keys.swap(value.as_deref(), &judgement.ledger))
+            .await
+            .map_err(|e| ledger_refused(&e.to_string()))?;
+        match loss::ledger::swap_outcome(&reply).map_err(|e| ledger_refused(&e))? {
+            None => return Ok(settled(judgement.ledger)),
+            Some(current) => value = current,
+        }
+    }
+    Err(NodeError::Redis(
+        "the node's ledger changed under every judgement (other clients swapping it at \
+         once?): judged again at the next connect"
+            .into(),
+    ))
+}
+
+impl Node {
+    /// Keeps a judged read in the node's state (locked by the caller), in `loss` (the
+    /// node's, or a cluster shard's): logs a loss this client did not know of.
+    pub(super) fn keep_judged(&self, loss: &mut NodeLoss, settled: &Settled) {
+        self.settings
+            .horizon
+            .heard(self.index, settled.horizon_ms, settled.read_at);
+        let news = loss.read(&settled.ledger, settled.now_ms, settled.read_at);
+        if let News::Loss(why) = news {
+            let left = loss.quarantine(Instant::now(), &self.settings.horizon);
+            if let Some((left, _)) = left {
+                tracing::warn!(
+                    node = %self.label,
+                    reason = %why.reason(),
+                    quarantine = ?left,
+                    "redlock node may have lost lock keys: kept out of acquisitions until every lock it may have lost has expired"
+                );
+            }
+        }
+    }
+
+    /// Warns once when `INFO` tells no `run_id` or no role: restarts that keep the data
+    /// are then not seen (a restart without data still is, by the ledger).
+    pub(super) fn warn_if_info_hides(&self, info: &ServerInfo) {
+        if (info.run_id.is_empty() || info.role == Role::Unknown)
+            && !self.info_warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                node = %self.label,
+                run_id = !info.run_id.is_empty(),
+                role = info.role != Role::Unknown,
+                "redlock node's INFO tells no run_id or no role (a proxy, a managed service?): a \
+                 restart that reloads its data and a failover are not seen, only a node that \
+                 comes back empty (by its ledger)"
+            );
+        }
+    }
+
+    /// Keeps `settled`, the plain node's ledger, in its state (locked by the caller).
+    pub(super) fn judged(&self, st: &mut NodeState, settled: &Settled) {
+        self.keep_judged(&mut st.loss, settled);
+    }
+}
