@@ -134,6 +134,10 @@ impl Node {
             self.invalidate(generation, &demoted);
             return checked(Err(demoted));
         }
+        if let Some(moved) = self.sentinels_moved(deadline).await {
+            self.invalidate(generation, &moved);
+            return checked(Err(moved));
+        }
         if !judging {
             return checked(Ok(()));
         }
@@ -149,6 +153,27 @@ impl Node {
             }
             Err(e) => checked(Err(e)),
         }
+    }
+
+    /// For a Sentinel-managed node, whether a majority of its sentinels now name another
+    /// master than the one connected, which still says it is one (a split brain: the old
+    /// master did not hear of the failover): the error to reconnect with, which asks the
+    /// sentinels again.
+    async fn sentinels_moved(&self, deadline: tokio::time::Instant) -> Option<NodeError> {
+        let super::Connector::Sentinel(master) = &self.connector else {
+            return None;
+        };
+        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let (host, port) = master.moved(timeout).await?;
+        tracing::warn!(
+            node = %self.label,
+            master = %format!("{host}:{port}"),
+            "redlock node's sentinels name another master than the one connected, which still \
+             says it is one (a split brain?): reconnecting to the one they name"
+        );
+        Some(NodeError::Connection(
+            format!("the sentinels now name another master, {host}:{port}: reconnecting").into(),
+        ))
     }
 
     /// Raises the node's horizon to `ttl_ms` (on a Redis Cluster node, every judged

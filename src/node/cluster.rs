@@ -306,7 +306,7 @@ impl Node {
         call: &crate::scripts::Call,
         conn: &mut ClusterConnection,
     ) -> redis::RedisResult<Result<Value, NodeError>> {
-        let mut pipe = call.as_pipeline();
+        let (mut pipe, then) = call.for_cluster();
         add_probe(&mut pipe);
         let mut replies: Vec<Value> = pipe.query_async(conn).await?;
         let probe = replies.split_off(replies.len().saturating_sub(PROBE));
@@ -321,7 +321,11 @@ impl Node {
         if let Some(refusal) = self.landed_well(cluster, conn, landed.as_ref()).await {
             return Ok(Err(refusal));
         }
-        let first = call.first_of(replies);
+        let then = match then {
+            Some(then) => Some(then.query_async::<Value>(conn).await?),
+            None => None,
+        };
+        let first = call.first_of(replies, then);
         Ok(call.finish(first, conn).await.map_err(NodeError::from))
     }
 

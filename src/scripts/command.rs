@@ -252,13 +252,8 @@ impl Call {
         }
     }
 
-    /// The commands for redis-rs, as a pipeline (a call of several commands) whose errors
-    /// come back as values, as on our own connection.
-    fn pipeline(&self) -> redis::Pipeline {
-        self.pipeline_of(self.commands())
-    }
-
-    /// The first `commands` commands for redis-rs, as [`pipeline`](Self::pipeline).
+    /// The first `commands` commands for redis-rs, as a pipeline whose errors come back as
+    /// values, as on our own connection.
     fn pipeline_of(&self, commands: usize) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
@@ -274,25 +269,53 @@ impl Call {
         pipe
     }
 
-    /// The commands for redis-rs as a pipeline whatever their number, errors as values
-    /// (for a call that carries more commands after its own: see
-    /// [`first_of`](Self::first_of)).
+    /// The call for a Redis Cluster node: its first command as a pipeline, errors as values
+    /// (for a call that carries more commands after its own, none keyed: see
+    /// [`first_of`](Self::first_of)), and for a fenced acquisition the counter's raise and
+    /// renewal after it, as one script call on the set's key
+    /// ([`RAISE_COUNTER`](super::lua::RAISE_COUNTER)). Each request has one keyed command:
+    /// redis-rs follows a resharding's `ASK` with one `ASKING` before a whole pipeline,
+    /// which lets only its first command through, and a multi-key command in a slot being
+    /// resharded meets `TRYAGAIN`.
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    pub(crate) fn as_pipeline(&self) -> redis::Pipeline {
-        if self.commands() > 1 {
-            return self.pipeline();
-        }
+    pub(crate) fn for_cluster(&self) -> (redis::Pipeline, Option<Cmd>) {
         let mut pipe = redis::pipe();
-        pipe.ignore_errors().add_command(self.cmd().clone());
-        pipe
+        pipe.ignore_errors();
+        if let CallKind::FencedSetNx { .. } = self.kind {
+            // SET key value NX PX ttl / ZADD counters GT CH proposal member / PEXPIRE counters ms
+            let set = pipe.cmd("SET");
+            for i in 1..6 {
+                set.arg(self.word(i));
+            }
+            let mut raise = redis::cmd("EVAL");
+            raise.arg(super::lua::RAISE_COUNTER).arg(1);
+            for i in [7, 10, 11, 14] {
+                raise.arg(self.word(i));
+            }
+            return (pipe, Some(raise));
+        }
+        pipe.add_command(self.cmd().clone());
+        (pipe, None)
     }
 
-    /// The call's own answer among the `replies` to [`as_pipeline`](Self::as_pipeline)
-    /// (without what was added after it), as [`run`](Self::run) takes its first answer.
+    /// The call's own answer from the `replies` to [`for_cluster`](Self::for_cluster)'s
+    /// pipeline (without what was added after it) and its second request's reply
+    /// (`then`), as [`run`](Self::run) takes its first answer: for a fenced acquisition,
+    /// the replies of its three commands.
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    pub(crate) fn first_of(&self, mut replies: Vec<Value>) -> redis::RedisResult<Value> {
-        if self.commands() > 1 {
-            return Ok(Value::Array(replies));
+    pub(crate) fn first_of(
+        &self,
+        mut replies: Vec<Value>,
+        then: Option<Value>,
+    ) -> redis::RedisResult<Value> {
+        replies.truncate(1);
+        if let Some(then) = then {
+            let mut all = replies;
+            match then.extract_error()? {
+                Value::Array(counter) => all.extend(counter),
+                other => all.push(other),
+            }
+            return Ok(Value::Array(all));
         }
         match replies.pop() {
             Some(reply) => reply.extract_error(),

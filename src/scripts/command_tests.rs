@@ -131,8 +131,30 @@ fn a_fenced_acquisition_is_packed_as_a_pipeline() {
     pipe.cmd("PEXPIRE").arg(counters).arg(u64::MAX);
     assert_eq!(call.packed(), pipe.get_packed_pipeline());
     assert_eq!(
-        call.pipeline().get_packed_pipeline(),
+        call.pipeline_of(3).get_packed_pipeline(),
         pipe.get_packed_pipeline()
+    );
+    // On a cluster: the SET alone, then the counter's raise and renewal as one script.
+    let (first, then) = call.for_cluster();
+    let mut set = redis::pipe();
+    set.cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000);
+    assert_eq!(first.get_packed_pipeline(), set.get_packed_pipeline());
+    let mut raise = redis::cmd("EVAL");
+    raise
+        .arg(crate::scripts::lua::RAISE_COUNTER)
+        .arg(1)
+        .arg(counters)
+        .arg(1_764_115_200_000_000_u64)
+        .arg(member)
+        .arg(u64::MAX);
+    assert_eq!(
+        then.map(|c| c.get_packed_command()),
+        Some(raise.get_packed_command())
     );
     assert_eq!(call.commands(), 3);
     assert_eq!(call.renews(), Some(7));

@@ -209,6 +209,15 @@ end
 return {kind, redis.call('PTTL', KEYS[1]), redis.call('ZSCORE', KEYS[2], ARGV[1]) or ''}
 "#;
 
+/// A fenced acquisition's counter on a Redis Cluster node, after its `SET` (one keyed
+/// command a request: see `Call::for_cluster`): the replies of `ZADD KEYS[1] GT CH
+/// ARGV[1] ARGV[2]` and `PEXPIRE KEYS[1] ARGV[3]`, as one array. Not loaded at connects:
+/// sent by `EVAL`.
+pub(crate) const RAISE_COUNTER: &str = r#"
+local raised = redis.call('ZADD', KEYS[1], 'GT', 'CH', ARGV[1], ARGV[2])
+return {raised, redis.call('PEXPIRE', KEYS[1], ARGV[3])}
+"#;
+
 pub(crate) static HOLDER_TTL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER_TTL));
 pub(crate) static ACQUIRE_OR_REPLAY_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_OR_REPLAY));

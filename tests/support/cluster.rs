@@ -14,31 +14,30 @@ pub struct RedisCluster {
     pub replicas: Vec<RedisNode>,
 }
 
-/// A `redis-server` in cluster mode on a free port.
-fn cluster_node() -> RedisNode {
-    RedisNode::start_with_args(
-        None,
-        vec![
-            "--cluster-enabled".into(),
-            "yes".into(),
-            // The cluster bus on a port found free, not the default port + 10000, which
-            // another process may hold.
-            "--cluster-port".into(),
-            "{port}".into(),
-            "--cluster-config-file".into(),
-            std::env::temp_dir()
-                .join(format!(
-                    "redlock-cluster-{}-{{port}}.conf",
-                    std::process::id()
-                ))
-                .to_string_lossy()
-                .into_owned(),
-            "--cluster-node-timeout".into(),
-            "1000".into(),
-            "--cluster-require-full-coverage".into(),
-            "no".into(),
-        ],
-    )
+/// A `redis-server` in cluster mode on a free port, with `extra` arguments.
+fn cluster_node(extra: &[&str]) -> RedisNode {
+    let mut args: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
+    args.extend([
+        "--cluster-enabled".into(),
+        "yes".into(),
+        // The cluster bus on a port found free, not the default port + 10000, which
+        // another process may hold.
+        "--cluster-port".into(),
+        "{port}".into(),
+        "--cluster-config-file".into(),
+        std::env::temp_dir()
+            .join(format!(
+                "redlock-cluster-{}-{{port}}.conf",
+                std::process::id()
+            ))
+            .to_string_lossy()
+            .into_owned(),
+        "--cluster-node-timeout".into(),
+        "1000".into(),
+        "--cluster-require-full-coverage".into(),
+        "no".into(),
+    ]);
+    RedisNode::start_with_args(None, args)
 }
 
 impl RedisCluster {
@@ -46,16 +45,21 @@ impl RedisCluster {
     /// cluster bus that could not connect, under a loaded machine) is tried again with new
     /// nodes, three times at most.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`start`](Self::start) with more `redis-server` arguments for every master.
+    pub fn start_with(extra: &[&str]) -> Self {
         for _ in 0..3 {
-            if let Some(cluster) = Self::try_start() {
+            if let Some(cluster) = Self::try_start(extra) {
                 return cluster;
             }
         }
         panic!("could not start a Redis Cluster in three tries");
     }
 
-    fn try_start() -> Option<Self> {
-        let masters: Vec<RedisNode> = (0..3).map(|_| cluster_node()).collect();
+    fn try_start(extra: &[&str]) -> Option<Self> {
+        let masters: Vec<RedisNode> = (0..3).map(|_| cluster_node(extra)).collect();
         let addrs: Vec<String> = masters.iter().map(RedisNode::addr).collect();
         // `redis-cli --cluster create` waits for the join without a limit of its own.
         let out = Command::new("timeout")
@@ -147,7 +151,7 @@ impl RedisCluster {
     /// so it keeps a replication backlog, as a replica in service does): its index in
     /// `replicas`.
     pub fn add_replica(&mut self, i: usize) -> usize {
-        let replica = cluster_node();
+        let replica = cluster_node(&[]);
         let out = Command::new("timeout")
             .arg("30")
             .arg("redis-cli")

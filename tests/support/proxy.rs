@@ -32,6 +32,9 @@ pub enum Mode {
     LoseRequests,
     /// Every connection is reset (RST), new ones as soon as they are accepted.
     Reset,
+    /// Forward everything, but hide the node's `run_id` in its `INFO` replies (as some
+    /// proxies and managed services do): `run_id:` becomes `run_xx:`, the same length.
+    HideRunId,
 }
 
 impl Mode {
@@ -184,6 +187,12 @@ async fn pump(
             let current = mode.borrow_and_update().clone();
             let held = match current {
                 Mode::Pass => false,
+                Mode::HideRunId => {
+                    if dir == Dir::ToClient {
+                        hide_run_id(&mut buf[..n]);
+                    }
+                    false
+                }
                 Mode::Delay { to_node, to_client } => {
                     let range = if dir == Dir::ToNode {
                         to_node
@@ -212,5 +221,15 @@ async fn pump(
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
+    }
+}
+
+/// Replaces every `run_id:` in `chunk` by `run_xx:` (an `INFO` reply keeps its length).
+fn hide_run_id(chunk: &mut [u8]) {
+    const FIELD: &[u8] = b"run_id:";
+    let mut at = 0;
+    while let Some(i) = chunk[at..].windows(FIELD.len()).position(|w| w == FIELD) {
+        chunk[at + i + 4..at + i + 6].copy_from_slice(b"xx");
+        at += i + FIELD.len();
     }
 }

@@ -8,14 +8,102 @@ use std::time::Duration;
 
 use super::{RedisNode, free_port, query_port, redis_server_binary, wait_blocking};
 
+/// One `redis-server --sentinel` process on a free port, killed on drop.
+pub struct Sentinel {
+    pub port: u16,
+    child: Option<Child>,
+    conf: PathBuf,
+}
+
+impl Sentinel {
+    /// A sentinel that monitors the master on `master_port` as `name` (quorum 1: it
+    /// decides a failover alone).
+    pub fn monitoring(name: &str, master_port: u16) -> Self {
+        let port = free_port();
+        let conf = std::env::temp_dir().join(format!(
+            "redlock-sentinel-{}-{port}.conf",
+            std::process::id()
+        ));
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 5000\n"
+            ),
+        )
+        .expect("write the sentinel config");
+        let child = Command::new(redis_server_binary())
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server --sentinel");
+        let sentinel = Self {
+            port,
+            child: Some(child),
+            conf,
+        };
+        wait_blocking("the sentinel to answer", Duration::from_secs(10), || {
+            sentinel.names(name).is_some()
+        });
+        sentinel
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port of the master it names as `name`, if any.
+    pub fn names(&self, name: &str) -> Option<u16> {
+        let addr: Option<(String, u16)> = query_port(
+            self.port,
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(name),
+        )?;
+        addr.map(|(_, port)| port)
+    }
+
+    /// Makes it monitor the master on `master_port` as `name` from now on (as after a
+    /// failover it took part in).
+    pub fn remonitor(&self, name: &str, master_port: u16) {
+        let _: Option<String> =
+            query_port(self.port, redis::cmd("SENTINEL").arg("REMOVE").arg(name));
+        let done: Option<String> = query_port(
+            self.port,
+            redis::cmd("SENTINEL")
+                .arg("MONITOR")
+                .arg(name)
+                .arg("127.0.0.1")
+                .arg(master_port)
+                .arg(1),
+        );
+        assert_eq!(done.as_deref(), Some("OK"), "SENTINEL MONITOR");
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.conf);
+    }
+}
+
 /// One master, its replica, and a sentinel that monitors them as `name`.
 pub struct SentinelNode {
     pub name: String,
     pub master: RedisNode,
     pub replica: RedisNode,
-    sentinel: Option<Child>,
+    sentinel: Sentinel,
     sentinel_port: u16,
-    conf: PathBuf,
 }
 
 impl SentinelNode {
@@ -26,37 +114,13 @@ impl SentinelNode {
             query_port::<String>(replica.port(), redis::cmd("INFO").arg("replication"))
                 .is_some_and(|i| i.contains("master_link_status:up"))
         });
-        let sentinel_port = free_port();
-        let conf = std::env::temp_dir().join(format!(
-            "redlock-sentinel-{}-{sentinel_port}.conf",
-            std::process::id()
-        ));
-        std::fs::write(
-            &conf,
-            format!(
-                "port {sentinel_port}\nbind 127.0.0.1\ndaemonize no\n\
-                 sentinel monitor {name} 127.0.0.1 {} 1\n\
-                 sentinel down-after-milliseconds {name} 1000\n\
-                 sentinel failover-timeout {name} 5000\n",
-                master.port()
-            ),
-        )
-        .expect("write the sentinel config");
-        let sentinel = Command::new(redis_server_binary())
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server --sentinel");
+        let sentinel = Sentinel::monitoring(name, master.port());
         let node = Self {
             name: name.to_owned(),
             master,
             replica,
-            sentinel: Some(sentinel),
-            sentinel_port,
-            conf,
+            sentinel_port: sentinel.port,
+            sentinel,
         };
         wait_blocking(
             "the sentinel to know the replica",
@@ -160,15 +224,5 @@ impl SentinelNode {
     /// [`super::age_ledger`]); its replica has it too.
     pub fn age_ledgers(&self) {
         self.master.age_ledger();
-    }
-}
-
-impl Drop for SentinelNode {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.sentinel.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_file(&self.conf);
     }
 }
