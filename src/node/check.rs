@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 use tokio::time::timeout_at;
 
-use super::judging::{LedgerRead, Settled, ledger_refused, settle};
+use super::judging::{LedgerRead, ledger_refused};
 use super::loss::{Role, ServerInfo};
 use super::{Conn, Node, Quarantine};
 use crate::error::NodeError;
@@ -78,6 +78,43 @@ impl Node {
             return self.check_cluster(cluster, c, deadline).await;
         }
         let judging = self.settings.quarantine && !self.is_cluster();
+        let start = Instant::now();
+        let replies = timeout_at(
+            deadline,
+            self.check_pipe(judging)
+                .query_async::<Vec<redis::RedisResult<Value>>>(&mut conn),
+        )
+        .await;
+        let round_trip = start.elapsed();
+        let replies = match replies {
+            Ok(Ok(replies)) => replies,
+            Ok(Err(e)) => {
+                let e = NodeError::from(e);
+                if e.breaks_connection() {
+                    self.invalidate(generation, &e);
+                }
+                return failed(e);
+            }
+            Err(_) => return failed(NodeError::Timeout),
+        };
+        let read = Read {
+            conn: &conn,
+            generation,
+            start,
+            deadline,
+        };
+        let (result, role) = self.judge_check(replies, judging, read).await;
+        Check {
+            result,
+            round_trip: Some(round_trip),
+            version: self.state().version.clone(),
+            role,
+        }
+    }
+
+    /// A check's request: `INFO server`, `INFO replication`, and if `judging` the ledger's
+    /// read and the horizon's raise.
+    fn check_pipe(&self, judging: bool) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         pipe.ignore_errors()
             .cmd("INFO")
@@ -88,24 +125,19 @@ impl Node {
             let own = self.settings.horizon.own_ms();
             self.ledger.read_into(&mut pipe, own);
         }
-        let start = Instant::now();
-        let replies = timeout_at(
-            deadline,
-            pipe.query_async::<Vec<redis::RedisResult<Value>>>(&mut conn),
-        )
-        .await;
-        let round_trip = start.elapsed();
-        let mut replies = match replies {
-            Ok(Ok(replies)) => replies.into_iter(),
-            Ok(Err(e)) => {
-                let e = NodeError::from(e);
-                if e.breaks_connection() {
-                    self.invalidate(generation, &e);
-                }
-                return failed(e);
-            }
-            Err(_) => return failed(NodeError::Timeout),
-        };
+        pipe
+    }
+
+    /// Judges a check's `replies` read as `read` says (with the ledger's, if `judging`):
+    /// a server no longer a master, or no longer named by the sentinels, is left (the
+    /// connection dropped); the ledger judged. The outcome, and the role the server said.
+    async fn judge_check(
+        &self,
+        replies: Vec<redis::RedisResult<Value>>,
+        judging: bool,
+        read: Read<'_>,
+    ) -> (Result<(), NodeError>, Option<String>) {
+        let mut replies = replies.into_iter();
         let mut text = || {
             replies
                 .next()
@@ -120,39 +152,30 @@ impl Node {
             Role::Other(role) => Some(role.clone()),
             Role::Unknown => None,
         };
-        let version = self.state().version.clone();
-        let checked = |result| Check {
-            result,
-            round_trip: Some(round_trip),
-            version: version.clone(),
-            role: role.clone(),
-        };
-        if let Role::Other(role) = &info.role {
+        let left = match &info.role {
             // Demoted (a failover): reconnect, which for a Sentinel-managed node finds the
             // new master.
-            let demoted = NodeError::NotMaster { role: role.clone() };
-            self.invalidate(generation, &demoted);
-            return checked(Err(demoted));
-        }
-        if let Some(moved) = self.sentinels_moved(deadline).await {
-            self.invalidate(generation, &moved);
-            return checked(Err(moved));
+            Role::Other(role) => Some(NodeError::NotMaster { role: role.clone() }),
+            _ => self.sentinels_moved(read.deadline).await,
+        };
+        if let Some(left) = left {
+            self.invalidate(read.generation, &left);
+            return (Err(left), role);
         }
         if !judging {
-            return checked(Ok(()));
+            return (Ok(()), role);
         }
-        let read = LedgerRead::parse(replies.next(), replies.next());
-        let settled = match read {
-            Ok(read) => self.settle_on(&conn, &info, read, start, deadline).await,
+        let settling = match LedgerRead::parse(replies.next(), replies.next()) {
+            Ok(ledger) => {
+                let settle = self.settle_over(read.conn, &info, ledger, read.start);
+                timeout_at(read.deadline, settle)
+                    .await
+                    .unwrap_or(Err(NodeError::Timeout))
+            }
             Err(e) => Err(e),
         };
-        match settled {
-            Ok(settled) => {
-                self.judged(&mut self.state(), &settled);
-                checked(Ok(()))
-            }
-            Err(e) => checked(Err(e)),
-        }
+        let result = settling.map(|settled| self.judged(&mut self.state(), &settled));
+        (result, role)
     }
 
     /// For a Sentinel-managed node, whether a majority of its sentinels now name another
@@ -213,31 +236,15 @@ impl Node {
             role: Some("master".to_owned()),
         }
     }
+}
 
-    /// Judges `read` (with `info`, sent at `sent`) and swaps the ledger over `conn`, by
-    /// `deadline`.
-    async fn settle_on(
-        &self,
-        conn: &Conn,
-        info: &ServerInfo,
-        read: LedgerRead,
-        sent: Instant,
-        deadline: tokio::time::Instant,
-    ) -> Result<Settled, NodeError> {
-        self.warn_if_info_hides(info);
-        let conn = conn.clone();
-        let send = move |cmd: redis::Cmd| {
-            let mut conn = conn.clone();
-            async move { cmd.query_async::<Value>(&mut conn).await }
-        };
-        let length = self.settings.horizon.length();
-        let known = self.state().run_id.clone();
-        let seen = (info, known.as_deref());
-        let settling = settle(&self.ledger, seen, read, (sent, length), send);
-        timeout_at(deadline, settling)
-            .await
-            .unwrap_or(Err(NodeError::Timeout))
-    }
+/// How a check's replies were read: over which connection (of which generation), sent
+/// when, and by when the check must end.
+struct Read<'a> {
+    conn: &'a Conn,
+    generation: u64,
+    start: Instant,
+    deadline: tokio::time::Instant,
 }
 
 /// Lets the next connect start a node's background check again once the task that ran it

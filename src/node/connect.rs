@@ -23,8 +23,8 @@ use futures_util::FutureExt;
 use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::time::timeout_at;
 
-use super::handshake::{LEDGER_AT, evicting_policy, handshake_pipe, info_field};
-use super::judging::{LedgerRead, Settled, settle};
+use super::handshake::{Replies, evicting_policy, handshake_pipe, info_field};
+use super::judging::Settled;
 use super::loss::{Role, ServerInfo};
 use super::{
     BACKOFF_MAX, BACKOFF_MIN, Conn, Connector, Link, Node, NodeState, Owner, Quarantine, wire,
@@ -88,9 +88,9 @@ impl Node {
         });
     }
 
-    /// Opens a connection: connects, reads `INFO` and loads the scripts in one round trip
-    /// (and for a promoted master, reads its promotion marker in another), within the
-    /// connect timeout. A server that is not a master is refused: for a Sentinel-managed
+    /// Opens a connection: connects, reads `INFO` and the ledger and loads the scripts in
+    /// one round trip (and swaps the ledger in another when the judge changed it), within
+    /// the connect timeout. A server that is not a master is refused: for a Sentinel-managed
     /// node, the next connect asks the sentinels again.
     async fn open(&self) -> Result<Opened, NodeError> {
         let deadline = tokio::time::Instant::from_std(crate::quorum::later(
@@ -162,61 +162,35 @@ impl Node {
             .quarantine
             .then(|| (&self.ledger, horizon.own_ms()));
         let sent = Instant::now();
-        let mut replies: Vec<redis::RedisResult<Value>> =
+        let replies: Vec<redis::RedisResult<Value>> =
             handshake_pipe(ledger).query_async(&mut conn).await?;
         // The server read its clock for `INFO server` between the two.
         let clock_at = sent + sent.elapsed() / 2;
-        let read = ledger.map(|_| {
-            let mut tail = replies.split_off(replies.len().saturating_sub(LEDGER_AT));
-            let raise = tail.pop();
-            LedgerRead::parse(tail.pop(), raise)
-        });
-        let mut replies = replies.into_iter();
-        let server = replies.next().unwrap_or(Ok(Value::Nil));
-        let replication = replies.next().and_then(Result::ok);
-        let memory = replies.next().and_then(Result::ok);
-        let persistence = replies.next().and_then(Result::ok);
-        if let Some(failed) = replies.find_map(Result::err) {
-            return Err(failed); // a script could not be loaded
-        }
-        let evicting = memory
-            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+        let replies = Replies::split(replies, ledger.is_some())?;
+        let evicting = replies
+            .memory
             .and_then(|memory| self.refuses_eviction(&memory));
-        let server = match server {
-            Ok(v) => redis::from_redis_value_ref::<String>(&v)?,
+        let server = match replies.server {
+            Ok(server) => server,
             Err(e) if self.settings.quarantine => return Err(e),
             Err(e) => {
                 tracing::debug!(node = %self.label, error = %e, "redlock node: INFO not allowed; no same-server check");
                 String::new()
             }
         };
-        let text = |v: Option<Value>| {
-            v.and_then(|v| redis::from_redis_value::<String>(v).ok())
-                .unwrap_or_default()
-        };
-        let (replication, persistence) = (text(replication), text(persistence));
-        let info = ServerInfo::parse([server.as_str(), replication.as_str(), persistence.as_str()]);
-        let ledger = match read {
+        let info = ServerInfo::parse([
+            server.as_str(),
+            replies.replication.as_str(),
+            replies.persistence.as_str(),
+        ]);
+        let ledger = match replies.ledger {
             // A replica is refused before its ledger counts (see `refusal`).
             Some(_) if info.role != Role::Master && info.role != Role::Unknown => None,
-            Some(read) => {
-                let read = match read {
-                    Ok(read) => read,
-                    Err(refused) => return Ok(Err(refused)),
-                };
-                self.warn_if_info_hides(&info);
-                let swap_on = conn.clone();
-                let send = move |cmd: redis::Cmd| {
-                    let mut conn = swap_on.clone();
-                    async move { cmd.query_async::<Value>(&mut conn).await }
-                };
-                let known = self.state().run_id.clone();
-                let seen = (&info, known.as_deref());
-                match settle(&self.ledger, seen, read, (sent, horizon.length()), send).await {
-                    Ok(settled) => Some(settled),
-                    Err(e) => return Ok(Err(e)),
-                }
-            }
+            Some(Err(refused)) => return Ok(Err(refused)),
+            Some(Ok(read)) => match self.settle_over(&conn, &info, read, sent).await {
+                Ok(settled) => Some(settled),
+                Err(e) => return Ok(Err(e)),
+            },
             None => None,
         };
         Ok(Ok(Opened {

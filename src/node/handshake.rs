@@ -17,7 +17,11 @@
 //! # Ok(()) }
 //! ```
 
+use redis::{RedisResult, Value};
+
+use super::judging::LedgerRead;
 use super::loss::LedgerKeys;
+use crate::error::NodeError;
 use crate::scripts;
 
 /// The commands of a handshake, in one pipeline: `INFO server` and `INFO replication`
@@ -46,7 +50,53 @@ pub(super) fn handshake_pipe(ledger: Option<(&LedgerKeys, u64)>) -> redis::Pipel
 
 /// How many commands from the end of a pipeline the ledger's read starts (its `GET`, then
 /// the horizon's raise).
-pub(super) const LEDGER_AT: usize = 2;
+const LEDGER_AT: usize = 2;
+
+/// The replies to a [`handshake_pipe`], each where it belongs.
+pub(super) struct Replies {
+    /// `INFO server` (refused, with an ACL without `+info`).
+    pub(super) server: RedisResult<String>,
+    /// `INFO replication` and `INFO persistence` (empty if refused).
+    pub(super) replication: String,
+    pub(super) persistence: String,
+    /// `INFO memory`, if the server answered it.
+    pub(super) memory: Option<String>,
+    /// The ledger's read, if the pipeline had one.
+    pub(super) ledger: Option<Result<LedgerRead, NodeError>>,
+}
+
+impl Replies {
+    /// Splits `replies` (with the ledger's read at the end if `ledger`): a failed `SCRIPT
+    /// LOAD` fails the handshake.
+    pub(super) fn split(mut replies: Vec<RedisResult<Value>>, ledger: bool) -> RedisResult<Self> {
+        let ledger = ledger.then(|| {
+            let mut tail = replies.split_off(replies.len().saturating_sub(LEDGER_AT));
+            let raise = tail.pop();
+            LedgerRead::parse(tail.pop(), raise)
+        });
+        let mut replies = replies.into_iter();
+        let server = replies.next().unwrap_or(Ok(Value::Nil));
+        let text = |v: Option<RedisResult<Value>>| {
+            v.and_then(Result::ok)
+                .and_then(|v| redis::from_redis_value::<String>(v).ok())
+        };
+        let (replication, memory, persistence) = (
+            text(replies.next()),
+            text(replies.next()),
+            text(replies.next()),
+        );
+        if let Some(failed) = replies.find_map(Result::err) {
+            return Err(failed); // a script could not be loaded
+        }
+        Ok(Self {
+            server: server.and_then(|v| Ok(redis::from_redis_value::<String>(v)?)),
+            replication: replication.unwrap_or_default(),
+            persistence: persistence.unwrap_or_default(),
+            memory,
+            ledger,
+        })
+    }
+}
 
 /// The value of `field` in an `INFO` reply.
 pub(super) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use redis::{RedisResult, Value};
 
 use super::loss::{self, Ledger, LedgerKeys, News, NodeLoss, Role, Seen, ServerInfo};
-use super::{Node, NodeState};
+use super::{Conn, Node, NodeState};
 use crate::error::NodeError;
 
 /// What a read of a node's ledger found (before the judge).
@@ -142,6 +142,27 @@ where
 }
 
 impl Node {
+    /// Judges `read` (with `info`, sent at `sent`) and swaps the node's ledger over
+    /// `conn` when the verdict changed it (see [`settle`]).
+    pub(super) async fn settle_over(
+        &self,
+        conn: &Conn,
+        info: &ServerInfo,
+        read: LedgerRead,
+        sent: Instant,
+    ) -> Result<Settled, NodeError> {
+        self.warn_if_info_hides(info);
+        let conn = conn.clone();
+        let send = move |cmd: redis::Cmd| {
+            let mut conn = conn.clone();
+            async move { cmd.query_async::<Value>(&mut conn).await }
+        };
+        let length = self.settings.horizon.length();
+        let known = self.state().run_id.clone();
+        let seen = (info, known.as_deref());
+        settle(&self.ledger, seen, read, (sent, length), send).await
+    }
+
     /// Keeps a judged read in the node's state (locked by the caller), in `loss` (the
     /// node's, or a cluster shard's): logs a loss this client did not know of.
     pub(super) fn keep_judged(&self, loss: &mut NodeLoss, settled: &Settled) {
@@ -164,7 +185,7 @@ impl Node {
 
     /// Warns once when `INFO` tells no `run_id` or no role: restarts that keep the data
     /// are then not seen (a restart without data still is, by the ledger).
-    pub(super) fn warn_if_info_hides(&self, info: &ServerInfo) {
+    fn warn_if_info_hides(&self, info: &ServerInfo) {
         if (info.run_id.is_empty() || info.role == Role::Unknown)
             && !self.info_warned.swap(true, Ordering::Relaxed)
         {

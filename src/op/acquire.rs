@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::release::{Background, Deletion, Release, Wake};
-use super::set_replies::SetReplies;
+use super::set_replies::{SetReplies, agreed_record, count_set_round, doubts_of};
 use crate::core::{Accepts, Core, Fenced, Target, ttl_ms};
 use crate::error::{LockError, RecordBytes};
 use crate::fencing::{self, CounterAt, Fencing, Number, PhaseOne, PhaseTwo};
 use crate::name::{Resource, new_value};
-use crate::node::{Doubts, Node};
+use crate::node::Node;
 use crate::quorum::{NodeMask, later};
 use crate::round::{Nodes, Plan, Purpose, Round};
 use crate::scripts::{ACQUIRE_OR_REPLAY_SCRIPT, Arg, Invocation, MAX_NUMBER, Renewal, Request};
@@ -294,9 +294,9 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
 
     /// Whether a quorum of the nodes that granted a replay acquisition (`replies`) can
     /// vouch that the name has no completion record written within `retention`: a node
-    /// that may have lost writes since then (see [`Doubts`]) cannot, once this client saw
-    /// it restart empty, or, younger than its peers, once another node answered with the
-    /// name's record. If not, the miss says when enough of them will.
+    /// whose data began later than its peers' within it (see
+    /// [`Doubts`](crate::node::Doubts)) cannot once another node answered with the name's
+    /// record. If not, the miss says when enough of them will.
     #[expect(
         clippy::result_large_err,
         reason = "an Attempt that is never Held (the large variant), moved once per miss"
@@ -458,59 +458,6 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let round = nodes.send(&request, plan);
         count_set_round(nodes, round, SetReplies::new(proposal, doubts)).await
     }
-}
-
-/// Takes the answers of a `SET NX PX` round until the outcome is certain; once a node
-/// answered with a completion record, or a doubted node granted (a replay acquisition),
-/// every answer (the nodes that answered with a record need no release afterwards).
-async fn count_set_round<N: Nodes + ?Sized>(
-    nodes: &N,
-    mut round: Round<N::Call>,
-    mut replies: SetReplies,
-) -> (Round<N::Call>, Votes, SetReplies) {
-    let mut votes = Votes::new(nodes.count());
-    while votes.undecided() || !replies.records.is_empty() || replies.doubted {
-        round.wake_after(if replies.doubted {
-            1
-        } else {
-            votes.to_decide()
-        });
-        let Some((i, reply)) = round.next().await else {
-            break;
-        };
-        if replies.doubts.is_some() {
-            // A node that answered was judged before (its connect, at the latest): what
-            // the nodes' ledgers say now, never what they said before the round's connects.
-            replies.doubts = Some(doubts_of(nodes));
-        }
-        let outcome = replies.take(i, reply);
-        votes.count(nodes.label(i), outcome);
-    }
-    if !votes.reached() && votes.quarantined() {
-        // A quarantined node refuses at once: count the refusals already in, so that the
-        // error names every quarantined node, not only those that decided the round.
-        while let Some((i, reply)) = round.ready().await {
-            let outcome = replies.take(i, reply);
-            votes.count(nodes.label(i), outcome);
-        }
-    }
-    (round, votes, replies)
-}
-
-/// What a replay acquisition doubts of `nodes` now (see [`Doubts`]).
-fn doubts_of<N: Nodes + ?Sized>(nodes: &N) -> Doubts {
-    Doubts::judge((0..nodes.count()).map(|i| nodes.whole(i)).collect())
-}
-
-/// The record that at least `quorum` of `records` (one per node) are, byte for byte: the
-/// one to replay. Records on fewer nodes, or that differ (two runs that each recorded on a
-/// minority, such as a handler that outlived its lock next to the next holder's), are
-/// never replayed: those nodes count as held by another client.
-fn agreed_record(mut records: Vec<Vec<u8>>, quorum: usize) -> Option<Vec<u8>> {
-    let at = records
-        .iter()
-        .position(|r| records.iter().filter(|other| *other == r).count() >= quorum)?;
-    Some(records.swap_remove(at))
 }
 
 /// Releases an acquisition attempt's value in the background if the attempt's future is

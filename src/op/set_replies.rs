@@ -1,6 +1,7 @@
 //! What the `SET NX PX` replies of one acquire attempt said, node by node: who holds the
 //! key elsewhere (and for how long), the completion records found, and what phase 1 of
-//! fencing learned.
+//! fencing learned; the round's answers taken until the outcome is certain, and the record
+//! a quorum agrees on.
 //!
 //! ```text
 //! OK / [OK, ZADD]            -> granted (phase 1 takes the ZADD's answer; doubted when the
@@ -17,7 +18,9 @@ use crate::error::NodeError;
 use crate::fencing::PhaseOne;
 use crate::node::Doubts;
 use crate::quorum::{NodeMask, Outcome};
+use crate::round::{Nodes, Round};
 use crate::scripts::{AcquireReply, parse_acquire};
+use crate::votes::Votes;
 
 /// What the `SET NX PX` replies of one attempt said, node by node.
 pub(super) struct SetReplies {
@@ -80,4 +83,57 @@ impl SetReplies {
         }
         Ok(outcome)
     }
+}
+
+/// Takes the answers of a `SET NX PX` round until the outcome is certain; once a node
+/// answered with a completion record, or a doubted node granted (a replay acquisition),
+/// every answer (the nodes that answered with a record need no release afterwards).
+pub(super) async fn count_set_round<N: Nodes + ?Sized>(
+    nodes: &N,
+    mut round: Round<N::Call>,
+    mut replies: SetReplies,
+) -> (Round<N::Call>, Votes, SetReplies) {
+    let mut votes = Votes::new(nodes.count());
+    while votes.undecided() || !replies.records.is_empty() || replies.doubted {
+        round.wake_after(if replies.doubted {
+            1
+        } else {
+            votes.to_decide()
+        });
+        let Some((i, reply)) = round.next().await else {
+            break;
+        };
+        if replies.doubts.is_some() {
+            // A node that answered was judged before (its connect, at the latest): what
+            // the nodes' ledgers say now, never what they said before the round's connects.
+            replies.doubts = Some(doubts_of(nodes));
+        }
+        let outcome = replies.take(i, reply);
+        votes.count(nodes.label(i), outcome);
+    }
+    if !votes.reached() && votes.quarantined() {
+        // A quarantined node refuses at once: count the refusals already in, so that the
+        // error names every quarantined node, not only those that decided the round.
+        while let Some((i, reply)) = round.ready().await {
+            let outcome = replies.take(i, reply);
+            votes.count(nodes.label(i), outcome);
+        }
+    }
+    (round, votes, replies)
+}
+
+/// What a replay acquisition doubts of `nodes` now (see [`Doubts`]).
+pub(super) fn doubts_of<N: Nodes + ?Sized>(nodes: &N) -> Doubts {
+    Doubts::judge((0..nodes.count()).map(|i| nodes.whole(i)).collect())
+}
+
+/// The record that at least `quorum` of `records` (one per node) are, byte for byte: the
+/// one to replay. Records on fewer nodes, or that differ (two runs that each recorded on a
+/// minority, such as a handler that outlived its lock next to the next holder's), are
+/// never replayed: those nodes count as held by another client.
+pub(super) fn agreed_record(mut records: Vec<Vec<u8>>, quorum: usize) -> Option<Vec<u8>> {
+    let at = records
+        .iter()
+        .position(|r| records.iter().filter(|other| *other == r).count() >= quorum)?;
+    Some(records.swap_remove(at))
 }
