@@ -211,10 +211,10 @@ async fn a_clock_jump_breaks_mutual_exclusion_but_fencing_rejects_the_stale_writ
 }
 
 /// Fresh nodes hold no ledger: the first client makes one and every client keeps them out
-/// for the TTL from then (nothing tells a new node from one restarted empty), saying so in
-/// the no-quorum error; then the lock is granted.
+/// for the TTL from their start (nothing tells a new node from one restarted empty),
+/// saying so in the no-quorum error; then the lock is granted.
 #[tokio::test]
-async fn new_nodes_are_quarantined_for_a_ttl_from_their_first_ledger() {
+async fn new_nodes_are_quarantined_for_a_ttl_from_their_start() {
     let cluster = Cluster::start(3);
     let r = Redlock::builder(cluster.urls())
         .ttl(Duration::from_secs(1))

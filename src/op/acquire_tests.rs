@@ -542,6 +542,22 @@ async fn grants_from_nodes_restarted_within_the_retention_cannot_vouch_next_to_a
     );
 }
 
+/// A client that just started has judged the two restarted nodes, not yet the third
+/// (its connect still under way): the round waits for it, and its late record counts.
+/// Before the doubts were read as the answers came, the first replay acquisition of a new
+/// app instance decided on the two young grants and ran the handler again.
+#[tokio::test(start_paused = true)]
+async fn a_node_not_judged_yet_is_heard_before_young_grants_decide() {
+    let late_record = match record(b"a") {
+        Answer::Now(v) => Answer::Late(Duration::from_millis(20), v),
+        other => other,
+    };
+    let doubts = vec![Whole::Unknown, whole_for(10), whole_for(10)];
+    let s = Setup::with_doubts(vec![vec![late_record, won(), won()]], doubts);
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
+    assert_eq!(unverifiable(&attempt), Some((0, 2)), "{attempt:?}");
+}
+
 /// Restarted nodes, no record anywhere: a new key runs (no evidence it completed; a
 /// record on those two alone is the documented limit of nodes without persistence).
 #[tokio::test(start_paused = true)]

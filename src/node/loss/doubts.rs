@@ -5,10 +5,11 @@
 //!
 //! ```text
 //! node's since later than the oldest node's by over 2 s   -> doubted
+//!   (or a node not judged yet: it may be the oldest)
 //!   another node answered with the name's record           -> vouches only once the retention
 //!                                                             has passed since its since
 //!   no node did                                            -> vouches
-//! anything else (nodes of one age, not judged)             -> vouches
+//! anything else (nodes of one age; itself not judged)      -> vouches
 //! ```
 //!
 //! The rule reads only what the nodes keep (their ledgers), so every app instance gives a
@@ -58,9 +59,11 @@ pub(crate) struct Doubts {
 }
 
 impl Doubts {
-    /// The doubts about nodes whose data is whole as `each` says.
+    /// The doubts about nodes whose data is whole as `each` says. A node not judged yet
+    /// (a client that just started) may be the oldest of all: until it is, every node
+    /// judged is doubted, so the round hears it before it decides.
     pub(crate) fn judge(each: Vec<Whole>) -> Self {
-        let oldest = if each.contains(&Whole::Always) {
+        let oldest = if each.contains(&Whole::Always) || each.contains(&Whole::Unknown) {
             None
         } else {
             each.iter()
@@ -152,5 +155,25 @@ mod tests {
         assert!(!doubts.doubted(0) && doubts.doubted(1) && !doubts.doubted(2));
         assert_eq!(doubts.vouches_in(2, DAY, true, now), S(0));
         assert_eq!(doubts.vouches_in(9, DAY, true, now), S(0), "no such node");
+    }
+
+    /// A client that just started has judged some nodes only: a node not judged yet may
+    /// be the oldest, holding a record the younger ones lost, so they are doubted until
+    /// it answers (then judged, it decides as ever). Nodes none of which is judged (the
+    /// quarantine off) are doubted by no one.
+    #[test]
+    fn a_node_not_judged_yet_may_be_the_oldest() {
+        let now = now();
+        let young = Whole::Since(now - S(10));
+        let doubts = Doubts::judge(vec![Whole::Unknown, young, young]);
+        assert!(!doubts.doubted(0) && doubts.doubted(1) && doubts.doubted(2));
+        assert_eq!(
+            doubts.vouches_in(1, DAY, false, now),
+            S(0),
+            "no record: vouches"
+        );
+        assert_eq!(doubts.vouches_in(1, DAY, true, now), DAY - S(10));
+        let off = Doubts::judge(vec![Whole::Unknown; 3]);
+        assert!((0..3).all(|i| !off.doubted(i)));
     }
 }

@@ -5,15 +5,20 @@
 //!
 //! | the node answers | `INFO` against the ledger | verdict | the ledger |
 //! |---|---|---|---|
-//! | without a ledger (or another program's value) | any | lost everything: `Empty` | new epoch, `since` = now |
-//! | with its ledger | another `run_id`, a process younger than the horizon this client did not know | `Restarted` | `since` = now |
+//! | without a ledger (or another program's value) | any | lost everything: `Empty` | new epoch, `since` = the process's start if younger than the horizon, else now |
+//! | with its ledger | another `run_id`, a process younger than the horizon this client did not know | `Restarted` | `since` = its start |
 //! | with its ledger | another `run_id`, otherwise | `Promoted` (a failover) | `since` = now |
 //! | with its ledger | same `run_id`, another replication id, `master_replid2` set | `Promoted` (demoted and promoted again) | `since` = now |
 //! | with its ledger | same `run_id`, another replication id, `master_replid2` cleared | nothing lost (a replica attached, a backup, the backlog freed) | new replication id |
 //! | with its ledger | same `run_id` and replication id | nothing | unchanged |
 //!
 //! A field `INFO` does not tell (no `run_id` behind some proxies) is not compared: the
-//! epoch still decides. A loss never moves `since` back.
+//! epoch still decides. A loss never moves `since` back. A process younger than the
+//! horizon lost its data at its start at the latest: no client has used it since (each
+//! kept it out for the horizon from a moment no earlier than its start), so a flush since
+//! its start lost nothing that counts, and its quarantine ends a horizon after the
+//! restart, as the Redlock spec's delayed restart asks, whenever a client first reads it.
+//! (A promotion's moment is not in `INFO`: the first read that shows it.)
 //!
 //! ```
 //! // Checked from the outside through `health()`: a node that lost its data shows as
@@ -64,10 +69,11 @@ pub(crate) struct Judgement {
 /// Judges what a node said (see the module docs).
 pub(crate) fn judge(seen: &Seen<'_>) -> Judgement {
     let info = seen.info;
+    let lost_at = lost_at(seen);
     let Some(before) = seen.ledger.and_then(Ledger::parse) else {
         let ledger = Ledger {
             epoch: seen.fresh_epoch.to_owned(),
-            since_ms: seen.now_ms,
+            since_ms: lost_at,
             why: Why::Empty,
             run_id: info.run_id.clone(),
             replid: info.replid.clone(),
@@ -81,7 +87,7 @@ pub(crate) fn judge(seen: &Seen<'_>) -> Judgement {
     let differs = |was: &str, now: &str| !was.is_empty() && !now.is_empty() && was != now;
     let loss = if differs(&before.run_id, &info.run_id) {
         let known = seen.known_run == Some(info.run_id.as_str());
-        Some(if info.uptime < seen.horizon && !known {
+        Some(if young(seen) && !known {
             Why::Restarted
         } else {
             Why::Promoted
@@ -100,7 +106,12 @@ pub(crate) fn judge(seen: &Seen<'_>) -> Judgement {
         ledger.replid.clone_from(&info.replid);
     }
     if let Some(why) = loss {
-        ledger.since_ms = ledger.since_ms.max(seen.now_ms);
+        let at = if why == Why::Restarted {
+            lost_at
+        } else {
+            seen.now_ms
+        };
+        ledger.since_ms = ledger.since_ms.max(at);
         ledger.why = why;
     }
     Judgement {
@@ -108,6 +119,25 @@ pub(crate) fn judge(seen: &Seen<'_>) -> Judgement {
         ledger,
         loss,
     }
+}
+
+/// Whether the server process started less than the horizon ago (by an `INFO` that names
+/// its process: behind a proxy that hides `run_id`, the uptime may be the proxy's).
+fn young(seen: &Seen<'_>) -> bool {
+    !seen.info.run_id.is_empty() && seen.info.uptime < seen.horizon
+}
+
+/// When a server that lost everything, or restarted, lost it: at its start, for a process
+/// younger than the horizon (no client took a lock on it since, each kept it out for the
+/// horizon from a moment no earlier than its start, so a flush since lost nothing that
+/// counts); now otherwise (a flush could have come any time). `uptime_in_seconds` is
+/// rounded down, so the start is late by under a second: the long side.
+fn lost_at(seen: &Seen<'_>) -> u64 {
+    if !young(seen) {
+        return seen.now_ms;
+    }
+    let uptime = u64::try_from(seen.info.uptime.as_millis()).unwrap_or(u64::MAX);
+    seen.now_ms.saturating_sub(uptime)
 }
 
 #[cfg(test)]
@@ -159,12 +189,36 @@ mod tests {
             assert_eq!(j.loss, Some(Why::Empty), "{read:?}");
             assert!(j.write);
             assert_eq!(j.ledger.epoch, "fresh");
-            assert_eq!(j.ledger.since_ms, NOW);
+            assert_eq!(j.ledger.since_ms, NOW, "up for long: flushed any time");
             assert_eq!(
                 (j.ledger.run_id.as_str(), j.ledger.replid.as_str()),
                 ("a", "r")
             );
         }
+    }
+
+    /// A process younger than the horizon lost its data at its start at the latest: no
+    /// client has used it since (each kept it out from a moment no earlier than its start).
+    #[test]
+    fn a_young_process_lost_its_data_at_its_start() {
+        let young = info("a", "r", false, 12);
+        assert_eq!(judged(None, &young).ledger.since_ms, NOW - 12_000);
+        let read = ledger("x", "r", 5);
+        let restarted = judged(Some(&read), &young);
+        assert_eq!(restarted.loss, Some(Why::Restarted));
+        assert_eq!(restarted.ledger.since_ms, NOW - 12_000);
+        // As old as the horizon or older, or an uptime without a run id (a proxy's?): now.
+        assert_eq!(
+            judged(None, &info("a", "r", false, 30)).ledger.since_ms,
+            NOW
+        );
+        assert_eq!(judged(None, &info("", "r", false, 12)).ledger.since_ms, NOW);
+        // A promotion loses what replication had not carried when it happened: now.
+        let promoted = judged(Some(&read), &info("a", "r2", true, 86_400));
+        assert_eq!(promoted.ledger.since_ms, NOW);
+        // Never back.
+        let later = ledger("x", "r", NOW);
+        assert_eq!(judged(Some(&later), &young).ledger.since_ms, NOW);
     }
 
     #[test]
@@ -183,7 +237,7 @@ mod tests {
         let read = ledger("a", "r", 5);
         let young = judged(Some(&read), &info("b", "r2", true, 3));
         assert_eq!(young.loss, Some(Why::Restarted), "reloaded from its file");
-        assert_eq!(young.ledger.since_ms, NOW);
+        assert_eq!(young.ledger.since_ms, NOW - 3_000, "at its start");
         assert!(young.write);
         assert_eq!(young.ledger.run_id, "b");
         assert_eq!(young.ledger.epoch, "e1", "the dataset is the same one");
