@@ -85,7 +85,8 @@ impl Node {
                 .query_async::<Vec<redis::RedisResult<Value>>>(&mut conn),
         )
         .await;
-        let round_trip = start.elapsed();
+        let received = Instant::now();
+        let round_trip = received.saturating_duration_since(start);
         let replies = match replies {
             Ok(Ok(replies)) => replies,
             Ok(Err(e)) => {
@@ -100,7 +101,7 @@ impl Node {
         let read = Read {
             conn: &conn,
             generation,
-            start,
+            received,
             deadline,
         };
         let (result, role) = self.judge_check(replies, judging, read).await;
@@ -167,7 +168,7 @@ impl Node {
         }
         let settling = match LedgerRead::parse(replies.next(), replies.next()) {
             Ok(ledger) => {
-                let settle = self.settle_over(read.conn, &info, ledger, read.start);
+                let settle = self.settle_over(read.conn, &info, ledger, read.received);
                 timeout_at(read.deadline, settle)
                     .await
                     .unwrap_or(Err(NodeError::Timeout))
@@ -238,12 +239,13 @@ impl Node {
     }
 }
 
-/// How a check's replies were read: over which connection (of which generation), sent
-/// when, and by when the check must end.
+/// How a check's replies were read: over which connection (of which generation), when
+/// they arrived (what the node's clock said is at most that old: the long side for a
+/// loss's age), and by when the check must end.
 struct Read<'a> {
     conn: &'a Conn,
     generation: u64,
-    start: Instant,
+    received: Instant,
     deadline: tokio::time::Instant,
 }
 

@@ -258,8 +258,8 @@ struct Seen {
     route: SingleNodeRoutingInfo,
     /// Its ledger's read, with the restart quarantine on.
     read: Option<Result<LedgerRead, NodeError>>,
-    /// When the request was sent.
-    sent: Instant,
+    /// When its reply arrived.
+    received: Instant,
     /// Its clock as of the client's base (see `node::clocks::NodeClocks`), if `INFO server`
     /// told.
     clock: Option<u64>,
@@ -451,7 +451,7 @@ impl Node {
             landed,
             route,
             read,
-            sent,
+            received,
             clock: _,
         } = seen;
         let keys = LedgerKeys::in_slot(&self.settings.key_prefix, m.ledger_slot());
@@ -469,7 +469,7 @@ impl Node {
                     async move { conn.route_command(cmd, route).await }
                 };
                 let length = self.settings.horizon.length();
-                match settle(&keys, (&info, None), read, (sent, length), send).await {
+                match settle(&keys, (&info, None), read, (received, length), send).await {
                     Ok(settled) => Some(settled),
                     Err(e) => {
                         tracing::warn!(node = %self.label, shard = %judged.server, error = %e, "redlock cluster shard's ledger could not be judged");
@@ -521,7 +521,8 @@ impl Node {
             }
         }
         let (replies, route) = answer?;
-        let clock_at = sent + sent.elapsed() / 2;
+        let received = Instant::now();
+        let clock_at = sent + received.saturating_duration_since(sent) / 2;
         let mut replies = replies.into_iter();
         let mut next = || replies.next().unwrap_or(Value::Nil);
         let (server, replication, client_info, lastsave) = (next(), next(), next(), next());
@@ -543,7 +544,7 @@ impl Node {
             landed,
             route,
             read,
-            sent,
+            received,
             clock,
         })
     }

@@ -164,8 +164,10 @@ impl Node {
         let sent = Instant::now();
         let replies: Vec<redis::RedisResult<Value>> =
             handshake_pipe(ledger).query_async(&mut conn).await?;
-        // The server read its clock for `INFO server` between the two.
-        let clock_at = sent + sent.elapsed() / 2;
+        // The server read its clock for `INFO server` between the two; the ledger's age is
+        // measured from the reply's arrival (the long side).
+        let received = Instant::now();
+        let clock_at = sent + received.saturating_duration_since(sent) / 2;
         let replies = Replies::split(replies, ledger.is_some())?;
         let evicting = replies
             .memory
@@ -187,7 +189,7 @@ impl Node {
             // A replica is refused before its ledger counts (see `refusal`).
             Some(_) if info.role != Role::Master && info.role != Role::Unknown => None,
             Some(Err(refused)) => return Ok(Err(refused)),
-            Some(Ok(read)) => match self.settle_over(&conn, &info, read, sent).await {
+            Some(Ok(read)) => match self.settle_over(&conn, &info, read, received).await {
                 Ok(settled) => Some(settled),
                 Err(e) => return Ok(Err(e)),
             },

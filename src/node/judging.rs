@@ -90,9 +90,11 @@ pub(super) fn node_time_ms(info: &ServerInfo) -> u64 {
 /// first, before giving up.
 const SWAPS: usize = 4;
 
-/// Judges `read` (with `info`, and the `run_id` this client knew there, read at
-/// `read_at`, under a horizon of `horizon`) and swaps the node's ledger at `keys` for the
-/// judged one through `send` when it changed.
+/// Judges `read` (with `info`, and the `run_id` this client knew there, whose reply arrived
+/// at `read_at`: the node's clock is at most that old then, the long side for a loss's
+/// age; under a horizon of `horizon`) and swaps the node's ledger at `keys` for the judged
+/// one through `send` when it changed. A swap refused by the server is the ledger's error;
+/// a broken connection is the connection's.
 pub(super) async fn settle<F, Fut>(
     keys: &LedgerKeys,
     (info, known_run): (&ServerInfo, Option<&str>),
@@ -128,7 +130,10 @@ where
         }
         let reply = send(keys.swap(value.as_deref(), &judgement.ledger))
             .await
-            .map_err(|e| ledger_refused(&e.to_string()))?;
+            .map_err(|e| match e.kind() {
+                redis::ErrorKind::Server(_) => ledger_refused(&e.to_string()),
+                _ => NodeError::from(e),
+            })?;
         match loss::ledger::swap_outcome(&reply).map_err(|e| ledger_refused(&e))? {
             None => return Ok(settled(judgement.ledger)),
             Some(current) => value = current,
@@ -142,14 +147,14 @@ where
 }
 
 impl Node {
-    /// Judges `read` (with `info`, sent at `sent`) and swaps the node's ledger over
-    /// `conn` when the verdict changed it (see [`settle`]).
+    /// Judges `read` (with `info`, whose reply arrived at `received`) and swaps the node's
+    /// ledger over `conn` when the verdict changed it (see [`settle`]).
     pub(super) async fn settle_over(
         &self,
         conn: &Conn,
         info: &ServerInfo,
         read: LedgerRead,
-        sent: Instant,
+        received: Instant,
     ) -> Result<Settled, NodeError> {
         self.warn_if_info_hides(info);
         let conn = conn.clone();
@@ -160,7 +165,7 @@ impl Node {
         let length = self.settings.horizon.length();
         let known = self.state().run_id.clone();
         let seen = (info, known.as_deref());
-        settle(&self.ledger, seen, read, (sent, length), send).await
+        settle(&self.ledger, seen, read, (received, length), send).await
     }
 
     /// Keeps a judged read in the node's state (locked by the caller), in `loss` (the

@@ -5,20 +5,22 @@
 //!
 //! | the node answers | `INFO` against the ledger | verdict | the ledger |
 //! |---|---|---|---|
-//! | without a ledger (or another program's value) | any | lost everything: `Empty` | new epoch, `since` = the process's start if younger than the horizon, else now |
-//! | with its ledger | another `run_id`, a process younger than the horizon this client did not know | `Restarted` | `since` = its start |
+//! | without a ledger (or another program's value) | any | lost everything: `Empty` | new epoch, `since` = the process's start if younger than the horizon and never promoted nor reloaded, else now |
+//! | with its ledger | another `run_id`, a process younger than the horizon this client did not know | `Restarted` | `since` = now |
 //! | with its ledger | another `run_id`, otherwise | `Promoted` (a failover) | `since` = now |
 //! | with its ledger | same `run_id`, another replication id, `master_replid2` set | `Promoted` (demoted and promoted again) | `since` = now |
 //! | with its ledger | same `run_id`, another replication id, `master_replid2` cleared | nothing lost (a replica attached, a backup, the backlog freed) | new replication id |
 //! | with its ledger | same `run_id` and replication id | nothing | unchanged |
 //!
 //! A field `INFO` does not tell (no `run_id` behind some proxies) is not compared: the
-//! epoch still decides. A loss never moves `since` back. A process younger than the
-//! horizon lost its data at its start at the latest: no client has used it since (each
-//! kept it out for the horizon from a moment no earlier than its start), so a flush since
-//! its start lost nothing that counts, and its quarantine ends a horizon after the
-//! restart, as the Redlock spec's delayed restart asks, whenever a client first reads it.
-//! (A promotion's moment is not in `INFO`: the first read that shows it.)
+//! epoch still decides. A loss never moves `since` back. A process found empty, younger
+//! than the horizon and never promoted nor reloaded (`master_replid2` cleared) lost its
+//! data at its start at the latest: the same address served the process before it, and no
+//! client has used it since (each kept it out for the horizon from a moment no earlier
+//! than its start), so a flush since its start lost nothing that counts, and its
+//! quarantine ends a horizon after the restart, as the Redlock spec's delayed restart
+//! asks, whenever a client first reads it. Any other loss (a promotion, a reload, a flush
+//! of an older process) is dated by the first read that shows it: `INFO` does not date it.
 //!
 //! ```
 //! // Checked from the outside through `health()`: a node that lost its data shows as
@@ -69,11 +71,10 @@ pub(crate) struct Judgement {
 /// Judges what a node said (see the module docs).
 pub(crate) fn judge(seen: &Seen<'_>) -> Judgement {
     let info = seen.info;
-    let lost_at = lost_at(seen);
     let Some(before) = seen.ledger.and_then(Ledger::parse) else {
         let ledger = Ledger {
             epoch: seen.fresh_epoch.to_owned(),
-            since_ms: lost_at,
+            since_ms: lost_at(seen),
             why: Why::Empty,
             run_id: info.run_id.clone(),
             replid: info.replid.clone(),
@@ -106,12 +107,7 @@ pub(crate) fn judge(seen: &Seen<'_>) -> Judgement {
         ledger.replid.clone_from(&info.replid);
     }
     if let Some(why) = loss {
-        let at = if why == Why::Restarted {
-            lost_at
-        } else {
-            seen.now_ms
-        };
-        ledger.since_ms = ledger.since_ms.max(at);
+        ledger.since_ms = ledger.since_ms.max(seen.now_ms);
         ledger.why = why;
     }
     Judgement {
@@ -127,13 +123,17 @@ fn young(seen: &Seen<'_>) -> bool {
     !seen.info.run_id.is_empty() && seen.info.uptime < seen.horizon
 }
 
-/// When a server that lost everything, or restarted, lost it: at its start, for a process
-/// younger than the horizon (no client took a lock on it since, each kept it out for the
-/// horizon from a moment no earlier than its start, so a flush since lost nothing that
-/// counts); now otherwise (a flush could have come any time). `uptime_in_seconds` is
-/// rounded down, so the start is late by under a second: the long side.
+/// When a server found without its ledger lost what it held: at its start, for a process
+/// younger than the horizon that never took over another's data (`master_replid2`
+/// cleared: not promoted, not reloaded): the same address served the process before it,
+/// which granted nothing after it died, and no client took a lock on this one since (each
+/// kept it out for the horizon from a moment no earlier than its start), so a flush since
+/// lost nothing that counts. Now otherwise: a flush could have come any time, and a
+/// promoted replica lost the old master's writes at its promotion, which `INFO` does not
+/// date. `uptime_in_seconds` is rounded down, so the start is late by under a second: the
+/// long side.
 fn lost_at(seen: &Seen<'_>) -> u64 {
-    if !young(seen) {
+    if !young(seen) || seen.info.promoted {
         return seen.now_ms;
     }
     let uptime = u64::try_from(seen.info.uptime.as_millis()).unwrap_or(u64::MAX);
@@ -197,28 +197,28 @@ mod tests {
         }
     }
 
-    /// A process younger than the horizon lost its data at its start at the latest: no
-    /// client has used it since (each kept it out from a moment no earlier than its start).
+    /// A process younger than the horizon found without a ledger, never promoted nor
+    /// reloaded, lost its data at its start at the latest: the same address served the
+    /// process before it, and no client has used it since (each kept it out from a moment
+    /// no earlier than its start). Any other loss is dated now.
     #[test]
-    fn a_young_process_lost_its_data_at_its_start() {
-        let young = info("a", "r", false, 12);
-        assert_eq!(judged(None, &young).ledger.since_ms, NOW - 12_000);
-        let read = ledger("x", "r", 5);
-        let restarted = judged(Some(&read), &young);
-        assert_eq!(restarted.loss, Some(Why::Restarted));
-        assert_eq!(restarted.ledger.since_ms, NOW - 12_000);
+    fn a_young_fresh_process_without_a_ledger_lost_its_data_at_its_start() {
+        let fresh = info("a", "r", false, 12);
+        assert_eq!(judged(None, &fresh).ledger.since_ms, NOW - 12_000);
         // As old as the horizon or older, or an uptime without a run id (a proxy's?): now.
         assert_eq!(
             judged(None, &info("a", "r", false, 30)).ledger.since_ms,
             NOW
         );
         assert_eq!(judged(None, &info("", "r", false, 12)).ledger.since_ms, NOW);
-        // A promotion loses what replication had not carried when it happened: now.
-        let promoted = judged(Some(&read), &info("a", "r2", true, 86_400));
-        assert_eq!(promoted.ledger.since_ms, NOW);
-        // Never back.
-        let later = ledger("x", "r", NOW);
-        assert_eq!(judged(Some(&later), &young).ledger.since_ms, NOW);
+        // A young replica promoted (or a reload): what it lacks was lost at a moment INFO
+        // does not date.
+        assert_eq!(judged(None, &info("a", "r", true, 12)).ledger.since_ms, NOW);
+        // Another process with the ledger: a reload or a failover, now.
+        let read = ledger("x", "r", 5);
+        let restarted = judged(Some(&read), &fresh);
+        assert_eq!(restarted.loss, Some(Why::Restarted));
+        assert_eq!(restarted.ledger.since_ms, NOW);
     }
 
     #[test]
@@ -237,7 +237,7 @@ mod tests {
         let read = ledger("a", "r", 5);
         let young = judged(Some(&read), &info("b", "r2", true, 3));
         assert_eq!(young.loss, Some(Why::Restarted), "reloaded from its file");
-        assert_eq!(young.ledger.since_ms, NOW - 3_000, "at its start");
+        assert_eq!(young.ledger.since_ms, NOW, "not dated by INFO");
         assert!(young.write);
         assert_eq!(young.ledger.run_id, "b");
         assert_eq!(young.ledger.epoch, "e1", "the dataset is the same one");
