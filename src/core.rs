@@ -234,13 +234,35 @@ pub(crate) enum Accepts {
     /// The lock only.
     Lock,
     /// The lock, or the completion record stored under its key (the layer's replay),
-    /// which lives for `retention`: the lock is held only if a quorum of the nodes that
-    /// granted it can vouch that no record was written within it (see
-    /// `node::Continuity`).
+    /// which lives for `retention`. A record found on fewer than a quorum of nodes, next
+    /// to a quorum of grants, is restored onto them and replayed; without a record, what
+    /// a grant from a node that may have lost the key's record gets is `after_loss`'s
+    /// (see `node::loss::doubts`).
     LockOrRecord {
         /// How long the name's completion record lives.
         retention: Duration,
+        /// What a key gets when nodes that granted may have lost its record.
+        after_loss: AfterLoss,
     },
+}
+
+/// What a replay acquisition does with a key whose record may have been lost: no node
+/// answered with one, but nodes that granted lost data (restarted empty, were flushed,
+/// took over from a failover) within the retention, later than their peers, and may have
+/// held it (without persistence, a record on those nodes alone is gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AfterLoss {
+    /// Run the handler (the default): no instance refuses keys for longer than the
+    /// restart quarantine, and a key whose record was lost with every node that held it
+    /// runs again. Counted (`redlock_replay_unverified_total`) and logged at `debug`.
+    #[default]
+    Run,
+    /// Refuse the key (503 `#replay-unverifiable`, with the time to wait) until a quorum
+    /// of the nodes that grant it have held their data for the whole retention: never a
+    /// second run, at the cost of refusing every new key on those nodes for up to a
+    /// retention after a loss.
+    Refuse,
 }
 
 /// Checks a TTL against the limits and the per-node timeout.

@@ -11,6 +11,8 @@
 //! | `redlock_hold_seconds` | histogram | | from acquisition to release |
 //! | `redlock_lost_total` | counter | `reason`: `extend_failed`, `max_hold`, `max_extensions`, `keep_alive_stopped`, `expired` | guarded locks lost before their release |
 //! | `redlock_replayed_total` | counter | | requests the layer answered from a completion record |
+//! | `redlock_replay_restored_total` | counter | | replay acquisitions that found the key's record on fewer than a quorum of nodes (the others lost it) and restored it onto the nodes that granted, then replayed it |
+//! | `redlock_replay_unverified_total` | counter | | replay acquisitions that ran although nodes that granted may have lost the key's record ([`AfterLoss::Run`](crate::layer::AfterLoss::Run)) |
 //! | `redlock_layer_rejections_total` | counter | `kind`: `busy`, `unavailable`, `bad_request`, `internal`, `key_reused`, `response_not_kept`, `body_too_large` | requests the layer rejected (also those a rejection hook answered), by [`RejectionKind`](crate::layer::RejectionKind) |
 //! | `redlock_fenced_total` | counter | `rounds`: `1` (a quorum accepted the proposal: the acquire round trip only), `2` (phase 2 ran: a read of the counters and phase 2, two more round trips) | fenced acquisitions that got their number, by the way they got it |
 //! | `redlock_held_locks` | gauge | | guarded locks held now (guards, and the layer's locks) |
@@ -70,6 +72,20 @@ pub(crate) fn fenced(rounds: &'static str) {
 pub(crate) fn replayed() {
     #[cfg(feature = "metrics")]
     metrics::counter!("redlock_replayed_total").increment(1);
+}
+
+/// Counts a replay acquisition that found the key's record on fewer than a quorum of nodes
+/// and restored it onto the nodes that granted.
+pub(crate) fn replay_restored() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("redlock_replay_restored_total").increment(1);
+}
+
+/// Counts a replay acquisition that ran although nodes that granted may have lost the
+/// key's record ([`AfterLoss::Run`](crate::layer::AfterLoss::Run)).
+pub(crate) fn replay_unverified() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("redlock_replay_unverified_total").increment(1);
 }
 
 /// Counts a request the layer rejected, by its kind (`RejectionKind::as_str`).

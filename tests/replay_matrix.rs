@@ -1,6 +1,6 @@
 //! Replay that never lies, as a matrix: protocol {HTTP/1, h2, gRPC unary} × response body
-//! {empty, small sized, large sized, over the limit, streamed, behind tower-http's
-//! `CompressionLayer`} × outcome {clean, body error at byte k, client disconnect at byte
+//! {empty, small sized, large sized, over the limit, streamed, streamed with a
+//! `Content-Length` its handler set, behind tower-http's `CompressionLayer`} × outcome {clean, body error at byte k, client disconnect at byte
 //! k, handler panic} × options {replay, replay + `release_on_body_end`}, over a real axum
 //! server, real hyper HTTP/1 and h2 clients (gRPC: unary calls framed by hand over h2,
 //! `content-type: application/grpc`, so the test controls every byte) and three real
@@ -58,6 +58,9 @@ enum Shape {
     Large,
     OverLimit,
     Streamed,
+    /// Streamed (no size hint), its size in a `Content-Length` header the handler set: a
+    /// server stops polling the body once that many bytes are out.
+    Declared,
     Compressed,
 }
 
@@ -76,12 +79,13 @@ enum Opts {
 }
 
 const PROTOS: [Proto; 3] = [Proto::Http1, Proto::H2, Proto::Grpc];
-const SHAPES: [Shape; 6] = [
+const SHAPES: [Shape; 7] = [
     Shape::Empty,
     Shape::Small,
     Shape::Large,
     Shape::OverLimit,
     Shape::Streamed,
+    Shape::Declared,
     Shape::Compressed,
 ];
 const OUTCOMES: [Outcome; 4] = [
@@ -99,6 +103,7 @@ impl Shape {
             Shape::Large => "large",
             Shape::OverLimit => "over",
             Shape::Streamed => "streamed",
+            Shape::Declared => "declared",
             Shape::Compressed => "compressed",
         }
     }
@@ -117,7 +122,7 @@ impl Shape {
             Shape::Small => 100,
             Shape::Large => 100 * 1024,
             Shape::OverLimit => 300 * 1024,
-            Shape::Streamed => 40 * 1024,
+            Shape::Streamed | Shape::Declared => 40 * 1024,
             Shape::Compressed => 64 * 1024,
         }
     }
@@ -126,7 +131,7 @@ impl Shape {
     fn chunk_len(self) -> usize {
         match self {
             Shape::Small => 50,
-            Shape::Streamed => 8 * 1024,
+            Shape::Streamed | Shape::Declared => 8 * 1024,
             _ => 16 * 1024,
         }
     }
@@ -212,6 +217,8 @@ struct CellBody {
     fail: Fail,
     sent: usize,
     trailers: Option<HeaderMap>,
+    /// Like a stream's body: it tells its end only when polled past its last frame.
+    lazy_end: bool,
     /// Tells the test the body is stuck at its gate; counts the bodies dropped.
     stuck: Arc<AtomicUsize>,
     dropped: Arc<AtomicUsize>,
@@ -252,7 +259,10 @@ impl http_body::Body for CellBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty() && self.trailers.is_none() && matches!(self.fail, Fail::None)
+        !self.lazy_end
+            && self.chunks.is_empty()
+            && self.trailers.is_none()
+            && matches!(self.fail, Fail::None)
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -321,10 +331,11 @@ async fn handler(
             .status(StatusCode::CREATED)
             .header("content-type", "application/octet-stream")
             .header("location", "/cells/1");
-        let size = shape
-            .sized()
-            .then(|| chunks.iter().map(|c| c.len() as u64).sum());
-        (size, None)
+        let total: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+        if shape == Shape::Declared {
+            res = res.header("content-length", total);
+        }
+        (shape.sized().then_some(total), None)
     };
     let body = CellBody {
         chunks: chunks.into(),
@@ -332,6 +343,7 @@ async fn handler(
         fail,
         sent: 0,
         trailers,
+        lazy_end: shape == Shape::Declared,
         stuck: Arc::clone(&server.stuck),
         dropped: Arc::clone(&server.dropped),
     };

@@ -1,9 +1,10 @@
-//! Replay across node restarts, over real redis-server nodes and a real axum server: a
-//! finished delivery whose record survives on one node of three while the two others
-//! restart empty is never run again silently (the retry gets the distinct
-//! `#replay-unverifiable` 503, from the client that saw the restarts and from one that
-//! meets the nodes afterwards), until the retention has passed since the restarts; nodes
-//! with an append-only file keep replaying across restarts.
+//! Replay across node restarts, over real redis-server nodes and real axum servers (app
+//! instances): after two of three nodes restart empty, every instance, one that saw the
+//! restarts and one started after them, answers alike once the restart quarantine ends: a
+//! finished delivery whose record survives on the third node is replayed (the record
+//! restored onto the others), a new delivery runs, and no instance answers 503 for longer
+//! than the quarantine. With `AfterLoss::Refuse`, new keys are refused meanwhile instead.
+//! Nodes with an append-only file keep replaying across restarts.
 
 mod support;
 
@@ -17,7 +18,7 @@ use axum::routing::post;
 use http::StatusCode;
 use support::http::{HttpClient, Seen, exchange, http1, serve};
 use support::{Cluster, RedisNode};
-use tower_redlock::layer::{Header, problems};
+use tower_redlock::layer::{AfterLoss, Header, ReplayPolicy, problems};
 use tower_redlock::{Redlock, RedlockLayer};
 
 const ID: &str = "x-delivery-id";
@@ -26,6 +27,15 @@ const RETENTION: Duration = Duration::from_secs(6);
 
 /// A webhook receiver that counts its runs, behind a replaying layer on `redlock`.
 async fn receiver(redlock: Redlock, runs: Arc<AtomicUsize>) -> std::net::SocketAddr {
+    receiver_with(redlock, runs, AfterLoss::Run).await
+}
+
+/// [`receiver`], doing `after_loss` with keys whose record may have been lost.
+async fn receiver_with(
+    redlock: Redlock,
+    runs: Arc<AtomicUsize>,
+    after_loss: AfterLoss,
+) -> std::net::SocketAddr {
     let handler = move || {
         let runs = Arc::clone(&runs);
         async move {
@@ -33,8 +43,9 @@ async fn receiver(redlock: Redlock, runs: Arc<AtomicUsize>) -> std::net::SocketA
             "credited"
         }
     };
-    let layer =
-        RedlockLayer::new(redlock, Header::new(ID).required().structured(false)).replay(RETENTION);
+    let policy = ReplayPolicy::new(RETENTION).after_loss(after_loss);
+    let layer = RedlockLayer::new(redlock, Header::new(ID).required().structured(false))
+        .replay_policy(policy);
     serve(
         Router::new()
             .route("/hook", post(handler))
@@ -62,70 +73,63 @@ fn problem_type(seen: &Seen) -> String {
         .to_owned()
 }
 
-/// Redelivers `id` until the answer is the `#replay-unverifiable` 503 (nodes coming back
-/// answer the other 503s first: unavailable, then the quarantine); the handler never runs
-/// meanwhile. The answer.
-async fn until_unverifiable(
+/// Redelivers `id` to `addr` until the answer is not a 503 (the nodes coming back answer
+/// `#unavailable`, then `#quarantine`), and the handler never runs meanwhile: that answer,
+/// and how long after `since` it came.
+async fn until_answered(
     client: &HttpClient,
     addr: std::net::SocketAddr,
     id: &str,
-    runs: &AtomicUsize,
-) -> Seen {
+    (runs, since): (&AtomicUsize, Instant),
+) -> (Seen, Duration) {
+    let before = runs.load(Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let seen = deliver(client, addr, id).await;
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            1,
-            "the handler ran again: {seen:?}"
-        );
-        assert_eq!(
-            seen.status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "{}",
-            seen.text()
-        );
-        let kind = problem_type(&seen);
-        if kind == problems::REPLAY_UNVERIFIABLE {
-            return seen;
+        if seen.status != StatusCode::SERVICE_UNAVAILABLE {
+            return (seen, since.elapsed());
         }
+        assert_eq!(runs.load(Ordering::SeqCst), before, "{}", seen.text());
+        let kind = problem_type(&seen);
         assert!(
             kind == problems::UNAVAILABLE || kind == problems::QUARANTINE,
             "{kind}: {}",
             seen.text()
         );
-        assert!(
-            Instant::now() < deadline,
-            "no unverifiable answer: {}",
-            seen.text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(Instant::now() < deadline, "still 503: {}", seen.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
+/// Nodes with a 1 s TTL, aged (in service long before the test), and a client over them as
+/// deployed (the restart quarantine on).
+fn client(urls: Vec<String>) -> Redlock {
+    Redlock::builder(urls)
+        .ttl(Duration::from_secs(1))
+        .node_timeout(Duration::from_millis(50))
+        .build()
+        .expect("build")
+}
+
+/// The newcomer's trial: three app instances, two of three nodes restarted empty. Once the
+/// quarantine ends, every instance (both that saw the restarts, and one started after)
+/// replays the finished delivery from the survivor's record and runs new deliveries, and
+/// none answers 503 for longer than the quarantine and a reconnect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_finished_delivery_never_runs_again_after_a_majority_restarted_empty() {
-    let ttl = Duration::from_secs(1);
+async fn every_instance_answers_alike_after_a_majority_restarted_empty() {
     let mut cluster = Cluster::start(3);
     cluster.age_ledgers();
-    // The restart quarantine on, as deployed.
-    let configure = |urls: Vec<String>| {
-        Redlock::builder(urls)
-            .ttl(ttl)
-            .node_timeout(Duration::from_millis(50))
-            .build()
-            .expect("build")
-    };
-    let redlock = configure(cluster.urls());
-    support::warm(&redlock).await;
     let runs = Arc::new(AtomicUsize::new(0));
-    let addr = receiver(redlock, Arc::clone(&runs)).await;
-    let client = http1();
-
-    let first = deliver(&client, addr, "evt-46").await;
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let redlock = client(cluster.urls());
+        support::warm(&redlock).await;
+        instances.push(receiver(redlock, Arc::clone(&runs)).await);
+    }
+    let http = http1();
+    let first = deliver(&http, instances[0], "evt-46").await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.text());
-    let again = deliver(&client, addr, "evt-46").await;
-    assert!(again.replayed(), "replayed before the restarts");
+    assert!(deliver(&http, instances[1], "evt-46").await.replayed());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     let restarted = Instant::now();
@@ -133,44 +137,71 @@ async fn a_finished_delivery_never_runs_again_after_a_majority_restarted_empty()
         cluster.nodes[1].restart();
         cluster.nodes[2].restart();
     });
-    // The client that saw the restarts.
-    let refused = until_unverifiable(&client, addr, "evt-46", &runs).await;
-    let advice: u64 = refused.headers[http::header::RETRY_AFTER]
-        .to_str()
-        .expect("ascii")
-        .parse()
-        .expect("seconds");
-    assert!((1..=RETENTION.as_secs()).contains(&advice), "{advice}");
-    assert!(
-        refused.text().contains("\"kind\":\"unavailable\""),
-        "{}",
-        refused.text()
-    );
-
-    // A client that meets the nodes only now: the record left on node 0 is the evidence.
-    let late_runs = Arc::new(AtomicUsize::new(1));
-    let late = receiver(configure(cluster.urls()), Arc::clone(&late_runs)).await;
-    until_unverifiable(&client, late, "evt-46", &late_runs).await;
-
-    // Once the retention has passed since the restarts, the key is forgotten everywhere
-    // (the surviving record expired too): a delivery runs, as for any expired key.
-    let deadline = Instant::now() + RETENTION + Duration::from_secs(15);
-    loop {
-        let seen = deliver(&client, addr, "evt-46").await;
-        if seen.status == StatusCode::OK {
-            assert!(!seen.replayed());
-            assert!(
-                restarted.elapsed() >= RETENTION,
-                "ran again {:?} after the restarts",
-                restarted.elapsed()
-            );
-            break;
-        }
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "{}", seen.text());
-        assert!(Instant::now() < deadline, "still refused: {}", seen.text());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    instances.push(receiver(client(cluster.urls()), Arc::clone(&runs)).await);
+    for (i, addr) in instances.into_iter().enumerate() {
+        let (seen, after) = until_answered(&http, addr, "evt-46", (&runs, restarted)).await;
+        assert_eq!(seen.status, StatusCode::OK, "instance {i}: {}", seen.text());
+        assert!(
+            seen.replayed(),
+            "instance {i}: the finished delivery replays"
+        );
+        assert_eq!(seen.text(), "credited");
+        assert!(
+            after < Duration::from_secs(4),
+            "instance {i}: 503 for {after:?} after the restarts"
+        );
+        let new = deliver(&http, addr, &format!("evt-new-{i}")).await;
+        assert_eq!(new.status, StatusCode::OK, "instance {i}: {}", new.text());
+        assert!(!new.replayed(), "instance {i}: a new delivery runs");
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        4,
+        "once, then three new deliveries"
+    );
+}
+
+/// Refusing keys whose record may have been lost (`AfterLoss::Refuse`): after the same
+/// restarts, a new key is refused with `#replay-unverifiable` (and the time to wait) on
+/// an instance that saw them and on one started after; the finished key still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusing_after_a_loss_refuses_new_keys_and_still_replays_finished_ones() {
+    let mut cluster = Cluster::start(3);
+    cluster.age_ledgers();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let redlock = client(cluster.urls());
+    support::warm(&redlock).await;
+    let running = receiver_with(redlock, Arc::clone(&runs), AfterLoss::Refuse).await;
+    let http = http1();
+    assert_eq!(
+        deliver(&http, running, "evt-7").await.status,
+        StatusCode::OK
+    );
+    let restarted = Instant::now();
+    tokio::task::block_in_place(|| {
+        cluster.nodes[1].restart();
+        cluster.nodes[2].restart();
+    });
+    let late = receiver_with(client(cluster.urls()), Arc::clone(&runs), AfterLoss::Refuse).await;
+    for addr in [running, late] {
+        let (replayed, _) = until_answered(&http, addr, "evt-7", (&runs, restarted)).await;
+        assert!(replayed.replayed(), "{}", replayed.text());
+        let new = deliver(&http, addr, "evt-8").await;
+        assert_eq!(
+            new.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{}",
+            new.text()
+        );
+        assert_eq!(problem_type(&new), problems::REPLAY_UNVERIFIABLE);
+        let advice: u64 = new.headers[http::header::RETRY_AFTER]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("seconds");
+        assert!((1..=RETENTION.as_secs()).contains(&advice), "{advice}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

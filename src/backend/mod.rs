@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::{Acquired, Released};
+use crate::core::AfterLoss;
 use crate::error::LockError;
 use crate::token::Shared;
 
@@ -49,8 +50,9 @@ impl<T: Clone + Send + Sync + 'static + sealed::Backend> LockBackend for T {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Acquisition {
     /// The lock, or the name's completion record (the layer's replay), which lives this
-    /// long (the replay retention).
-    pub(crate) replay: Option<Duration>,
+    /// long (the replay retention), and what a key gets when nodes that granted may have
+    /// lost its record.
+    pub(crate) replay: Option<(Duration, AfterLoss)>,
     /// One attempt (`None`), or waiting for the name until then.
     pub(crate) until: Option<Instant>,
 }

@@ -34,7 +34,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::core::{Accepts, Fenced, Target};
+use crate::core::{Accepts, AfterLoss, Fenced, Target};
 use crate::error::{ConfigError, LockError};
 use crate::keepalive::Keeper;
 use crate::keepalive::inbox::{Guards, KeepAlive};
@@ -318,18 +318,22 @@ impl Redlock {
     }
 
     /// Acquires `name` for the layer's replay: one attempt, or (with a `deadline`) waiting
-    /// until then. A completion record that a quorum of nodes hold under the key comes
-    /// back as [`Acquired::Record`] instead of a lock; a lock comes back only if a quorum
-    /// of the nodes that granted it can vouch that no record was written within
-    /// `retention` ([`LockError::Unverifiable`] otherwise).
+    /// until then. A completion record that a quorum of nodes hold under the key (or that
+    /// fewer hold, restored onto the nodes that granted) comes back as
+    /// [`Acquired::Record`] instead of a lock; where nodes that granted may have lost the
+    /// key's record, `after_loss` decides ([`LockError::Unverifiable`] when it refuses).
     pub(crate) async fn acquire_or_replay(
         &self,
         name: &[u8],
         ttl: Duration,
-        retention: Duration,
+        (retention, after_loss): (Duration, AfterLoss),
         deadline: Option<Instant>,
     ) -> Result<Acquired, LockError> {
-        let target = self.target(name, ttl, Accepts::LockOrRecord { retention })?;
+        let accepts = Accepts::LockOrRecord {
+            retention,
+            after_loss,
+        };
+        let target = self.target(name, ttl, accepts)?;
         let budget = deadline.map_or_else(RetryBudget::once, RetryBudget::until);
         self.retry(&target, budget).await
     }

@@ -103,12 +103,13 @@ pub enum LockError {
         attempts: u32,
     },
     /// A replay acquisition (the layer's, with [`replay`](crate::RedlockLayer::replay)
-    /// on) got a quorum, but too few of the nodes that granted it can vouch that the name
-    /// has no completion record: they restarted without persistence (or were promoted by
-    /// a failover) within the replay retention, so a record written before may be gone
-    /// from them, while another node still knows of one or this client saw them restart.
-    /// Granting the lock could run the handler a second time for a finished key; the
-    /// layer answers 503 ([`#replay-unverifiable`](crate::layer::problems#replay-unverifiable)).
+    /// on, refusing keys after a loss: [`AfterLoss::Refuse`](crate::layer::AfterLoss))
+    /// got a quorum and found no record, but too few of the nodes that granted it can
+    /// vouch that the name has none: they lost data (restarted empty, were flushed, took
+    /// over in a failover) within the replay retention, later than their peers, so a
+    /// record written before may be gone from them. Granting the lock could run the
+    /// handler a second time for a finished key; the layer answers 503
+    /// ([`#replay-unverifiable`](crate::layer::problems#replay-unverifiable)).
     ///
     /// It ends by itself once enough nodes have held their data for the retention
     /// (`retry_after`). Persistent nodes (`appendonly yes`, with `appendfsync always` for

@@ -80,15 +80,12 @@ impl<B, L: LockBackend> ResponseBody<B, L> {
         }
     }
 
-    /// A response to keep, streaming through `recorder` (`sized`: its size marks its
-    /// last frame).
-    pub(crate) fn recording(body: B, recorder: Recorder<L>, sized: bool) -> Self
-    where
-        B: Body,
-    {
+    /// A response to keep, streaming through `recorder` (`size`: the body's size when
+    /// known, which marks its last data frame).
+    pub(crate) fn recording(body: B, recorder: Recorder<L>, size: Option<u64>) -> Self {
         Self {
             kind: BodyKind::Recording {
-                body: RecordingBody::new(body, recorder, sized),
+                body: RecordingBody::new(body, recorder, size),
             },
         }
     }

@@ -48,11 +48,19 @@ pub(crate) fn recording<B: Body, L: LockBackend>(
 ) -> Recording<B, L> {
     let (parts, body) = res.into_parts();
     // An HTTP body's size marks its last frame (for an HTTP/1 client it ends the
-    // response); a gRPC reply always ends with its trailers.
-    let sized = keep.protocol == Protocol::Http;
+    // response): its exact size hint, or else the `Content-Length` its handler set (a
+    // streamed body's, which a server writes, then stops polling the body); a gRPC reply
+    // always ends with its trailers.
+    let size = (keep.protocol == Protocol::Http)
+        .then(|| {
+            body.size_hint()
+                .exact()
+                .or_else(|| content_length(&parts.headers))
+        })
+        .flatten();
     // An HTTP body that says it has no bytes: a server sends `content-length: 0` and may
     // drop it unpolled. (A gRPC reply's trailers come in its body: it is polled.)
-    let empty = sized && body.size_hint().exact() == Some(0);
+    let empty = size == Some(0);
     let bodiless = head_request
         || empty
         || body.is_end_stream()
@@ -60,15 +68,48 @@ pub(crate) fn recording<B: Body, L: LockBackend>(
             parts.status,
             http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
         );
-    match Recorder::new(&parts, body.size_hint().exact(), guard, keep) {
+    match Recorder::new(&parts, size.or(body.size_hint().exact()), guard, keep) {
         Ok(recorder) if bodiless => Recording::Storing(
             recorder.finish(None),
             Response::from_parts(parts, ResponseBody::inner(body, None)),
         ),
         Ok(recorder) => Recording::Streams(Response::from_parts(
             parts,
-            ResponseBody::recording(body, recorder, sized),
+            ResponseBody::recording(body, recorder, size),
         )),
         Err(guard) => Recording::NotKept(Response::from_parts(parts, body), guard),
+    }
+}
+
+/// The one `Content-Length` of `headers`, if it is one number (several, or a value that is
+/// not one, tells nothing).
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    value.to_str().ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::content_length;
+
+    #[test]
+    fn a_content_length_is_one_number() {
+        let headers = |values: &[&str]| {
+            let mut h = http::HeaderMap::new();
+            for v in values {
+                h.append(http::header::CONTENT_LENGTH, v.parse().expect("a value"));
+            }
+            h
+        };
+        assert_eq!(content_length(&headers(&["12"])), Some(12));
+        assert_eq!(content_length(&headers(&[" 0 "])), Some(0));
+        assert_eq!(content_length(&headers(&[])), None);
+        assert_eq!(content_length(&headers(&["12", "12"])), None);
+        assert_eq!(content_length(&headers(&["-1"])), None);
+        assert_eq!(content_length(&headers(&["ten"])), None);
     }
 }

@@ -101,6 +101,6 @@ pub use replay::body_fingerprint::{
 };
 pub use replay::fingerprint::RequestFingerprint;
 pub use replay::principal::Principal;
-pub use replay::record::{DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};
+pub use replay::record::{AfterLoss, DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};
 pub use scoped::{PerPrincipal, PerRoute};
 pub use service::RedlockService;

@@ -82,11 +82,13 @@
 //!
 //! **The service cannot tell whether this key's request already ran** (`kind`:
 //! `unavailable`; 503, gRPC `UNAVAILABLE`). With replay on, the service keeps each finished
-//! key's response for its retention. Some of its Redis nodes restarted without
-//! persistence (or were promoted by a failover) within that retention, so they may have
-//! lost stored responses, and too few of the others could answer for this key. Rather
-//! than run the handler a possible second time, the service refuses until enough nodes
-//! have held their data for the whole retention. Nothing ran for this request.
+//! key's response for its retention. Some of its Redis nodes lost their data (restarted
+//! without persistence, were flushed, or took over in a failover) within that retention,
+//! so they may have lost stored responses, no node has one for this key, and too few of
+//! the others could answer for it. The service was set to refuse such keys
+//! ([`AfterLoss::Refuse`](crate::layer::AfterLoss::Refuse)) rather than run the handler a
+//! possible second time, until enough nodes have held their data for the whole retention.
+//! Nothing ran for this request.
 //!
 //! *What to do:* retry the same request, with the same key, after `Retry-After` (the
 //! time until enough nodes can answer, capped like the quarantine's: up to

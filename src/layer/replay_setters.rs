@@ -28,8 +28,8 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     /// Makes the layer an idempotency layer: a response the handler finished with is kept
     /// under the lock name for `retention`, and a later request with the same name gets it
     /// back (marked `idempotent-replayed: true`) without running the handler. See
-    /// [`ReplayPolicy`](super::ReplayPolicy) for what is kept (2xx and 4xx except 409/429,
-    /// bodies up to 256 KiB byte for byte) and [`replay_policy`](Self::replay_policy) to
+    /// [`ReplayPolicy`](super::ReplayPolicy) for what is kept (2xx and 4xx except
+    /// 401/403/407/408/409/425/429, bodies up to 256 KiB byte for byte) and [`replay_policy`](Self::replay_policy) to
     /// change it. With an `Idempotency-Key` [`Header`](super::Header) this is the IETF
     /// Idempotency-Key draft's contract (the README has its table): the key is read as a
     /// structured-field string, and rejections are problem documents unless the client
@@ -52,12 +52,13 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     ///
     /// The lookup is part of the acquire round trip. A record written on a quorum is seen
     /// by every later acquirer (any quorum it can take shares a node with the record's).
-    /// If the record reaches fewer nodes, a retry may run the handler again (at least
-    /// once, logged at `warn`). Only a record that a quorum of nodes hold, byte for byte,
-    /// is replayed: a record on fewer nodes, or records that differ from node to node,
-    /// count as the name being held, so the request is busy (409 / `ABORTED`) until they
-    /// expire, or, if it takes the lock on a quorum, runs the handler and records anew; it
-    /// never gets a minority's response.
+    /// Only a record that a quorum of nodes hold, byte for byte, is replayed: a record
+    /// found on fewer nodes next to a quorum of grants (nodes that lost it, or a completion
+    /// that reached too few) is restored onto the granting nodes first; records that
+    /// differ from node to node (two runs) count as the name being held, so the request is
+    /// busy (409 / `ABORTED`) until they expire, or, if it takes the lock on a quorum,
+    /// runs the handler and records anew. What a key gets when nodes that granted may have
+    /// lost its record is the policy's [`after_loss`](super::ReplayPolicy::after_loss).
     ///
     /// **Records live as long as the nodes keep their data.** A node that restarts without
     /// persistence forgets its records. The layer never takes "no record" from a node that

@@ -92,7 +92,10 @@ async fn acquire<L: LockBackend>(
     config: Arc<Config>,
 ) -> Result<(Acquired, Vec<u8>), Denied> {
     let ttl = config.ttl.unwrap_or_else(|| lock.default_ttl());
-    let replay = config.replay.as_ref().map(|policy| policy.retention());
+    let replay = config
+        .replay
+        .as_ref()
+        .map(|policy| (policy.retention(), policy.on_loss()));
     let attempt = |until: Option<Instant>| lock.acquire(&name, ttl, Acquisition { replay, until });
     let first = attempt(None).await;
     let result = match (&first, &config.busy) {

@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::release::{Background, Deletion, Release, Wake};
-use super::set_replies::{SetReplies, agreed_record, count_set_round, doubts_of};
-use crate::core::{Accepts, Core, Fenced, Target, ttl_ms};
+use super::release::{Background, Deletion, Held, Release, Wake, complete_held};
+use super::set_replies::{SetReplies, agreed_record, count_set_round, doubts_of, only_record};
+use crate::core::{Accepts, AfterLoss, Core, Fenced, Target, ttl_ms};
 use crate::error::{LockError, RecordBytes};
 use crate::fencing::{self, CounterAt, Fencing, Number, PhaseOne, PhaseTwo};
 use crate::name::{Resource, new_value};
@@ -193,7 +193,19 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let deadline = core.call_deadline(window.start, ttl, outer);
         let (round, votes, replies) = self.set_round(target, value, ttl, deadline).await;
         *foreign = replies.foreign;
-        let phase_one = self.granted(target, votes, replies)?;
+        let phase_one = match self.granted(target, votes, replies)? {
+            Granted::Lock(phase_one) => phase_one,
+            Granted::Restore { record, holders } => {
+                let landing = round.land().await;
+                let held = Held {
+                    key: &target.resource.key,
+                    value,
+                    foreign: *foreign,
+                    landing: landing.as_ref(),
+                };
+                return Err(self.restore(target, &held, record, holders).await);
+            }
+        };
         let mut fence = None;
         if let Some(mut phase_one) = phase_one {
             fence = self
@@ -232,9 +244,11 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
     }
 
     /// Whether the `SET NX PX` round got the lock: for a fenced target, what phase 1
-    /// learned (for the number). Otherwise the attempt's outcome: the name's completion
-    /// record (when `target` accepts one), busy when a quorum answered and some said
-    /// another client holds the lock, short of nodes otherwise.
+    /// learned (for the number); for a replay acquisition granted by a quorum next to the
+    /// name's record on fewer nodes, that record to restore. Otherwise the attempt's
+    /// outcome: the name's completion record (when `target` accepts one), busy when a
+    /// quorum answered and some said another client holds the lock, short of nodes
+    /// otherwise.
     #[expect(
         clippy::result_large_err,
         reason = "an Attempt that is never Held (the large variant), moved once per miss"
@@ -243,16 +257,11 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         &self,
         target: &Target,
         votes: Votes,
-        replies: SetReplies,
-    ) -> Result<Option<PhaseOne>, Attempt> {
+        mut replies: SetReplies,
+    ) -> Result<Granted, Attempt> {
         let nodes = votes.tally.nodes();
         let records = replies.records.len();
-        if let Accepts::LockOrRecord { retention } = target.accepts
-            && votes.reached()
-        {
-            self.vouched(&replies, retention)?;
-        }
-        if let Some(record) = agreed_record(replies.records, self.core.quorum()) {
+        if let Some(record) = agreed_record(&mut replies.records, self.core.quorum()) {
             // The name's work is done: hand back its record (our SETs are released).
             // An acquisition that wants the lock only finds the name held.
             return Err(match target.accepts {
@@ -269,7 +278,27 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             });
         }
         if votes.reached() {
-            return Ok((target.fenced == Fenced::Yes).then_some(replies.fencing));
+            if let Accepts::LockOrRecord {
+                retention,
+                after_loss,
+            } = target.accepts
+            {
+                // The name's one record on fewer nodes than a quorum (the others lost it,
+                // or a completion reached too few): the work is done, and the record is
+                // its answer; restored onto the nodes that granted, it is replayed.
+                if let Some(record) = only_record(&replies.records) {
+                    return Ok(Granted::Restore {
+                        record,
+                        holders: records,
+                    });
+                }
+                if records == 0 {
+                    self.vouched(&replies, retention, after_loss)?;
+                }
+            }
+            return Ok(Granted::Lock(
+                (target.fenced == Fenced::Yes).then_some(replies.fencing),
+            ));
         }
         let tally = &votes.tally;
         // To a replay acquisition, a record on fewer than a quorum of nodes and no holder
@@ -292,28 +321,40 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         })
     }
 
-    /// Whether a quorum of the nodes that granted a replay acquisition (`replies`) can
-    /// vouch that the name has no completion record written within `retention`: a node
-    /// whose data began later than its peers' within it (see
-    /// [`Doubts`](crate::node::Doubts)) cannot once another node answered with the name's
-    /// record. If not, the miss says when enough of them will.
+    /// What a replay acquisition granted by a quorum, with no record found, does about the
+    /// granting nodes that may have lost the name's record (see
+    /// [`Doubts`](crate::node::Doubts)): with [`AfterLoss::Run`] it runs (counted); with
+    /// [`AfterLoss::Refuse`], unless a quorum of the nodes that granted have held their
+    /// data for the whole `retention`, the miss says when enough of them will.
     #[expect(
         clippy::result_large_err,
         reason = "an Attempt that is never Held (the large variant), moved once per miss"
     )]
-    fn vouched(&self, replies: &SetReplies, retention: Duration) -> Result<(), Attempt> {
+    fn vouched(
+        &self,
+        replies: &SetReplies,
+        retention: Duration,
+        after_loss: AfterLoss,
+    ) -> Result<(), Attempt> {
         let Some(doubts) = &replies.doubts else {
             return Ok(());
         };
-        let quorum = self.core.quorum();
+        let granted = (0..self.core.nodes().count()).filter(|&i| replies.granted.contains(i));
         let now = Instant::now();
-        let evidence = !replies.records.is_empty();
-        let mut waits: Vec<Duration> = (0..self.core.nodes().count())
-            .filter(|&i| replies.granted.contains(i))
-            .map(|i| doubts.vouches_in(i, retention, evidence, now))
+        let mut waits: Vec<Duration> = granted
+            .map(|i| doubts.vouches_in(i, retention, true, now))
             .collect();
+        let quorum = self.core.quorum();
         let vouching = waits.iter().filter(|w| w.is_zero()).count();
         if vouching >= quorum {
+            return Ok(());
+        }
+        if after_loss == AfterLoss::Run {
+            crate::metrics::replay_unverified();
+            tracing::debug!(
+                vouching,
+                "redlock replay acquisition runs although nodes that granted may have lost its record (AfterLoss::Run)"
+            );
             return Ok(());
         }
         waits.sort_unstable();
@@ -324,6 +365,40 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             retry_after: waits.get(quorum.saturating_sub(1)).copied(),
             attempts: 1,
         }))
+    }
+
+    /// Restores the name's `record`, found on `holders` nodes (fewer than a quorum), onto
+    /// the nodes where our value is `held` (a quorum granted): replayed once a quorum
+    /// holds it, short of nodes otherwise (our value then goes with the attempt's release).
+    async fn restore(
+        &self,
+        target: &Target,
+        held: &Held<'_>,
+        record: Vec<u8>,
+        holders: usize,
+    ) -> Attempt {
+        let retention = match target.accepts {
+            Accepts::LockOrRecord { retention, .. } => retention,
+            Accepts::Lock => Duration::ZERO,
+        };
+        let restored = complete_held(self.core, held, &record, retention).await;
+        let quorum = self.core.quorum();
+        if holders.saturating_add(restored) >= quorum {
+            crate::metrics::replay_restored();
+            tracing::info!(
+                found_on = holders,
+                restored_on = restored,
+                "redlock replay found the key's record on fewer than a quorum of nodes: restored onto the nodes that granted, and replayed"
+            );
+            return Attempt::Record(RecordBytes(record));
+        }
+        Attempt::missed(LockError::NoQuorum {
+            needed: quorum,
+            reached: holders.saturating_add(restored),
+            held_elsewhere: 0,
+            failures: Vec::new(),
+            attempts: 1,
+        })
     }
 
     /// The fencing number of an attempt that got its quorum: the proposal when a quorum
@@ -458,6 +533,15 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let round = nodes.send(&request, plan);
         count_set_round(nodes, round, SetReplies::new(proposal, doubts)).await
     }
+}
+
+/// What a `SET NX PX` round that got its quorum leads to.
+enum Granted {
+    /// The lock (for a fenced target, with what phase 1 learned).
+    Lock(Option<PhaseOne>),
+    /// A replay acquisition's record, found on `holders` nodes, to restore onto those
+    /// that granted.
+    Restore { record: Vec<u8>, holders: usize },
 }
 
 /// Releases an acquisition attempt's value in the background if the attempt's future is

@@ -16,7 +16,7 @@ use crate::landing::LandingState;
 use crate::name::CounterSets;
 use crate::node::clocks::NodeClocks;
 use crate::round::InFlight;
-use crate::scripts::{FENCE_SCRIPT, INSPECT_SCRIPT, RECORD_MARKER};
+use crate::scripts::{COMPLETE_SCRIPT, FENCE_SCRIPT, INSPECT_SCRIPT, RECORD_MARKER};
 use redis::Value;
 
 /// One node's answer in a scripted round.
@@ -102,6 +102,7 @@ fn kind(request: &Request<'_>) -> String {
         Request::Script(inv) if inv.script.sha == ACQUIRE_OR_REPLAY_SCRIPT.sha => {
             "set or replay".into()
         }
+        Request::Script(inv) if inv.script.sha == COMPLETE_SCRIPT.sha => "complete".into(),
         Request::Script(_) => "script".into(),
     }
 }
@@ -261,10 +262,23 @@ impl Setup {
 use crate::fencing::Clock;
 use crate::node::{Horizon, Whole};
 
-/// A replay acquisition whose records live a minute.
+/// A replay acquisition whose records live a minute (keys whose record may have been lost
+/// run).
 const REPLAY: Accepts = Accepts::LockOrRecord {
     retention: Duration::from_secs(60),
+    after_loss: AfterLoss::Run,
 };
+
+/// The same, refusing keys whose record may have been lost.
+const STRICT: Accepts = Accepts::LockOrRecord {
+    retention: Duration::from_secs(60),
+    after_loss: AfterLoss::Refuse,
+};
+
+/// A completion stored on a node.
+fn stored() -> Answer {
+    Answer::Now(Value::Int(1))
+}
 
 /// A node whose data is whole since `secs` ago (its ledger's last loss).
 fn whole_for(secs: u64) -> Whole {
@@ -497,24 +511,110 @@ async fn a_dropped_attempt_releases_in_the_background() {
 #[test]
 fn only_a_record_a_quorum_agrees_on_is_replayed() {
     let (a, b) = (b"#record\na".to_vec(), b"#record\nb".to_vec());
-    assert_eq!(agreed_record(vec![a.clone(), b.clone()], 2), None);
-    assert_eq!(agreed_record(vec![a.clone()], 2), None);
+    assert_eq!(agreed_record(&mut vec![a.clone(), b.clone()], 2), None);
+    assert_eq!(agreed_record(&mut vec![a.clone()], 2), None);
     assert_eq!(
-        agreed_record(vec![b.clone(), a.clone(), a.clone()], 2),
+        agreed_record(&mut vec![b.clone(), a.clone(), a.clone()], 2),
         Some(a.clone())
     );
-    assert_eq!(agreed_record(vec![a.clone()], 1), Some(a));
-    assert_eq!(agreed_record(Vec::new(), 1), None);
+    assert_eq!(agreed_record(&mut vec![a.clone()], 1), Some(a.clone()));
+    assert_eq!(agreed_record(&mut Vec::new(), 1), None);
+    assert_eq!(only_record(&[a.clone(), a.clone()]), Some(a.clone()));
+    assert_eq!(only_record(&[a.clone(), b]), None, "two runs' records");
+    assert_eq!(only_record(&[]), None);
 }
 
 /// A finished key's record survives on one node of three; the two others restarted
-/// empty 10 s ago and grant. The lock would run the handler again: refused until the
-/// retention has passed since their restart.
+/// empty 10 s ago and grant. The work is done: the record is restored onto the two (in
+/// place of our value) and replayed, and the handler does not run again.
 #[tokio::test(start_paused = true)]
-async fn grants_from_nodes_restarted_within_the_retention_cannot_vouch_next_to_a_record() {
+async fn a_record_on_a_minority_next_to_a_quorum_of_grants_is_restored_and_replayed() {
     let doubts = vec![old(), whole_for(10), whole_for(10)];
-    let s = Setup::with_doubts(vec![vec![record(b"a"), won(), won()]], doubts);
+    for accepts in [REPLAY, STRICT] {
+        let rounds = vec![
+            vec![record(b"a"), won(), won()],
+            vec![Answer::Silent, stored(), stored()],
+        ];
+        let s = Setup::with_doubts(rounds, doubts.clone());
+        let attempt = s.attempt(accepts, Fenced::No).await;
+        let Attempt::Record(RecordBytes(bytes)) = attempt else {
+            panic!("replayed: {attempt:?}")
+        };
+        assert!(bytes.ends_with(b"a"));
+        assert_eq!(s.sent(), ["set or replay", "complete", "release"]);
+        assert!(s.skipped(1).contains(0), "the record's node is left alone");
+    }
+}
+
+/// Restored onto too few nodes (our value gone from both by then): short of nodes, not
+/// replayed; with one of the two, the record and it make a quorum.
+#[tokio::test(start_paused = true)]
+async fn a_record_restored_onto_too_few_nodes_is_not_replayed() {
+    let gone = || Answer::Now(Value::Int(0));
+    let rounds = vec![
+        vec![record(b"a"), won(), won()],
+        vec![Answer::Silent, stored(), gone()],
+    ];
+    let s = Setup::new(rounds);
+    assert!(matches!(
+        s.attempt(REPLAY, Fenced::No).await,
+        Attempt::Record(_)
+    ));
+    let rounds = vec![
+        vec![record(b"a"), won(), won()],
+        vec![Answer::Silent, gone(), gone()],
+    ];
+    let s = Setup::new(rounds);
     let attempt = s.attempt(REPLAY, Fenced::No).await;
+    let Attempt::Missed { error, .. } = attempt else {
+        panic!("missed: {attempt:?}")
+    };
+    assert!(
+        matches!(
+            error,
+            LockError::NoQuorum {
+                reached: 1,
+                needed: 2,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+}
+
+/// A client that just started has judged the two restarted nodes, not yet the third
+/// (its connect still under way): the round waits for it, and its late record is
+/// restored and replayed. Before the doubts were read as the answers came, the first
+/// replay acquisition of a new app instance decided on the two young grants and ran the
+/// handler again.
+#[tokio::test(start_paused = true)]
+async fn a_node_not_judged_yet_is_heard_before_young_grants_decide() {
+    let late_record = match record(b"a") {
+        Answer::Now(v) => Answer::Late(Duration::from_millis(20), v),
+        other => other,
+    };
+    let doubts = vec![Whole::Unknown, whole_for(10), whole_for(10)];
+    let rounds = vec![
+        vec![late_record, won(), won()],
+        vec![Answer::Silent, stored(), stored()],
+    ];
+    let s = Setup::with_doubts(rounds, doubts);
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
+    assert!(matches!(attempt, Attempt::Record(_)), "{attempt:?}");
+}
+
+/// Restarted nodes, no record anywhere: a new key runs (no evidence it completed; a
+/// record on those two alone is the documented limit of nodes without persistence), or,
+/// refusing such keys, it is refused until the retention has passed since the loss.
+#[tokio::test(start_paused = true)]
+async fn without_a_record_a_key_runs_or_is_refused_as_the_policy_says() {
+    let doubts = vec![old(), whole_for(10), whole_for(10)];
+    let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts.clone());
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
+    assert!(matches!(attempt, Attempt::Held(_)), "{attempt:?}");
+
+    let s = Setup::with_doubts(vec![vec![Answer::Silent, won(), won()]], doubts);
+    let attempt = s.attempt(STRICT, Fenced::No).await;
     let Attempt::Missed { error, .. } = attempt else {
         panic!("missed: {attempt:?}")
     };
@@ -535,106 +635,26 @@ async fn grants_from_nodes_restarted_within_the_retention_cannot_vouch_next_to_a
         "{after:?}"
     );
     assert!(!error.is_retryable());
-    assert_eq!(
-        s.sent(),
-        ["set or replay", "release"],
-        "its grants released"
-    );
 }
 
-/// A client that just started has judged the two restarted nodes, not yet the third
-/// (its connect still under way): the round waits for it, and its late record counts.
-/// Before the doubts were read as the answers came, the first replay acquisition of a new
-/// app instance decided on the two young grants and ran the handler again.
+/// Refusing keys whose record may have been lost: grants from nodes of one age, from
+/// nodes whose loss is older than the retention, or from enough nodes that lost nothing
+/// hold.
 #[tokio::test(start_paused = true)]
-async fn a_node_not_judged_yet_is_heard_before_young_grants_decide() {
-    let late_record = match record(b"a") {
-        Answer::Now(v) => Answer::Late(Duration::from_millis(20), v),
-        other => other,
-    };
-    let doubts = vec![Whole::Unknown, whole_for(10), whole_for(10)];
-    let s = Setup::with_doubts(vec![vec![late_record, won(), won()]], doubts);
-    let attempt = s.attempt(REPLAY, Fenced::No).await;
-    assert_eq!(unverifiable(&attempt), Some((0, 2)), "{attempt:?}");
-}
-
-/// Restarted nodes, no record anywhere: a new key runs (no evidence it completed; a
-/// record on those two alone is the documented limit of nodes without persistence).
-#[tokio::test(start_paused = true)]
-async fn restarted_nodes_vouch_without_a_record_elsewhere() {
-    let doubts = vec![old(), whole_for(10), whole_for(10)];
-    let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts);
-    let attempt = s.attempt(REPLAY, Fenced::No).await;
-    assert!(matches!(attempt, Attempt::Held(_)), "{attempt:?}");
-}
-
-/// `(vouching, granted)` of an attempt refused as unverifiable.
-fn unverifiable(attempt: &Attempt) -> Option<(usize, usize)> {
-    match attempt {
-        Attempt::Missed {
-            error: LockError::Unverifiable {
-                vouching, granted, ..
-            },
-            ..
-        } => Some((*vouching, *granted)),
-        _ => None,
-    }
-}
-
-/// Nodes met younger than their peers (new to the deployment as often as restarted)
-/// vouch, unless another node answers with the name's record, however late within the
-/// round; nodes of one age (a new deployment) vouch whatever the others answer.
-#[tokio::test(start_paused = true)]
-async fn a_possible_loss_counts_only_against_a_record_elsewhere() {
-    let doubts = vec![old(), whole_for(10), whole_for(10)];
-    let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts.clone());
-    let attempt = s.attempt(REPLAY, Fenced::No).await;
-    assert!(matches!(attempt, Attempt::Held(_)), "{attempt:?}");
-
-    let mut late_record = record(b"a");
-    if let Answer::Now(v) = late_record {
-        late_record = Answer::Late(Duration::from_millis(20), v);
-    }
-    let s = Setup::with_doubts(vec![vec![late_record, won(), won()]], doubts);
-    let attempt = s.attempt(REPLAY, Fenced::No).await;
-    assert_eq!(
-        unverifiable(&attempt),
-        Some((0, 2)),
-        "the round waits for the record that answers after the grants: {attempt:?}"
-    );
-
-    let same_age = vec![whole_for(10); 3];
-    let s = Setup::with_doubts(vec![vec![record(b"a"), won(), won()]], same_age);
-    let attempt = s.attempt(REPLAY, Fenced::No).await;
-    assert!(matches!(attempt, Attempt::Held(_)), "{attempt:?}");
-}
-
-/// Next to a record on one node: enough vouching nodes (two old ones), or a restart
-/// longer ago than the retention; and a lock-only acquisition, which never asks.
-#[tokio::test(start_paused = true)]
-async fn enough_vouching_nodes_or_an_old_restart_hold_next_to_a_record() {
+async fn a_strict_replay_holds_where_enough_nodes_vouch() {
     let cases = [
-        (
-            vec![record(b"a"), won(), won()],
-            vec![whole_for(10), old(), old()],
-        ),
-        (
-            vec![record(b"a"), won(), won()],
-            vec![old(), whole_for(61), whole_for(61)],
-        ),
+        vec![whole_for(10); 3],
+        vec![old(), whole_for(61), whole_for(61)],
+        vec![whole_for(10), old(), old()],
     ];
-    for (answers, doubts) in cases {
-        let s = Setup::with_doubts(vec![answers], doubts.clone());
-        let attempt = s.attempt(REPLAY, Fenced::No).await;
+    for doubts in cases {
+        let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts.clone());
+        let attempt = s.attempt(STRICT, Fenced::No).await;
         assert!(
             matches!(attempt, Attempt::Held(_)),
             "{doubts:?}: {attempt:?}"
         );
     }
-    let doubts = vec![old(), whole_for(10), whole_for(10)];
-    let s = Setup::with_doubts(vec![vec![won(), won(), won()]], doubts);
-    let attempt = s.attempt(Accepts::Lock, Fenced::No).await;
-    assert!(matches!(attempt, Attempt::Held(_)), "{attempt:?}");
 }
 
 /// A quorum decides: the round does not wait for a silent node (lock only, or a replay

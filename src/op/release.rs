@@ -261,22 +261,48 @@ pub(crate) async fn complete<N: Nodes + ?Sized>(
     record: &[u8],
     retention: Duration,
 ) -> usize {
+    let held = Held {
+        key: lock.key(),
+        value: lock.value(),
+        foreign: lock.foreign,
+        landing: lock.landing.as_ref(),
+    };
+    complete_held(core, &held, record, retention).await
+}
+
+/// Where a value is held: its key, the value, the nodes that hold another's (skipped) and
+/// its acquisition's landing (a completion waits for the `SET` that lands late).
+pub(crate) struct Held<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) value: &'a str,
+    pub(crate) foreign: NodeMask,
+    pub(crate) landing: Option<&'a Landing>,
+}
+
+/// [`complete`] for a value `held` as it says (a lock, or an acquisition that restores a
+/// record it found on fewer than a quorum of nodes).
+pub(crate) async fn complete_held<N: Nodes + ?Sized>(
+    core: &Core<N>,
+    held: &Held<'_>,
+    record: &[u8],
+    retention: Duration,
+) -> usize {
     let args = [
-        Arg::Bytes(lock.value().as_bytes()),
+        Arg::Bytes(held.value.as_bytes()),
         Arg::Bytes(record),
         Arg::Int(ttl_ms(retention)),
     ];
     let request = Request::Script(Invocation {
         script: &COMPLETE_SCRIPT,
-        keys: &[lock.key()],
+        keys: &[held.key],
         args: &args,
     });
     let plan = Plan {
-        skip: lock.foreign,
+        skip: held.foreign,
         deadline: later(Instant::now(), core.node_timeout()),
         // On the nodes where the acquisition lands late, too.
         purpose: Purpose::Everywhere {
-            after: lock.landing.as_ref(),
+            after: held.landing,
         },
     };
     let nodes = core.nodes();

@@ -128,12 +128,20 @@ pub(super) fn doubts_of<N: Nodes + ?Sized>(nodes: &N) -> Doubts {
 }
 
 /// The record that at least `quorum` of `records` (one per node) are, byte for byte: the
-/// one to replay. Records on fewer nodes, or that differ (two runs that each recorded on a
-/// minority, such as a handler that outlived its lock next to the next holder's), are
-/// never replayed: those nodes count as held by another client.
-pub(super) fn agreed_record(mut records: Vec<Vec<u8>>, quorum: usize) -> Option<Vec<u8>> {
+/// one to replay (taken out of `records`). Records on fewer nodes are replayed only once
+/// restored onto a quorum ([`only_record`]); records that differ (two runs that each
+/// recorded on a minority, such as a handler that outlived its lock next to the next
+/// holder's) never are: those nodes count as held by another client.
+pub(super) fn agreed_record(records: &mut Vec<Vec<u8>>, quorum: usize) -> Option<Vec<u8>> {
     let at = records
         .iter()
         .position(|r| records.iter().filter(|other| *other == r).count() >= quorum)?;
     Some(records.swap_remove(at))
+}
+
+/// The one record all of `records` are, byte for byte, if there is at least one and they
+/// do not differ.
+pub(super) fn only_record(records: &[Vec<u8>]) -> Option<Vec<u8>> {
+    let first = records.first()?;
+    records.iter().all(|r| r == first).then(|| first.clone())
 }

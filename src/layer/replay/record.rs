@@ -34,6 +34,7 @@ use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use super::fingerprint::Fingerprint;
+pub use crate::core::AfterLoss;
 use crate::scripts::RECORD_MARKER;
 
 /// The header that marks a replayed response.
@@ -62,7 +63,63 @@ pub struct ReplayPolicy {
     retention: Duration,
     max_body: usize,
     headers: Vec<HeaderName>,
+    /// HTTP statuses kept besides the default rule, and never kept.
+    statuses: Overrides<StatusCode>,
+    /// gRPC codes kept besides the default rule, and never kept.
+    grpc_codes: Overrides<u16>,
+    after_loss: AfterLoss,
 }
+
+/// Statuses (or codes) a policy keeps besides its default rule, and those it never keeps.
+#[derive(Debug, Clone)]
+struct Overrides<T> {
+    kept: Vec<T>,
+    not_kept: Vec<T>,
+}
+
+impl<T: PartialEq> Overrides<T> {
+    fn new() -> Self {
+        Self {
+            kept: Vec::new(),
+            not_kept: Vec::new(),
+        }
+    }
+
+    /// What the overrides say of `item`, if anything.
+    fn says(&self, item: &T) -> Option<bool> {
+        if self.not_kept.contains(item) {
+            Some(false)
+        } else if self.kept.contains(item) {
+            Some(true)
+        } else {
+            None
+        }
+    }
+
+    fn keep(&mut self, item: T, keep: bool) {
+        self.kept.retain(|k| *k != item);
+        self.not_kept.retain(|k| *k != item);
+        if keep {
+            self.kept.push(item);
+        } else {
+            self.not_kept.push(item);
+        }
+    }
+}
+
+/// The 4xx statuses not kept by default: those a forged or unauthenticated request can
+/// cause (401, 403, 407: the real request with the same key must not get them; 408: an
+/// inner timeout; 425 Too Early: a replayed early-data request) and those worth a retry
+/// (409, 429).
+const NOT_KEPT: [StatusCode; 7] = [
+    StatusCode::UNAUTHORIZED,
+    StatusCode::FORBIDDEN,
+    StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+    StatusCode::REQUEST_TIMEOUT,
+    StatusCode::CONFLICT,
+    StatusCode::TOO_EARLY,
+    StatusCode::TOO_MANY_REQUESTS,
+];
 
 impl ReplayPolicy {
     /// Keeps records for `retention`, bodies up to [`DEFAULT_REPLAY_MAX_BODY`] (256 KiB), and the
@@ -90,7 +147,40 @@ impl ReplayPolicy {
                 header::ETAG,
                 header::LAST_MODIFIED,
             ],
+            statuses: Overrides::new(),
+            grpc_codes: Overrides::new(),
+            after_loss: AfterLoss::default(),
         }
+    }
+
+    /// What a key gets when no node answers with its record but nodes that granted its
+    /// lock may have lost it (they lost data, later than their peers, within the
+    /// retention): [`AfterLoss::Run`] by default (the handler runs, counted), or
+    /// [`AfterLoss::Refuse`] (503 until they have held their data for a retention). A
+    /// record found on any node is replayed either way (restored onto a quorum first).
+    /// Without persistence on the nodes, a record lost with every node that held it
+    /// cannot be told from no record: `Run` then runs the key again, `Refuse` refuses
+    /// every new key on those nodes for up to a retention after each loss. Nodes with
+    /// `appendonly yes` (`appendfsync always`) lose no record in a restart and make the
+    /// choice moot.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::layer::{AfterLoss, ReplayPolicy};
+    ///
+    /// // Payments: never a second charge, even at the cost of refusals after a restart.
+    /// let policy = ReplayPolicy::new(Duration::from_secs(24 * 3600)).after_loss(AfterLoss::Refuse);
+    /// # let _ = policy;
+    /// ```
+    pub fn after_loss(mut self, after_loss: AfterLoss) -> Self {
+        self.after_loss = after_loss;
+        self
+    }
+
+    /// What a key gets when nodes that granted may have lost its record (see
+    /// [`after_loss`](Self::after_loss)).
+    pub(crate) fn on_loss(&self) -> AfterLoss {
+        self.after_loss
     }
 
     /// The largest body kept, byte for byte (default [`DEFAULT_REPLAY_MAX_BODY`], 256 KiB). The
@@ -149,8 +239,13 @@ impl ReplayPolicy {
         self.retention
     }
 
-    /// Whether a response with `status` is kept: 2xx, and 4xx except 409 and 429 (those
-    /// and 5xx are worth a retry, so the next request runs the handler again).
+    /// Whether a response with `status` is kept. By default: 2xx, and 4xx except those a
+    /// forged or unauthenticated request can cause (401, 403, 407: kept, the real request
+    /// that retries with the same key and good credentials would get them; the layer's
+    /// webhook receivers check signatures in front of the lock for the same reason), an
+    /// inner timeout (408), a replayed early-data request (425), and those worth a retry
+    /// (409, 429). 5xx are worth a retry too. [`keep_status`](Self::keep_status) changes
+    /// the rule for one status.
     ///
     /// ```
     /// use std::time::Duration;
@@ -160,21 +255,43 @@ impl ReplayPolicy {
     /// let policy = ReplayPolicy::new(Duration::from_secs(3600));
     /// assert!(policy.keeps(StatusCode::CREATED));
     /// assert!(policy.keeps(StatusCode::UNPROCESSABLE_ENTITY)); // a retry would fail the same way
+    /// assert!(!policy.keeps(StatusCode::UNAUTHORIZED)); // never decides what the real caller gets
     /// assert!(!policy.keeps(StatusCode::CONFLICT)); // busy: a retry may succeed
     /// assert!(!policy.keeps(StatusCode::SERVICE_UNAVAILABLE));
     /// ```
     pub fn keeps(&self, status: StatusCode) -> bool {
-        status.is_success()
-            || (status.is_client_error()
-                && status != StatusCode::CONFLICT
-                && status != StatusCode::TOO_MANY_REQUESTS)
+        self.statuses.says(&status).unwrap_or_else(|| {
+            status.is_success() || (status.is_client_error() && !NOT_KEPT.contains(&status))
+        })
     }
 
-    /// Whether a gRPC reply with status `code` is kept: `OK`, and the statuses a retry
-    /// would only repeat (`INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`,
-    /// `PERMISSION_DENIED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`,
-    /// `UNAUTHENTICATED`). The others (`ABORTED`, the layer's own busy answer, and
-    /// `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `INTERNAL`, ...) are worth a retry.
+    /// Keeps responses with `status` (`keep` true) or never keeps them (false), whatever
+    /// the default rule of [`keeps`](Self::keeps) says: for example 403 where a caller's
+    /// permissions never change within the retention, or 404 where a resource may appear.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::StatusCode;
+    /// use tower_redlock::layer::ReplayPolicy;
+    ///
+    /// let policy = ReplayPolicy::new(Duration::from_secs(3600))
+    ///     .keep_status(StatusCode::FORBIDDEN, true)
+    ///     .keep_status(StatusCode::NOT_FOUND, false);
+    /// assert!(policy.keeps(StatusCode::FORBIDDEN));
+    /// assert!(!policy.keeps(StatusCode::NOT_FOUND));
+    /// ```
+    pub fn keep_status(mut self, status: StatusCode, keep: bool) -> Self {
+        self.statuses.keep(status, keep);
+        self
+    }
+
+    /// Whether a gRPC reply with status `code` is kept. By default: `OK`, and the statuses
+    /// a retry would only repeat (`INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`,
+    /// `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`). Not `UNAUTHENTICATED` and
+    /// `PERMISSION_DENIED` (a forged or unauthenticated call must not decide what the real
+    /// one gets), and not those worth a retry (`ABORTED`, the layer's own busy answer,
+    /// `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `INTERNAL`, ...).
+    /// [`keep_grpc_code`](Self::keep_grpc_code) changes the rule for one code.
     ///
     /// ```
     /// use std::time::Duration;
@@ -183,10 +300,29 @@ impl ReplayPolicy {
     /// let policy = ReplayPolicy::new(Duration::from_secs(3600));
     /// assert!(policy.keeps_grpc(0)); // OK
     /// assert!(policy.keeps_grpc(6)); // ALREADY_EXISTS: a retry would only repeat it
+    /// assert!(!policy.keeps_grpc(16)); // UNAUTHENTICATED: never decides the real call's answer
     /// assert!(!policy.keeps_grpc(14)); // UNAVAILABLE: worth a retry
     /// ```
     pub fn keeps_grpc(&self, code: u16) -> bool {
-        matches!(code, 0 | 3 | 5 | 6 | 7 | 9 | 11 | 12 | 16)
+        self.grpc_codes
+            .says(&code)
+            .unwrap_or(matches!(code, 0 | 3 | 5 | 6 | 9 | 11 | 12))
+    }
+
+    /// Keeps gRPC replies with status `code` (`keep` true) or never keeps them (false),
+    /// whatever the default rule of [`keeps_grpc`](Self::keeps_grpc) says.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::layer::ReplayPolicy;
+    ///
+    /// // PERMISSION_DENIED (7) is final for these callers: keep it.
+    /// let policy = ReplayPolicy::new(Duration::from_secs(3600)).keep_grpc_code(7, true);
+    /// assert!(policy.keeps_grpc(7));
+    /// ```
+    pub fn keep_grpc_code(mut self, code: u16, keep: bool) -> Self {
+        self.grpc_codes.keep(code, keep);
+        self
     }
 
     /// The largest body kept.

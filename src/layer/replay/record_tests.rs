@@ -144,3 +144,34 @@ fn header_counts_are_capped_when_written_and_when_read() {
         Some(RecordError::TooManyHeaders { count: 40_000 })
     );
 }
+
+/// Statuses a forged or unauthenticated request can cause are not kept by default, nor an
+/// inner timeout or a replayed early-data request; the policy changes the rule one status
+/// at a time, the last word winning.
+#[test]
+fn statuses_that_could_poison_are_not_kept_unless_asked() {
+    let policy = ReplayPolicy::new(Duration::from_secs(60));
+    for status in [401, 403, 407, 408, 409, 425, 429, 500, 503] {
+        let status = StatusCode::from_u16(status).unwrap_or_default();
+        assert!(!policy.keeps(status), "{status}");
+    }
+    for status in [200, 201, 204, 400, 404, 410, 422] {
+        let status = StatusCode::from_u16(status).unwrap_or_default();
+        assert!(policy.keeps(status), "{status}");
+    }
+    assert!(
+        !policy.keeps_grpc(7) && !policy.keeps_grpc(16),
+        "PERMISSION_DENIED, UNAUTHENTICATED"
+    );
+    let changed = policy
+        .keep_status(StatusCode::UNAUTHORIZED, true)
+        .keep_status(StatusCode::NOT_FOUND, false)
+        .keep_status(StatusCode::NOT_FOUND, true)
+        .keep_status(StatusCode::CREATED, false)
+        .keep_grpc_code(16, true)
+        .keep_grpc_code(0, false);
+    assert!(changed.keeps(StatusCode::UNAUTHORIZED));
+    assert!(changed.keeps(StatusCode::NOT_FOUND), "the last word wins");
+    assert!(!changed.keeps(StatusCode::CREATED));
+    assert!(changed.keeps_grpc(16) && !changed.keeps_grpc(0));
+}

@@ -62,15 +62,11 @@ struct Recording<L: LockBackend> {
     ended: bool,
 }
 
-impl<B: Body, L: LockBackend> RecordingBody<B, L> {
-    /// `body`, recorded by `recorder` (`sized`: the body's exact size marks its last data
-    /// frame, as it does for an HTTP/1 client).
-    pub(crate) fn new(body: B, recorder: Recorder<L>, sized: bool) -> Self {
-        let size = if sized {
-            body.size_hint().exact()
-        } else {
-            None
-        };
+impl<B, L: LockBackend> RecordingBody<B, L> {
+    /// `body`, recorded by `recorder` (`size`: the body's size, when its exact size hint or
+    /// its response's `Content-Length` tells, marks its last data frame, as it does for an
+    /// HTTP/1 client: a server stops polling the body once it has written that many bytes).
+    pub(crate) fn new(body: B, recorder: Recorder<L>, size: Option<u64>) -> Self {
         Self {
             body,
             rec: Box::new(Recording {
