@@ -267,3 +267,86 @@ async fn nodes_with_an_append_only_file_keep_replaying_across_restarts() {
         let _ = std::fs::remove_dir_all(std::env::temp_dir().join(dir));
     }
 }
+
+/// A response whose record reaches fewer than a quorum of nodes (two of three stop
+/// answering while its body streams) never reaches the client complete: its body fails
+/// before its last bytes. Once the nodes answer again, the retry gets the response back
+/// from the node that has the record (restored onto the others), without a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_whose_record_reaches_too_few_nodes_fails_and_its_retry_replays() {
+    use futures_util::StreamExt;
+    use http_body_util::BodyExt;
+
+    let mut cluster = Cluster::start(3);
+    cluster.age_ledgers();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
+        move || {
+            let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                // The first part at once; the last once the test opens the gate.
+                let parts = futures_util::stream::iter([0, 1]).then(move |i| {
+                    let gate = Arc::clone(&gate);
+                    async move {
+                        if i == 1 {
+                            gate.notified().await;
+                        }
+                        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"credited "))
+                    }
+                });
+                Body::from_stream(parts)
+            }
+        }
+    };
+    let redlock = client(cluster.urls());
+    support::warm(&redlock).await;
+    let layer =
+        RedlockLayer::new(redlock, Header::new(ID).required().structured(false)).replay(RETENTION);
+    let addr = serve(
+        Router::new()
+            .route("/hook", post(handler))
+            .route_layer(layer),
+    )
+    .await;
+    let http = http1();
+    let req = http::Request::post(format!("http://{addr}/hook"))
+        .header(ID, "evt-9")
+        .body(Body::empty())
+        .expect("request");
+    let res = http.request(req).await.expect("response head");
+    let mut body = res.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert_eq!(first.data_ref().map(|d| d.len()), Some(9));
+    tokio::task::block_in_place(|| {
+        cluster.nodes[1].pause();
+        cluster.nodes[2].pause();
+    });
+    gate.notify_one();
+    let mut rest = Ok(());
+    while let Some(frame) = body.frame().await {
+        if let Err(e) = frame {
+            rest = Err(e);
+            break;
+        }
+    }
+    assert!(rest.is_err(), "the body ends with an error, not complete");
+    tokio::task::block_in_place(|| {
+        cluster.nodes[1].resume();
+        cluster.nodes[2].resume();
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let replayed = loop {
+        let seen = deliver(&http, addr, "evt-9").await;
+        if seen.status == StatusCode::OK {
+            break seen;
+        }
+        assert!(Instant::now() < deadline, "{}", seen.text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(replayed.replayed(), "{}", replayed.text());
+    assert_eq!(replayed.text(), "credited credited ");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+}

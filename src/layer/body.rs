@@ -15,6 +15,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::BoxError;
 use super::rejection_hook::{Answer, BoxBody};
 use super::replay::completion::Recorder;
 use super::replay::recording::RecordingBody;
@@ -127,9 +128,13 @@ where
     B: Body,
     L: LockBackend,
     B::Data: From<Bytes>,
+    B::Error: Into<BoxError>,
 {
     type Data = B::Data;
-    type Error = B::Error;
+    /// The inner body's error, boxed, or the replay room's
+    /// [`NotRecorded`](super::NotRecorded) for a kept response whose record reached too
+    /// few nodes.
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -178,8 +183,11 @@ fn poll_holding<B: Body, L: LockBackend>(
     body: Pin<&mut B>,
     held: &mut Option<LockGuard<L>>,
     cx: &mut Context<'_>,
-) -> NextFrame<B::Data, B::Error> {
-    let frame = ready!(body.poll_frame(cx));
+) -> NextFrame<B::Data, BoxError>
+where
+    B::Error: Into<BoxError>,
+{
+    let frame = ready!(body.poll_frame(cx)).map(|f| f.map_err(Into::into));
     let last = match &frame {
         None | Some(Err(_)) => true,
         Some(Ok(f)) => f.is_trailers(),

@@ -115,6 +115,8 @@ pin_project! {
         Storing {
             finishing: Finishing,
             response: Option<Response<ResponseBody<B, L>>>,
+            // What goes out instead if the record reached too few nodes.
+            not_recorded: Option<Response<Answer>>,
         },
         Done,
     }
@@ -237,11 +239,17 @@ where
                 StateProj::Storing {
                     finishing,
                     response,
+                    not_recorded,
                 } => {
-                    ready!(finishing.poll_done(cx));
-                    match response.take() {
-                        Some(response) => Step::Ready(Ok(response)),
-                        None => Step::Next,
+                    let recorded = ready!(finishing.poll_done(cx));
+                    let instead = not_recorded.take().filter(|_| !recorded);
+                    match (instead, response.take()) {
+                        (Some(rejection), _) => {
+                            span.record("outcome", "not_recorded");
+                            Step::Ready(Ok(rejection.map(ResponseBody::answer)))
+                        }
+                        (None, Some(response)) => Step::Ready(Ok(response)),
+                        (None, None) => Step::Next,
                     }
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
@@ -365,9 +373,14 @@ where
             match keeping::recording(res, guard, keep, ctx.head_request) {
                 Recording::Streams(res) => return Step::Ready(Ok(res)),
                 Recording::Storing(finishing, res) => {
+                    let rejection = Rejection::not_recorded(ctx.protocol);
+                    let head = ctx
+                        .head
+                        .map_or_else(|| http::Request::new(()).into_parts().0, |head| *head);
                     state.set(State::Storing {
                         finishing,
                         response: Some(res),
+                        not_recorded: Some(ctx.config.respond(rejection, &head)),
                     });
                     return Step::Next;
                 }

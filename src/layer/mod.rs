@@ -99,8 +99,13 @@ pub use replay::body_fingerprint::{
     BodyFingerprint, BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
     PrefixedBody,
 };
+pub use replay::completion::NotRecorded;
 pub use replay::fingerprint::RequestFingerprint;
 pub use replay::principal::Principal;
 pub use replay::record::{AfterLoss, DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};
+
+/// The error type of [`ResponseBody`]: the inner body's error, boxed (as tower-http's
+/// bodies do), or [`NotRecorded`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub use scoped::{PerPrincipal, PerRoute};
 pub use service::RedlockService;

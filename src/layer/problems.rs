@@ -111,6 +111,21 @@
 //! request ran past the longest hold, the same request will likely run as long again: do
 //! not retry it unchanged.
 //!
+//! # not-recorded
+//!
+//! **The request ran, but its response could not be stored for replay** (`kind`:
+//! `unavailable`; 503, gRPC `UNAVAILABLE`). With replay on, a response goes out only once
+//! its record is on a quorum of the service's Redis nodes, so that a retry gets it back;
+//! this one's record reached too few (nodes failing at that moment), or the lock was lost
+//! before it was stored. (A response with a body is cut short instead, with an error
+//! before its last bytes: the client sees a failed response.) The handler ran: its work is
+//! done.
+//!
+//! *What to do:* retry the same request with the same key, after `Retry-After`. If a node
+//! kept the record, the retry gets this response (the record is restored onto the
+//! others); if none did, the handler runs again, so send the same key only for an
+//! operation that is safe to repeat when that happens.
+//!
 //! # record-unreadable
 //!
 //! **The stored response for this key cannot be read** (`kind`: `unavailable`; 503, gRPC
@@ -201,6 +216,9 @@ pub const QUARANTINE: &str = uri!("quarantine");
 pub const REPLAY_UNVERIFIABLE: &str = uri!("replay-unverifiable");
 /// The `type` of a lock lost while the request ran: see [lost](self#lost).
 pub const LOST: &str = uri!("lost");
+/// The `type` of a response whose record could not be stored: see
+/// [not-recorded](self#not-recorded).
+pub const NOT_RECORDED: &str = uri!("not-recorded");
 /// The `type` of a stored response that cannot be read: see
 /// [record-unreadable](self#record-unreadable).
 pub const RECORD_UNREADABLE: &str = uri!("record-unreadable");
@@ -226,6 +244,7 @@ pub(crate) enum Problem {
     Quarantine,
     ReplayUnverifiable,
     Lost,
+    NotRecorded,
     RecordUnreadable,
     BadRequest,
     Internal,
@@ -237,12 +256,13 @@ pub(crate) enum Problem {
 impl Problem {
     /// Every problem type, for tests.
     #[cfg(test)]
-    pub(crate) const ALL: [Problem; 11] = [
+    pub(crate) const ALL: [Problem; 12] = [
         Problem::Busy,
         Problem::Unavailable,
         Problem::Quarantine,
         Problem::ReplayUnverifiable,
         Problem::Lost,
+        Problem::NotRecorded,
         Problem::RecordUnreadable,
         Problem::BadRequest,
         Problem::Internal,
@@ -259,6 +279,7 @@ impl Problem {
             Problem::Quarantine => QUARANTINE,
             Problem::ReplayUnverifiable => REPLAY_UNVERIFIABLE,
             Problem::Lost => LOST,
+            Problem::NotRecorded => NOT_RECORDED,
             Problem::RecordUnreadable => RECORD_UNREADABLE,
             Problem::BadRequest => BAD_REQUEST,
             Problem::Internal => INTERNAL,
@@ -276,6 +297,7 @@ impl Problem {
             Problem::Quarantine => "The lock service is starting up",
             Problem::ReplayUnverifiable => "The service cannot tell whether this key already ran",
             Problem::Lost => "The lock was lost while the request ran",
+            Problem::NotRecorded => "The request ran, but its response could not be stored",
             Problem::RecordUnreadable => "The stored response cannot be read",
             Problem::BadRequest => "The request cannot be locked as sent",
             Problem::Internal => "The lock layer is misconfigured",

@@ -254,6 +254,21 @@ impl Rejection {
         )
     }
 
+    /// A rejection for a request that ran, whose response has no body to cut short and
+    /// whose record reached too few nodes (replay): 503 / `UNAVAILABLE`, so the client
+    /// retries rather than take an answer a retry would not replay.
+    pub(crate) fn not_recorded(protocol: Protocol) -> Self {
+        Self::new(
+            RejectionKind::Unavailable,
+            "the request ran, but its response could not be stored for replay; retry with the \
+             same key"
+                .to_owned(),
+            protocol,
+            None,
+        )
+        .with_problem(Problem::NotRecorded)
+    }
+
     /// A rejection for a request whose name has a completion record that cannot be read
     /// (replay): 503 / `UNAVAILABLE`, until the record expires or is removed.
     pub(crate) fn unreadable_record(protocol: Protocol) -> Self {

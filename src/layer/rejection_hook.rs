@@ -37,7 +37,7 @@ use pin_project_lite::pin_project;
 use super::reject::Rejection;
 
 /// A boxed error, as in tower and axum.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use super::BoxError;
 
 /// A hook's body, boxed.
 pub(crate) type BoxBody = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>;

@@ -43,36 +43,40 @@ use crate::guard::LockGuard;
 use crate::layer::reject::Protocol;
 
 /// Stores `record` where `guard`'s lock is held, keeping it for `retention`, then releases
-/// the lock. A lock that is no longer held (lost, or its validity ran out, as with a
-/// handler that outlived its TTL without extension) gets no record, only the release:
-/// another request may hold the name by now and write its own, and two records for one
-/// name must not come from two runs. The caller disarms the guard once the future is done.
+/// the lock: whether a quorum of nodes holds the record. A lock that is no longer held
+/// (lost, or its validity ran out, as with a handler that outlived its TTL without
+/// extension) gets no record, only the release: another request may hold the name by now
+/// and write its own, and two records for one name must not come from two runs. The
+/// caller disarms the guard once the future is done.
 pub(crate) fn store_then_release<L: LockBackend>(
     guard: &mut LockGuard<L>,
     lock: &L,
     record: Vec<u8>,
     retention: Duration,
-) -> BoxFuture<'static, ()> {
+) -> BoxFuture<'static, bool> {
     let lock = lock.clone();
     let shared = Arc::clone(guard.shared());
     // Stops the extensions first: from here on the validity only runs down.
     let release = guard.release_future();
     Box::pin(async move {
-        if shared.is_held() {
+        let recorded = if shared.is_held() {
             let stored = lock.complete(shared, record, retention).await;
             if stored.on < stored.needed {
                 tracing::warn!(
                     stored = stored.on,
                     needed = stored.needed,
-                    "redlock layer stored the completion record on too few nodes: a retry may run the handler again"
+                    "redlock layer stored the completion record on too few nodes: the response ends with an error, and a retry gets the record restored or runs the handler again"
                 );
             }
+            stored.on >= stored.needed
         } else {
             tracing::warn!(
-                "redlock layer: the lock was lost before the response was recorded; no completion record (a retry runs the handler again)"
+                "redlock layer: the lock was lost before the response was recorded; no completion record (the response ends with an error, and a retry runs the handler again)"
             );
-        }
+            false
+        };
         let _ = release.await;
+        recorded
     })
 }
 
@@ -168,12 +172,15 @@ impl<L: LockBackend> Recorder<L> {
                 let release = guard.release_future();
                 Box::pin(async move {
                     let _ = release.await;
+                    // Not kept: nothing to wait for.
+                    true
                 })
             }
         };
         Finishing::start(async move {
-            work.await;
+            let recorded = work.await;
             guard.disarm();
+            recorded
         })
     }
 
@@ -252,27 +259,49 @@ impl GrpcFrames {
 /// A record being stored and the lock released, on a task of its own (or, outside a
 /// tokio runtime, polled by the body).
 pub(crate) enum Finishing {
-    Task(tokio::task::JoinHandle<()>),
-    Inline(BoxFuture<'static, ()>),
+    Task(tokio::task::JoinHandle<bool>),
+    Inline(BoxFuture<'static, bool>),
 }
 
 impl Finishing {
-    fn start(work: impl Future<Output = ()> + Send + 'static) -> Self {
+    fn start(work: impl Future<Output = bool> + Send + 'static) -> Self {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => Self::Task(runtime.spawn(work)),
             Err(_) => Self::Inline(Box::pin(work)),
         }
     }
 
-    /// Whether the work is done.
-    pub(crate) fn poll_done(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// Whether the work is done, and then whether the response may go out complete: its
+    /// record is on a quorum of nodes (or it was not to be kept after all).
+    pub(crate) fn poll_done(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
         match self {
-            // A task that panicked or was cancelled (its runtime shut down) is done too.
-            Self::Task(task) => Pin::new(task).poll(cx).map(drop),
+            // A task that panicked or was cancelled (its runtime shut down) stored nothing
+            // it could vouch for.
+            Self::Task(task) => Pin::new(task).poll(cx).map(|done| done.unwrap_or(false)),
             Self::Inline(work) => work.as_mut().poll(cx),
         }
     }
 }
+
+/// The error a kept response's body ends with instead of its last frame when its record
+/// did not reach a quorum of nodes (or the lock was lost before it was stored): the client
+/// sees a failed response, never a complete answer a retry would not replay. A retry
+/// with the same key gets the record restored from the nodes that have it, or runs the
+/// handler again if none has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct NotRecorded;
+
+impl std::fmt::Display for NotRecorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "the response's completion record reached too few nodes: the response is cut \
+             short so that the client retries",
+        )
+    }
+}
+
+impl std::error::Error for NotRecorded {}
 
 #[cfg(test)]
 mod tests {

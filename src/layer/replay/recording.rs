@@ -1,14 +1,15 @@
 //! A kept response that streams through its [`Recorder`]: its frames pass on as they
 //! come; its last frame (the last data frame of a body whose end is known, or its
 //! trailers), or else the end of the stream, waits until the record is stored and the
-//! lock released. So a client never sees a complete response whose record is not yet
-//! stored, and a body that fails or is dropped before its end (the client went away)
-//! leaves no record; the client sees the failure as a failure, since the body is passed
-//! on as it is.
+//! lock released. So a client never sees a complete response whose record is not stored:
+//! a record that reached fewer than a quorum of nodes (or a lock lost before it was
+//! stored) ends the body with [`NotRecorded`] instead of its last frame. A body that
+//! fails or is dropped before its end (the client went away) leaves no record; the client
+//! sees the failure as a failure, since the body is passed on as it is.
 //!
 //! ```text
 //! data, data, ... -> (copied) -> last data / trailers / end -> store the record
-//!                 -> release -> last frame out
+//!                 -> release -> on a quorum? last frame out : error (NotRecorded)
 //! error, or dropped before the end -> no record, release in the background
 //! ```
 //!
@@ -33,8 +34,9 @@ use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::completion::{Finishing, Recorder};
+use super::completion::{Finishing, NotRecorded, Recorder};
 use crate::backend::LockBackend;
+use crate::layer::BoxError;
 
 pin_project! {
     /// A kept response's body, being recorded.
@@ -110,9 +112,10 @@ where
     B: Body,
     L: LockBackend,
     B::Data: From<Bytes>,
+    B::Error: Into<BoxError>,
 {
     type Data = B::Data;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -122,8 +125,12 @@ where
         let rec = &mut **this.rec;
         loop {
             if let Some(finishing) = rec.finishing.as_mut() {
-                ready!(finishing.poll_done(cx));
+                let recorded = ready!(finishing.poll_done(cx));
                 rec.finishing = None;
+                if !recorded {
+                    rec.held = None;
+                    return Poll::Ready(Some(Err(Box::new(NotRecorded))));
+                }
             }
             if let Some(frame) = rec.held.take() {
                 return Poll::Ready(Some(Ok(frame.map_data(B::Data::from))));
@@ -140,7 +147,7 @@ where
                     // No record; dropping the recorder releases in the background.
                     rec.ended = true;
                     rec.recorder = None;
-                    return Poll::Ready(Some(Err(e)));
+                    return Poll::Ready(Some(Err(e.into())));
                 }
                 Some(Ok(frame)) => frame,
             };
