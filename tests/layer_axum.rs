@@ -1527,6 +1527,111 @@ async fn with_replay_a_record_with_absurdly_many_headers_is_503_not_a_panic() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// An app that authenticates by session cookie names its caller with `Caller::cookie`:
+/// another session that sends the same key gets 422, never the first session's response,
+/// and with `PerPrincipal` each session's keys are its own (without a source, both
+/// sessions were one caller: the second got the first's response).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_caller_named_by_its_session_cookie_is_told_apart() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        move || {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move { (http::StatusCode::CREATED, format!("run {run}")) }
+        }
+    };
+    let session = || tower_redlock::layer::Caller::cookie("session");
+    let shared = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER).required())
+        .fencing(false)
+        .replay(Duration::from_secs(60))
+        .caller(session());
+    let scoped = RedlockLayer::new(
+        redlock(&cluster).await,
+        tower_redlock::layer::PerPrincipal::new(Header::new(KEY_HEADER).required()),
+    )
+    .fencing(false)
+    .replay(Duration::from_secs(60))
+    .caller(session());
+    let app = Router::new()
+        .route("/hook", post(handler.clone()).route_layer(shared))
+        .route("/scoped", post(handler).route_layer(scoped));
+    let addr = serve(app).await;
+    let client = http1();
+    let as_session = |path: &'static str, cookie: &'static str| {
+        let mut req = post_req(addr, path, Some((KEY_HEADER, "1")));
+        req.headers_mut()
+            .insert(http::header::COOKIE, http::HeaderValue::from_static(cookie));
+        req
+    };
+    let alice = send(&client, as_session("/hook", "theme=dark; session=alice")).await;
+    assert_eq!((alice.status.as_u16(), alice.body.as_str()), (201, "run 1"));
+    let bob = send(&client, as_session("/hook", "session=bob")).await;
+    assert_eq!(bob.status, 422, "bob got {:?}", bob.body);
+    let again = send(&client, as_session("/hook", "session=alice; theme=light")).await;
+    assert_eq!((again.status.as_u16(), again.body.as_str()), (201, "run 1"));
+    assert!(again.replayed());
+
+    let alice = send(&client, as_session("/scoped", "session=alice")).await;
+    let bob = send(&client, as_session("/scoped", "session=bob")).await;
+    assert_eq!(
+        (alice.body.as_str(), bob.body.as_str()),
+        ("run 2", "run 3"),
+        "each session runs its own request"
+    );
+    let again = send(&client, as_session("/scoped", "session=bob")).await;
+    assert_eq!((again.body.as_str(), again.replayed()), ("run 3", true));
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+/// A request that failed authentication does not decide what the authenticated retry
+/// with the same key gets: its 401 is not kept, so the retry with a valid token runs and
+/// its 201 is kept (a kept 401 made the retry, another caller by its token, a 422).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replay_a_401_is_not_kept_and_the_authenticated_retry_runs() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        move |headers: http::HeaderMap| {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                match headers.get(http::header::AUTHORIZATION) {
+                    Some(token) if token == "Bearer fresh" => {
+                        (http::StatusCode::CREATED, format!("run {run}"))
+                    }
+                    _ => (http::StatusCode::UNAUTHORIZED, "token expired".to_owned()),
+                }
+            }
+        }
+    };
+    let layer = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER).required())
+        .fencing(false)
+        .replay(Duration::from_secs(60));
+    let addr = serve(Router::new().route("/pay", post(handler).route_layer(layer))).await;
+    let client = http1();
+    let with_token = |token: &'static str| {
+        let mut req = post_req(addr, "/pay", Some((KEY_HEADER, "7")));
+        req.headers_mut().insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static(token),
+        );
+        req
+    };
+    let expired = send(&client, with_token("Bearer expired")).await;
+    assert_eq!(expired.status, 401);
+    let fresh = send(&client, with_token("Bearer fresh")).await;
+    assert_eq!(
+        (fresh.status.as_u16(), fresh.body.as_str()),
+        (201, "run 2"),
+        "the authenticated retry runs"
+    );
+    let again = send(&client, with_token("Bearer fresh")).await;
+    assert_eq!((again.body.as_str(), again.replayed()), ("run 2", true));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
 /// With `PerPrincipal`, each caller's idempotency keys are its own (as Stripe scopes them
 /// to the account): another caller with the same key runs its own request, and each
 /// caller's retries get its own response back.

@@ -15,7 +15,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::BoxError;
+use super::rejection_hook::BoxError;
 use super::rejection_hook::{Answer, BoxBody};
 use super::replay::completion::Recorder;
 use super::replay::recording::RecordingBody;

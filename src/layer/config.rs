@@ -26,6 +26,7 @@ use http::Response;
 use http::request::Parts;
 use tokio::sync::Semaphore;
 
+use super::caller::Caller;
 use super::namespace::Namespace;
 use super::problem::Format;
 use super::reject::Rejection;
@@ -108,6 +109,8 @@ pub(crate) struct Config {
     pub(crate) retry_after_cap: Duration,
     /// What comes before each lock name the layer takes.
     pub(crate) namespace: Namespace,
+    /// Where the caller comes from when no `Principal` is in a request's extensions.
+    pub(crate) caller: Option<Caller>,
 }
 
 impl Config {
@@ -153,6 +156,7 @@ impl fmt::Debug for Config {
             .field("replay", &self.replay)
             .field("retry_after_cap", &self.retry_after_cap)
             .field("namespace", &self.namespace)
+            .field("caller", &self.caller)
             .finish()
     }
 }

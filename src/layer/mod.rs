@@ -57,6 +57,7 @@
 mod body;
 mod body_key;
 mod body_mode;
+mod caller;
 mod config;
 pub mod extract;
 mod extract_fn;
@@ -86,6 +87,7 @@ pub use crate::tonic_token::LockTokenExt;
 pub use body::ResponseBody;
 pub use body_key::{BodyKey, DEFAULT_BODY_KEY_LIMIT};
 pub use body_mode::BodyMode;
+pub use caller::Caller;
 pub use config::WaitPolicy;
 pub use extract::{
     ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, RequestHead,
@@ -94,7 +96,7 @@ pub use extract::{
 pub use future::ResponseFuture;
 pub use grpc_methods::GrpcMethods;
 pub use reject::{Protocol, Rejection, RejectionKind};
-pub use rejection_hook::IntoRejectionResponse;
+pub use rejection_hook::{BoxError, IntoRejectionResponse};
 pub use replay::body_fingerprint::{
     BodyFingerprint, BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
     PrefixedBody,
@@ -104,8 +106,5 @@ pub use replay::fingerprint::RequestFingerprint;
 pub use replay::principal::Principal;
 pub use replay::record::{AfterLoss, DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};
 
-/// The error type of [`ResponseBody`]: the inner body's error, boxed (as tower-http's
-/// bodies do), or [`NotRecorded`].
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub use scoped::{PerPrincipal, PerRoute};
 pub use service::RedlockService;

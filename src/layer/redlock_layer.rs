@@ -20,6 +20,7 @@ use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
 use super::body_mode::BodyMode;
+use super::caller::Caller;
 use super::config::{BusyPolicy, Config, ReleaseOn, WaitPolicy};
 use super::namespace::Namespace;
 use super::reject::Rejection;
@@ -88,6 +89,7 @@ impl<E, L: LockBackend> RedlockLayer<E, NoBodyFingerprint, L> {
                 replay: None,
                 retry_after_cap: super::reject::DEFAULT_RETRY_AFTER_CAP,
                 namespace: Namespace::from_extractor(),
+                caller: None,
             }),
         }
     }
@@ -313,6 +315,32 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     /// ```
     pub fn retry_after_cap(mut self, cap: Duration) -> Self {
         self.config().retry_after_cap = cap;
+        self
+    }
+
+    /// Where the caller of a request comes from when no [`Principal`](super::Principal)
+    /// is in its extensions (default: the `Authorization` header): a header, a cookie, or
+    /// a function of the request's head (see [`Caller`]). The caller counts in the replay
+    /// fingerprint (another caller's request with the same key gets 422) and scopes names
+    /// wrapped in [`PerPrincipal`](super::PerPrincipal). Apps that authenticate by session
+    /// cookie, API-key header or client certificate set it, or the layer tells their
+    /// callers apart only by `Authorization`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::{Caller, Header};
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key").required())
+    ///     .replay(Duration::from_secs(24 * 3600))
+    ///     .caller(Caller::cookie("session"));
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn caller(mut self, source: Caller) -> Self {
+        self.config().caller = Some(source);
         self
     }
 

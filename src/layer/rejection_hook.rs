@@ -37,9 +37,12 @@ use pin_project_lite::pin_project;
 use super::reject::Rejection;
 
 /// A boxed error, as in tower and axum.
-use super::BoxError;
 
 /// A hook's body, boxed.
+/// The error type of [`ResponseBody`](super::ResponseBody): the inner body's error, boxed
+/// (as tower-http's bodies do), or [`NotRecorded`](super::NotRecorded).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 pub(crate) type BoxBody = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>;
 
 /// A rejection's answer: the default (or a replayed) body, or a hook's. Public only so

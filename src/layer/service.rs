@@ -132,7 +132,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        super::caller::insert_caller(self.config.caller.as_ref(), &mut req);
         let protocol = Protocol::of(&req);
         if self.extractor.body_limit().is_some() {
             return self.cannot_read_body(&req, protocol);
@@ -176,7 +177,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        super::caller::insert_caller(self.config.caller.as_ref(), &mut req);
         let protocol = Protocol::of(&req);
         if let Some(limit) = self.extractor.body_limit() {
             return self.named_by_body(req, protocol, limit);

@@ -1,7 +1,8 @@
 //! Who sent a request, for idempotent replay: a stored response is only ever for the
 //! caller that sent the first request. The caller is the [`Principal`] your
-//! authentication middleware put into the request extensions, or else the request's
-//! `Authorization` header. Only a SHA-256 of it is used (in the request fingerprint, and
+//! authentication middleware put into the request extensions, or the one the layer's
+//! [`Caller`](crate::layer::Caller) source names (a session cookie, an API-key header, a
+//! client certificate), or else the request's `Authorization` header. Only a SHA-256 of it is used (in the request fingerprint, and
 //! by [`PerPrincipal`](crate::layer::PerPrincipal) in lock names); the credential itself is never
 //! stored or logged.
 //!
