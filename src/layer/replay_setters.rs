@@ -61,15 +61,16 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     /// lost its record is the policy's [`after_loss`](super::ReplayPolicy::after_loss).
     ///
     /// **Records live as long as the nodes keep their data.** A node that restarts without
-    /// persistence forgets its records. The layer never takes "no record" from a node that
-    /// may have lost them within `retention` (one this client saw restart empty, or one
-    /// that started, restarted or was promoted within it, later than its peers, while
-    /// another node still holds the key's record): when fewer than a quorum of the nodes that granted can vouch,
-    /// the request gets a 503 of its own
-    /// ([`#replay-unverifiable`](super::problems#replay-unverifiable)) instead of a second
-    /// run, until enough nodes have held their data for the retention. Persistent nodes
-    /// (`appendonly yes`, `appendfsync always`) avoid it; the README's replay section and
-    /// `docs/reliability.md` give the rule and its limits.
+    /// persistence, or is flushed, forgets its records; what it lost is kept on the nodes
+    /// (see [`RedlockBuilder::check_interval`](crate::RedlockBuilder::check_interval)), so
+    /// every app instance answers alike: a record found on any node next to a quorum of
+    /// grants is restored and replayed, and a key with no record anywhere runs once the
+    /// restart quarantine ends (or, with
+    /// [`AfterLoss::Refuse`](super::AfterLoss::Refuse), gets 503
+    /// [`#replay-unverifiable`](super::problems#replay-unverifiable) until a quorum of the
+    /// granting nodes have held their data for the retention). Persistent nodes
+    /// (`appendonly yes`, `appendfsync always`) lose nothing; the README's replay section
+    /// and `docs/reliability.md` give the rule and its limits.
     ///
     /// gRPC: a unary reply (one message, its status kept by
     /// [`ReplayPolicy::keeps_grpc`](super::ReplayPolicy::keeps_grpc)) is replayed with its
@@ -85,7 +86,8 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     /// they take any body); [`without_body_fingerprint`](RedlockLayer::without_body_fingerprint)
     /// keeps the request's own body type. The caller is the
     /// [`Principal`](super::Principal) your authentication middleware put into the request
-    /// extensions, or else (a hash of) the `Authorization` header: another caller that
+    /// extensions, or the one the layer's [`caller`](Self::caller) source names (a session
+    /// cookie, an API-key header), or else (a hash of) the `Authorization` header: another caller that
     /// sends the same key never gets the first caller's response. Wrap the extractor in
     /// [`PerPrincipal`](super::PerPrincipal) to scope keys to the caller instead (each
     /// caller then runs its own request).
