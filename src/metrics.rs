@@ -18,6 +18,7 @@
 //! | `redlock_held_locks` | gauge | | guarded locks held now (guards, and the layer's locks) |
 //! | `redlock_waiting` | gauge | | lock calls waiting in a queue for a busy name |
 //! | `redlock_quarantined_nodes` | gauge | | nodes in the restart quarantine (as last seen by a call) |
+//! | `redlock_nodes_without_aof` | gauge | | nodes whose `INFO persistence` said `aof_enabled:0` at their last connect or check: a restart loses their lock keys and replay records |
 //!
 //! Lock names and values are never labels.
 //!
@@ -102,6 +103,7 @@ pub(crate) enum Gauge {
     HeldLocks,
     Waiting,
     QuarantinedNodes,
+    NodesWithoutAof,
 }
 
 /// Which way a gauge moves.
@@ -119,6 +121,7 @@ pub(crate) fn gauge(gauge: Gauge, to: Move) {
             Gauge::HeldLocks => "redlock_held_locks",
             Gauge::Waiting => "redlock_waiting",
             Gauge::QuarantinedNodes => "redlock_quarantined_nodes",
+            Gauge::NodesWithoutAof => "redlock_nodes_without_aof",
         };
         match to {
             Move::Up => metrics::gauge!(name).increment(1.0),

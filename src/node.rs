@@ -52,6 +52,7 @@ mod connect;
 mod handshake;
 mod judging;
 pub(crate) mod loss;
+mod persistence;
 mod renewals;
 mod resend;
 mod resp;
@@ -207,6 +208,8 @@ struct NodeState {
     same_server_as: Option<String>,
     /// The server's version, from the last connect that could read it.
     version: Option<String>,
+    /// Whether the server keeps an append-only file, as its `INFO persistence` last said.
+    append_only: Option<bool>,
 }
 
 /// One Redis master.
@@ -229,6 +232,8 @@ pub(crate) struct Node {
     eviction_warned: AtomicBool,
     /// That `INFO` tells no `run_id` or role was warned about.
     info_warned: AtomicBool,
+    /// That the node keeps no append-only file was warned about (to a replay).
+    aof_warned: AtomicBool,
     /// The background check runs (see [`check`]).
     watched: AtomicBool,
     /// Where the node's ledger and horizon are.
@@ -265,6 +270,7 @@ impl Node {
                 run_id: None,
                 same_server_as: None,
                 version: None,
+                append_only: None,
             }),
             changed: Notify::new(),
             consecutive_timeouts: AtomicU32::new(0),
@@ -272,6 +278,7 @@ impl Node {
             untold: AtomicBool::new(false),
             eviction_warned: AtomicBool::new(false),
             info_warned: AtomicBool::new(false),
+            aof_warned: AtomicBool::new(false),
             watched: AtomicBool::new(false),
             ledger: LedgerKeys::new(&settings.key_prefix),
             renewals,
@@ -313,9 +320,12 @@ impl Node {
     }
 
     /// Since when the node's data is whole, as a replay acquisition sees it (see
-    /// [`loss::doubts`]).
+    /// [`loss::doubts`]); the first time the node is known to keep no append-only file,
+    /// warns once that its records do not survive a restart.
     pub(crate) fn whole(&self) -> Whole {
-        match self.state().loss.since() {
+        let st = self.state();
+        self.warn_replay_without_aof(&st);
+        match st.loss.since() {
             None => Whole::Unknown,
             Some(None) => Whole::Always,
             Some(Some(at)) => Whole::Since(at),

@@ -131,3 +131,76 @@ async fn nodes_with_tcp_settings_in_their_connection_info_lock() {
         .expect("extend");
     assert_eq!(redlock.unlock(&lock).await.released(), 3);
 }
+
+/// Whether a node keeps an append-only file is visible: `health()` tells it for each node
+/// (and follows a `CONFIG SET appendonly yes` at the next check), and a replay layer whose
+/// nodes run without one warns once per node, naming the node, whatever the traffic.
+#[tokio::test]
+async fn nodes_without_an_append_only_file_are_shown_and_warned_about_once_by_replay() {
+    use tower::{Layer, ServiceExt, service_fn};
+    let nodes = [
+        RedisNode::start(),
+        RedisNode::start_with_args(None, vec!["--appendonly".into(), "yes".into()]),
+        RedisNode::start(),
+    ];
+    let logs = CapturedLogs::start();
+    let redlock = support::builder(nodes.iter().map(RedisNode::url))
+        .restart_quarantine(false)
+        .build()
+        .expect("build");
+    let append_only = |health: tower_redlock::Health| {
+        health
+            .nodes()
+            .iter()
+            .map(tower_redlock::NodeHealth::append_only)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        append_only(redlock.health().await),
+        [Some(false), Some(true), Some(false)]
+    );
+    assert!(
+        !logs.contains("without an append-only file"),
+        "plain locking is not warned about"
+    );
+
+    let svc = tower_redlock::RedlockLayer::new(
+        redlock.clone(),
+        tower_redlock::layer::Header::new("idempotency-key"),
+    )
+    .replay(std::time::Duration::from_secs(60))
+    .layer(service_fn(|_req: http::Request<_>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("done")))
+    }));
+    for key in ["a", "b", "a"] {
+        let req = http::Request::post("/pay")
+            .header("idempotency-key", key)
+            .body(String::new())
+            .expect("request");
+        let res = svc.clone().oneshot(req).await.expect("response");
+        assert_eq!(res.status(), 200);
+        let _ = http_body_util::BodyExt::collect(res.into_body()).await;
+    }
+    let text = logs.text();
+    let warned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("without an append-only file"))
+        .collect();
+    assert_eq!(warned.len(), 2, "once per node without one: {warned:#?}");
+    for node in [&nodes[0], &nodes[2]] {
+        assert!(
+            warned.iter().any(|l| l.contains(&node.addr())),
+            "{warned:#?}"
+        );
+    }
+
+    let _: () = support::query_port(
+        nodes[0].port(),
+        redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("yes"),
+    )
+    .expect("CONFIG SET appendonly yes");
+    assert_eq!(
+        append_only(redlock.health().await),
+        [Some(true), Some(true), Some(false)]
+    );
+}

@@ -153,6 +153,10 @@ async fn the_documented_metrics_are_recorded() {
     }
     assert_eq!(s.value("redlock_replayed_total"), 2.0);
 
+    // The nodes run without an append-only file (the harness's `--appendonly no`).
+    let _ = redlock.health().await;
+    assert_eq!(s.value("redlock_nodes_without_aof"), 3.0);
+
     // Young nodes in the restart quarantine are counted. The TTL (the quarantine's length)
     // leaves a slow machine time to connect all three before the first one's ends.
     let young = Cluster::start(3);

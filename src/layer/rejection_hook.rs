@@ -36,13 +36,12 @@ use pin_project_lite::pin_project;
 
 use super::reject::Rejection;
 
-/// A boxed error, as in tower and axum.
-
-/// A hook's body, boxed.
-/// The error type of [`ResponseBody`](super::ResponseBody): the inner body's error, boxed
-/// (as tower-http's bodies do), or [`NotRecorded`](super::NotRecorded).
+/// A boxed error, as in tower and axum: the error type of
+/// [`ResponseBody`](super::ResponseBody) (the inner body's error, boxed, or
+/// [`NotRecorded`](super::NotRecorded)) and of a hook's body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A hook's body, boxed.
 pub(crate) type BoxBody = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>;
 
 /// A rejection's answer: the default (or a replayed) body, or a hook's. Public only so

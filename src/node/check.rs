@@ -1,4 +1,4 @@
-//! A node's check: `INFO server` and `INFO replication` (and, with the restart quarantine,
+//! A node's check: `INFO server`, `INFO replication` and `INFO persistence` (and, with the restart quarantine,
 //! the node's ledger and horizon) in one timed round trip, judged as at a connect. Run by
 //! `health()`, and in the background every `check_interval` ([`Node::watch`]), so that a
 //! node flushed, demoted, promoted again or failed over under a live connection is seen
@@ -31,6 +31,8 @@ pub(crate) struct Check {
     pub(crate) round_trip: Option<Duration>,
     pub(crate) version: Option<String>,
     pub(crate) role: Option<String>,
+    /// Whether the server keeps an append-only file, as it last said.
+    pub(crate) append_only: Option<bool>,
 }
 
 impl Node {
@@ -60,11 +62,15 @@ impl Node {
     /// A check within `deadline`: `INFO server` and `INFO replication` (and the ledger's
     /// read, with the restart quarantine) in one round trip, timed, then judged.
     pub(crate) async fn check(self: &Arc<Self>, deadline: Instant) -> Check {
-        let failed = |error| Check {
-            result: Err(error),
-            round_trip: None,
-            version: self.state().version.clone(),
-            role: None,
+        let failed = |error| {
+            let st = self.state();
+            Check {
+                result: Err(error),
+                round_trip: None,
+                version: st.version.clone(),
+                role: None,
+                append_only: st.append_only,
+            }
         };
         let deadline = tokio::time::Instant::from_std(deadline);
         let (mut conn, generation) =
@@ -105,23 +111,27 @@ impl Node {
             deadline,
         };
         let (result, role) = self.judge_check(replies, judging, read).await;
+        let st = self.state();
         Check {
             result,
             round_trip: Some(round_trip),
-            version: self.state().version.clone(),
+            version: st.version.clone(),
             role,
+            append_only: st.append_only,
         }
     }
 
-    /// A check's request: `INFO server`, `INFO replication`, and if `judging` the ledger's
-    /// read and the horizon's raise.
+    /// A check's request: `INFO server`, `INFO replication`, `INFO persistence`, and if
+    /// `judging` the ledger's read and the horizon's raise.
     fn check_pipe(&self, judging: bool) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         pipe.ignore_errors()
             .cmd("INFO")
             .arg("server")
             .cmd("INFO")
-            .arg("replication");
+            .arg("replication")
+            .cmd("INFO")
+            .arg("persistence");
         if judging {
             let own = self.settings.horizon.own_ms();
             self.ledger.read_into(&mut pipe, own);
@@ -146,8 +156,9 @@ impl Node {
                 .and_then(|v| redis::from_redis_value::<String>(v).ok())
                 .unwrap_or_default()
         };
-        let (server, replication) = (text(), text());
-        let info = ServerInfo::parse([server.as_str(), replication.as_str()]);
+        let (server, replication, persistence) = (text(), text(), text());
+        let info = ServerInfo::parse([server.as_str(), replication.as_str(), persistence.as_str()]);
+        self.saw_persistence(&mut self.state(), info.append_only);
         let role = match &info.role {
             Role::Master => Some("master".to_owned()),
             Role::Other(role) => Some(role.clone()),
@@ -229,12 +240,16 @@ impl Node {
     ) -> Check {
         let start = Instant::now();
         let checked = tokio::time::timeout_at(deadline, self.check_shards(cluster, conn)).await;
-        let version = self.state().version.clone();
+        let (version, append_only) = {
+            let st = self.state();
+            (st.version.clone(), st.append_only)
+        };
         Check {
             result: checked.map_err(|_| NodeError::Timeout),
             round_trip: Some(start.elapsed()),
             version,
             role: Some("master".to_owned()),
+            append_only,
         }
     }
 }

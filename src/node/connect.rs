@@ -379,6 +379,7 @@ impl Node {
         if !info.version.is_empty() {
             st.version = Some(info.version.clone());
         }
+        self.saw_persistence(st, info.append_only);
         st.run_id = (!info.run_id.is_empty()).then(|| info.run_id.clone());
         st.same_server_as = None;
         st.generation += 1;

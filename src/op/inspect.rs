@@ -47,6 +47,7 @@ pub struct NodeHealth {
     round_trip: Option<Duration>,
     version: Option<String>,
     role: Option<String>,
+    append_only: Option<bool>,
 }
 
 impl NodeHealth {
@@ -74,6 +75,16 @@ impl NodeHealth {
     /// A node that is not a master may lose lock keys in a failover.
     pub fn role(&self) -> Option<&str> {
         self.role.as_deref()
+    }
+
+    /// Whether the server keeps an append-only file (`aof_enabled` in `INFO
+    /// persistence`), if it said. A node without one forgets its lock keys (the restart
+    /// quarantine covers those) and its replay records when it restarts: a replay layer's
+    /// finished keys whose records were only there run again
+    /// ([`AfterLoss`](crate::layer::AfterLoss)). `Some(false)` is counted in the
+    /// `redlock_nodes_without_aof` gauge and warned about once by the first replay.
+    pub fn append_only(&self) -> Option<bool> {
+        self.append_only
     }
 }
 
@@ -181,6 +192,7 @@ pub(crate) async fn health(core: &Core<[Arc<Node>]>) -> Health {
             round_trip: check.round_trip,
             version: check.version,
             role: check.role,
+            append_only: check.append_only,
         }
     }))
     .await;

@@ -49,9 +49,9 @@ pub(crate) struct ServerInfo {
     /// `server_time_usec`: the server's clock, in µs since the Unix epoch, when it wrote
     /// the reply (Redis 5 and later, Valkey).
     pub(crate) time_us: Option<u64>,
-    /// `aof_enabled:1` (`INFO persistence`): the server logs its writes to an append-only
-    /// file and reloads them when it restarts.
-    pub(crate) persistent: bool,
+    /// `aof_enabled` (`INFO persistence`): whether the server logs its writes to an
+    /// append-only file and reloads them when it restarts (`None`: not told).
+    pub(crate) append_only: Option<bool>,
 }
 
 /// `master_replid2` of a server that was never promoted (or whose old history was
@@ -75,7 +75,7 @@ impl ServerInfo {
                 "master_replid" => out.replid = v.to_owned(),
                 "master_replid2" => out.promoted = !v.is_empty() && v != NO_REPLID,
                 "server_time_usec" => out.time_us = v.parse().ok(),
-                "aof_enabled" => out.persistent = v == "1",
+                "aof_enabled" => out.append_only = Some(v == "1"),
                 _ => {}
             }
         }
@@ -114,7 +114,14 @@ mod tests {
         let replica = ServerInfo::parse(["role:slave\r\nmaster_host:10.0.0.1\r\n"]);
         assert_eq!(replica.role, Role::Other("slave".into()));
         assert_eq!(ServerInfo::parse([""]).role, Role::Unknown);
-        assert!(ServerInfo::parse(["# Persistence\r\naof_enabled:1\r\n"]).persistent);
-        assert!(!ServerInfo::parse(["aof_enabled:0\r\n"]).persistent);
+        assert_eq!(
+            ServerInfo::parse(["# Persistence\r\naof_enabled:1\r\n"]).append_only,
+            Some(true)
+        );
+        assert_eq!(
+            ServerInfo::parse(["aof_enabled:0\r\n"]).append_only,
+            Some(false)
+        );
+        assert_eq!(ServerInfo::parse(["role:master\r\n"]).append_only, None);
     }
 }
