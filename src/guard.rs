@@ -14,6 +14,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -121,7 +122,13 @@ impl<L: LockBackend> LockGuard<L> {
     /// Guards `lock`, extending it in the background (when `extend`) the way `backend`
     /// keeps locks alive.
     pub(crate) fn new(backend: L, lock: Lock, extend: bool) -> Self {
-        let shared = Shared::new(lock);
+        Self::watched(backend, lock, extend, None)
+    }
+
+    /// [`new`](Self::new), for a lock a response body will hold: released by the
+    /// keep-alive driver once the body is not polled for `stall` (see `crate::stall`).
+    pub(crate) fn watched(backend: L, lock: Lock, extend: bool, stall: Option<Duration>) -> Self {
+        let shared = Shared::new(lock, stall);
         let keep_alive = backend.keep(&shared, extend);
         crate::metrics::gauge(crate::metrics::Gauge::HeldLocks, crate::metrics::Move::Up);
         Self {

@@ -143,6 +143,7 @@ pub mod quorum;
 mod round;
 mod scripts;
 mod sentinel;
+mod stall;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;

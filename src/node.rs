@@ -52,11 +52,11 @@ mod connect;
 mod handshake;
 mod judging;
 pub(crate) mod loss;
-mod persistence;
 mod renewals;
 mod resend;
 mod resp;
 pub(crate) mod running;
+mod storage;
 mod wire;
 
 pub(crate) use call::{NodeCall, Sending};
@@ -234,6 +234,8 @@ pub(crate) struct Node {
     info_warned: AtomicBool,
     /// That the node keeps no append-only file was warned about (to a replay).
     aof_warned: AtomicBool,
+    /// The node is near its `maxmemory`, as last seen (see [`storage`]).
+    near_full: AtomicBool,
     /// The background check runs (see [`check`]).
     watched: AtomicBool,
     /// Where the node's ledger and horizon are.
@@ -279,6 +281,7 @@ impl Node {
             eviction_warned: AtomicBool::new(false),
             info_warned: AtomicBool::new(false),
             aof_warned: AtomicBool::new(false),
+            near_full: AtomicBool::new(false),
             watched: AtomicBool::new(false),
             ledger: LedgerKeys::new(&settings.key_prefix),
             renewals,

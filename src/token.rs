@@ -26,6 +26,7 @@ use crate::error::LockError;
 use crate::landing::Landing;
 use crate::name::Resource;
 use crate::quorum::NodeMask;
+use crate::stall::StallWatch;
 
 /// A lock this client holds (or held): returned by [`Redlock::lock`](crate::Redlock::lock)
 /// and [`Redlock::try_lock`](crate::Redlock::try_lock).
@@ -249,6 +250,11 @@ pub enum LostReason {
     /// [`RedlockLayer`](crate::RedlockLayer) with `auto_extend(false)`, a lock taken for a
     /// fixed TTL), or nothing extended it in time. Another client may hold the name now.
     Expired,
+    /// The server stopped taking the frames of the response body that held the lock (its
+    /// client stopped reading) for the layer's
+    /// [`stall_timeout`](crate::RedlockLayer::stall_timeout): the lock was released, and
+    /// the body fails if it is polled again.
+    BodyStalled,
 }
 
 impl LostReason {
@@ -260,6 +266,7 @@ impl LostReason {
             Self::MaxExtensionsReached => Some("max_extensions"),
             Self::KeepAliveStopped => Some("keep_alive_stopped"),
             Self::Expired => Some("expired"),
+            Self::BodyStalled => Some("body_stalled"),
             Self::Released => None,
         }
     }
@@ -278,6 +285,9 @@ impl fmt::Display for LostReason {
                 "the task that extends the lock stopped (its runtime shut down, or it panicked)",
             ),
             Self::Expired => f.write_str("the lock's validity ran out without an extension"),
+            Self::BodyStalled => f.write_str(
+                "the response body holding the lock was not read for its stall timeout: released",
+            ),
         }
     }
 }
@@ -297,10 +307,14 @@ pub(crate) struct Shared {
     lost: Mutex<Option<LostReason>>,
     /// Tells the holders waiting in [`lost`](Self::lost) that it is.
     told: Notify,
+    /// Whether the response body that holds the lock (the layer's) is still read.
+    pub(crate) stall: StallWatch,
 }
 
 impl Shared {
-    pub(crate) fn new(lock: Lock) -> Arc<Self> {
+    /// Shared state for `lock`; a response body that holds it stalls after `stall` (see
+    /// [`StallWatch`]).
+    pub(crate) fn new(lock: Lock, stall: Option<Duration>) -> Arc<Self> {
         let valid_until = Mutex::new(lock.valid_until());
         Arc::new(Self {
             lock,
@@ -309,6 +323,7 @@ impl Shared {
             recorded: AtomicBool::new(false),
             lost: Mutex::new(None),
             told: Notify::new(),
+            stall: StallWatch::new(stall),
         })
     }
 

@@ -11,18 +11,21 @@ const PATIENCE: Duration = Duration::from_secs(5);
 fn shared(name: &str) -> Arc<Shared> {
     let keys = keys_for(b"t:", name.as_bytes(), CounterSets::One).expect("keys");
     let now = Instant::now();
-    Shared::new(Lock {
-        resource: Arc::new(Resource::new(name.as_bytes(), keys)),
-        value: Arc::from("value"),
-        started: now,
-        acquired_at: now,
-        valid_until: now + Duration::from_secs(60),
-        ttl: Duration::from_secs(60),
-        attempts: 1,
-        fence: None,
-        foreign: NodeMask::default(),
-        landing: None,
-    })
+    Shared::new(
+        Lock {
+            resource: Arc::new(Resource::new(name.as_bytes(), keys)),
+            value: Arc::from("value"),
+            started: now,
+            acquired_at: now,
+            valid_until: now + Duration::from_secs(60),
+            ttl: Duration::from_secs(60),
+            attempts: 1,
+            fence: None,
+            foreign: NodeMask::default(),
+            landing: None,
+        },
+        None,
+    )
 }
 
 /// A holder already waiting for the signal is told, with the first reason only.

@@ -204,3 +204,106 @@ async fn nodes_without_an_append_only_file_are_shown_and_warned_about_once_by_re
         [Some(true), Some(true), Some(false)]
     );
 }
+
+/// A node near its `maxmemory` (with `noeviction`, every write fails once it is full)
+/// takes replay records without their response, so that locks keep working: a retry of
+/// a request finished meanwhile gets 410 (completed, not kept), never a second run; once
+/// the node has room again, records keep their response. Warned about when it starts.
+#[tokio::test]
+async fn a_node_near_its_maxmemory_refuses_responses_in_records_before_it_refuses_locks() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Layer, ServiceExt, service_fn};
+    let nodes = [RedisNode::start(), RedisNode::start(), RedisNode::start()];
+    let logs = CapturedLogs::start();
+    let redlock = support::builder(nodes.iter().map(RedisNode::url))
+        .build()
+        .expect("build");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let svc = tower_redlock::RedlockLayer::new(
+        redlock.clone(),
+        tower_redlock::layer::Header::new("idempotency-key"),
+    )
+    .replay(std::time::Duration::from_secs(60))
+    .layer(service_fn({
+        let runs = Arc::clone(&runs);
+        move |_req: http::Request<_>| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, std::convert::Infallible>(http::Response::new("x".repeat(32 << 10))) }
+        }
+    }));
+    let send = |key: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let req = http::Request::post("/report")
+                .header("idempotency-key", key)
+                .body(String::new())
+                .expect("request");
+            let res = svc.oneshot(req).await.expect("response");
+            let status = res.status().as_u16();
+            let body = http_body_util::BodyExt::collect(res.into_body())
+                .await
+                .expect("body")
+                .to_bytes();
+            (status, body.len())
+        }
+    };
+    let set_maxmemory = |bytes: u64| {
+        for node in &nodes {
+            let _: () = support::query_port(
+                node.port(),
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("maxmemory")
+                    .arg(bytes.to_string()),
+            )
+            .expect("CONFIG SET maxmemory");
+        }
+    };
+    assert_eq!(send("roomy").await, (200, 32 << 10));
+    assert_eq!(send("roomy").await, (200, 32 << 10), "replayed whole");
+
+    // Each node at about 93 % of a limit just above what it uses now.
+    let used = nodes
+        .iter()
+        .map(|node| {
+            let info: String =
+                support::query_port(node.port(), redis::cmd("INFO").arg("memory")).expect("INFO");
+            info.lines()
+                .find_map(|l| l.strip_prefix("used_memory:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .expect("used_memory")
+        })
+        .max()
+        .expect("nodes");
+    set_maxmemory(used * 100 / 93);
+    let _ = redlock.health().await; // the check reads INFO memory
+    assert!(
+        logs.contains("near its maxmemory"),
+        "warned: {}",
+        logs.text()
+    );
+    let before = runs.load(Ordering::SeqCst);
+    assert_eq!(
+        send("tight").await,
+        (200, 32 << 10),
+        "the request itself runs"
+    );
+    assert_eq!(send("tight").await.0, 410, "its retry: completed, not kept");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        before + 1,
+        "never a second run"
+    );
+    let lock = redlock
+        .lock("still-locks")
+        .await
+        .expect("locks keep working");
+    let _ = redlock.unlock(&lock).await;
+
+    set_maxmemory(0);
+    let _ = redlock.health().await;
+    assert_eq!(send("roomy-again").await, (200, 32 << 10));
+    assert_eq!(send("roomy-again").await, (200, 32 << 10));
+    assert_eq!(runs.load(Ordering::SeqCst), before + 2);
+}

@@ -1798,3 +1798,84 @@ async fn during_the_restart_quarantine_the_503_says_so_and_advises_its_end() {
         .expect("seconds");
     assert!((2..=10).contains(&retry_after), "Retry-After {retry_after}");
 }
+
+/// A client that stops reading mid-body no longer holds its key: the server stops taking
+/// the endless body's frames once the socket is full, the lock is released once the body
+/// has gone unread for the stall timeout, a retry with the same key runs, and the stalled
+/// response ends (the connection closes) instead of streaming on. Both ways a body holds
+/// its lock: recorded for replay, and with `release_on_body_end`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_mid_body_releases_its_key_after_the_stall_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let endless = {
+        let runs = runs.clone();
+        move || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let chunk = bytes::Bytes::from(vec![b'x'; 64 << 10]);
+                let frames = futures_util::stream::repeat_with(move || {
+                    Ok::<_, Infallible>(http_body::Frame::data(chunk.clone()))
+                });
+                Body::new(http_body_util::StreamBody::new(frames))
+            }
+        }
+    };
+    let stall = Some(Duration::from_millis(300));
+    let recorded = RedlockLayer::new(short_ttl_redlock(&cluster).await, Header::new(KEY_HEADER))
+        .fencing(false)
+        .replay(Duration::from_secs(60))
+        .stall_timeout(stall);
+    let held = RedlockLayer::new(short_ttl_redlock(&cluster).await, Header::new(KEY_HEADER))
+        .fencing(false)
+        .release_on_body_end()
+        .stall_timeout(stall);
+    let app = Router::new()
+        .route("/recorded", post(endless.clone()).route_layer(recorded))
+        .route("/held", post(endless).route_layer(held));
+    let addr = serve(app).await;
+    let observer = redlock(&cluster).await;
+    for (path, id) in [("/recorded", "stall-1"), ("/held", "stall-2")] {
+        let mut socket = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: {addr}\r\n{KEY_HEADER}: {id}\r\ncontent-length: 0\r\n\r\n"
+        );
+        socket.write_all(request.as_bytes()).await.expect("request");
+        let lock = lock_of(id);
+        wait_for("the handler's lock", Duration::from_secs(5), || async {
+            observer.inspect(&lock).await.expect("inspect").held_on() >= 2
+        })
+        .await;
+        // The client reads nothing: once the socket is full the body goes unread.
+        wait_for(
+            "the stalled body's lock released",
+            Duration::from_secs(20),
+            || async { observer.inspect(&lock).await.expect("inspect").held_on() == 0 },
+        )
+        .await;
+        let before = runs.load(Ordering::SeqCst);
+        let retry = tokio::time::timeout(
+            Duration::from_secs(5),
+            http1().request(post_req(addr, path, Some((KEY_HEADER, id)))),
+        )
+        .await
+        .expect("the retry's head")
+        .expect("the retry");
+        assert_eq!(retry.status(), 200, "{path}: the key is free again");
+        assert_eq!(runs.load(Ordering::SeqCst), before + 1, "{path}: it ran");
+        drop(retry);
+        // Reading again, the stalled response ends: what was buffered, then the close.
+        let mut sink = vec![0; 1 << 20];
+        let drained = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                match socket.read(&mut sink).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(drained.is_ok(), "{path}: the stalled response streamed on");
+    }
+}

@@ -109,5 +109,9 @@ pub(crate) mod sealed {
 
         /// A lock name as logs show it (a hash, unless names are logged).
         fn shown_name(&self, name: &[u8]) -> String;
+
+        /// Whether records may keep their response: no node is near its memory limit
+        /// (records are then kept as "completed, not kept", and locks keep working).
+        fn room_for_records(&self) -> bool;
     }
 }

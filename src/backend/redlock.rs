@@ -96,4 +96,8 @@ impl Backend for Redlock {
     fn shown_name(&self, name: &[u8]) -> String {
         Redlock::shown_name(self, name)
     }
+
+    fn room_for_records(&self) -> bool {
+        Redlock::room_for_records(self)
+    }
 }

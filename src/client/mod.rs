@@ -174,6 +174,16 @@ impl Redlock {
         self.inner.core.node_timeout()
     }
 
+    /// Whether every node has room for whole replay records: none is near its
+    /// `maxmemory`, as last seen (see `node::storage`).
+    pub(crate) fn room_for_records(&self) -> bool {
+        self.inner
+            .core
+            .nodes()
+            .iter()
+            .all(|node| node.has_room_for_records())
+    }
+
     /// Acquires `name` with the default TTL, retrying per the retry policy (max attempts,
     /// jittered delay, optional deadline).
     ///

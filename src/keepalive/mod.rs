@@ -337,6 +337,13 @@ fn act(client: &Alive, id: u64, mut entry: Entry, queue: &mut Queue) -> Option<W
     if entry.hold_end.is_some_and(|end| now >= end) {
         return Some(finish(client, entry, LostReason::MaxHoldReached));
     }
+    if entry.shared.stall.fire_if_stalled(now) {
+        let lock = client.observe.shown_name(entry.lock.name());
+        entry.span.in_scope(|| {
+            tracing::warn!(%lock, timeout = ?entry.shared.stall.timeout(), "redlock layer: the response body holding the lock was not read for its stall timeout: releasing");
+        });
+        return Some(finish(client, entry, LostReason::BodyStalled));
+    }
     if entry
         .policy
         .max_extensions

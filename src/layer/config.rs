@@ -95,6 +95,11 @@ pub(crate) enum ReleaseOn {
     BodyEnd,
 }
 
+/// How long a response body that holds its lock may go without the server taking a frame
+/// before the lock is released and the body fails (see
+/// [`RedlockLayer::stall_timeout`](crate::RedlockLayer::stall_timeout)).
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) ttl: Option<Duration>,
@@ -111,6 +116,8 @@ pub(crate) struct Config {
     pub(crate) namespace: Namespace,
     /// Where the caller comes from when no `Principal` is in a request's extensions.
     pub(crate) caller: Option<Caller>,
+    /// How long a lock-holding response body may go unread before its lock is released.
+    pub(crate) stall_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -157,6 +164,7 @@ impl fmt::Debug for Config {
             .field("retry_after_cap", &self.retry_after_cap)
             .field("namespace", &self.namespace)
             .field("caller", &self.caller)
+            .field("stall_timeout", &self.stall_timeout)
             .finish()
     }
 }

@@ -312,7 +312,12 @@ fn acquired<F, B, E, L: LockBackend>(
         let next = match result {
             Ok((Acquired::Lock(lock), _)) => {
                 span.record("outcome", "acquired");
-                let guard = LockGuard::new(ctx.lock.clone(), lock, ctx.config.auto_extend);
+                let guard = LockGuard::watched(
+                    ctx.lock.clone(),
+                    lock,
+                    ctx.config.auto_extend,
+                    ctx.config.stall_timeout,
+                );
                 let lost = ctx.config.abort_on_loss.then(|| {
                     let token = guard.token();
                     let lost: BoxFuture<'static, LostReason> =

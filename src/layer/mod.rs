@@ -84,11 +84,11 @@ pub mod webhook;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use crate::tonic_token::LockTokenExt;
-pub use body::ResponseBody;
+pub use body::{ResponseBody, Stalled};
 pub use body_key::{BodyKey, DEFAULT_BODY_KEY_LIMIT};
 pub use body_mode::BodyMode;
 pub use caller::Caller;
-pub use config::WaitPolicy;
+pub use config::{DEFAULT_STALL_TIMEOUT, WaitPolicy};
 pub use extract::{
     ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, RequestHead,
     extract_fn,

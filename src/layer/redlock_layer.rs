@@ -90,6 +90,7 @@ impl<E, L: LockBackend> RedlockLayer<E, NoBodyFingerprint, L> {
                 retry_after_cap: super::reject::DEFAULT_RETRY_AFTER_CAP,
                 namespace: Namespace::from_extractor(),
                 caller: None,
+                stall_timeout: Some(super::config::DEFAULT_STALL_TIMEOUT),
             }),
         }
     }
@@ -315,6 +316,40 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     /// ```
     pub fn retry_after_cap(mut self, cap: Duration) -> Self {
         self.config().retry_after_cap = cap;
+        self
+    }
+
+    /// How long a response body that holds its lock (with
+    /// [`release_on_body_end`](Self::release_on_body_end), or a response being recorded
+    /// for [`replay`](Self::replay)) may go without the server taking a frame before the
+    /// lock is released (default [`DEFAULT_STALL_TIMEOUT`](super::DEFAULT_STALL_TIMEOUT),
+    /// 30 s; `None`: never). A client that stops reading mid-body fills its socket and the
+    /// server stops polling the body: without a timeout its lock would be extended for as
+    /// long as the kernel keeps the connection. The lock is released at the first
+    /// extension due after the timeout (within a third of the TTL, by default), counted as
+    /// lost ([`LostReason::BodyStalled`](crate::LostReason::BodyStalled)), and the body
+    /// ends with the [`Stalled`](super::Stalled) error if it is polled again; nothing is
+    /// recorded, so a retry runs the handler again. A body that waits on its own source
+    /// (a stream that has nothing yet) is not stalled. Needs
+    /// [`auto_extend`](Self::auto_extend) (without it the lock runs out at its TTL
+    /// anyway); the in-memory lock of the `testing` feature extends nothing, so it never
+    /// releases for a stall.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::Header;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key").required())
+    ///     .replay(Duration::from_secs(24 * 3600))
+    ///     .stall_timeout(Some(Duration::from_secs(10)));
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn stall_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.config().stall_timeout = timeout;
         self
     }
 

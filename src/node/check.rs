@@ -1,4 +1,4 @@
-//! A node's check: `INFO server`, `INFO replication` and `INFO persistence` (and, with the restart quarantine,
+//! A node's check: `INFO server`, `INFO replication`, `INFO persistence` and `INFO memory` (and, with the restart quarantine,
 //! the node's ledger and horizon) in one timed round trip, judged as at a connect. Run by
 //! `health()`, and in the background every `check_interval` ([`Node::watch`]), so that a
 //! node flushed, demoted, promoted again or failed over under a live connection is seen
@@ -121,8 +121,8 @@ impl Node {
         }
     }
 
-    /// A check's request: `INFO server`, `INFO replication`, `INFO persistence`, and if
-    /// `judging` the ledger's read and the horizon's raise.
+    /// A check's request: `INFO server`, `INFO replication`, `INFO persistence`, `INFO
+    /// memory`, and if `judging` the ledger's read and the horizon's raise.
     fn check_pipe(&self, judging: bool) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         pipe.ignore_errors()
@@ -131,7 +131,9 @@ impl Node {
             .cmd("INFO")
             .arg("replication")
             .cmd("INFO")
-            .arg("persistence");
+            .arg("persistence")
+            .cmd("INFO")
+            .arg("memory");
         if judging {
             let own = self.settings.horizon.own_ms();
             self.ledger.read_into(&mut pipe, own);
@@ -156,7 +158,8 @@ impl Node {
                 .and_then(|v| redis::from_redis_value::<String>(v).ok())
                 .unwrap_or_default()
         };
-        let (server, replication, persistence) = (text(), text(), text());
+        let (server, replication, persistence, memory) = (text(), text(), text(), text());
+        self.saw_memory(&memory);
         let info = ServerInfo::parse([server.as_str(), replication.as_str(), persistence.as_str()]);
         self.saw_persistence(&mut self.state(), info.append_only);
         let role = match &info.role {

@@ -169,6 +169,9 @@ impl Node {
         let received = Instant::now();
         let clock_at = sent + received.saturating_duration_since(sent) / 2;
         let replies = Replies::split(replies, ledger.is_some())?;
+        if let Some(memory) = &replies.memory {
+            self.saw_memory(memory);
+        }
         let evicting = replies
             .memory
             .and_then(|memory| self.refuses_eviction(&memory));

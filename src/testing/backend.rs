@@ -48,7 +48,7 @@ enum Attempted {
 
 impl InMemoryLock {
     /// One attempt, then the lock (for [`acquire`](Self::acquire)).
-    pub(super) async fn try_lock(&self, name: &[u8], ttl: Duration) -> Result<Lock, LockError> {
+    pub(crate) async fn try_lock(&self, name: &[u8], ttl: Duration) -> Result<Lock, LockError> {
         let how = Acquisition {
             replay: None,
             until: None,
@@ -222,5 +222,9 @@ impl Backend for InMemoryLock {
 
     fn shown_name(&self, name: &[u8]) -> String {
         String::from_utf8_lossy(name).into_owned()
+    }
+
+    fn room_for_records(&self) -> bool {
+        true
     }
 }

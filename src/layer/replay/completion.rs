@@ -41,6 +41,7 @@ use super::record::{self, ReplayPolicy};
 use crate::backend::LockBackend;
 use crate::guard::LockGuard;
 use crate::layer::reject::Protocol;
+use crate::token::Shared;
 
 /// Stores `record` where `guard`'s lock is held, keeping it for `retention`, then releases
 /// the lock: whether a quorum of nodes holds the record. A lock that is no longer held
@@ -105,6 +106,11 @@ pub(crate) struct Recorder<L: LockBackend> {
 }
 
 impl<L: LockBackend> Recorder<L> {
+    /// The shared state of the lock being held while the response is recorded.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        self.guard.shared()
+    }
+
     /// Records the response of `parts`, whose body is expected to be of `size` bytes if
     /// known; `Err` gives the guard back when the response cannot be recorded (more
     /// header fields to keep than a record holds).
@@ -186,7 +192,11 @@ impl<L: LockBackend> Recorder<L> {
 
     /// The record of the response, or `None` when it is not kept.
     fn record(&mut self, trailers: Option<&HeaderMap>) -> Option<Vec<u8>> {
-        let body = self.body.take();
+        // A node near its memory limit takes no responses: "completed, not kept".
+        let body = self
+            .body
+            .take()
+            .filter(|_| self.keep.lock.room_for_records());
         let trailers = match &self.grpc {
             Some((frames, code)) => {
                 let code = trailers.and_then(record::grpc_status).or(*code)?;
@@ -205,8 +215,10 @@ impl<L: LockBackend> Recorder<L> {
             .encode_tail(&mut out, body.as_deref(), trailers);
         if written.is_none() {
             tracing::warn!("redlock layer: too many trailers to keep; no completion record");
+            return None;
         }
-        written.map(|()| out)
+        crate::metrics::record_bytes(out.len());
+        Some(out)
     }
 }
 
