@@ -350,3 +350,76 @@ async fn a_response_whose_record_reaches_too_few_nodes_fails_and_its_retry_repla
     assert_eq!(replayed.text(), "credited credited ");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
 }
+
+/// The doubts come from the nodes' ledgers as the connects read them, so an app instance
+/// started after the restarts doubts the restarted nodes from its very first request:
+/// with `AfterLoss::Refuse`, a new key sent as that first request, once the quarantine is
+/// over, is refused like on every other instance (the doubts used to be read before the
+/// connects finished: that first request judged no node and ran). And an instance
+/// started over nodes that lost nothing runs its first request. On one thread, with the
+/// request sent as the client is built: its connects run only once the request waits.
+#[tokio::test(flavor = "current_thread")]
+async fn an_instance_started_after_the_restarts_doubts_from_its_first_request() {
+    use tower::{Layer, ServiceExt, service_fn};
+    let mut cluster = Cluster::start(3);
+    cluster.age_ledgers();
+    let urls = cluster.urls();
+    let runs = Arc::new(AtomicUsize::new(0));
+    // A fresh instance (unfenced: no fencing proposal waits for the connects) and its
+    // first request, a new key: its status and problem type.
+    let first_request = |key: &'static str| {
+        let redlock = client(urls.clone()).with_fencing(false);
+        let runs = Arc::clone(&runs);
+        let policy = ReplayPolicy::new(RETENTION).after_loss(AfterLoss::Refuse);
+        let svc = RedlockLayer::new(redlock, Header::new(ID).required().structured(false))
+            .replay_policy(policy)
+            .layer(service_fn(move |_req: http::Request<_>| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) }
+            }));
+        let req = http::Request::post("/hook")
+            .header(ID, key)
+            .body(String::new())
+            .expect("request");
+        async move {
+            let res = svc.oneshot(req).await.expect("response");
+            let status = res.status();
+            let body = http_body_util::BodyExt::collect(res.into_body())
+                .await
+                .expect("body")
+                .to_bytes();
+            let text = String::from_utf8_lossy(&body).into_owned();
+            let kind = if text.contains(problems::REPLAY_UNVERIFIABLE) {
+                problems::REPLAY_UNVERIFIABLE
+            } else {
+                ""
+            };
+            (status, kind)
+        }
+    };
+    assert_eq!(first_request("evt-calm").await.0, StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let restarted = Instant::now();
+    cluster.nodes[1].restart();
+    cluster.nodes[2].restart();
+    // The quarantine over, as a client that reads the ledgers sees it.
+    let probe = client(urls.clone());
+    support::wait_for("the quarantine over", Duration::from_secs(10), || async {
+        probe.health().await.ready()
+    })
+    .await;
+    let first = first_request("evt-first").await;
+    assert!(
+        restarted.elapsed() < RETENTION,
+        "the test outran the retention"
+    );
+    assert_eq!(
+        first,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            problems::REPLAY_UNVERIFIABLE
+        )
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
