@@ -177,8 +177,8 @@ async fn the_layer_span_records_each_requests_outcome() {
     assert!(!logged.contains("span-secret"), "a name shows:\n{logged}");
 }
 
-/// A completion record that reaches fewer than a quorum of nodes is logged (a retry may
-/// run the handler again); one that reaches exactly a quorum is not.
+/// A completion record that reaches fewer than a quorum of nodes is logged, and its body
+/// fails (`NotRecorded`); one that reaches exactly a quorum is not, and its body is whole.
 #[tokio::test]
 async fn a_record_stored_on_too_few_nodes_is_logged() {
     use std::sync::{Arc, Mutex};
@@ -219,9 +219,15 @@ async fn a_record_stored_on_too_few_nodes_is_logged() {
             .body(String::new())
             .expect("request");
         let res = svc.oneshot(req).await.expect("response");
-        http_body_util::BodyExt::collect(res.into_body())
-            .await
-            .expect("body");
+        let body = http_body_util::BodyExt::collect(res.into_body()).await;
+        // Too few: no complete response without its record.
+        match body {
+            Ok(_) => assert!(!warned, "{kill} node(s) down: a complete body"),
+            Err(e) => assert!(
+                warned && e.is::<tower_redlock::layer::NotRecorded>(),
+                "{kill} node(s) down: {e}"
+            ),
+        }
         let after = logs.text().matches(TOO_FEW).count();
         assert_eq!(
             after > before,

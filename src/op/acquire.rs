@@ -213,21 +213,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
                 .await
                 .map_err(Attempt::missed)?;
         }
-        // 4. Held only with a quorum and validity left.
-        let elapsed = window.start.elapsed();
-        let validity = core.validity(ttl, elapsed, window.drift).ok_or_else(|| {
-            Attempt::missed(LockError::ValidityExhausted {
-                elapsed,
-                ttl,
-                attempts: 1,
-            })
-        })?;
-        tracing::debug!(
-            nodes = core.node_count(),
-            fenced = fence.is_some(),
-            elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
-            "redlock acquired"
-        );
+        let validity = self.validity_left(&window, fence.is_some())?;
         Ok(Lock {
             resource: Arc::clone(&target.resource),
             value: Arc::clone(value),
@@ -241,6 +227,34 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             // The SETs still out land in the background, on every node that answers.
             landing: round.land().await,
         })
+    }
+
+    /// Step 4: held only with a quorum and validity left: how much, of a lock taken in
+    /// `window` (`fenced`: with a number, for the log).
+    #[expect(
+        clippy::result_large_err,
+        reason = "an Attempt that is never Held (the large variant), moved once per miss"
+    )]
+    fn validity_left(&self, window: &Window, fenced: bool) -> Result<Duration, Attempt> {
+        let elapsed = window.start.elapsed();
+        let ttl = window.ttl;
+        let validity = self
+            .core
+            .validity(ttl, elapsed, window.drift)
+            .ok_or_else(|| {
+                Attempt::missed(LockError::ValidityExhausted {
+                    elapsed,
+                    ttl,
+                    attempts: 1,
+                })
+            })?;
+        tracing::debug!(
+            nodes = self.core.node_count(),
+            fenced,
+            elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+            "redlock acquired"
+        );
+        Ok(validity)
     }
 
     /// Whether the `SET NX PX` round got the lock: for a fenced target, what phase 1
@@ -262,20 +276,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let nodes = votes.tally.nodes();
         let records = replies.records.len();
         if let Some(record) = agreed_record(&mut replies.records, self.core.quorum()) {
-            // The name's work is done: hand back its record (our SETs are released).
-            // An acquisition that wants the lock only finds the name held.
-            return Err(match target.accepts {
-                Accepts::LockOrRecord { .. } => Attempt::Record(RecordBytes(record)),
-                Accepts::Lock => Attempt::Missed {
-                    error: LockError::Busy {
-                        held_elsewhere: 1,
-                        nodes,
-                        retry_after: None,
-                        attempts: 1,
-                    },
-                    by_others: true,
-                },
-            });
+            return Err(recorded(target, record, nodes));
         }
         if votes.reached() {
             if let Accepts::LockOrRecord {
@@ -532,6 +533,24 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             matches!(target.accepts, Accepts::LockOrRecord { .. }).then(|| doubts_of(nodes));
         let round = nodes.send(&request, plan);
         count_set_round(nodes, round, SetReplies::new(proposal, doubts)).await
+    }
+}
+
+/// The attempt that found the name's record on a quorum of its `nodes`: the name's work
+/// is done, and its record is handed back (our SETs are released); an acquisition that
+/// wants the lock only finds the name held.
+fn recorded(target: &Target, record: Vec<u8>, nodes: usize) -> Attempt {
+    match target.accepts {
+        Accepts::LockOrRecord { .. } => Attempt::Record(RecordBytes(record)),
+        Accepts::Lock => Attempt::Missed {
+            error: LockError::Busy {
+                held_elsewhere: 1,
+                nodes,
+                retry_after: None,
+                attempts: 1,
+            },
+            by_others: true,
+        },
     }
 }
 
