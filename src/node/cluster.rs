@@ -40,7 +40,7 @@ use std::time::Instant;
 use futures_util::future::join_all;
 use redis::Value;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
 use super::judging::{LedgerRead, Settled, settle};
 use super::loss::{LedgerKeys, Role, ServerInfo};
@@ -139,13 +139,18 @@ pub(crate) struct Master {
 impl Master {
     /// The addresses redis-rs may key the master's connection by: its IP, then its
     /// hostname (with `cluster-preferred-endpoint-type hostname`).
+    /// How to reach it: by its lowest slot first (through redis-rs's slot map, so over the
+    /// very connection a keyed command for its slots takes, whose landing the check then
+    /// vouches for), then by each of its addresses.
     fn routes(&self) -> impl Iterator<Item = SingleNodeRoutingInfo> + '_ {
-        std::iter::once(&self.host)
-            .chain(&self.hostname)
-            .map(|host| SingleNodeRoutingInfo::ByAddress {
+        let by_slot =
+            SingleNodeRoutingInfo::SpecificNode(Route::new(self.ledger_slot(), SlotAddr::Master));
+        std::iter::once(by_slot).chain(std::iter::once(&self.host).chain(&self.hostname).map(
+            |host| SingleNodeRoutingInfo::ByAddress {
                 host: host.clone(),
                 port: self.port,
-            })
+            },
+        ))
     }
 
     /// The slot its ledger is in: its lowest.
@@ -242,6 +247,18 @@ impl ShardMap {
             .map(|m| m.version.as_str())
             .filter(|v| !v.is_empty())
             .min_by(|a, b| version_key(a).cmp(&version_key(b)))
+    }
+}
+
+/// Whether `replies`, sent by `route`, came from master `m`: the `CLUSTER MYID` reply at
+/// `at` names it. A server that refuses `CLUSTER MYID` (an ACL without `+cluster|myid`)
+/// is taken at its address, never by a slot (a slot map may be behind).
+fn reached(replies: &[Value], at: usize, m: &Master, route: &SingleNodeRoutingInfo) -> bool {
+    match replies.get(at) {
+        Some(Value::ServerError(_)) | None => {
+            matches!(route, SingleNodeRoutingInfo::ByAddress { .. })
+        }
+        Some(v) => redis::from_redis_value_ref::<String>(v).is_ok_and(|id| id == m.id),
     }
 }
 
@@ -487,8 +504,9 @@ impl Node {
     }
 
     /// What master `m` says of itself (`INFO`, the probe's commands, and with the restart
-    /// quarantine its ledger), over the cluster connection, by the first of its addresses
-    /// redis-rs knows; `None` if it did not answer as a master.
+    /// quarantine its ledger), over the cluster connection, by the first of its
+    /// [`routes`](Master::routes) that reaches it (`CLUSTER MYID` tells: a slot map behind
+    /// a reshard reaches another master); `None` if it did not answer as a master.
     async fn see(&self, mut conn: ClusterConnection, m: &Master) -> Option<Seen> {
         let keys = LedgerKeys::in_slot(&self.settings.key_prefix, m.ledger_slot());
         let mut pipe = redis::pipe();
@@ -497,11 +515,12 @@ impl Node {
             .cmd("INFO")
             .arg("replication");
         add_probe(&mut pipe);
+        pipe.cmd("CLUSTER").arg("MYID");
         let judging = self.settings.quarantine;
         if judging {
             keys.read_into(&mut pipe, self.settings.horizon.own_ms());
         }
-        let count = 2 + PROBE + if judging { 2 } else { 0 };
+        let count = 2 + PROBE + 1 + if judging { 2 } else { 0 };
         let sent = Instant::now();
         let mut answer = None;
         for route in m.routes() {
@@ -509,10 +528,11 @@ impl Node {
                 .route_pipeline(pipe.clone(), 0, count, route.clone())
                 .await
             {
-                Ok(replies) => {
+                Ok(replies) if reached(&replies, 2 + PROBE, m, &route) => {
                     answer = Some((replies, route));
                     break;
                 }
+                Ok(_) => {} // another master's answer, or unverified by slot
                 Err(e) if e.kind() == redis::ErrorKind::ClusterConnectionNotFound => {}
                 Err(e) => {
                     tracing::debug!(node = %self.label, shard = %m.host, error = %e, "redlock cluster shard did not answer its check");
@@ -526,6 +546,7 @@ impl Node {
         let mut replies = replies.into_iter();
         let mut next = || replies.next().unwrap_or(Value::Nil);
         let (server, replication, client_info, lastsave) = (next(), next(), next(), next());
+        let _id = next();
         let text = |v: &Value| redis::from_redis_value_ref::<String>(v).unwrap_or_default();
         let info = ServerInfo::parse([text(&server).as_str(), text(&replication).as_str()]);
         let landed = Landed::parse(&client_info, &lastsave)?;

@@ -19,7 +19,15 @@ fn masters_with_slots_from_cluster_nodes() {
     assert_eq!((m[0].host.as_str(), m[0].port), ("127.0.0.1", 30002));
     assert_eq!(m[0].hostname.as_deref(), Some("hostname2"));
     let routes: Vec<_> = m[0].routes().collect();
-    assert_eq!(routes.len(), 2, "by IP, then by the announced hostname");
+    assert_eq!(
+        routes.len(),
+        3,
+        "by slot, by IP, then by the announced hostname"
+    );
+    assert_eq!(
+        routes[0],
+        SingleNodeRoutingInfo::SpecificNode(Route::new(5461, SlotAddr::Master))
+    );
     assert_eq!(m[0].slots, vec![(5461, 10922)]);
     assert_eq!(
         m[1].slots,
@@ -138,5 +146,28 @@ fn a_masters_ledger_is_in_its_lowest_slot() {
     assert_eq!(m[0].slots, vec![(16000, 16383), (5, 5), (7, 9)]);
     assert_eq!(m[0].ledger_slot(), 5);
     assert_eq!(m[0].hostname, None);
-    assert_eq!(m[0].routes().count(), 1);
+    assert_eq!(m[0].routes().count(), 2, "by slot, then by IP");
+}
+
+/// A check's answer counts as master `m`'s when `CLUSTER MYID` names it; refused (an ACL
+/// without `+cluster|myid`), only when it was sent to `m`'s address, never by a slot.
+#[test]
+fn an_answer_is_the_masters_when_its_id_says_so() {
+    let m = &masters("a1 127.0.0.1:1@2 master - 0 0 1 connected 0-9\n")[0];
+    let routes: Vec<_> = m.routes().collect();
+    let (by_slot, by_address) = (&routes[0], &routes[1]);
+    let answer = |id: Value| vec![Value::Okay, id];
+    let id = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    assert!(reached(&answer(id("a1")), 1, m, by_slot));
+    assert!(reached(&answer(id("a1")), 1, m, by_address));
+    assert!(
+        !reached(&answer(id("b2")), 1, m, by_slot),
+        "a slot map behind"
+    );
+    assert!(!reached(&answer(id("b2")), 1, m, by_address));
+    let refused = redis::parse_redis_value(b"-NOPERM no permissions\r\n").expect("an error reply");
+    assert!(matches!(refused, Value::ServerError(_)));
+    assert!(!reached(&answer(refused.clone()), 1, m, by_slot));
+    assert!(reached(&answer(refused), 1, m, by_address));
+    assert!(!reached(&[Value::Okay], 1, m, by_slot), "no reply");
 }
