@@ -1310,6 +1310,31 @@ async fn record_on(cluster: &Cluster, i: usize, id: &str) -> bool {
     value.is_some_and(|v| v.starts_with(b"#record\n"))
 }
 
+/// A POST of delivery `key` to `path` carrying the caller's `credential` (a header:
+/// `Authorization`, `Cookie`).
+fn as_caller(
+    addr: std::net::SocketAddr,
+    path: &str,
+    key: &str,
+    (name, value): (http::HeaderName, &'static str),
+) -> http::Request<Body> {
+    let mut req = post_req(addr, path, Some((KEY_HEADER, key)));
+    req.headers_mut()
+        .insert(name, http::HeaderValue::from_static(value));
+    req
+}
+
+/// A handler that answers 201 `run {n}`, counting its runs in `runs`.
+fn counting_runs(
+    runs: &Arc<AtomicUsize>,
+) -> impl Fn() -> std::future::Ready<(http::StatusCode, String)> + Clone + Send + Sync + 'static {
+    let runs = Arc::clone(runs);
+    move || {
+        let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        std::future::ready((http::StatusCode::CREATED, format!("run {run}")))
+    }
+}
+
 /// A second caller that sends another caller's idempotency key (same method and path) is
 /// never answered with the first caller's stored response: the default fingerprint
 /// includes a hash of the `Authorization` header, so it gets 422.
@@ -1318,14 +1343,8 @@ async fn with_replay_another_caller_with_the_same_key_never_gets_the_first_calle
     let cluster = Cluster::start(3);
     let (addr, runs) = serve_counting(&cluster, Duration::from_secs(60)).await;
     let client = http1();
-    let as_caller = |token: &'static str| {
-        let mut req = post_req(addr, "/hook", Some((KEY_HEADER, "1")));
-        req.headers_mut().insert(
-            http::header::AUTHORIZATION,
-            http::HeaderValue::from_static(token),
-        );
-        req
-    };
+    let as_caller =
+        |token: &'static str| as_caller(addr, "/hook", "1", (http::header::AUTHORIZATION, token));
     let alice = send(&client, as_caller("Bearer alice")).await;
     assert_eq!(
         (alice.status.as_u16(), alice.body.as_str()),
@@ -1535,13 +1554,7 @@ async fn with_replay_a_record_with_absurdly_many_headers_is_503_not_a_panic() {
 async fn with_replay_a_caller_named_by_its_session_cookie_is_told_apart() {
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
-    let handler = {
-        let runs = runs.clone();
-        move || {
-            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-            async move { (http::StatusCode::CREATED, format!("run {run}")) }
-        }
-    };
+    let handler = counting_runs(&runs);
     let session = || tower_redlock::layer::Caller::cookie("session");
     let shared = RedlockLayer::new(redlock(&cluster).await, Header::new(KEY_HEADER).required())
         .fencing(false)
@@ -1560,10 +1573,7 @@ async fn with_replay_a_caller_named_by_its_session_cookie_is_told_apart() {
     let addr = serve(app).await;
     let client = http1();
     let as_session = |path: &'static str, cookie: &'static str| {
-        let mut req = post_req(addr, path, Some((KEY_HEADER, "1")));
-        req.headers_mut()
-            .insert(http::header::COOKIE, http::HeaderValue::from_static(cookie));
-        req
+        as_caller(addr, path, "1", (http::header::COOKIE, cookie))
     };
     let alice = send(&client, as_session("/hook", "theme=dark; session=alice")).await;
     assert_eq!((alice.status.as_u16(), alice.body.as_str()), (201, "run 1"));
@@ -1611,14 +1621,8 @@ async fn with_replay_a_401_is_not_kept_and_the_authenticated_retry_runs() {
         .replay(Duration::from_secs(60));
     let addr = serve(Router::new().route("/pay", post(handler).route_layer(layer))).await;
     let client = http1();
-    let with_token = |token: &'static str| {
-        let mut req = post_req(addr, "/pay", Some((KEY_HEADER, "7")));
-        req.headers_mut().insert(
-            http::header::AUTHORIZATION,
-            http::HeaderValue::from_static(token),
-        );
-        req
-    };
+    let with_token =
+        |token: &'static str| as_caller(addr, "/pay", "7", (http::header::AUTHORIZATION, token));
     let expired = send(&client, with_token("Bearer expired")).await;
     assert_eq!(expired.status, 401);
     let fresh = send(&client, with_token("Bearer fresh")).await;
@@ -1639,13 +1643,7 @@ async fn with_replay_a_401_is_not_kept_and_the_authenticated_retry_runs() {
 async fn with_replay_and_per_principal_each_caller_runs_its_own_request() {
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
-    let handler = {
-        let runs = runs.clone();
-        move || {
-            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-            async move { (http::StatusCode::CREATED, format!("run {run}")) }
-        }
-    };
+    let handler = counting_runs(&runs);
     let layer = RedlockLayer::new(
         redlock(&cluster).await,
         tower_redlock::layer::PerPrincipal::new(Header::new(KEY_HEADER).required()),
@@ -1659,14 +1657,8 @@ async fn with_replay_and_per_principal_each_caller_runs_its_own_request() {
     )
     .await;
     let client = http1();
-    let as_caller = |token: &'static str| {
-        let mut req = post_req(addr, "/hook", Some((KEY_HEADER, "1")));
-        req.headers_mut().insert(
-            http::header::AUTHORIZATION,
-            http::HeaderValue::from_static(token),
-        );
-        req
-    };
+    let as_caller =
+        |token: &'static str| as_caller(addr, "/hook", "1", (http::header::AUTHORIZATION, token));
     let alice = send(&client, as_caller("Bearer alice")).await;
     assert_eq!((alice.status.as_u16(), alice.body.as_str()), (201, "run 1"));
     let bob = send(&client, as_caller("Bearer bob")).await;
