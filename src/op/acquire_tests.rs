@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::task::{Context, Poll};
 
 use super::*;
-use crate::core::{KeySpace, Timing};
+use crate::core::{AfterLoss, KeySpace, Timing};
 use crate::error::NodeError;
 use crate::landing::LandingState;
 use crate::name::CounterSets;

@@ -12,6 +12,7 @@
 //! ```
 
 pub(crate) mod acquire;
+mod acquire_replay;
 pub(crate) mod announce;
 pub(crate) mod extend;
 pub(crate) mod inspect;

@@ -1,0 +1,121 @@
+//! What a replay acquisition does with a round's records beyond replaying a quorum's:
+//! restores a record found on fewer nodes onto those that granted, and, with no record
+//! anywhere, asks whether the granting nodes vouch that none was lost
+//! ([`AfterLoss`]). Part of [`acquire`](super::acquire)'s attempt.
+//!
+//! ```text
+//! a quorum's record              -> Attempt::recorded (replayed; a lock-only target: busy)
+//! a minority's record + a quorum of grants -> restore onto the granting nodes -> replayed
+//! no record, doubted grants      -> AfterLoss::Run: runs (counted) | Refuse: Unverifiable
+//! ```
+
+use std::time::{Duration, Instant};
+
+use super::acquire::{Acquire, Attempt};
+use super::release::{Background, Held, complete_held};
+use super::set_replies::SetReplies;
+use crate::core::{Accepts, AfterLoss, Target};
+use crate::error::{LockError, RecordBytes};
+use crate::round::Nodes;
+
+impl Attempt {
+    /// The attempt that found the name's record on a quorum of its `nodes`: the name's work
+    /// is done, and its record is handed back (our SETs are released); an acquisition that
+    /// wants the lock only finds the name held.
+    pub(super) fn recorded(target: &Target, record: Vec<u8>, nodes: usize) -> Self {
+        match target.accepts {
+            Accepts::LockOrRecord { .. } => Attempt::Record(RecordBytes(record)),
+            Accepts::Lock => Attempt::Missed {
+                error: LockError::Busy {
+                    held_elsewhere: 1,
+                    nodes,
+                    retry_after: None,
+                    attempts: 1,
+                },
+                by_others: true,
+            },
+        }
+    }
+}
+
+impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
+    /// What a replay acquisition granted by a quorum, with no record found, does about the
+    /// granting nodes that may have lost the name's record (see
+    /// [`Doubts`](crate::node::Doubts)): with [`AfterLoss::Run`] it runs (counted); with
+    /// [`AfterLoss::Refuse`], unless a quorum of the nodes that granted have held their
+    /// data for the whole `retention`, the miss says when enough of them will.
+    #[expect(
+        clippy::result_large_err,
+        reason = "an Attempt that is never Held (the large variant), moved once per miss"
+    )]
+    pub(super) fn vouched(
+        &self,
+        replies: &SetReplies,
+        retention: Duration,
+        after_loss: AfterLoss,
+    ) -> Result<(), Attempt> {
+        let Some(doubts) = &replies.doubts else {
+            return Ok(());
+        };
+        let granted = (0..self.core.nodes().count()).filter(|&i| replies.granted.contains(i));
+        let now = Instant::now();
+        let mut waits: Vec<Duration> = granted
+            .map(|i| doubts.vouches_in(i, retention, true, now))
+            .collect();
+        let quorum = self.core.quorum();
+        let vouching = waits.iter().filter(|w| w.is_zero()).count();
+        if vouching >= quorum {
+            return Ok(());
+        }
+        if after_loss == AfterLoss::Run {
+            crate::metrics::replay_unverified();
+            tracing::debug!(
+                vouching,
+                "redlock replay acquisition runs although nodes that granted may have lost its record (AfterLoss::Run)"
+            );
+            return Ok(());
+        }
+        waits.sort_unstable();
+        Err(Attempt::missed(LockError::Unverifiable {
+            vouching,
+            granted: waits.len(),
+            needed: quorum,
+            retry_after: waits.get(quorum.saturating_sub(1)).copied(),
+            attempts: 1,
+        }))
+    }
+
+    /// Restores the name's `record`, found on `holders` nodes (fewer than a quorum), onto
+    /// the nodes where our value is `held` (a quorum granted): replayed once a quorum
+    /// holds it, short of nodes otherwise (our value then goes with the attempt's release).
+    pub(super) async fn restore(
+        &self,
+        target: &Target,
+        held: &Held<'_>,
+        record: Vec<u8>,
+        holders: usize,
+    ) -> Attempt {
+        let retention = match target.accepts {
+            Accepts::LockOrRecord { retention, .. } => retention,
+            Accepts::Lock => Duration::ZERO,
+        };
+        let restored = complete_held(self.core, held, &record, retention).await;
+        let quorum = self.core.quorum();
+        if holders.saturating_add(restored) >= quorum {
+            crate::metrics::replay_restored();
+            tracing::info!(
+                found_on = holders,
+                restored_on = restored,
+                "redlock replay found the key's record on fewer than a quorum of nodes: restored onto the nodes that granted, and replayed"
+            );
+            return Attempt::Record(RecordBytes(record));
+        }
+        Attempt::missed(LockError::NoQuorum {
+            needed: quorum,
+            reached: holders.saturating_add(restored),
+            held_elsewhere: 0,
+            failures: Vec::new(),
+            attempts: 1,
+        })
+    }
+}
