@@ -30,9 +30,6 @@ pub(super) struct SetReplies {
     pub(super) granted: NodeMask,
     /// What a replay acquisition doubts of each node (`None`: a lock-only acquisition).
     pub(super) doubts: Option<Doubts>,
-    /// Whether a node that granted is doubted: the round then hears every node, since
-    /// another's record for the name is what makes the doubt count.
-    pub(super) doubted: bool,
     /// The completion records found, one per node that answered with one.
     pub(super) records: Vec<Vec<u8>>,
     /// The longest remaining TTL of another holder's keys.
@@ -50,7 +47,6 @@ impl SetReplies {
             foreign: NodeMask::default(),
             granted: NodeMask::default(),
             doubts,
-            doubted: false,
             records: Vec::new(),
             retry_after: None,
             held_by_others: false,
@@ -69,7 +65,6 @@ impl SetReplies {
         match parsed? {
             AcquireReply::Won { .. } => {
                 self.granted.insert(i);
-                self.doubted |= self.doubts.as_ref().is_some_and(|d| d.doubted(i));
             }
             AcquireReply::HeldElsewhere { pttl, ours } => {
                 self.retry_after = self.retry_after.max(pttl);
@@ -85,18 +80,21 @@ impl SetReplies {
     }
 }
 
-/// Takes the answers of a `SET NX PX` round until the outcome is certain; once a node
-/// answered with a completion record, or a doubted node granted (a replay acquisition),
-/// every answer (the nodes that answered with a record need no release afterwards).
+/// Takes the answers of a `SET NX PX` round until the outcome is certain; for a replay
+/// acquisition, every answer by the round's deadline, since a record on any node is the
+/// key's answer (restored onto the nodes that granted), and a doubted node counts only
+/// next to the others' records (the nodes that answered with a record need no release
+/// afterwards).
 pub(super) async fn count_set_round<N: Nodes + ?Sized>(
     nodes: &N,
     mut round: Round<N::Call>,
     mut replies: SetReplies,
 ) -> (Round<N::Call>, Votes, SetReplies) {
     let mut votes = Votes::new(nodes.count());
-    while votes.undecided() || !replies.records.is_empty() || replies.doubted {
-        round.wake_after(if replies.doubted {
-            1
+    let replay = replies.doubts.is_some();
+    while replay || votes.undecided() {
+        round.wake_after(if replay {
+            round.out()
         } else {
             votes.to_decide()
         });

@@ -77,8 +77,8 @@ impl Doubts {
     }
 
     /// Whether node `i`'s data began later than the oldest node's (by more than
-    /// [`PEER_SLACK`]): its grant may hide a record it lost, so the round hears every
-    /// node, since another's record is what makes the doubt count.
+    /// [`PEER_SLACK`]): its grant may hide a record it lost (a replay round hears every
+    /// node, and another's record is what makes the doubt count).
     pub(crate) fn doubted(&self, i: usize) -> bool {
         let Some(Whole::Since(since)) = self.each.get(i) else {
             return false;
