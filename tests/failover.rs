@@ -306,7 +306,8 @@ async fn a_cluster_shard_failover_to_a_replica_that_lacks_the_key_makes_no_secon
 /// A Redis Cluster shard's master restarts empty (same node id, from its nodes.conf; no
 /// replica to fail over to) while a client that knew it keeps running: its connection is
 /// rebuilt behind the crate's back by redis-rs, and the crate still sees the restart (a
-/// new connection, a new `LASTSAVE`, then a new `run_id`) and quarantines the node.
+/// new connection, a new `LASTSAVE`, then a new `run_id`) and quarantines the node, for
+/// its horizon (a minute here, longer than any restart takes).
 #[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_cluster_shard_is_quarantined_by_a_running_client() {
@@ -320,6 +321,13 @@ async fn a_restarted_cluster_shard_is_quarantined_by_a_running_client() {
     plain.age_ledgers();
     let nodes = || cluster_then_plain(&cluster, &plain);
     let running = running_client(&cluster, nodes()).await;
+    // A minute's lock on another name: the running client's horizon (so the length of
+    // the quarantine it gives the shard) outlives a restart that is slow under load.
+    let long = running
+        .try_lock_with_ttl("horizon-minute", Duration::from_secs(60))
+        .await
+        .expect("a minute's lock");
+    let _ = running.unlock(&long).await;
     let holder = client(nodes());
     let lock = lock_on_first_two(&holder, &plain, name).await;
     let until = lock.valid_until();
