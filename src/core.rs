@@ -143,7 +143,8 @@ impl<N: ?Sized> Core<N> {
         outer: Option<Instant>,
     ) -> Instant {
         let usable = ttl.saturating_sub(self.drift(ttl));
-        let deadline = later(Instant::now(), self.timing.node_timeout).min(later(start, usable));
+        let deadline =
+            later(crate::clock::now(), self.timing.node_timeout).min(later(start, usable));
         outer.map_or(deadline, |o| o.min(deadline))
     }
 

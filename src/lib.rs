@@ -127,6 +127,7 @@
 
 mod backend;
 mod client;
+mod clock;
 mod core;
 pub mod defaults;
 mod error;
@@ -143,6 +144,8 @@ pub mod quorum;
 mod round;
 mod scripts;
 mod sentinel;
+#[cfg(test)]
+mod sim;
 mod stall;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]

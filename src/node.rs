@@ -50,7 +50,7 @@ pub(crate) mod clocks;
 mod cluster;
 mod connect;
 mod handshake;
-mod judging;
+pub(crate) mod judging;
 pub(crate) mod loss;
 mod renewals;
 mod resend;
@@ -328,17 +328,13 @@ impl Node {
     pub(crate) fn whole(&self) -> Whole {
         let st = self.state();
         self.warn_replay_without_aof(&st);
-        match st.loss.since() {
-            None => Whole::Unknown,
-            Some(None) => Whole::Always,
-            Some(Some(at)) => Whole::Since(at),
-        }
+        st.loss.whole()
     }
 
     /// How much longer the node is quarantined, and why, if it is (the state is locked by
     /// the caller). Keeps the quarantined-nodes gauge and logs the end of a quarantine.
     fn quarantine_left(&self, st: &mut NodeState) -> Option<(Duration, QuarantineReason)> {
-        let (now, horizon) = (Instant::now(), &*self.settings.horizon);
+        let (now, horizon) = (crate::clock::now(), &*self.settings.horizon);
         let left = std::iter::once(&st.loss)
             .chain(st.shard_losses.values())
             .filter_map(|loss| loss.quarantine(now, horizon))
@@ -372,7 +368,7 @@ impl Node {
             tracing::debug!(node = %self.label, error = %why, "redlock node connection dropped");
             let down = Link::Down {
                 error: why.clone(),
-                retry_at: Instant::now(),
+                retry_at: crate::clock::now(),
             };
             std::mem::replace(&mut st.slot, down)
         };

@@ -248,7 +248,7 @@ impl<C: InFlight + 'static> Round<C> {
             calls,
             expired: Vec::new(),
             deadline,
-            sent_at: Instant::now(),
+            sent_at: crate::clock::now(),
             gate,
             wake_after: 1,
             landing,

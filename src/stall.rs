@@ -53,7 +53,7 @@ impl StallWatch {
     pub(crate) fn new(after: Option<Duration>) -> Self {
         Self {
             after,
-            origin: Instant::now(),
+            origin: crate::clock::now(),
             idle_since: AtomicU64::new(NOT_IDLE),
             fired: AtomicBool::new(false),
         }

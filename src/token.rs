@@ -97,12 +97,13 @@ impl Lock {
 
     /// The validity left, zero once [`valid_until`](Self::valid_until) has passed.
     pub fn remaining(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.valid_until
+            .saturating_duration_since(crate::clock::now())
     }
 
     /// Whether the validity deadline is still ahead.
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until
+        crate::clock::now() < self.valid_until
     }
 
     /// When the attempt (or the extension) that set the current validity started.
@@ -187,12 +188,13 @@ impl LockToken {
 
     /// The validity left, zero once the deadline has passed.
     pub fn remaining(&self) -> Duration {
-        self.valid_until().saturating_duration_since(Instant::now())
+        self.valid_until()
+            .saturating_duration_since(crate::clock::now())
     }
 
     /// Whether the validity deadline is still ahead.
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until()
+        crate::clock::now() < self.valid_until()
     }
 
     /// Whether the lock is still held: not lost, and the validity deadline is ahead (it
@@ -390,7 +392,7 @@ impl Shared {
         if self.lost_reason().is_some() {
             return true;
         }
-        if Instant::now() < self.valid_until() {
+        if crate::clock::now() < self.valid_until() {
             return false;
         }
         let reason = self

@@ -213,7 +213,7 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<Lock, LockError> {
         let target = self.target(name.as_ref(), ttl, Accepts::Lock)?;
-        let budget = self.inner.retry.budget(Instant::now());
+        let budget = self.inner.retry.budget(crate::clock::now());
         self.lock_only(self.retry(&target, budget).await)
     }
 

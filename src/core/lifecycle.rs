@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::LockError;
 use crate::node::running::{Releases, Running};
@@ -55,7 +55,7 @@ impl Lifecycle {
     /// waits, for at most `bound`, until no release runs any more: what it found then.
     pub(crate) async fn shutdown(&self, bound: Duration) -> Shutdown {
         self.closed.store(true, Ordering::Release);
-        let deadline = tokio::time::Instant::from_std(later(Instant::now(), bound));
+        let deadline = tokio::time::Instant::from_std(later(crate::clock::now(), bound));
         loop {
             let idle = self.releases.idle();
             let running = self.releases.count();

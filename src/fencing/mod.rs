@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use crate::node::clocks::{NodeClocks, micros};
+use crate::node::clocks::NodeClocks;
 
 /// A node's answer to a proposal, as phase 1's `ZADD GT CH` decides it: the proposal `p`
 /// is accepted only where the name's counter (missing counts as 0) is strictly below it.
@@ -86,12 +86,8 @@ impl Clock {
 
     /// The next proposal, from the system clock, capped by the nodes' clocks.
     pub(crate) fn propose(&self) -> u64 {
-        let wall_us = micros(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or(Duration::ZERO),
-        );
-        let cap = self.nodes.cap(Instant::now());
+        let wall_us = crate::clock::wall_us();
+        let cap = self.nodes.cap(crate::clock::now());
         if let Some(ahead) = beyond_cap(wall_us, cap) {
             self.ahead_of_nodes(ahead);
         }
@@ -118,7 +114,7 @@ impl Clock {
     /// Whether a quorum of nodes gave an estimate of their clocks (the proposals are
     /// capped).
     pub(crate) fn bounded(&self) -> bool {
-        self.nodes.cap(Instant::now()).is_some()
+        self.nodes.cap(crate::clock::now()).is_some()
     }
 
     /// The wall clock is `ahead_us` beyond the cap: warns, the first time.
@@ -174,7 +170,11 @@ mod model;
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
     use super::*;
+    use crate::node::clocks::micros;
+
     #[test]
     fn proposals_never_exceed_the_cap_nor_fall_below_what_was_seen() {
         // No estimate: the wall clock, as before.

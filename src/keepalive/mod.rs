@@ -291,7 +291,7 @@ async fn drive(client: Dormant, mut handed: Handed) {
             return;
         }
         // Due entries, after the inbox: a lock taken back is never extended again.
-        let now = Instant::now();
+        let now = crate::clock::now();
         if queue.next_due().is_some_and(|at| at <= now) {
             let Some(alive) = client.upgrade() else {
                 return;
@@ -333,7 +333,7 @@ fn act(client: &Alive, id: u64, mut entry: Entry, queue: &mut Queue) -> Option<W
     if entry.shared.lost_reason().is_some() {
         return None;
     }
-    let now = Instant::now();
+    let now = crate::clock::now();
     if entry.hold_end.is_some_and(|end| now >= end) {
         return Some(finish(client, entry, LostReason::MaxHoldReached));
     }
@@ -402,7 +402,7 @@ fn extended(
             let needed = retry_in.saturating_add(client.core.node_timeout().saturating_mul(2));
             if failure.is_retryable() && entry.lock.remaining() > needed {
                 tracing::debug!(?failure, "redlock guard extension failed: retrying");
-                let at = entry.due(later(Instant::now(), retry_in));
+                let at = entry.due(later(crate::clock::now(), retry_in));
                 queue.schedule(id, entry, at);
                 return None;
             }

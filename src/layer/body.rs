@@ -11,7 +11,6 @@ use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -72,7 +71,7 @@ impl<B, L: LockBackend> ResponseBody<B, L> {
     /// now, as the server has it.
     fn watching(kind: BodyKind<B, L>, watch: Option<Arc<Shared>>) -> Self {
         if let Some(shared) = &watch {
-            shared.stall.idle_from(Instant::now());
+            shared.stall.idle_from(crate::clock::now());
         }
         Self {
             kind,
@@ -179,7 +178,7 @@ where
         let frame = poll_kind(this.kind, cx);
         match &frame {
             Poll::Pending => watch.stall.busy(),
-            Poll::Ready(Some(Ok(_))) => watch.stall.idle_from(Instant::now()),
+            Poll::Ready(Some(Ok(_))) => watch.stall.idle_from(crate::clock::now()),
             Poll::Ready(None | Some(Err(_))) => *this.watch = None,
         }
         frame
@@ -298,7 +297,7 @@ fn poll_hook<D: From<Bytes>, E>(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use futures_util::task::noop_waker;
     use tokio::sync::mpsc;

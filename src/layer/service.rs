@@ -102,7 +102,7 @@ async fn acquire<L: LockBackend>(
         (Err(LockError::Busy { .. }), BusyPolicy::Wait { timeout, waiters }) => {
             // Beyond the bound on waiting requests: reject at once.
             match Arc::clone(waiters).try_acquire_owned() {
-                Ok(_permit) => attempt(Some(later(Instant::now(), *timeout))).await,
+                Ok(_permit) => attempt(Some(later(crate::clock::now(), *timeout))).await,
                 Err(_) => first,
             }
         }

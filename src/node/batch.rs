@@ -153,7 +153,7 @@ impl Releases {
         deadline: Instant,
     ) -> Release {
         let mut st = self.state();
-        if !st.sending && !st.turn_taken(Instant::now()) {
+        if !st.sending && !st.turn_taken(crate::clock::now()) {
             let id = st.next_turn;
             st.next_turn = st.next_turn.wrapping_add(1);
             st.turn = Some(Holder {
@@ -193,7 +193,7 @@ impl Releases {
         loop {
             let until = {
                 let mut st = self.state();
-                if !st.turn_taken(Instant::now()) {
+                if !st.turn_taken(crate::clock::now()) {
                     return;
                 }
                 st.turn.as_ref().map(|h| h.until)

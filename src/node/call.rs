@@ -387,7 +387,7 @@ impl Node {
         let Some(deadline) = queued.iter().map(|q| q.deadline).max() else {
             return;
         };
-        let limit = deadline.max(later(Instant::now(), self.connect_timeout()));
+        let limit = deadline.max(later(crate::clock::now(), self.connect_timeout()));
         let limit = tokio::time::Instant::from_std(limit);
         let answers = match queued.as_slice() {
             [lone] => tokio::time::timeout_at(limit, self.send_lone(lone)).await,

@@ -53,7 +53,7 @@ impl Node {
                 let Some(node) = weak.upgrade() else {
                     return;
                 };
-                let deadline = crate::quorum::later(Instant::now(), node.connect_timeout());
+                let deadline = crate::quorum::later(crate::clock::now(), node.connect_timeout());
                 let _ = node.check(deadline).await;
             }
         });
@@ -84,14 +84,14 @@ impl Node {
             return self.check_cluster(cluster, c, deadline).await;
         }
         let judging = self.settings.quarantine && !self.is_cluster();
-        let start = Instant::now();
+        let start = crate::clock::now();
         let replies = timeout_at(
             deadline,
             self.check_pipe(judging)
                 .query_async::<Vec<redis::RedisResult<Value>>>(&mut conn),
         )
         .await;
-        let received = Instant::now();
+        let received = crate::clock::now();
         let round_trip = received.saturating_duration_since(start);
         let replies = match replies {
             Ok(Ok(replies)) => replies,
@@ -121,24 +121,11 @@ impl Node {
         }
     }
 
-    /// A check's request: `INFO server`, `INFO replication`, `INFO persistence`, `INFO
-    /// memory`, and if `judging` the ledger's read and the horizon's raise.
+    /// A check's request (see [`check_pipe`](super::judging::check_pipe)): the ledger's
+    /// read with it if `judging`.
     fn check_pipe(&self, judging: bool) -> redis::Pipeline {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors()
-            .cmd("INFO")
-            .arg("server")
-            .cmd("INFO")
-            .arg("replication")
-            .cmd("INFO")
-            .arg("persistence")
-            .cmd("INFO")
-            .arg("memory");
-        if judging {
-            let own = self.settings.horizon.own_ms();
-            self.ledger.read_into(&mut pipe, own);
-        }
-        pipe
+        let ledger = judging.then(|| (&self.ledger, self.settings.horizon.own_ms()));
+        super::judging::check_pipe(ledger)
     }
 
     /// Judges a check's `replies` read as `read` says (with the ledger's, if `judging`):
@@ -229,7 +216,9 @@ impl Node {
             .await
             .map_err(NodeError::from)?;
         let ms = super::loss::ledger::horizon_value(&reply).map_err(|e| ledger_refused(&e))?;
-        self.settings.horizon.heard(self.index, ms, Instant::now());
+        self.settings
+            .horizon
+            .heard(self.index, ms, crate::clock::now());
         Ok(())
     }
 
@@ -241,7 +230,7 @@ impl Node {
         conn: &mut redis::cluster_async::ClusterConnection,
         deadline: tokio::time::Instant,
     ) -> Check {
-        let start = Instant::now();
+        let start = crate::clock::now();
         let checked = tokio::time::timeout_at(deadline, self.check_shards(cluster, conn)).await;
         let (version, append_only) = {
             let st = self.state();
@@ -249,7 +238,7 @@ impl Node {
         };
         Check {
             result: checked.map_err(|_| NodeError::Timeout),
-            round_trip: Some(start.elapsed()),
+            round_trip: Some(crate::clock::since(start)),
             version,
             role: Some("master".to_owned()),
             append_only,

@@ -48,7 +48,7 @@ impl NodeClocks {
     /// clock a quorum of them is at or above.
     pub(crate) fn new(nodes: usize, bound: Duration) -> Self {
         Self {
-            base: Instant::now(),
+            base: crate::clock::now(),
             at_base: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
             quorum: crate::quorum::quorum(nodes),
             bound_us: micros(bound),

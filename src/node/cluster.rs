@@ -390,7 +390,9 @@ impl Node {
             let ms = super::loss::ledger::horizon_value(&reply).map_err(|e| {
                 NodeError::Redis(format!("the horizon's raise on a shard: {e}").into())
             })?;
-            self.settings.horizon.heard(self.index, ms, Instant::now());
+            self.settings
+                .horizon
+                .heard(self.index, ms, crate::clock::now());
         }
         Ok(())
     }
@@ -503,12 +505,10 @@ impl Node {
         (m.id.clone(), judged, settled)
     }
 
-    /// What master `m` says of itself (`INFO`, the probe's commands, and with the restart
-    /// quarantine its ledger), over the cluster connection, by the first of its
-    /// [`routes`](Master::routes) that reaches it (`CLUSTER MYID` tells: a slot map behind
-    /// a reshard reaches another master); `None` if it did not answer as a master.
-    async fn see(&self, mut conn: ClusterConnection, m: &Master) -> Option<Seen> {
-        let keys = LedgerKeys::in_slot(&self.settings.key_prefix, m.ledger_slot());
+    /// The request of [`see`](Self::see) for master `m`, and how many replies it has:
+    /// `INFO`, the probe's commands, `CLUSTER MYID`, and with the restart quarantine the
+    /// ledger's read in `m`'s ledger slot.
+    fn see_pipe(&self, m: &Master) -> (redis::Pipeline, usize) {
         let mut pipe = redis::pipe();
         pipe.cmd("INFO")
             .arg("server")
@@ -518,10 +518,20 @@ impl Node {
         pipe.cmd("CLUSTER").arg("MYID");
         let judging = self.settings.quarantine;
         if judging {
+            let keys = LedgerKeys::in_slot(&self.settings.key_prefix, m.ledger_slot());
             keys.read_into(&mut pipe, self.settings.horizon.own_ms());
         }
-        let count = 2 + PROBE + 1 + if judging { 2 } else { 0 };
-        let sent = Instant::now();
+        (pipe, 2 + PROBE + 1 + if judging { 2 } else { 0 })
+    }
+
+    /// What master `m` says of itself (`INFO`, the probe's commands, and with the restart
+    /// quarantine its ledger), over the cluster connection, by the first of its
+    /// [`routes`](Master::routes) that reaches it (`CLUSTER MYID` tells: a slot map behind
+    /// a reshard reaches another master); `None` if it did not answer as a master.
+    async fn see(&self, mut conn: ClusterConnection, m: &Master) -> Option<Seen> {
+        let (pipe, count) = self.see_pipe(m);
+        let judging = self.settings.quarantine;
+        let sent = crate::clock::now();
         let mut answer = None;
         for route in m.routes() {
             match conn
@@ -541,7 +551,7 @@ impl Node {
             }
         }
         let (replies, route) = answer?;
-        let received = Instant::now();
+        let received = crate::clock::now();
         let clock_at = sent + received.saturating_duration_since(sent) / 2;
         let mut replies = replies.into_iter();
         let mut next = || replies.next().unwrap_or(Value::Nil);

@@ -94,7 +94,7 @@ impl Node {
     /// node, the next connect asks the sentinels again.
     async fn open(&self) -> Result<Opened, NodeError> {
         let deadline = tokio::time::Instant::from_std(crate::quorum::later(
-            Instant::now(),
+            crate::clock::now(),
             self.settings.connect_timeout,
         ));
         let client = match &self.connector {
@@ -118,7 +118,7 @@ impl Node {
                     conn: Conn::Cluster(conn),
                     info: ServerInfo::default(),
                     ledger: None,
-                    clock_at: Instant::now(),
+                    clock_at: crate::clock::now(),
                     evicting: None,
                 });
             }
@@ -161,12 +161,12 @@ impl Node {
             .settings
             .quarantine
             .then(|| (&self.ledger, horizon.own_ms()));
-        let sent = Instant::now();
+        let sent = crate::clock::now();
         let replies: Vec<redis::RedisResult<Value>> =
             handshake_pipe(ledger).query_async(&mut conn).await?;
         // The server read its clock for `INFO server` between the two; the ledger's age is
         // measured from the reply's arrival (the long side).
-        let received = Instant::now();
+        let received = crate::clock::now();
         let clock_at = sent + received.saturating_duration_since(sent) / 2;
         let replies = Replies::split(replies, ledger.is_some())?;
         if let Some(memory) = &replies.memory {
@@ -340,7 +340,7 @@ impl Node {
                     st.same_server_as = Some(node.clone());
                     st.slot = Link::Down {
                         error: NodeError::SameServer { node },
-                        retry_at: crate::quorum::later(Instant::now(), BACKOFF_MAX),
+                        retry_at: crate::quorum::later(crate::clock::now(), BACKOFF_MAX),
                     };
                     st.backoff = BACKOFF_MAX;
                 }
@@ -348,7 +348,7 @@ impl Node {
                     tracing::warn!(node = %self.label, %error, retry_in = ?st.backoff, "redlock node connect failed");
                     st.slot = Link::Down {
                         error,
-                        retry_at: crate::quorum::later(Instant::now(), st.backoff),
+                        retry_at: crate::quorum::later(crate::clock::now(), st.backoff),
                     };
                     st.backoff = (st.backoff * 2).min(BACKOFF_MAX);
                 }
@@ -386,7 +386,7 @@ impl Node {
         st.run_id = (!info.run_id.is_empty()).then(|| info.run_id.clone());
         st.same_server_as = None;
         st.generation += 1;
-        st.connected_at = Some(Instant::now());
+        st.connected_at = Some(crate::clock::now());
         st.slot = Link::Ready(conn);
         st.backoff = BACKOFF_MIN;
         self.consecutive_timeouts.store(0, Ordering::Relaxed);
@@ -402,7 +402,7 @@ impl Node {
                         "the connect task was dropped before it finished (its tokio runtime shut down?)"
                             .into(),
                     ),
-                    retry_at: Instant::now(),
+                    retry_at: crate::clock::now(),
                 };
             }
         }
@@ -439,7 +439,7 @@ impl Node {
                     Link::Connecting => {}
                     Link::Idle => self.start_connect(&mut st),
                     Link::Down { error, retry_at } => {
-                        if Instant::now() < *retry_at {
+                        if crate::clock::now() < *retry_at {
                             return Err(error.clone());
                         }
                         self.start_connect(&mut st);

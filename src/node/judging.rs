@@ -24,22 +24,23 @@ use std::time::{Duration, Instant};
 
 use redis::{RedisResult, Value};
 
-use super::loss::{self, Ledger, LedgerKeys, News, NodeLoss, Role, Seen, ServerInfo};
+use super::loss::ledger::Why;
+use super::loss::{self, Horizon, Ledger, LedgerKeys, News, NodeLoss, Role, Seen, ServerInfo};
 use super::{Conn, Node, NodeState};
 use crate::error::NodeError;
 
 /// What a read of a node's ledger found (before the judge).
 #[derive(Debug, Clone)]
-pub(super) struct LedgerRead {
+pub(crate) struct LedgerRead {
     /// The ledger's value (`None`: no ledger).
-    pub(super) value: Option<Vec<u8>>,
+    pub(crate) value: Option<Vec<u8>>,
     /// The node's horizon after the raise, in ms.
-    pub(super) horizon_ms: u64,
+    pub(crate) horizon_ms: u64,
 }
 
 impl LedgerRead {
     /// The replies to [`LedgerKeys::read_into`]'s two commands (`GET`, the raise).
-    pub(super) fn parse(
+    pub(crate) fn parse(
         get: Option<RedisResult<Value>>,
         raise: Option<RedisResult<Value>>,
     ) -> Result<Self, NodeError> {
@@ -69,21 +70,51 @@ pub(super) fn ledger_refused(why: &str) -> NodeError {
 
 /// A judged read: the ledger the node holds now, and the node's clock when it was read.
 #[derive(Debug, Clone)]
-pub(super) struct Settled {
-    pub(super) ledger: Ledger,
-    pub(super) now_ms: u64,
-    pub(super) read_at: Instant,
-    pub(super) horizon_ms: u64,
+pub(crate) struct Settled {
+    pub(crate) ledger: Ledger,
+    pub(crate) now_ms: u64,
+    pub(crate) read_at: Instant,
+    pub(crate) horizon_ms: u64,
 }
 
 /// The node's clock in ms from what `INFO` said, or, when it did not tell, this
 /// client's wall clock (an estimate: ledgers then carry the client's clock).
 pub(super) fn node_time_ms(info: &ServerInfo) -> u64 {
-    info.time_ms().unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    })
+    info.time_ms().unwrap_or_else(crate::clock::wall_ms)
+}
+
+/// Keeps `settled`, a judged read of node `index`, in `loss` (the node's, or a cluster
+/// shard's) and the node's horizon in `horizon`: a loss this client did not know of,
+/// with the quarantine that follows from it.
+pub(crate) fn keep(
+    horizon: &Horizon,
+    index: usize,
+    loss: &mut NodeLoss,
+    settled: &Settled,
+) -> Option<(Why, Duration)> {
+    horizon.heard(index, settled.horizon_ms, settled.read_at);
+    match loss.read(&settled.ledger, settled.now_ms, settled.read_at) {
+        News::Loss(why) => {
+            let left = loss.quarantine(crate::clock::now(), horizon);
+            left.map(|(left, _)| (why, left))
+        }
+        News::None => None,
+    }
+}
+
+/// A check's request: `INFO server`, `INFO replication`, `INFO persistence`, `INFO
+/// memory`, and with `ledger` (its keys, and this client's own horizon) the ledger's
+/// read and the horizon's raise.
+pub(crate) fn check_pipe(ledger: Option<(&LedgerKeys, u64)>) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for section in ["server", "replication", "persistence", "memory"] {
+        pipe.cmd("INFO").arg(section);
+    }
+    if let Some((keys, own_ms)) = ledger {
+        keys.read_into(&mut pipe, own_ms);
+    }
+    pipe
 }
 
 /// How many times a judgement is made again over a ledger another client swapped in
@@ -95,7 +126,7 @@ const SWAPS: usize = 4;
 /// age; under a horizon of `horizon`) and swaps the node's ledger at `keys` for the judged
 /// one through `send` when it changed. A swap refused by the server is the ledger's error;
 /// a broken connection is the connection's.
-pub(super) async fn settle<F, Fut>(
+pub(crate) async fn settle<F, Fut>(
     keys: &LedgerKeys,
     (info, known_run): (&ServerInfo, Option<&str>),
     read: LedgerRead,
@@ -171,20 +202,13 @@ impl Node {
     /// Keeps a judged read in the node's state (locked by the caller), in `loss` (the
     /// node's, or a cluster shard's): logs a loss this client did not know of.
     pub(super) fn keep_judged(&self, loss: &mut NodeLoss, settled: &Settled) {
-        self.settings
-            .horizon
-            .heard(self.index, settled.horizon_ms, settled.read_at);
-        let news = loss.read(&settled.ledger, settled.now_ms, settled.read_at);
-        if let News::Loss(why) = news {
-            let left = loss.quarantine(Instant::now(), &self.settings.horizon);
-            if let Some((left, _)) = left {
-                tracing::warn!(
-                    node = %self.label,
-                    reason = %why.reason(),
-                    quarantine = ?left,
-                    "redlock node may have lost lock keys: kept out of acquisitions until every lock it may have lost has expired"
-                );
-            }
+        if let Some((why, left)) = keep(&self.settings.horizon, self.index, loss, settled) {
+            tracing::warn!(
+                node = %self.label,
+                reason = %why.reason(),
+                quarantine = ?left,
+                "redlock node may have lost lock keys: kept out of acquisitions until every lock it may have lost has expired"
+            );
         }
     }
 

@@ -63,14 +63,14 @@ impl Renewals {
     /// `every` on a connection.
     pub(crate) fn new(sets: usize, every: Duration) -> Self {
         Self {
-            started: Instant::now(),
+            started: crate::clock::now(),
             every: u32::try_from(every.as_secs()).unwrap_or(u32::MAX),
             marks: (0..sets).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
     fn now(&self) -> u32 {
-        u32::try_from(self.started.elapsed().as_secs()).unwrap_or(u32::MAX)
+        u32::try_from(crate::clock::since(self.started).as_secs()).unwrap_or(u32::MAX)
     }
 
     /// Whether a fenced request in set `set` that goes on the connection of `generation`

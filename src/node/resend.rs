@@ -39,7 +39,10 @@ impl Node {
             return;
         };
         // Connecting takes at most the connect timeout; the answer gets as long again.
-        let limit = later(Instant::now(), node.connect_timeout().saturating_mul(2));
+        let limit = later(
+            crate::clock::now(),
+            node.connect_timeout().saturating_mul(2),
+        );
         // Each counts as running until answered: `shutdown` waits for them.
         let unsent: Vec<_> = unsent
             .into_iter()

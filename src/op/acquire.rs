@@ -185,7 +185,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let ttl = Duration::from_millis(ttl_ms(target.ttl));
         // 1-3. SET NX PX everywhere at once, decided as early as the outcome is certain.
         let window = Window {
-            start: Instant::now(),
+            start: crate::clock::now(),
             ttl,
             drift: core.drift(ttl),
             outer,
@@ -236,7 +236,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         reason = "an Attempt that is never Held (the large variant), moved once per miss"
     )]
     fn validity_left(&self, window: &Window, fenced: bool) -> Result<Duration, Attempt> {
-        let elapsed = window.start.elapsed();
+        let elapsed = crate::clock::since(window.start);
         let ttl = window.ttl;
         let validity = self
             .core
@@ -339,7 +339,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let deadline = || core.call_deadline(window.start, window.ttl, window.outer);
         let clock = self.fencing.clock();
         if phase_one.needs_read(quorum) {
-            let elapsed = window.start.elapsed();
+            let elapsed = crate::clock::since(window.start);
             if crate::quorum::validity(window.ttl, elapsed, window.drift).is_none() {
                 return Ok(None);
             }

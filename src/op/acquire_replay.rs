@@ -9,7 +9,7 @@
 //! no record, doubted grants      -> AfterLoss::Run: runs (counted) | Refuse: Unverifiable
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::acquire::{Acquire, Attempt};
 use super::release::{Background, Held, complete_held};
@@ -58,7 +58,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             return Ok(());
         };
         let granted = (0..self.core.nodes().count()).filter(|&i| replies.granted.contains(i));
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut waits: Vec<Duration> = granted
             .map(|i| doubts.vouches_in(i, retention, true, now))
             .collect();

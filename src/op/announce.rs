@@ -17,7 +17,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::core::{Core, ttl_ms};
 use crate::error::{LockError, NodeFailure};
@@ -34,7 +34,7 @@ pub(crate) async fn announce<N: Nodes + ?Sized>(
     if !core.horizon().uses(ttl) {
         return Ok(());
     }
-    let deadline = later(Instant::now(), core.node_timeout());
+    let deadline = later(crate::clock::now(), core.node_timeout());
     let each = core.nodes().announce(ttl_ms(ttl), deadline).await;
     let took = each.iter().filter(|r| r.is_ok()).count();
     if took >= core.quorum() {

@@ -38,7 +38,7 @@ impl<N: Nodes + ?Sized> Extend<'_, N> {
         ttl: Duration,
     ) -> Result<(), LockError> {
         let span = observe.span(self.core, Operation::Extend, lock.name());
-        let start = Instant::now();
+        let start = crate::clock::now();
         let result = self.run(lock, ttl).instrument(span.clone()).await;
         if !span.is_disabled() {
             span.record("elapsed_us", elapsed_us(start));
@@ -60,7 +60,7 @@ impl<N: Nodes + ?Sized> Extend<'_, N> {
         core.check_ttl(ttl)?;
         super::announce::announce(core, ttl).await?;
         let ttl = Duration::from_millis(ttl_ms(ttl));
-        let start = Instant::now();
+        let start = crate::clock::now();
         if start >= lock.valid_until {
             // The validity ran out: another client may have held the lock since, so the
             // hold cannot be continued, even if our keys are still there.
@@ -74,7 +74,7 @@ impl<N: Nodes + ?Sized> Extend<'_, N> {
         let round = self.round(lock, ttl, start).await?;
         // The extension lands on the nodes that had not answered yet, too.
         round.land().await;
-        let elapsed = start.elapsed();
+        let elapsed = crate::clock::since(start);
         match core.validity(ttl, elapsed, core.drift(ttl)) {
             Some(validity) => {
                 lock.started = start;

@@ -9,7 +9,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::join_all;
 
@@ -177,7 +177,7 @@ impl Inspection {
 /// timeout): up, quarantined or down with the cause, its round-trip time, version and
 /// role; and whether a quorum is usable ([`Health::ready`]), for a readiness probe.
 pub(crate) async fn health(core: &Core<[Arc<Node>]>) -> Health {
-    let deadline = later(Instant::now(), core.node_timeout());
+    let deadline = later(crate::clock::now(), core.node_timeout());
     let nodes = join_all(core.nodes().iter().map(|node| async move {
         let check = node.check(deadline).await;
         NodeHealth {
@@ -215,7 +215,7 @@ pub(crate) async fn inspect<N: Nodes + ?Sized>(
     let at = CounterAt::of(&resource);
     let args = [Arg::Bytes(at.member)];
     let request = at.inspect(&args);
-    let deadline = later(Instant::now(), core.node_timeout());
+    let deadline = later(crate::clock::now(), core.node_timeout());
     let mut out = Inspection {
         held_on: 0,
         nodes: core.node_count(),

@@ -101,5 +101,5 @@ impl Observe {
 
 /// Microseconds since `start`, for `elapsed_us`.
 pub(crate) fn elapsed_us(start: Instant) -> u64 {
-    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
+    u64::try_from(crate::clock::since(start).as_micros()).unwrap_or(u64::MAX)
 }

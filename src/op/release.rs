@@ -11,7 +11,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::Value;
 use tracing::Instrument;
@@ -148,7 +148,7 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
         after: After,
     ) -> Released {
         let span = observe.span(self.core, Operation::Release, lock.name());
-        let start = Instant::now();
+        let start = crate::clock::now();
         let release = async {
             let out = self.run(&Deletion::of(lock, Wake::OnSent)).await;
             let failed = out.failures.len();
@@ -170,7 +170,7 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
             out
         };
         let out = release.instrument(span.clone()).await;
-        crate::metrics::released(lock.acquired_at.elapsed().as_secs_f64());
+        crate::metrics::released(crate::clock::since(lock.acquired_at).as_secs_f64());
         if !span.is_disabled() {
             span.record("released", out.released);
             span.record("elapsed_us", elapsed_us(start));
@@ -193,7 +193,10 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
             value: deletion.value.as_bytes(),
             id: self.waiters.id(),
         };
-        let deadline = later(Instant::now(), self.core.node_timeout().min(deletion.ttl));
+        let deadline = later(
+            crate::clock::now(),
+            self.core.node_timeout().min(deletion.ttl),
+        );
         let plan = Plan {
             skip: deletion.foreign,
             deadline,
@@ -299,7 +302,7 @@ pub(crate) async fn complete_held<N: Nodes + ?Sized>(
     });
     let plan = Plan {
         skip: held.foreign,
-        deadline: later(Instant::now(), core.node_timeout()),
+        deadline: later(crate::clock::now(), core.node_timeout()),
         // On the nodes where the acquisition lands late, too.
         purpose: Purpose::Everywhere {
             after: held.landing,

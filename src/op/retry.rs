@@ -134,7 +134,7 @@ impl<B: Background> Retry<'_, B> {
         target: &Target,
         budget: RetryBudget,
     ) -> Result<Acquired, LockError> {
-        let past = |d: Option<Instant>| d.is_some_and(|d| Instant::now() >= d);
+        let past = |d: Option<Instant>| d.is_some_and(|d| crate::clock::now() >= d);
         // Arrival order: behind the tasks of this client that already wait for the name.
         let mut ticket = None;
         if self.waiters.has_queue(&target.resource.key) {
@@ -149,7 +149,7 @@ impl<B: Background> Retry<'_, B> {
             // A deadline that passed while queued still leaves one honest attempt.
             let outer = budget
                 .deadline
-                .filter(|d| attempt > 1 || Instant::now() < *d);
+                .filter(|d| attempt > 1 || crate::clock::now() < *d);
             if let Some(t) = &ticket {
                 t.attempting();
             }
@@ -188,7 +188,7 @@ impl<B: Background> Retry<'_, B> {
         let LockError::Busy { retry_after, .. } = wait.failure else {
             // Nodes kept out by the restart quarantine come back at a known time.
             let pause = self.policy.pause().max(wait.failure.quarantine_left());
-            let mut wake = later(Instant::now(), pause);
+            let mut wake = later(crate::clock::now(), pause);
             if let Some(end) = wait.waits_until {
                 wake = wake.min(end);
             }
@@ -233,14 +233,14 @@ pub(crate) fn observed<N: ?Sized>(
     // Not an `async fn`: one would keep `acquisition` both as its argument and as the
     // future it awaits, twice the acquisition's size in every caller's future.
     let span = observe.span(core, Operation::Acquire, &resource.name);
-    let start = Instant::now();
+    let start = crate::clock::now();
     acquisition.instrument(span.clone()).map(move |result| {
         let (attempts, outcome) = match &result {
             Ok(Acquired::Lock(lock)) => (lock.attempts, "acquired"),
             Ok(Acquired::Record { attempts, .. }) => (*attempts, "replayed"),
             Err(error) => (error.attempts().unwrap_or(1), error.outcome()),
         };
-        crate::metrics::acquired(outcome, start.elapsed().as_secs_f64());
+        crate::metrics::acquired(outcome, crate::clock::since(start).as_secs_f64());
         if !span.is_disabled() {
             span.record("attempts", attempts);
             span.record("elapsed_us", elapsed_us(start));
@@ -283,7 +283,7 @@ fn jittered(base: Duration, jitter: Duration) -> Duration {
     }
     let r = getrandom::u64().unwrap_or_else(|_| {
         // The OS generator failing is next to impossible; any spread will do for jitter.
-        u64::from(Instant::now().elapsed().subsec_nanos()) ^ 0x9e37_79b9_7f4a_7c15
+        u64::from(std::time::Instant::now().elapsed().subsec_nanos()) ^ 0x9e37_79b9_7f4a_7c15
     });
     base.saturating_add(Duration::from_nanos(r % nanos))
 }

@@ -104,6 +104,15 @@ impl NodeLoss {
         (!settled).then_some((CONFIRMING, j.why.reason()))
     }
 
+    /// Since when the node's data is whole, as a replay acquisition sees it.
+    pub(crate) fn whole(&self) -> super::Whole {
+        match self.since() {
+            None => super::Whole::Unknown,
+            Some(None) => super::Whole::Always,
+            Some(Some(at)) => super::Whole::Since(at),
+        }
+    }
+
     /// Since when the node's data is whole, on this client's clock: `None` if not judged
     /// yet, `Some(None)` if before this client's clock can say.
     pub(crate) fn since(&self) -> Option<Option<Instant>> {

@@ -1,0 +1,72 @@
+//! The simulation's checkers, over one schedule's [`History`]: never two valid holders
+//! of a name (but within a check interval after a FLUSHALL, the documented window);
+//! fencing numbers that strictly increase from holder to holder, across clients; no
+//! refusal in a schedule whose faults lose nothing; every client served at the healed
+//! end.
+//!
+//! ```text
+//! grants of one name, by time:  [a.from, a.until) and [b.from, b.until) overlap -> two holders
+//!                               a before b, both fenced, b.fence <= a.fence      -> fencing
+//! ```
+
+use std::time::Duration;
+
+use super::world::{CHECK_EVERY, Fault, History, Plan};
+
+/// A rule a schedule broke, with what shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Violation {
+    pub(crate) rule: &'static str,
+    pub(crate) detail: String,
+}
+
+/// Every rule `history` (of `plan`) broke.
+pub(crate) fn check(plan: &Plan, history: &History) -> Vec<Violation> {
+    let mut found = Vec::new();
+    let mut grants = history.grants.clone();
+    grants.sort_by_key(|g| g.from);
+    let flushes: Vec<_> = history
+        .faults
+        .iter()
+        .filter(|(_, f)| matches!(f, Fault::Flush(_)))
+        .map(|(at, _)| *at)
+        .collect();
+    for (i, a) in grants.iter().enumerate() {
+        for b in grants[i + 1..].iter().filter(|b| b.name == a.name) {
+            if b.from < a.until {
+                let window = flushes.iter().any(|f| {
+                    *f <= b.from
+                        && b.from.duration_since(*f) <= CHECK_EVERY + Duration::from_millis(50)
+                });
+                if !window {
+                    found.push(Violation {
+                        rule: "two holders",
+                        detail: format!("{a:?} and {b:?}"),
+                    });
+                }
+            } else if let (Some(x), Some(y)) = (a.fence, b.fence)
+                && y <= x
+            {
+                found.push(Violation {
+                    rule: "fencing",
+                    detail: format!("{a:?} then {b:?}"),
+                });
+            }
+        }
+    }
+    if plan.is_routine() {
+        for (client, _, why) in &history.refusals {
+            found.push(Violation {
+                rule: "outage",
+                detail: format!("client {client} refused with only routine faults: {why}"),
+            });
+        }
+    }
+    for why in &history.refused_at_end {
+        found.push(Violation {
+            rule: "outage at the healed end",
+            detail: why.clone(),
+        });
+    }
+    found
+}

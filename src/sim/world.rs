@@ -1,0 +1,631 @@
+//! One seeded schedule of the simulation: 3 or 5 simulated servers, 2 or 3 clients (each
+//! the crate's own `Core`, `Acquire`, `Release` and fencing clock over [`SimNodes`], with
+//! its own TTL, fenced or not), which lock and release a few names at random moments,
+//! while faults play: restarts with and without data, an append-only file that comes back
+//! empty, FLUSHALL, failovers to a lagging replica (with `master_replid2` kept or
+//! cleared), a replica attaching, `INFO` without `run_id`, partitions, slow and lost
+//! replies, node clock steps within the drift bound. Everything runs on one thread with
+//! tokio's paused clock, so a seed replays the same schedule.
+//!
+//! ```text
+//! seed -> Plan (nodes, clients, faults)  -> play -> History (grants, refusals, faults)
+//! ```
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::client::SimNodes;
+use super::conn::Link;
+use super::keyspace::Keyspace;
+use super::server::Server;
+use crate::core::{Accepts, Core, Fenced, KeySpace, Timing};
+use crate::error::LockError;
+use crate::fencing::{Clock, Fencing};
+use crate::name::CounterSets;
+use crate::node::Horizon;
+use crate::node::clocks::NodeClocks;
+use crate::op::acquire::{Acquire, Attempt};
+use crate::op::observe::Observe;
+use crate::op::release::{Background, Deletion, Release};
+use crate::waiters::Waiters;
+
+/// A small seeded generator (SplitMix64).
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 for `n` = 0).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    /// True with probability `percent` / 100.
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    /// A duration in `lo..hi` ms.
+    pub(crate) fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi.saturating_sub(lo).max(1)))
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[usize::try_from(self.below(from.len() as u64)).unwrap_or(0)]
+    }
+}
+
+/// A fault, at a moment of the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// A restart that reloads the data (an append-only file).
+    RestartKeep(usize),
+    /// A restart without persistence: empty.
+    RestartEmpty(usize),
+    /// A restart with an append-only file on a volume that came back empty.
+    AofLost(usize),
+    /// FLUSHALL (seen within a check interval: a documented window).
+    Flush(usize),
+    /// A failover to a replica whose copy lags; `cleared`: its `master_replid2` gone.
+    FailOver { node: usize, cleared: bool },
+    /// A replica attaches (a new replication id, nothing lost).
+    AttachReplica(usize),
+    /// `INFO` stops telling `run_id`.
+    HideRunId(usize),
+    /// A client cannot reach a node for a while.
+    Partition { client: usize, node: usize },
+    /// A client's replies from a node are lost for a while.
+    LoseReplies { client: usize, node: usize },
+    /// A client's link to a node gets slow for a while (µs one way).
+    Slow { client: usize, node: usize, us: u64 },
+    /// A node's clock steps by this many ms (within the drift bound).
+    ClockStep { node: usize, ms: i64 },
+}
+
+impl Fault {
+    /// A fault drawn from `rng` on `node` (for links: `client`'s), only routine ones if
+    /// `routine`, a clock step at most once a schedule (`stepped`).
+    fn drawn(
+        rng: &mut Rng,
+        routine: bool,
+        stepped: &mut bool,
+        (node, client): (usize, usize),
+    ) -> Self {
+        match rng.below(if routine { 3 } else { 11 }) {
+            0 => Self::AttachReplica(node),
+            1 => Self::HideRunId(node),
+            2 if !*stepped => {
+                *stepped = true;
+                let ms = i64::try_from(rng.below(3)).unwrap_or(0);
+                Self::ClockStep {
+                    node,
+                    ms: if rng.chance(50) { ms } else { -ms },
+                }
+            }
+            2 => Self::Slow {
+                client,
+                node,
+                us: 1_000,
+            },
+            3 => Self::RestartKeep(node),
+            4 => Self::RestartEmpty(node),
+            5 => Self::AofLost(node),
+            6 => Self::Flush(node),
+            7 => Self::FailOver {
+                node,
+                cleared: rng.chance(50),
+            },
+            8 => Self::Partition { client, node },
+            9 => Self::LoseReplies { client, node },
+            _ => Self::Slow {
+                client,
+                node,
+                us: 1_000 * rng.below(40),
+            },
+        }
+    }
+
+    /// The fault's kind, for counts.
+    pub(crate) fn kind(self) -> &'static str {
+        match self {
+            Self::RestartKeep(_) => "restart keeping data",
+            Self::RestartEmpty(_) => "restart empty",
+            Self::AofLost(_) => "append-only file lost",
+            Self::Flush(_) => "flushall",
+            Self::FailOver { cleared: false, .. } => "failover",
+            Self::FailOver { cleared: true, .. } => "failover, replid2 cleared",
+            Self::AttachReplica(_) => "replica attached",
+            Self::HideRunId(_) => "no run_id",
+            Self::Partition { .. } => "partition",
+            Self::LoseReplies { .. } => "lost replies",
+            Self::Slow { .. } => "slow link",
+            Self::ClockStep { .. } => "clock step",
+        }
+    }
+
+    /// Whether the fault may lose keys or refuse locks: a schedule with none of these
+    /// must never refuse a lock nobody holds.
+    pub(crate) fn is_routine(self) -> bool {
+        matches!(
+            self,
+            Self::AttachReplica(_) | Self::HideRunId(_) | Self::ClockStep { .. }
+        ) || matches!(self, Self::Slow { us, .. } if us < 2_000)
+    }
+}
+
+/// One client of the schedule.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClientPlan {
+    pub(crate) ttl: Duration,
+    pub(crate) fenced: bool,
+    /// When it starts.
+    pub(crate) start: Duration,
+}
+
+/// What a seed plays.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) seed: u64,
+    pub(crate) nodes: usize,
+    pub(crate) names: usize,
+    pub(crate) clients: Vec<ClientPlan>,
+    pub(crate) faults: Vec<(Duration, Fault)>,
+    /// How long faults and locks play, before the healed end.
+    pub(crate) length: Duration,
+    /// How far a replica's copy lags.
+    pub(crate) lag: Duration,
+}
+
+/// The per-node timeout of every client (the shortest TTL is 10 times as long).
+pub(crate) const NODE_TIMEOUT: Duration = Duration::from_millis(20);
+/// The longest a partition, lost replies or a slow link last.
+const FAULTS_LAST: Duration = Duration::from_millis(1_500);
+/// The background check's interval.
+pub(crate) const CHECK_EVERY: Duration = crate::defaults::DEFAULT_CHECK_INTERVAL;
+const TTLS: [u64; 3] = [200, 700, 2_000];
+
+impl Plan {
+    /// The schedule of `seed`.
+    pub(crate) fn of(seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let nodes = if rng.chance(25) { 5 } else { 3 };
+        let clients = (0..2 + rng.below(2))
+            .map(|_| ClientPlan {
+                ttl: Duration::from_millis(rng.pick(&TTLS)),
+                fenced: rng.chance(50),
+                start: rng.ms(0, 800),
+            })
+            .collect::<Vec<_>>();
+        let length = rng.ms(1_000, 2_500);
+        let routine = rng.chance(30);
+        let mut faults = Vec::new();
+        let mut stepped = false;
+        for _ in 0..rng.below(6) {
+            let at = rng.ms(0, u64::try_from(length.as_millis()).unwrap_or(0));
+            let node = usize::try_from(rng.below(nodes as u64)).unwrap_or(0);
+            let client = usize::try_from(rng.below(clients.len() as u64)).unwrap_or(0);
+            let fault = Fault::drawn(&mut rng, routine, &mut stepped, (node, client));
+            faults.push((at, fault));
+        }
+        faults.sort_by_key(|(at, _)| *at);
+        Self {
+            seed,
+            nodes,
+            names: 1 + usize::try_from(rng.below(2)).unwrap_or(0),
+            clients,
+            faults,
+            length,
+            lag: rng.ms(20, 150),
+        }
+    }
+
+    /// Whether every fault is routine (see [`Fault::is_routine`]).
+    pub(crate) fn is_routine(&self) -> bool {
+        self.faults.iter().all(|(_, f)| f.is_routine())
+    }
+}
+
+/// A lock held: by whom, with which number, from when it was known held to when it was
+/// released or its validity ended.
+#[derive(Debug, Clone)]
+pub(crate) struct Grant {
+    #[expect(dead_code, reason = "shown in a violation's detail")]
+    pub(crate) client: usize,
+    pub(crate) name: usize,
+    pub(crate) fence: Option<u64>,
+    pub(crate) from: Instant,
+    pub(crate) until: Instant,
+}
+
+/// What a schedule did.
+#[derive(Debug, Default)]
+pub(crate) struct History {
+    pub(crate) grants: Vec<Grant>,
+    /// Acquisitions refused for another reason than a holder: (client, when, why).
+    pub(crate) refusals: Vec<(usize, Instant, String)>,
+    /// Faults, as they played.
+    pub(crate) faults: Vec<(Instant, Fault)>,
+    /// Locks refused at the healed end, once every quarantine was over.
+    pub(crate) refused_at_end: Vec<String>,
+    pub(crate) acquisitions: usize,
+}
+
+/// A client of the schedule: the crate's operations over its nodes.
+struct SimClient {
+    core: Core<SimNodes>,
+    fencing: Fencing,
+    waiters: Arc<Waiters>,
+    plan: ClientPlan,
+}
+
+/// Releases of dropped attempts: none are dropped in a schedule.
+struct NoBackground;
+
+impl Background for NoBackground {
+    fn release_in_background(&self, _deletion: Deletion) {}
+}
+
+impl SimClient {
+    fn new(servers: &[Arc<Mutex<Server>>], links: Vec<Arc<Link>>, plan: ClientPlan) -> Self {
+        let n = servers.len();
+        let horizon = Arc::new(Horizon::new(n, plan.ttl, true));
+        let clocks = Arc::new(NodeClocks::new(
+            n,
+            crate::defaults::DEFAULT_FENCING_CLOCK_BOUND,
+        ));
+        let nodes = SimNodes::new(
+            servers,
+            links,
+            (Arc::clone(&horizon), Arc::clone(&clocks)),
+            b"sim:",
+            true,
+        );
+        let timing = Timing {
+            ttl: plan.ttl,
+            node_timeout: NODE_TIMEOUT,
+            drift_factor: crate::defaults::DEFAULT_DRIFT_FACTOR,
+            min_validity: Duration::ZERO,
+            fencing_retention: crate::defaults::DEFAULT_FENCING_RETENTION,
+        };
+        let keys = KeySpace {
+            prefix: b"sim:".to_vec(),
+            counter_sets: CounterSets::One,
+        };
+        let core = Core::new(
+            (Box::new(nodes), n),
+            timing,
+            keys,
+            (horizon, Arc::default()),
+        );
+        let expiry = crate::node::set_expiry_ms(crate::defaults::DEFAULT_FENCING_RETENTION);
+        Self {
+            core,
+            fencing: Fencing::new(Clock::new(clocks), expiry),
+            waiters: Waiters::new(n, crate::quorum::quorum(n)),
+            plan,
+        }
+    }
+
+    /// One `try_lock` of `name`: the lock, or why not.
+    async fn try_lock(&self, name: &str) -> Result<crate::Lock, LockError> {
+        let fenced = if self.plan.fenced {
+            Fenced::Yes
+        } else {
+            Fenced::No
+        };
+        let target = self
+            .core
+            .target(name.as_bytes(), self.plan.ttl, Accepts::Lock, fenced)?;
+        let acquire = Acquire {
+            core: &self.core,
+            fencing: &self.fencing,
+            waiters: &self.waiters,
+            background: &NoBackground,
+        };
+        match acquire.attempt(&target, None, 1).await {
+            Attempt::Held(lock) => Ok(lock),
+            other => other
+                .finish(1)
+                .and_then(|a| a.lock_or_busy(self.core.quorum(), self.core.node_count())),
+        }
+    }
+
+    async fn unlock(&self, lock: &crate::Lock) {
+        let release = Release {
+            core: &self.core,
+            waiters: &self.waiters,
+        };
+        let _ = release.unlock(Observe::new(false), lock).await;
+    }
+}
+
+/// The simulation's wall clock at the start of every schedule (ms since the Unix epoch).
+const WALL_ORIGIN_MS: u64 = 1_800_000_000_000;
+
+/// The shared state of a schedule being played.
+struct Stage {
+    servers: Vec<Arc<Mutex<Server>>>,
+    /// Each node's replica: a copy of its keys as of `lag` ago, and since when it runs.
+    replicas: Vec<Mutex<(Keyspace, u64)>>,
+    /// links[client][node]
+    links: Vec<Vec<Arc<Link>>>,
+    history: Mutex<History>,
+}
+
+impl Stage {
+    /// The stage of `plan`: its servers, up for an hour, their replicas, and each
+    /// client's links (latency from `rng`).
+    fn new(plan: &Plan, rng: &mut Rng) -> Self {
+        let servers = (0..plan.nodes)
+            .map(|i| {
+                let up = Duration::from_secs(3_600);
+                Arc::new(Mutex::new(Server::new(
+                    plan.seed.wrapping_add(i as u64),
+                    up,
+                )))
+            })
+            .collect();
+        let started = WALL_ORIGIN_MS.saturating_sub(3_600_000);
+        let link = |rng: &mut Rng| {
+            let link = Link::default();
+            link.latency_us
+                .store(100 + rng.below(900), Ordering::Relaxed);
+            Arc::new(link)
+        };
+        Self {
+            replicas: (0..plan.nodes)
+                .map(|_| Mutex::new((Keyspace::default(), started)))
+                .collect(),
+            links: plan
+                .clients
+                .iter()
+                .map(|_| (0..plan.nodes).map(|_| link(rng)).collect())
+                .collect(),
+            servers,
+            history: Mutex::default(),
+        }
+    }
+
+    fn server(&self, i: usize) -> std::sync::MutexGuard<'_, Server> {
+        self.servers[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn history(&self) -> std::sync::MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Plays `fault` now; a fault that lasts is undone after `lasts`.
+    async fn play(&self, fault: Fault, lasts: Duration) {
+        self.history().faults.push((Instant::now(), fault));
+        let link = |c: usize, n: usize| Arc::clone(&self.links[c][n]);
+        match fault {
+            Fault::RestartKeep(n) => self.server(n).restart(true),
+            Fault::RestartEmpty(n) => self.server(n).restart(false),
+            Fault::AofLost(n) => {
+                let mut s = self.server(n);
+                s.aof = true;
+                s.restart(false);
+            }
+            Fault::Flush(n) => {
+                let _ = self.server(n).command(b"FLUSHALL", &[]);
+            }
+            Fault::FailOver { node, cleared } => {
+                let (copy, since) = self.replicas[node]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                self.server(node).fail_over(copy, since, cleared);
+            }
+            Fault::AttachReplica(n) => self.server(n).attach_replica(),
+            Fault::HideRunId(n) => self.server(n).hides_run_id = true,
+            Fault::ClockStep { node, ms } => self.server(node).step_clock(ms),
+            Fault::Partition { client, node } => {
+                let l = link(client, node);
+                l.partitioned.store(true, Ordering::Relaxed);
+                tokio::time::sleep(lasts).await;
+                l.partitioned.store(false, Ordering::Relaxed);
+            }
+            Fault::LoseReplies { client, node } => {
+                let l = link(client, node);
+                l.loses_replies.store(true, Ordering::Relaxed);
+                tokio::time::sleep(lasts).await;
+                l.loses_replies.store(false, Ordering::Relaxed);
+            }
+            Fault::Slow { client, node, us } => {
+                let l = link(client, node);
+                let before = l.latency_us.swap(us, Ordering::Relaxed);
+                tokio::time::sleep(lasts).await;
+                l.latency_us.store(before, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Copies each node's keys to its replica every `lag`.
+    async fn replicate(&self, lag: Duration) {
+        loop {
+            tokio::time::sleep(lag).await;
+            for (i, replica) in self.replicas.iter().enumerate() {
+                let copy = self.server(i).keyspace().clone();
+                replica.lock().unwrap_or_else(PoisonError::into_inner).0 = copy;
+            }
+        }
+    }
+}
+
+/// Plays `plan`: its history.
+pub(crate) async fn play(plan: &Plan) -> History {
+    crate::clock::sim::set_wall(Some(Duration::from_millis(WALL_ORIGIN_MS)));
+    let mut rng = Rng::new(plan.seed ^ 0x5eed);
+    let stage = Arc::new(Stage::new(plan, &mut rng));
+    let clients: Vec<Arc<SimClient>> = plan
+        .clients
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Arc::new(SimClient::new(&stage.servers, stage.links[i].clone(), *p)))
+        .collect();
+    warm_up(&stage).await;
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    {
+        let stage = Arc::clone(&stage);
+        let lag = plan.lag;
+        tasks.spawn(async move { stage.replicate(lag).await });
+    }
+    for (at, fault) in plan.faults.clone() {
+        let stage = Arc::clone(&stage);
+        let lasts = rng.ms(50, u64::try_from(FAULTS_LAST.as_millis()).unwrap_or(0));
+        tasks.spawn(async move {
+            tokio::time::sleep_until(start + at).await;
+            stage.play(fault, lasts).await;
+        });
+    }
+    for (i, client) in clients.iter().enumerate() {
+        let rng = Rng::new(plan.seed.wrapping_mul(31).wrapping_add(i as u64));
+        let run = Run {
+            client: Arc::clone(client),
+            stage: Arc::clone(&stage),
+            index: i,
+            names: plan.names as u64,
+            end: start + plan.length,
+        };
+        run.spawn(&mut tasks, start, rng);
+    }
+    healed_end(plan, start, &clients, &stage).await;
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    crate::clock::sim::set_wall(None);
+    std::mem::take(&mut *stage.history())
+}
+
+/// One client's part of a schedule.
+struct Run {
+    client: Arc<SimClient>,
+    stage: Arc<Stage>,
+    index: usize,
+    names: u64,
+    end: Instant,
+}
+
+impl Run {
+    /// Spawns the client's background check and its locking, from its start on, until
+    /// the schedule's end.
+    fn spawn(self, tasks: &mut tokio::task::JoinSet<()>, start: Instant, mut rng: Rng) {
+        let (client, end) = (Arc::clone(&self.client), self.end);
+        tasks.spawn(async move {
+            tokio::time::sleep_until(start + client.plan.start).await;
+            while Instant::now() < end {
+                client.core.nodes().check_all().await;
+                tokio::time::sleep(CHECK_EVERY).await;
+            }
+        });
+        tasks.spawn(async move {
+            tokio::time::sleep_until(start + self.client.plan.start).await;
+            while Instant::now() < self.end {
+                let name = rng.below(self.names);
+                let held = lock_once(&self.client, &self.stage, self.index, name, &mut rng).await;
+                let gap = if held {
+                    rng.ms(0, 100)
+                } else {
+                    rng.ms(50, 400)
+                };
+                tokio::time::sleep(gap).await;
+            }
+        });
+    }
+}
+
+/// The healed end of a schedule started at `start`: once every fault is undone and every
+/// quarantine over, each client must get a name nobody holds.
+async fn healed_end(plan: &Plan, start: Instant, clients: &[Arc<SimClient>], stage: &Stage) {
+    let faults_done = plan
+        .faults
+        .iter()
+        .map(|(at, _)| *at)
+        .max()
+        .unwrap_or_default();
+    let longest = Duration::from_millis(TTLS[TTLS.len() - 1]);
+    let healed = faults_done.max(plan.length) + FAULTS_LAST;
+    tokio::time::sleep_until(start + healed).await;
+    for client in clients {
+        client.core.nodes().check_all().await;
+    }
+    // A loss first seen now is quarantined from now, for the horizon.
+    tokio::time::sleep(longest + Duration::from_millis(200)).await;
+    for (i, client) in clients.iter().enumerate() {
+        client.core.nodes().check_all().await;
+        if let Err(e) = client.try_lock(&format!("end-{i}")).await {
+            stage
+                .history()
+                .refused_at_end
+                .push(format!("client {i}: {e}"));
+        }
+    }
+}
+
+/// Brings the nodes to a steady state before the schedule: a client of the longest TTL
+/// met them long ago (their ledgers written, their first quarantine over).
+async fn warm_up(stage: &Stage) {
+    let longest = Duration::from_millis(TTLS[TTLS.len() - 1]);
+    let links = (0..stage.servers.len())
+        .map(|_| Arc::new(Link::default()))
+        .collect();
+    let plan = ClientPlan {
+        ttl: longest,
+        fenced: false,
+        start: Duration::ZERO,
+    };
+    let client = SimClient::new(&stage.servers, links, plan);
+    client.core.nodes().check_all().await;
+    let _ = crate::op::announce::announce(&client.core, longest).await;
+    tokio::time::sleep(longest * 2).await;
+}
+
+/// One acquisition by `client` (number `i`) of name `name`, held for a while and then
+/// released or left to expire; recorded in the stage's history. Whether it was held.
+async fn lock_once(client: &SimClient, stage: &Stage, i: usize, name: u64, rng: &mut Rng) -> bool {
+    let result = client.try_lock(&format!("n{name}")).await;
+    let from = Instant::now();
+    stage.history().acquisitions += 1;
+    let lock = match result {
+        Ok(lock) => lock,
+        Err(LockError::Busy { .. }) => return false,
+        Err(e) => {
+            stage.history().refusals.push((i, from, e.to_string()));
+            return false;
+        }
+    };
+    let valid_until = Instant::from_std(lock.valid_until);
+    let hold = rng.ms(
+        0,
+        u64::try_from(client.plan.ttl.as_millis()).unwrap_or(0) * 3 / 2,
+    );
+    tokio::time::sleep(hold).await;
+    let until = Instant::now().min(valid_until);
+    if rng.chance(80) {
+        client.unlock(&lock).await;
+    }
+    stage.history().grants.push(Grant {
+        client: i,
+        name: usize::try_from(name).unwrap_or(0),
+        fence: lock.fence,
+        from,
+        until,
+    });
+    true
+}
