@@ -396,10 +396,11 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             let _ = tokio::time::timeout_at(deadline.into(), settle).await;
             clock.waited_once();
         }
-        // Below the largest number a counter holds exactly, so that one above the
-        // proposal still is one (a counter at that largest number is pinned: see
-        // `PhaseOne::read`).
-        clock.propose().min(MAX_NUMBER - 1)
+        // Two below the largest number a counter holds exactly, so that one above the
+        // proposal is still below it: a counter at that largest number is pinned (see
+        // `PhaseOne::read`), and the reset after it gives at most one less than that
+        // number, never the number a holder before may have taken.
+        clock.propose().min(MAX_NUMBER - 2)
     }
 
     /// Step 2: `SET NX PX` on every node at once (fenced: followed by the proposal's

@@ -480,6 +480,33 @@ async fn phase_two_raises_the_counters_above_the_highest_read() {
     );
 }
 
+/// Two successive holders at the top of the exact range: the first reads a counter at
+/// 2^53 - 1 and takes 2^53; its client, having seen 2^53, proposes at the cap, finds the
+/// counter pinned and resets it (the documented deliberate loss): to a number below the
+/// first's, never the same one (the cap used to be 2^53 - 1, which made it 2^53 again).
+#[tokio::test(start_paused = true)]
+async fn at_the_top_of_the_range_two_holders_never_share_a_number() {
+    let fence_ok = || vec![Answer::Now(Value::Int(1)); 3];
+    let s = Setup::new(vec![
+        vec![fenced_won(false); 3],
+        vec![counter(MAX_NUMBER - 1); 3],
+        fence_ok(),
+        vec![fenced_won(false); 3],
+        vec![counter(MAX_NUMBER); 3],
+        fence_ok(),
+    ]);
+    let Attempt::Held(first) = s.attempt(Accepts::Lock, Fenced::Yes).await else {
+        panic!("held")
+    };
+    assert_eq!(first.fencing_token(), Some(MAX_NUMBER));
+    let Attempt::Held(second) = s.attempt(Accepts::Lock, Fenced::Yes).await else {
+        panic!("held")
+    };
+    let number = second.fencing_token().expect("a number");
+    assert_ne!(number, MAX_NUMBER, "the same number twice");
+    assert!(number < MAX_NUMBER, "{number}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn phase_two_without_a_quorum_misses_and_releases() {
     let s = Setup::new(vec![

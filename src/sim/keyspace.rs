@@ -84,6 +84,31 @@ pub(crate) fn int(arg: &[u8]) -> Option<i64> {
 }
 
 impl Keyspace {
+    /// Every key, in order: its name, its value (a string's, or a sorted set's members and
+    /// scores as `ZRANGE .. WITHSCORES` answers, by score) and its `PTTL` at `now`.
+    pub(crate) fn each(&self, now: u64) -> Vec<(Vec<u8>, Value, i64)> {
+        self.keys
+            .iter()
+            .map(|(name, entry)| {
+                let value = match &entry.data {
+                    Data::Str(v) => Value::BulkString(v.clone()),
+                    Data::ZSet(set) => {
+                        let mut by_score: Vec<_> = set.iter().collect();
+                        by_score.sort_by(|a, b| a.1.total_cmp(b.1).then_with(|| a.0.cmp(b.0)));
+                        let pairs = by_score.into_iter().flat_map(|(m, s)| {
+                            [
+                                Value::BulkString(m.clone()),
+                                Value::BulkString(score_text(*s).into_bytes()),
+                            ]
+                        });
+                        Value::Array(pairs.collect())
+                    }
+                };
+                (name.clone(), value, self.pttl(name, now))
+            })
+            .collect()
+    }
+
     /// Drops the keys expired at `now`.
     pub(crate) fn expire(&mut self, now: u64) {
         self.keys

@@ -12,6 +12,8 @@
 
 mod checkers;
 mod client;
+#[cfg(test)]
+mod conformance;
 mod conn;
 mod keyspace;
 mod scripting;

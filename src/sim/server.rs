@@ -9,6 +9,9 @@
 //! exec(["GET", "k"])                         -> Nil       (node clock > t + 100)
 //! ```
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
 use redis::Value;
 
 use super::keyspace::{Keyspace, error, int};
@@ -40,6 +43,35 @@ pub(crate) struct Server {
     ids: u64,
     /// The scripts loaded (gone with the process).
     scripts: Scripts,
+    /// Which server this is, for the commands recorded ([`record`]).
+    seed: u64,
+}
+
+/// One command: its words.
+pub(crate) type Words = Vec<Vec<u8>>;
+
+thread_local! {
+    /// The commands each server of this thread ran, by server, while recording.
+    static RECORDED: RefCell<Option<BTreeMap<u64, Vec<Words>>>> = const { RefCell::new(None) };
+}
+
+/// Starts recording the commands the servers of this thread run (`on`; [`recorded`]
+/// takes them and stops).
+pub(crate) fn record(on: bool) {
+    RECORDED.with(|r| {
+        let mut r = r.borrow_mut();
+        if on && r.is_none() {
+            *r = Some(BTreeMap::new());
+        }
+    });
+}
+
+/// The commands recorded since [`record`] started, one list per server; recording stops.
+pub(crate) fn recorded() -> Vec<Vec<Words>> {
+    RECORDED
+        .with(|r| r.borrow_mut().take())
+        .map(|by_server| by_server.into_values().collect())
+        .unwrap_or_default()
 }
 
 impl Server {
@@ -59,6 +91,7 @@ impl Server {
             hides_run_id: false,
             ids: seed,
             scripts: Scripts::default(),
+            seed,
         };
         server.process = server.new_process();
         let up = u64::try_from(up.as_millis()).unwrap_or(u64::MAX);
@@ -96,6 +129,14 @@ impl Server {
         self.generation
     }
 
+    /// Every key now (expired ones dropped): its name, its value (a string's, or a sorted
+    /// set's members and scores, as `ZRANGE .. WITHSCORES` answers) and its `PTTL`.
+    pub(crate) fn keys_now(&mut self) -> Vec<(Vec<u8>, Value, i64)> {
+        let now = self.now_ms();
+        self.keys.expire(now);
+        self.keys.each(now)
+    }
+
     /// The keys now (expired ones dropped).
     pub(crate) fn keyspace(&mut self) -> &Keyspace {
         let now = self.now_ms();
@@ -118,13 +159,21 @@ impl Server {
 
     /// A failover: the replica that held `data` (a lagging copy), up since
     /// `replica_started_ms`, is promoted in the server's place; its old history is kept
-    /// in `master_replid2` unless `cleared` (the backlog freed since).
-    pub(crate) fn fail_over(&mut self, data: Keyspace, replica_started_ms: u64, cleared: bool) {
+    /// in `master_replid2` (until [`clear_replid2`](Self::clear_replid2)).
+    pub(crate) fn fail_over(&mut self, data: Keyspace, replica_started_ms: u64) {
         let old = self.process.replid.clone();
         self.keys = data;
         self.process = self.new_process();
         self.process.started_ms = replica_started_ms;
-        self.process.replid2 = (!cleared).then_some(old);
+        self.process.replid2 = Some(old);
+    }
+
+    /// The promoted master freed its backlog, alone for `repl-backlog-ttl`: its
+    /// `master_replid2` is cleared (if the process of `generation` still serves).
+    pub(crate) fn clear_replid2(&mut self, generation: u64) {
+        if self.generation == generation {
+            self.process.replid2 = None;
+        }
     }
 
     /// A replica attaches to a master without a backlog: a new replication id, the data
@@ -141,6 +190,11 @@ impl Server {
 
     /// Runs one command.
     pub(crate) fn exec(&mut self, args: &[Vec<u8>]) -> Value {
+        RECORDED.with(|r| {
+            if let Some(by_server) = r.borrow_mut().as_mut() {
+                by_server.entry(self.seed).or_default().push(args.to_vec());
+            }
+        });
         let Some(name) = args.first() else {
             return error("ERR empty command");
         };

@@ -80,7 +80,8 @@ pub(crate) enum Fault {
     AofLost(usize),
     /// FLUSHALL (seen within a check interval: a documented window).
     Flush(usize),
-    /// A failover to a replica whose copy lags; `cleared`: its `master_replid2` gone.
+    /// A failover to a replica whose copy lags; `cleared`: its `master_replid2` cleared
+    /// [`REPL_BACKLOG_TTL`] later.
     FailOver { node: usize, cleared: bool },
     /// A replica attaches (a new replication id, nothing lost).
     AttachReplica(usize),
@@ -157,6 +158,15 @@ impl Fault {
         }
     }
 
+    /// The node that loses its data (the horizon with it) to this fault, if any.
+    pub(crate) fn loses_data(self) -> Option<usize> {
+        match self {
+            Self::RestartEmpty(n) | Self::AofLost(n) | Self::Flush(n) => Some(n),
+            Self::FailOver { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+
     /// Whether the fault may lose keys or refuse locks: a schedule with none of these
     /// must never refuse a lock nobody holds.
     pub(crate) fn is_routine(self) -> bool {
@@ -192,6 +202,9 @@ pub(crate) struct Plan {
 
 /// The per-node timeout of every client (the shortest TTL is 10 times as long).
 pub(crate) const NODE_TIMEOUT: Duration = Duration::from_millis(20);
+/// `repl-backlog-ttl`, as the schedules run it: a promoted master alone that long clears
+/// its `master_replid2` (3600 s by default; here as long as the longest TTL and a check).
+pub(crate) const REPL_BACKLOG_TTL: Duration = Duration::from_millis(3_000);
 /// The longest a partition, lost replies or a slow link last.
 const FAULTS_LAST: Duration = Duration::from_millis(1_500);
 /// The background check's interval.
@@ -240,15 +253,15 @@ impl Plan {
 }
 
 /// A lock held: by whom, with which number, from when it was known held to when it was
-/// released or its validity ended.
+/// released or its validity ended (since the schedule's start).
 #[derive(Debug, Clone)]
 pub(crate) struct Grant {
     #[expect(dead_code, reason = "shown in a violation's detail")]
     pub(crate) client: usize,
     pub(crate) name: usize,
     pub(crate) fence: Option<u64>,
-    pub(crate) from: Instant,
-    pub(crate) until: Instant,
+    pub(crate) from: Duration,
+    pub(crate) until: Duration,
 }
 
 /// What a schedule did.
@@ -256,9 +269,11 @@ pub(crate) struct Grant {
 pub(crate) struct History {
     pub(crate) grants: Vec<Grant>,
     /// Acquisitions refused for another reason than a holder: (client, when, why).
-    pub(crate) refusals: Vec<(usize, Instant, String)>,
+    pub(crate) refusals: Vec<(usize, Duration, String)>,
     /// Faults, as they played.
-    pub(crate) faults: Vec<(Instant, Fault)>,
+    pub(crate) faults: Vec<(Duration, Fault)>,
+    /// When the schedule started (after the warm-up).
+    pub(crate) start: Option<Instant>,
     /// Locks refused at the healed end, once every quarantine was over.
     pub(crate) refused_at_end: Vec<String>,
     pub(crate) acquisitions: usize,
@@ -410,9 +425,18 @@ impl Stage {
         self.history.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How long ago the schedule started.
+    fn since_start(&self) -> Duration {
+        let start = self.history().start;
+        start.map_or(Duration::ZERO, |s| {
+            Instant::now().saturating_duration_since(s)
+        })
+    }
+
     /// Plays `fault` now; a fault that lasts is undone after `lasts`.
     async fn play(&self, fault: Fault, lasts: Duration) {
-        self.history().faults.push((Instant::now(), fault));
+        let at = self.since_start();
+        self.history().faults.push((at, fault));
         let link = |c: usize, n: usize| Arc::clone(&self.links[c][n]);
         match fault {
             Fault::RestartKeep(n) => self.server(n).restart(true),
@@ -430,7 +454,17 @@ impl Stage {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .clone();
-                self.server(node).fail_over(copy, since, cleared);
+                let generation = {
+                    let mut server = self.server(node);
+                    server.fail_over(copy, since);
+                    server.generation()
+                };
+                if cleared {
+                    // `repl-backlog-ttl` later: no shorter than the longest TTL (the
+                    // documented assumption for nodes whose INFO hides run_id).
+                    tokio::time::sleep(REPL_BACKLOG_TTL).await;
+                    self.server(node).clear_replid2(generation);
+                }
             }
             Fault::AttachReplica(n) => self.server(n).attach_replica(),
             Fault::HideRunId(n) => self.server(n).hides_run_id = true,
@@ -481,6 +515,7 @@ pub(crate) async fn play(plan: &Plan) -> History {
         .collect();
     warm_up(&stage).await;
     let start = Instant::now();
+    stage.history().start = Some(start);
     let mut tasks = tokio::task::JoinSet::new();
     {
         let stage = Arc::clone(&stage);
@@ -600,7 +635,7 @@ async fn warm_up(stage: &Stage) {
 /// released or left to expire; recorded in the stage's history. Whether it was held.
 async fn lock_once(client: &SimClient, stage: &Stage, i: usize, name: u64, rng: &mut Rng) -> bool {
     let result = client.try_lock(&format!("n{name}")).await;
-    let from = Instant::now();
+    let from = stage.since_start();
     stage.history().acquisitions += 1;
     let lock = match result {
         Ok(lock) => lock,
@@ -610,13 +645,14 @@ async fn lock_once(client: &SimClient, stage: &Stage, i: usize, name: u64, rng: 
             return false;
         }
     };
-    let valid_until = Instant::from_std(lock.valid_until);
+    let start = stage.history().start.unwrap_or_else(Instant::now);
+    let valid_until = Instant::from_std(lock.valid_until).saturating_duration_since(start);
     let hold = rng.ms(
         0,
         u64::try_from(client.plan.ttl.as_millis()).unwrap_or(0) * 3 / 2,
     );
     tokio::time::sleep(hold).await;
-    let until = Instant::now().min(valid_until);
+    let until = stage.since_start().min(valid_until);
     if rng.chance(80) {
         client.unlock(&lock).await;
     }
