@@ -60,6 +60,9 @@ pub(crate) struct Clock {
     warned: AtomicBool,
     /// An acquisition waited for the nodes' first estimates (see [`waited`](Self::waited)).
     waited: AtomicBool,
+    /// In the simulation: how far this client's wall clock is from the simulation's, in µs.
+    #[cfg(test)]
+    skew_us: i64,
 }
 
 impl Clock {
@@ -70,7 +73,24 @@ impl Clock {
             nodes,
             warned: AtomicBool::new(false),
             waited: AtomicBool::new(false),
+            #[cfg(test)]
+            skew_us: 0,
         }
+    }
+
+    /// The same clock, `skew_us` off the wall clock (a simulated client's clock).
+    #[cfg(test)]
+    pub(crate) fn skewed(self, skew_us: i64) -> Self {
+        Self { skew_us, ..self }
+    }
+
+    /// This client's wall clock, in µs since the Unix epoch.
+    fn wall_us(&self) -> u64 {
+        #[cfg(test)]
+        let skew = self.skew_us;
+        #[cfg(not(test))]
+        let skew = 0;
+        crate::clock::wall_us().saturating_add_signed(skew)
     }
 
     /// Whether an acquisition already waited for the nodes' first clock estimates: the
@@ -86,7 +106,7 @@ impl Clock {
 
     /// The next proposal, from the system clock, capped by the nodes' clocks.
     pub(crate) fn propose(&self) -> u64 {
-        let wall_us = crate::clock::wall_us();
+        let wall_us = self.wall_us();
         let cap = self.nodes.cap(crate::clock::now());
         if let Some(ahead) = beyond_cap(wall_us, cap) {
             self.ahead_of_nodes(ahead);

@@ -1,10 +1,11 @@
 //! The simulation's checkers, over one schedule's [`History`]: never two valid holders
-//! of a name (but where a documented limit of `docs/reliability.md` explains it: within
-//! a check interval after a FLUSHALL, or after a majority of the nodes lost their data,
-//! horizon included, before the clients with the longest TTL checked them again);
-//! fencing numbers that strictly increase from holder to holder, across clients; no
-//! refusal in a schedule whose faults lose nothing; every client served at the healed
-//! end.
+//! of a name, and fencing numbers that strictly increase from holder to holder, across
+//! clients (but where a documented limit of `docs/reliability.md` explains it: within a
+//! check interval after a FLUSHALL, or after a majority of the nodes lost their data,
+//! counters and horizon included, before the clients with the longest TTL checked them
+//! again); no
+//! refusal in a schedule whose faults lose nothing; no acquisition longer than its
+//! rounds' per-node timeouts; every client served at the healed end.
 //!
 //! ```text
 //! grants of one name, by time:  [a.from, a.until) and [b.from, b.until) overlap -> two holders
@@ -20,6 +21,19 @@ use super::world::{CHECK_EVERY, Fault, History, Plan};
 pub(crate) struct Violation {
     pub(crate) rule: &'static str,
     pub(crate) detail: String,
+}
+
+/// Whether a documented limit explains a grant at `at` next to an earlier one (a second
+/// holder, or a number no higher): a FLUSHALL within the check interval before it (not
+/// seen yet), or a majority of the nodes that lost their data (their counters and the
+/// horizon with it).
+fn explained(plan: &Plan, history: &History, at: Duration) -> bool {
+    let flushed = history.faults.iter().any(|(f, fault)| {
+        matches!(fault, Fault::Flush(_))
+            && *f <= at
+            && at.saturating_sub(*f) <= CHECK_EVERY + Duration::from_millis(50)
+    });
+    flushed || majority_lost_before(plan, history, at)
 }
 
 /// Whether, at `at`, a majority of `plan`'s nodes had lost their data (horizon included)
@@ -44,34 +58,32 @@ pub(crate) fn check(plan: &Plan, history: &History) -> Vec<Violation> {
     let mut found = Vec::new();
     let mut grants = history.grants.clone();
     grants.sort_by_key(|g| g.from);
-    let flushes: Vec<_> = history
-        .faults
-        .iter()
-        .filter(|(_, f)| matches!(f, Fault::Flush(_)))
-        .map(|(at, _)| *at)
-        .collect();
     for (i, a) in grants.iter().enumerate() {
         for b in grants[i + 1..].iter().filter(|b| b.name == a.name) {
-            if b.from < a.until {
-                let window = flushes.iter().any(|f| {
-                    *f <= b.from
-                        && b.from.saturating_sub(*f) <= CHECK_EVERY + Duration::from_millis(50)
-                });
-                if !window && !majority_lost_before(plan, history, b.from) {
-                    found.push(Violation {
-                        rule: "two holders",
-                        detail: format!("{a:?} and {b:?}"),
-                    });
-                }
+            let rule = if b.from < a.until {
+                "two holders"
             } else if let (Some(x), Some(y)) = (a.fence, b.fence)
                 && y <= x
             {
+                "fencing"
+            } else {
+                continue;
+            };
+            if !explained(plan, history, b.from) {
                 found.push(Violation {
-                    rule: "fencing",
-                    detail: format!("{a:?} then {b:?}"),
+                    rule,
+                    detail: format!("{a:?}, then {b:?}"),
                 });
             }
         }
+    }
+    for (client, at, took) in &history.stalls {
+        found.push(Violation {
+            rule: "stall",
+            detail: format!(
+                "client {client}'s acquisition at {at:?} took {took:?}, more than its rounds' per-node timeouts allow"
+            ),
+        });
     }
     if plan.is_routine() {
         for (client, _, why) in &history.refusals {

@@ -81,7 +81,7 @@ pub(crate) enum Fault {
     /// FLUSHALL (seen within a check interval: a documented window).
     Flush(usize),
     /// A failover to a replica whose copy lags; `cleared`: its `master_replid2` cleared
-    /// [`REPL_BACKLOG_TTL`] later.
+    /// `repl-backlog-ttl` later (shorter than the longest TTL in one of two).
     FailOver { node: usize, cleared: bool },
     /// A replica attaches (a new replication id, nothing lost).
     AttachReplica(usize),
@@ -182,6 +182,8 @@ impl Fault {
 pub(crate) struct ClientPlan {
     pub(crate) ttl: Duration,
     pub(crate) fenced: bool,
+    /// How far its wall clock is from the simulation's (µs): its fencing proposals.
+    pub(crate) skew_us: i64,
     /// When it starts.
     pub(crate) start: Duration,
 }
@@ -202,9 +204,11 @@ pub(crate) struct Plan {
 
 /// The per-node timeout of every client (the shortest TTL is 10 times as long).
 pub(crate) const NODE_TIMEOUT: Duration = Duration::from_millis(20);
-/// `repl-backlog-ttl`, as the schedules run it: a promoted master alone that long clears
-/// its `master_replid2` (3600 s by default; here as long as the longest TTL and a check).
-pub(crate) const REPL_BACKLOG_TTL: Duration = Duration::from_millis(3_000);
+/// The longest an acquisition may take: its rounds (the announce of a longer TTL, the
+/// `SET`s, the counters' read and phase 2, or the release of a miss), each bounded by the
+/// per-node timeout ("a paused or dead node never stalls an operation beyond its
+/// per-node timeout").
+pub(crate) const MAX_ACQUIRE: Duration = Duration::from_millis(4 * 20 + 1);
 /// The longest a partition, lost replies or a slow link last.
 const FAULTS_LAST: Duration = Duration::from_millis(1_500);
 /// The background check's interval.
@@ -220,6 +224,11 @@ impl Plan {
             .map(|_| ClientPlan {
                 ttl: Duration::from_millis(rng.pick(&TTLS)),
                 fenced: rng.chance(50),
+                skew_us: if rng.chance(30) {
+                    i64::try_from(rng.below(1_000_000)).unwrap_or(0) - 500_000
+                } else {
+                    0
+                },
                 start: rng.ms(0, 800),
             })
             .collect::<Vec<_>>();
@@ -235,6 +244,22 @@ impl Plan {
             faults.push((at, fault));
         }
         faults.sort_by_key(|(at, _)| *at);
+        // The documented assumption for a node whose INFO hides run_id: its
+        // repl-backlog-ttl is above the longest TTL (master_replid2 kept as long).
+        let hidden: Vec<usize> = faults
+            .iter()
+            .filter_map(|(_, f)| match f {
+                Fault::HideRunId(n) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        for (_, fault) in &mut faults {
+            if let Fault::FailOver { node, cleared } = fault
+                && hidden.contains(node)
+            {
+                *cleared = false;
+            }
+        }
         Self {
             seed,
             nodes,
@@ -274,6 +299,9 @@ pub(crate) struct History {
     pub(crate) faults: Vec<(Duration, Fault)>,
     /// When the schedule started (after the warm-up).
     pub(crate) start: Option<Instant>,
+    /// Acquisitions that took longer than their rounds' per-node timeouts allow:
+    /// (client, when, how long).
+    pub(crate) stalls: Vec<(usize, Duration, Duration)>,
     /// Locks refused at the healed end, once every quarantine was over.
     pub(crate) refused_at_end: Vec<String>,
     pub(crate) acquisitions: usize,
@@ -329,7 +357,7 @@ impl SimClient {
         let expiry = crate::node::set_expiry_ms(crate::defaults::DEFAULT_FENCING_RETENTION);
         Self {
             core,
-            fencing: Fencing::new(Clock::new(clocks), expiry),
+            fencing: Fencing::new(Clock::new(clocks).skewed(plan.skew_us), expiry),
             waiters: Waiters::new(n, crate::quorum::quorum(n)),
             plan,
         }
@@ -460,9 +488,7 @@ impl Stage {
                     server.generation()
                 };
                 if cleared {
-                    // `repl-backlog-ttl` later: no shorter than the longest TTL (the
-                    // documented assumption for nodes whose INFO hides run_id).
-                    tokio::time::sleep(REPL_BACKLOG_TTL).await;
+                    tokio::time::sleep(lasts).await;
                     self.server(node).clear_replid2(generation);
                 }
             }
@@ -623,6 +649,7 @@ async fn warm_up(stage: &Stage) {
     let plan = ClientPlan {
         ttl: longest,
         fenced: false,
+        skew_us: 0,
         start: Duration::ZERO,
     };
     let client = SimClient::new(&stage.servers, links, plan);
@@ -634,8 +661,13 @@ async fn warm_up(stage: &Stage) {
 /// One acquisition by `client` (number `i`) of name `name`, held for a while and then
 /// released or left to expire; recorded in the stage's history. Whether it was held.
 async fn lock_once(client: &SimClient, stage: &Stage, i: usize, name: u64, rng: &mut Rng) -> bool {
+    let asked = Instant::now();
     let result = client.try_lock(&format!("n{name}")).await;
     let from = stage.since_start();
+    let took = asked.elapsed();
+    if took > MAX_ACQUIRE {
+        stage.history().stalls.push((i, from, took));
+    }
     stage.history().acquisitions += 1;
     let lock = match result {
         Ok(lock) => lock,
