@@ -21,7 +21,7 @@ use redis::Value;
 use tokio::time::timeout_at;
 
 use super::judging::{LedgerRead, ledger_refused};
-use super::loss::{Role, ServerInfo};
+use super::loss::Role;
 use super::{Conn, Node, Quarantine};
 use crate::error::NodeError;
 
@@ -138,16 +138,8 @@ impl Node {
         read: Read<'_>,
     ) -> (Result<(), NodeError>, Option<String>) {
         let mut replies = replies.into_iter();
-        let mut text = || {
-            replies
-                .next()
-                .and_then(Result::ok)
-                .and_then(|v| redis::from_redis_value::<String>(v).ok())
-                .unwrap_or_default()
-        };
-        let (server, replication, persistence, memory) = (text(), text(), text(), text());
+        let (info, memory) = super::judging::check_info(&mut replies);
         self.saw_memory(&memory);
-        let info = ServerInfo::parse([server.as_str(), replication.as_str(), persistence.as_str()]);
         self.saw_persistence(&mut self.state(), info.append_only);
         let role = match &info.role {
             Role::Master => Some("master".to_owned()),

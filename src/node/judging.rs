@@ -83,6 +83,24 @@ pub(super) fn node_time_ms(info: &ServerInfo) -> u64 {
     info.time_ms().unwrap_or_else(crate::clock::wall_ms)
 }
 
+/// What the `INFO` replies that open a check's request ([`check_pipe`]) say, taken off
+/// `replies`: the server, replication and persistence fields, and `INFO memory`'s text
+/// (a reply that failed reads as empty).
+pub(crate) fn check_info(
+    replies: &mut impl Iterator<Item = RedisResult<Value>>,
+) -> (ServerInfo, String) {
+    let mut text = || {
+        replies
+            .next()
+            .and_then(Result::ok)
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .unwrap_or_default()
+    };
+    let (server, replication, persistence, memory) = (text(), text(), text(), text());
+    let info = ServerInfo::parse([server.as_str(), replication.as_str(), persistence.as_str()]);
+    (info, memory)
+}
+
 /// Keeps `settled`, a judged read of node `index`, in `loss` (the node's, or a cluster
 /// shard's) and the node's horizon in `horizon`: a loss this client did not know of,
 /// with the quarantine that follows from it.

@@ -91,15 +91,7 @@ impl SimNode {
         let replies: Vec<RedisResult<Value>> = pipe.query_async(&mut conn.clone()).await?;
         let received = crate::clock::now();
         let mut replies = replies.into_iter();
-        let mut text = || {
-            replies
-                .next()
-                .and_then(Result::ok)
-                .and_then(|v| redis::from_redis_value::<String>(v).ok())
-                .unwrap_or_default()
-        };
-        let (server, replication, persistence, _memory) = (text(), text(), text(), text());
-        let info = ServerInfo::parse([server.as_str(), replication.as_str(), persistence.as_str()]);
+        let (info, _memory) = judging::check_info(&mut replies);
         if let Role::Other(role) = &info.role {
             return Err(NodeError::NotMaster { role: role.clone() });
         }
