@@ -14,7 +14,8 @@
 
 use std::time::Duration;
 
-use super::world::{CHECK_EVERY, Fault, History, Plan};
+use super::world::{CHECK_EVERY, Fault, History, Plan, RETENTION};
+use crate::core::AfterLoss;
 
 /// A rule a schedule broke, with what shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +76,32 @@ pub(crate) fn check(plan: &Plan, history: &History) -> Vec<Violation> {
                     detail: format!("{a:?}, then {b:?}"),
                 });
             }
+        }
+    }
+    for (client, key, at, evidence) in &history.runs {
+        if *evidence {
+            found.push(Violation {
+                rule: "replay",
+                detail: format!(
+                    "client {client} ran key {key} at {at:?} while a node it hears held its record"
+                ),
+            });
+        }
+        let refuses = plan.clients.get(*client).and_then(|c| c.replay) == Some(AfterLoss::Refuse);
+        let again = history
+            .completed
+            .iter()
+            .find(|(k, done)| k == key && done < at && at.saturating_sub(*done) < RETENTION);
+        if let Some((_, done)) = again
+            && refuses
+            && !explained(plan, history, *at)
+        {
+            found.push(Violation {
+                rule: "replay (refuse)",
+                detail: format!(
+                    "client {client} ran key {key} at {at:?}, completed at {done:?}, within the retention"
+                ),
+            });
         }
     }
     for (client, at, took) in &history.stalls {

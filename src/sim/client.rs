@@ -241,6 +241,11 @@ impl SimNodes {
         Self { nodes, labels }
     }
 
+    /// Whether this client keeps node `i` out of deciding rounds now (quarantined).
+    pub(crate) fn keeps_out(&self, i: usize) -> bool {
+        self.nodes.get(i).is_some_and(|n| n.quarantined().is_some())
+    }
+
     /// The background check of every node, at once.
     pub(crate) async fn check_all(&self) {
         let checks = self.nodes.iter().map(|n| n.check());

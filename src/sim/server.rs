@@ -137,6 +137,15 @@ impl Server {
         self.keys.each(now)
     }
 
+    /// Whether `key` holds a completion record now.
+    pub(crate) fn holds_record(&mut self, key: &[u8]) -> bool {
+        let now = self.now_ms();
+        matches!(
+            self.keys.command(b"GET", &[key.to_vec()], now),
+            Value::BulkString(v) if v.starts_with(crate::scripts::RECORD_MARKER)
+        )
+    }
+
     /// The keys now (expired ones dropped).
     pub(crate) fn keyspace(&mut self) -> &Keyspace {
         let now = self.now_ms();

@@ -14,6 +14,9 @@ struct Played {
     schedules: u64,
     acquisitions: usize,
     grants: usize,
+    /// Replay keys run, and stored on a quorum.
+    runs: usize,
+    completed: usize,
     faults: std::collections::BTreeMap<&'static str, usize>,
 }
 
@@ -28,6 +31,8 @@ fn run(
     played.schedules += 1;
     played.acquisitions += history.acquisitions;
     played.grants += history.grants.len();
+    played.runs += history.runs.len();
+    played.completed += history.completed.len();
     for (_, fault) in &history.faults {
         *played.faults.entry(fault.kind()).or_default() += 1;
     }
@@ -104,6 +109,8 @@ fn simulation() {
         total.schedules += p.schedules;
         total.acquisitions += p.acquisitions;
         total.grants += p.grants;
+        total.runs += p.runs;
+        total.completed += p.completed;
         for (kind, n) in p.faults {
             *total.faults.entry(kind).or_default() += n;
         }

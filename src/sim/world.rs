@@ -21,13 +21,13 @@ use super::client::SimNodes;
 use super::conn::Link;
 use super::keyspace::Keyspace;
 use super::server::Server;
-use crate::core::{Accepts, Core, Fenced, KeySpace, Timing};
+use crate::core::{Accepts, AfterLoss, Core, Fenced, KeySpace, Timing};
 use crate::error::LockError;
 use crate::fencing::{Clock, Fencing};
 use crate::name::CounterSets;
 use crate::node::Horizon;
-use crate::node::clocks::NodeClocks;
-use crate::op::acquire::{Acquire, Attempt};
+use crate::node::clocks::{NodeClocks, micros};
+use crate::op::acquire::{Acquire, Acquired};
 use crate::op::observe::Observe;
 use crate::op::release::{Background, Deletion, Release};
 use crate::waiters::Waiters;
@@ -184,6 +184,9 @@ pub(crate) struct ClientPlan {
     pub(crate) fenced: bool,
     /// How far its wall clock is from the simulation's (µs): its fencing proposals.
     pub(crate) skew_us: i64,
+    /// A replay client (the layer's replay): what it does with a key whose record may
+    /// have been lost; its names are keys that complete with a record.
+    pub(crate) replay: Option<AfterLoss>,
     /// When it starts.
     pub(crate) start: Duration,
 }
@@ -220,8 +223,16 @@ impl Plan {
     pub(crate) fn of(seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let nodes = if rng.chance(25) { 5 } else { 3 };
+        let mut side = Rng::new(seed ^ 0x7265_706c_6179);
         let clients = (0..2 + rng.below(2))
             .map(|_| ClientPlan {
+                replay: side.chance(30).then(|| {
+                    if side.chance(50) {
+                        AfterLoss::Run
+                    } else {
+                        AfterLoss::Refuse
+                    }
+                }),
                 ttl: Duration::from_millis(rng.pick(&TTLS)),
                 fenced: rng.chance(50),
                 skew_us: if rng.chance(30) {
@@ -299,6 +310,11 @@ pub(crate) struct History {
     pub(crate) faults: Vec<(Duration, Fault)>,
     /// When the schedule started (after the warm-up).
     pub(crate) start: Option<Instant>,
+    /// Replay keys whose handler ran: (client, key, when, whether a node the round could
+    /// hear, in service, held the key's record then).
+    pub(crate) runs: Vec<(usize, usize, Duration, bool)>,
+    /// Replay keys whose record a quorum of nodes stored: (key, when).
+    pub(crate) completed: Vec<(usize, Duration)>,
     /// Acquisitions that took longer than their rounds' per-node timeouts allow:
     /// (client, when, how long).
     pub(crate) stalls: Vec<(usize, Duration, Duration)>,
@@ -365,6 +381,14 @@ impl SimClient {
 
     /// One `try_lock` of `name`: the lock, or why not.
     async fn try_lock(&self, name: &str) -> Result<crate::Lock, LockError> {
+        match self.acquire(name, Accepts::Lock).await? {
+            Acquired::Lock(lock) => Ok(lock),
+            other => other.lock_or_busy(self.core.quorum(), self.core.node_count()),
+        }
+    }
+
+    /// One attempt at `name`, accepting what `accepts` says.
+    async fn acquire(&self, name: &str, accepts: Accepts) -> Result<Acquired, LockError> {
         let fenced = if self.plan.fenced {
             Fenced::Yes
         } else {
@@ -372,19 +396,14 @@ impl SimClient {
         };
         let target = self
             .core
-            .target(name.as_bytes(), self.plan.ttl, Accepts::Lock, fenced)?;
+            .target(name.as_bytes(), self.plan.ttl, accepts, fenced)?;
         let acquire = Acquire {
             core: &self.core,
             fencing: &self.fencing,
             waiters: &self.waiters,
             background: &NoBackground,
         };
-        match acquire.attempt(&target, None, 1).await {
-            Attempt::Held(lock) => Ok(lock),
-            other => other
-                .finish(1)
-                .and_then(|a| a.lock_or_busy(self.core.quorum(), self.core.node_count())),
-        }
+        acquire.attempt(&target, None, 1).await.finish(1)
     }
 
     async fn unlock(&self, lock: &crate::Lock) {
@@ -514,6 +533,18 @@ impl Stage {
                 l.latency_us.store(before, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Whether a node that `client` (number `i`) can hear within the per-node timeout, and
+    /// that it does not keep out, holds a completion record under `key` now.
+    fn record_visible(&self, client: &SimClient, i: usize, key: &[u8]) -> bool {
+        (0..self.servers.len()).any(|n| {
+            let link = &self.links[i][n];
+            let heard = !link.partitioned.load(Ordering::Relaxed)
+                && !link.loses_replies.load(Ordering::Relaxed)
+                && link.latency_us.load(Ordering::Relaxed) * 4 < micros(NODE_TIMEOUT);
+            heard && !client.core.nodes().keeps_out(n) && self.server(n).holds_record(key)
+        })
     }
 
     /// Copies each node's keys to its replica every `lag`.
@@ -650,6 +681,7 @@ async fn warm_up(stage: &Stage) {
         ttl: longest,
         fenced: false,
         skew_us: 0,
+        replay: None,
         start: Duration::ZERO,
     };
     let client = SimClient::new(&stage.servers, links, plan);
@@ -661,6 +693,9 @@ async fn warm_up(stage: &Stage) {
 /// One acquisition by `client` (number `i`) of name `name`, held for a while and then
 /// released or left to expire; recorded in the stage's history. Whether it was held.
 async fn lock_once(client: &SimClient, stage: &Stage, i: usize, name: u64, rng: &mut Rng) -> bool {
+    if let Some(after_loss) = client.plan.replay {
+        return run_once(client, stage, (i, name), after_loss, rng).await;
+    }
     let asked = Instant::now();
     let result = client.try_lock(&format!("n{name}")).await;
     let from = stage.since_start();
@@ -695,5 +730,51 @@ async fn lock_once(client: &SimClient, stage: &Stage, i: usize, name: u64, rng: 
         from,
         until,
     });
+    true
+}
+
+/// How long a replay key's record lives.
+pub(crate) const RETENTION: Duration = Duration::from_secs(5);
+
+/// One delivery of replay key `name` by `client` (number `i`): its record replayed, or
+/// its handler run (noting whether a node the round could hear, in service, held the
+/// key's record: the evidence the rule must not miss) and its record stored.
+async fn run_once(
+    client: &SimClient,
+    stage: &Stage,
+    (i, name): (usize, u64),
+    after_loss: AfterLoss,
+    rng: &mut Rng,
+) -> bool {
+    let accepts = Accepts::LockOrRecord {
+        retention: RETENTION,
+        after_loss,
+    };
+    let asked = Instant::now();
+    let result = client.acquire(&format!("k{name}"), accepts).await;
+    let from = stage.since_start();
+    if asked.elapsed() > MAX_ACQUIRE {
+        stage.history().stalls.push((i, from, asked.elapsed()));
+    }
+    stage.history().acquisitions += 1;
+    let key = usize::try_from(name).unwrap_or(0);
+    let lock = match result {
+        Ok(Acquired::Lock(lock)) => lock,
+        Ok(Acquired::Record { .. }) | Err(LockError::Busy { .. }) => return false,
+        Err(e) => {
+            stage.history().refusals.push((i, from, e.to_string()));
+            return false;
+        }
+    };
+    let evidence = stage.record_visible(client, i, lock.key());
+    stage.history().runs.push((i, key, from, evidence));
+    tokio::time::sleep(rng.ms(0, 50)).await;
+    let mut record = crate::scripts::RECORD_MARKER.to_vec();
+    record.extend_from_slice(format!("run by client {i} at {from:?}").as_bytes());
+    let stored = crate::op::release::complete(&client.core, &lock, &record, RETENTION).await;
+    if stored >= client.core.quorum() {
+        let at = stage.since_start();
+        stage.history().completed.push((key, at));
+    }
     true
 }
