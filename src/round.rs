@@ -293,19 +293,21 @@ impl<C: InFlight + 'static> Round<C> {
         .await
     }
 
-    /// An answer as the round counts it: one taken once the deadline had passed (ready
-    /// when polled, but polled late: `timeout_at` polls the calls before it looks at the
-    /// clock) came too late to count, like a connection that broke then (closed after
-    /// other calls' timeouts, say): the call timed out like the others still out then, so
-    /// no answer counts after the per-node timeout.
+    /// An answer as the round counts it: a connection that broke once the deadline had
+    /// passed (closed after other calls' timeouts, say) gave its call no answer in time,
+    /// so the call timed out like the others still out then. Other answers count as they
+    /// are when taken, also just after the deadline: the gate wakes the task once enough
+    /// calls have news, so an answer taken late may have come in time.
     fn as_of_deadline(
         &self,
         (i, answer): (usize, Result<Value, NodeError>),
     ) -> (usize, Result<Value, NodeError>) {
-        if crate::clock::now() >= self.deadline {
-            return (i, Err(NodeError::Timeout));
+        match answer {
+            Err(e) if e.breaks_connection() && crate::clock::now() >= self.deadline => {
+                (i, Err(NodeError::Timeout))
+            }
+            answer => (i, answer),
         }
-        (i, answer)
     }
 
     /// Wakes the polling task only once `n` calls have news (at least 1): fewer answers
