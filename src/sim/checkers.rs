@@ -54,30 +54,10 @@ fn majority_lost_before(plan: &Plan, history: &History, at: Duration) -> bool {
     lost.len() >= crate::quorum::quorum(plan.nodes)
 }
 
-/// Every rule `history` (of `plan`) broke.
-pub(crate) fn check(plan: &Plan, history: &History) -> Vec<Violation> {
-    let mut found = Vec::new();
-    let mut grants = history.grants.clone();
-    grants.sort_by_key(|g| g.from);
-    for (i, a) in grants.iter().enumerate() {
-        for b in grants[i + 1..].iter().filter(|b| b.name == a.name) {
-            let rule = if b.from < a.until {
-                "two holders"
-            } else if let (Some(x), Some(y)) = (a.fence, b.fence)
-                && y <= x
-            {
-                "fencing"
-            } else {
-                continue;
-            };
-            if !explained(plan, history, b.from) {
-                found.push(Violation {
-                    rule,
-                    detail: format!("{a:?}, then {b:?}"),
-                });
-            }
-        }
-    }
+/// The replay rules over `history`'s runs, into `found`: no run while a node the round
+/// hears held the key's record; a refusing client never reruns a key within the
+/// retention of a record a quorum stored (but for the documented limits).
+fn replay(plan: &Plan, history: &History, found: &mut Vec<Violation>) {
     for (client, key, at, evidence) in &history.runs {
         if *evidence {
             found.push(Violation {
@@ -104,6 +84,33 @@ pub(crate) fn check(plan: &Plan, history: &History) -> Vec<Violation> {
             });
         }
     }
+}
+
+/// Every rule `history` (of `plan`) broke.
+pub(crate) fn check(plan: &Plan, history: &History) -> Vec<Violation> {
+    let mut found = Vec::new();
+    let mut grants = history.grants.clone();
+    grants.sort_by_key(|g| g.from);
+    for (i, a) in grants.iter().enumerate() {
+        for b in grants[i + 1..].iter().filter(|b| b.name == a.name) {
+            let rule = if b.from < a.until {
+                "two holders"
+            } else if let (Some(x), Some(y)) = (a.fence, b.fence)
+                && y <= x
+            {
+                "fencing"
+            } else {
+                continue;
+            };
+            if !explained(plan, history, b.from) {
+                found.push(Violation {
+                    rule,
+                    detail: format!("{a:?}, then {b:?}"),
+                });
+            }
+        }
+    }
+    replay(plan, history, &mut found);
     for (client, at, took) in &history.stalls {
         found.push(Violation {
             rule: "stall",

@@ -255,22 +255,7 @@ impl Plan {
             faults.push((at, fault));
         }
         faults.sort_by_key(|(at, _)| *at);
-        // The documented assumption for a node whose INFO hides run_id: its
-        // repl-backlog-ttl is above the longest TTL (master_replid2 kept as long).
-        let hidden: Vec<usize> = faults
-            .iter()
-            .filter_map(|(_, f)| match f {
-                Fault::HideRunId(n) => Some(*n),
-                _ => None,
-            })
-            .collect();
-        for (_, fault) in &mut faults {
-            if let Fault::FailOver { node, cleared } = fault
-                && hidden.contains(node)
-            {
-                *cleared = false;
-            }
-        }
+        assume_backlog_behind_proxies(&mut faults);
         Self {
             seed,
             nodes,
@@ -285,6 +270,26 @@ impl Plan {
     /// Whether every fault is routine (see [`Fault::is_routine`]).
     pub(crate) fn is_routine(&self) -> bool {
         self.faults.iter().all(|(_, f)| f.is_routine())
+    }
+}
+
+/// The documented assumption for a node whose `INFO` hides `run_id`: its
+/// `repl-backlog-ttl` is above the longest TTL, so a failover there keeps
+/// `master_replid2` for the schedule.
+fn assume_backlog_behind_proxies(faults: &mut [(Duration, Fault)]) {
+    let hidden: Vec<usize> = faults
+        .iter()
+        .filter_map(|(_, f)| match f {
+            Fault::HideRunId(n) => Some(*n),
+            _ => None,
+        })
+        .collect();
+    for (_, fault) in faults.iter_mut() {
+        if let Fault::FailOver { node, cleared } = fault
+            && hidden.contains(node)
+        {
+            *cleared = false;
+        }
     }
 }
 
