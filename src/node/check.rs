@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 use tokio::time::timeout_at;
 
-use super::judging::{LedgerRead, ledger_refused};
+use super::judging::LedgerRead;
 use super::loss::Role;
 use super::{Conn, Node, Quarantine};
 use crate::error::NodeError;
@@ -201,17 +201,8 @@ impl Node {
         if let (Some(cluster), super::Conn::Cluster(c)) = (self.cluster(), &mut conn) {
             return self.announce_on_cluster(cluster, c, ttl_ms).await;
         }
-        let reply: Value = self
-            .ledger
-            .raise(ttl_ms)
-            .query_async(&mut conn)
-            .await
-            .map_err(NodeError::from)?;
-        let ms = super::loss::ledger::horizon_value(&reply).map_err(|e| ledger_refused(&e))?;
-        self.settings
-            .horizon
-            .heard(self.index, ms, crate::clock::now());
-        Ok(())
+        let horizon = &self.settings.horizon;
+        super::judging::raise_horizon((&self.ledger, &mut conn), ttl_ms, horizon, self.index).await
     }
 
     /// The background check and `health()` of a cluster node: its shards checked, timed.

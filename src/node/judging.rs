@@ -101,6 +101,24 @@ pub(crate) fn check_info(
     (info, memory)
 }
 
+/// Raises the horizon at `keys` to `ttl_ms` over `conn` (node `index`'s, quarantined or
+/// not) and keeps the node's answer in `horizon`.
+pub(crate) async fn raise_horizon<C: redis::aio::ConnectionLike>(
+    (keys, conn): (&LedgerKeys, &mut C),
+    ttl_ms: u64,
+    horizon: &Horizon,
+    index: usize,
+) -> Result<(), NodeError> {
+    let reply: Value = keys
+        .raise(ttl_ms)
+        .query_async(conn)
+        .await
+        .map_err(NodeError::from)?;
+    let ms = loss::ledger::horizon_value(&reply).map_err(|e| ledger_refused(&e))?;
+    horizon.heard(index, ms, crate::clock::now());
+    Ok(())
+}
+
 /// Keeps `settled`, a judged read of node `index`, in `loss` (the node's, or a cluster
 /// shard's) and the node's horizon in `horizon`: a loss this client did not know of,
 /// with the quarantine that follows from it.

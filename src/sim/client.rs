@@ -312,16 +312,8 @@ impl Nodes for SimNodes {
         let each = self.nodes.iter().map(|node| async move {
             let raise = async {
                 let mut conn = node.connection().await?;
-                let reply: Value = node
-                    .keys
-                    .raise(ttl_ms)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(NodeError::from)?;
-                let ms = crate::node::loss::ledger::horizon_value(&reply)
-                    .map_err(|e| NodeError::Protocol(e.into()))?;
-                node.horizon.heard(node.index, ms, crate::clock::now());
-                Ok(())
+                let keys = (&node.keys, &mut conn);
+                judging::raise_horizon(keys, ttl_ms, &node.horizon, node.index).await
             };
             tokio::time::timeout_at(deadline, raise)
                 .await
