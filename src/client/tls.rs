@@ -119,6 +119,11 @@ impl TlsSettings {
 fn install_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Another thread may install one meanwhile: either way one is installed.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // rustls 0.23.48 deprecates *ring*'s provider for its lack of post-quantum key
+        // exchange; it stays this feature's documented provider (an application that wants
+        // post-quantum key exchange installs aws-lc-rs's before its first client).
+        #[allow(deprecated, reason = "ring is the documented provider of `tls-rustls`")]
+        let provider = rustls::crypto::ring::default_provider();
+        let _ = provider.install_default();
     }
 }
