@@ -76,6 +76,11 @@ pub(crate) trait InFlight: Future<Output = Result<Value, NodeError>> + Unpin + S
     fn holds_turn(&self) -> bool;
     /// The call, sent at `sent_at`, got no answer before the round's deadline.
     fn timed_out(&self, sent_at: Instant);
+    /// When its answer came in, if the call knows (once it is ready): the round counts an
+    /// answer that came after its deadline as a timeout, however soon it is taken.
+    fn arrived(&self) -> Option<Instant> {
+        None
+    }
 }
 
 impl InFlight for NodeCall {
@@ -89,6 +94,10 @@ impl InFlight for NodeCall {
 
     fn timed_out(&self, sent_at: Instant) {
         self.node().timed_out(sent_at);
+    }
+
+    fn arrived(&self) -> Option<Instant> {
+        NodeCall::arrived(self)
     }
 }
 
@@ -293,16 +302,19 @@ impl<C: InFlight + 'static> Round<C> {
         .await
     }
 
-    /// An answer as the round counts it: a connection that broke once the deadline had
-    /// passed (closed after other calls' timeouts, say) gave its call no answer in time,
-    /// so the call timed out like the others still out then. Other answers count as they
-    /// are when taken, also just after the deadline: the gate wakes the task once enough
-    /// calls have news, so an answer taken late may have come in time.
+    /// An answer as the round counts it: one that came in after the deadline (its call
+    /// stamps when it came, see [`InFlight::arrived`]) is a timeout, however soon the task
+    /// takes it: a grant after the node timeout never counts. So is a connection that
+    /// broke once the deadline had passed (closed after other calls' timeouts, say). An
+    /// answer whose call cannot tell when it came counts as it is when taken, also just
+    /// after the deadline: the gate wakes the task once enough calls have news, so an
+    /// answer taken late may have come in time.
     fn as_of_deadline(
         &self,
-        (i, answer): (usize, Result<Value, NodeError>),
+        (i, answer, arrived): (usize, Result<Value, NodeError>, Option<Instant>),
     ) -> (usize, Result<Value, NodeError>) {
         match answer {
+            _ if arrived.is_some_and(|at| at > self.deadline) => (i, Err(NodeError::Timeout)),
             Err(e) if e.breaks_connection() && crate::clock::now() >= self.deadline => {
                 (i, Err(NodeError::Timeout))
             }
@@ -357,7 +369,7 @@ impl<C: InFlight + 'static> Round<C> {
     /// polled with the gate's waker, except one that holds its node's release turn until
     /// it is polled: that one is polled with `cx`, so its answer hands the turn on at once
     /// (the releases queued behind it may be what other rounds wait for).
-    fn poll_calls(&mut self, cx: &mut Context<'_>) -> Poll<(usize, Result<Value, NodeError>)> {
+    fn poll_calls(&mut self, cx: &mut Context<'_>) -> Poll<Answer> {
         let mut gated = self.gate.as_ref().map(|(gate, waker)| {
             // Count from here, before looking at any call: news that comes while they are
             // polled is either seen now or counted.
@@ -374,13 +386,17 @@ impl<C: InFlight + 'static> Round<C> {
             };
             if let Poll::Ready(answer) = answer {
                 let call = self.calls.swap_remove(k);
-                return Poll::Ready((call.index(), answer));
+                return Poll::Ready((call.index(), answer, call.arrived()));
             }
             k += 1;
         }
         Poll::Pending
     }
 }
+
+/// A call's answer as polled: its node, the answer, and when it came in (if the call
+/// knows).
+type Answer = (usize, Result<Value, NodeError>, Option<Instant>);
 
 /// Counts the wake-ups of a round's calls and passes one on to the round's task once
 /// enough have come: with 5 nodes, an acquisition's task wakes when 3 nodes answered,

@@ -19,7 +19,12 @@ struct Fake {
     answer: oneshot::Receiver<Result<Value, NodeError>>,
     /// The calls the round gave up on, by node.
     timed_out: Arc<Mutex<Vec<usize>>>,
+    /// When each node's answer came, if the calls tell (see [`Setup::stamped`]).
+    arrivals: Option<Arrivals>,
 }
+
+/// When each node's answer came in.
+type Arrivals = Arc<Mutex<Vec<Option<Instant>>>>;
 
 impl Future for Fake {
     type Output = Result<Value, NodeError>;
@@ -43,6 +48,11 @@ impl InFlight for Fake {
     fn timed_out(&self, _sent_at: Instant) {
         self.timed_out.lock().unwrap().push(self.index);
     }
+
+    fn arrived(&self) -> Option<Instant> {
+        let arrivals = self.arrivals.as_ref()?;
+        arrivals.lock().unwrap()[self.index]
+    }
 }
 
 /// A round of `n` fake calls, given up after `deadline`, and the senders that answer them.
@@ -50,10 +60,23 @@ struct Setup {
     round: Round<Fake>,
     answers: Vec<Option<oneshot::Sender<Result<Value, NodeError>>>>,
     timed_out: Arc<Mutex<Vec<usize>>>,
+    arrivals: Option<Arrivals>,
 }
 
 impl Setup {
+    /// `n` calls that cannot tell when their answer came (as calls on redis-rs's
+    /// connections).
     fn new(n: usize, deadline: Duration) -> Self {
+        Self::with(n, deadline, None)
+    }
+
+    /// `n` calls that tell when their answer came (as calls on the crate's own
+    /// connections): [`answer`](Self::answer) stamps it.
+    fn stamped(n: usize, deadline: Duration) -> Self {
+        Self::with(n, deadline, Some(Arc::new(Mutex::new(vec![None; n]))))
+    }
+
+    fn with(n: usize, deadline: Duration, arrivals: Option<Arrivals>) -> Self {
         let timed_out = Arc::new(Mutex::new(Vec::new()));
         let (mut calls, mut answers) = (Vec::new(), Vec::new());
         for index in 0..n {
@@ -63,6 +86,7 @@ impl Setup {
                 index,
                 answer,
                 timed_out: Arc::clone(&timed_out),
+                arrivals: arrivals.clone(),
             });
         }
         let landing = LandingState::new(NodeMask::matching(n, |_| true));
@@ -71,11 +95,15 @@ impl Setup {
             round,
             answers,
             timed_out,
+            arrivals,
         }
     }
 
-    /// Node `i` answers `granted` (1) or refused (0).
+    /// Node `i` answers `granted` (1) or refused (0), now.
     fn answer(&mut self, i: usize, granted: bool) {
+        if let Some(arrivals) = &self.arrivals {
+            arrivals.lock().unwrap()[i] = Some(crate::clock::now());
+        }
         answer(&mut self.answers, i, granted);
     }
 }
@@ -131,6 +159,7 @@ async fn decides_at_the_quorum_and_lands_the_stragglers() {
         round,
         mut answers,
         timed_out,
+        ..
     } = s;
     let landing = round.land().await.expect("two calls still out");
     assert!(!landing.has_landed(0) && !landing.has_landed(2));
@@ -223,6 +252,39 @@ async fn a_connection_broken_after_the_deadline_is_a_timeout() {
             (1, Ok(Value::Int(1))),
             (2, refused)
         ]
+    );
+}
+
+/// A call that tells when its answer came in: an answer that came before the deadline
+/// counts even when the task takes it after (the gate woke it only at the deadline); one
+/// that came after the deadline is a timeout, however soon the task takes it (a grant
+/// after the node timeout never counts).
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_came_after_the_deadline_is_a_timeout_however_soon_it_is_taken() {
+    let mut s = Setup::stamped(3, Duration::from_millis(100));
+    s.round.wake_after(3);
+    s.answer(0, true);
+    // The task does not run until after the deadline (as a busy runtime may), and by then
+    // node 1 has answered too, late.
+    tokio::time::advance(Duration::from_millis(150)).await;
+    s.answer(1, true);
+    let mut taken = Vec::new();
+    while let Some(answer) = s.round.next().await {
+        taken.push(answer);
+    }
+    taken.sort_by_key(|(i, _)| *i);
+    assert_eq!(
+        taken,
+        [
+            (0, Ok(Value::Int(1))),
+            (1, Err(NodeError::Timeout)),
+            (2, Err(NodeError::Timeout))
+        ]
+    );
+    assert_eq!(
+        *s.timed_out.lock().unwrap(),
+        [2],
+        "a late answer says the connection works: only the silent call counts against its node"
     );
 }
 

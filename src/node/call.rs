@@ -174,6 +174,15 @@ impl NodeCall {
     pub(crate) fn holds_turn(&self) -> bool {
         matches!(self.flight, Flight::Running(_)) && self.call.is_release()
     }
+
+    /// When the answer came in from the node, for a call on our own connection whose
+    /// answer is in (`None` otherwise: the answer counts as of when it is taken).
+    pub(crate) fn arrived(&self) -> Option<std::time::Instant> {
+        match &self.flight {
+            Flight::Sent { reply, .. } => reply.arrived(),
+            Flight::Running(_) => None,
+        }
+    }
 }
 
 impl Future for NodeCall {

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 
 use redis::{RedisError, RedisResult, Value};
 
@@ -25,6 +26,8 @@ struct SlotState {
     expected: usize,
     got: Got,
     waker: Option<Waker>,
+    /// When the last reply (or the failure) came in, on the crate's monotonic clock.
+    arrived: Option<Instant>,
 }
 
 enum Got {
@@ -42,6 +45,7 @@ impl Slot {
             expected,
             got: Got::Nothing,
             waker: None,
+            arrived: None,
         }))
     }
 
@@ -68,6 +72,7 @@ impl Slot {
                 other => other,
             };
             if st.expected == 0 {
+                st.arrived = Some(crate::clock::now());
                 st.waker.take()
             } else {
                 None
@@ -84,6 +89,7 @@ impl Slot {
             let mut st = self.state();
             st.expected = 0;
             st.got = Got::Failed(error);
+            st.arrived = Some(crate::clock::now());
             st.waker.take()
         };
         if let Some(w) = waker {
@@ -104,6 +110,11 @@ impl Slot {
             return Poll::Pending;
         }
         Poll::Ready(std::mem::replace(&mut st.got, Got::Taken))
+    }
+
+    /// When everything had arrived (`None` while something is still to come).
+    fn arrived(&self) -> Option<Instant> {
+        self.state().arrived
     }
 }
 
@@ -131,6 +142,14 @@ impl Future for Replies {
 /// the replies of several commands as one array, server errors among them as values (as
 /// a redis-rs pipeline that ignores errors gives them).
 pub(crate) struct Reply(pub(super) Arc<Slot>);
+
+impl Reply {
+    /// When the reply came in from the connection (the connection's task stamps it as it
+    /// hands it over), whenever the caller then took it: `None` until it has.
+    pub(crate) fn arrived(&self) -> Option<Instant> {
+        self.0.arrived()
+    }
+}
 
 impl Future for Reply {
     type Output = RedisResult<Value>;
