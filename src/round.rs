@@ -71,9 +71,10 @@ pub(crate) enum Purpose<'a> {
 pub(crate) trait InFlight: Future<Output = Result<Value, NodeError>> + Unpin + Send {
     /// The node's position in the client's list.
     fn index(&self) -> usize;
-    /// Whether the call must be polled with the round's own context rather than the gate
-    /// (see [`NodeCall::holds_turn`]).
-    fn holds_turn(&self) -> bool;
+    /// Whether the call takes steps of its own when polled (see
+    /// [`NodeCall::takes_steps`]): it is polled with the round's own context, not the gate,
+    /// since a wake-up between its steps is no answer and must not wait for other calls'.
+    fn takes_steps(&self) -> bool;
     /// The call, sent at `sent_at`, got no answer before the round's deadline.
     fn timed_out(&self, sent_at: Instant);
     /// When its answer came in, if the call knows (once it is ready): the round counts an
@@ -88,8 +89,8 @@ impl InFlight for NodeCall {
         NodeCall::index(self)
     }
 
-    fn holds_turn(&self) -> bool {
-        NodeCall::holds_turn(self)
+    fn takes_steps(&self) -> bool {
+        NodeCall::takes_steps(self)
     }
 
     fn timed_out(&self, sent_at: Instant) {
@@ -365,10 +366,14 @@ impl<C: InFlight + 'static> Round<C> {
         Some(Landing::of(landing))
     }
 
-    /// Polls every call until one has its answer: takes it out and returns it. Calls are
-    /// polled with the gate's waker, except one that holds its node's release turn until
-    /// it is polled: that one is polled with `cx`, so its answer hands the turn on at once
-    /// (the releases queued behind it may be what other rounds wait for).
+    /// Polls every call until one has its answer: takes it out and returns it. Calls whose
+    /// answer is all that is to come are polled with the gate's waker; a call that takes
+    /// steps of its own is polled with `cx`: each of its steps goes on at once (a
+    /// follow-up command is sent as soon as the first reply is in, not when other calls
+    /// have news: with a silent node in a replay round, that would be at the deadline, and
+    /// a record on the node that needed the follow-up unheard), and a release's answer
+    /// hands its node's turn on at once (the releases queued behind it may be what other
+    /// rounds wait for).
     fn poll_calls(&mut self, cx: &mut Context<'_>) -> Poll<Answer> {
         let mut gated = self.gate.as_ref().map(|(gate, waker)| {
             // Count from here, before looking at any call: news that comes while they are
@@ -381,7 +386,7 @@ impl<C: InFlight + 'static> Round<C> {
         let mut k = 0;
         while let Some(call) = self.calls.get_mut(k) {
             let answer = match gated.as_mut() {
-                Some(gated) if !call.holds_turn() => std::pin::Pin::new(&mut *call).poll(gated),
+                Some(gated) if !call.takes_steps() => std::pin::Pin::new(&mut *call).poll(gated),
                 _ => std::pin::Pin::new(&mut *call).poll(cx),
             };
             if let Poll::Ready(answer) = answer {

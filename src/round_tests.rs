@@ -4,7 +4,7 @@
 
 use std::pin::pin;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -21,7 +21,13 @@ struct Fake {
     timed_out: Arc<Mutex<Vec<usize>>>,
     /// When each node's answer came, if the calls tell (see [`Setup::stamped`]).
     arrivals: Option<Arrivals>,
+    /// A call of two steps: once its first answer is in, it sends a follow-up (the flag
+    /// says it did) and answers with the follow-up's answer.
+    follow_up: Option<(Arc<AtomicBool>, Answering)>,
 }
+
+/// Where a fake call's answer comes from.
+type Answering = oneshot::Receiver<Result<Value, NodeError>>;
 
 /// When each node's answer came in.
 type Arrivals = Arc<Mutex<Vec<Option<Instant>>>>;
@@ -30,6 +36,16 @@ impl Future for Fake {
     type Output = Result<Value, NodeError>;
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let Some((sent, follow_up)) = &mut this.follow_up {
+            if !sent.load(Ordering::SeqCst) {
+                let _first = std::task::ready!(std::pin::Pin::new(&mut this.answer).poll(cx));
+                sent.store(true, Ordering::SeqCst);
+            }
+            return std::pin::Pin::new(follow_up)
+                .poll(cx)
+                .map(|answer| answer.unwrap_or(Err(NodeError::Connection("dropped".into()))));
+        }
         std::pin::Pin::new(&mut self.answer)
             .poll(cx)
             .map(|answer| answer.unwrap_or(Err(NodeError::Connection("dropped".into()))))
@@ -41,8 +57,8 @@ impl InFlight for Fake {
         self.index
     }
 
-    fn holds_turn(&self) -> bool {
-        false
+    fn takes_steps(&self) -> bool {
+        self.follow_up.is_some()
     }
 
     fn timed_out(&self, _sent_at: Instant) {
@@ -87,6 +103,7 @@ impl Setup {
                 answer,
                 timed_out: Arc::clone(&timed_out),
                 arrivals: arrivals.clone(),
+                follow_up: None,
             });
         }
         let landing = LandingState::new(NodeMask::matching(n, |_| true));
@@ -285,6 +302,48 @@ async fn an_answer_that_came_after_the_deadline_is_a_timeout_however_soon_it_is_
         *s.timed_out.lock().unwrap(),
         [2],
         "a late answer says the connection works: only the silent call counts against its node"
+    );
+}
+
+/// A round that waits for every call (a replay round) with one node silent: a call of two
+/// steps sends its follow-up as soon as its first answer is in, not at the deadline (the
+/// gate would have waited for the silent node's news), so its answer counts.
+#[tokio::test(start_paused = true)]
+async fn a_call_of_two_steps_takes_its_second_at_once_beside_a_silent_node() {
+    let mut s = Setup::new(3, Duration::from_millis(100));
+    let sent = Arc::new(AtomicBool::new(false));
+    let (follow_up, answer_follow_up) = oneshot::channel();
+    s.round.calls[1].follow_up = Some((Arc::clone(&sent), answer_follow_up));
+    let mut round = s.round;
+    let taking = tokio::spawn(async move {
+        let mut taken = Vec::new();
+        loop {
+            round.wake_after(round.out());
+            let Some(answer) = round.next().await else {
+                return taken;
+            };
+            taken.push(answer);
+        }
+    });
+    // The round waits (its task has polled every call) before any answer comes.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    answer(&mut s.answers, 0, true);
+    answer(&mut s.answers, 1, true);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(
+        sent.load(Ordering::SeqCst),
+        "the follow-up went out once the first answer was in"
+    );
+    let _ = follow_up.send(Ok(Value::Int(2)));
+    let mut taken = taking.await.expect("the round");
+    taken.sort_by_key(|(i, _)| *i);
+    assert_eq!(
+        taken,
+        [
+            (0, Ok(Value::Int(1))),
+            (1, Ok(Value::Int(2))),
+            (2, Err(NodeError::Timeout))
+        ]
     );
 }
 

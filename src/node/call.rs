@@ -168,11 +168,12 @@ impl NodeCall {
         &self.node
     }
 
-    /// Whether the call may hold its node's release turn until it is polled: a release
-    /// still running (waiting for a connection, or on a redis-rs connection). A release
-    /// on our own connection takes no turn.
-    pub(crate) fn holds_turn(&self) -> bool {
-        matches!(self.flight, Flight::Running(_)) && self.call.is_release()
+    /// Whether the call still has steps of its own to take when polled (waiting for a
+    /// connection or an earlier call's landing, a follow-up command, a redis-rs
+    /// connection; a release may hold its node's release turn meanwhile). A call on our
+    /// own connection whose reply is to come has none: the connection's task does the rest.
+    pub(crate) fn takes_steps(&self) -> bool {
+        matches!(self.flight, Flight::Running(_))
     }
 
     /// When the answer came in from the node, for a call on our own connection whose

@@ -63,7 +63,7 @@ impl InFlight for FakeCall {
         self.index
     }
 
-    fn holds_turn(&self) -> bool {
+    fn takes_steps(&self) -> bool {
         false
     }
 

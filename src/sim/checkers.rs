@@ -14,8 +14,9 @@
 
 use std::time::Duration;
 
-use super::world::{CHECK_EVERY, Fault, History, Plan, RETENTION};
+use super::world::{CHECK_EVERY, Fault, History, NODE_TIMEOUT, Plan, RETENTION};
 use crate::core::AfterLoss;
+use crate::node::clocks::micros;
 
 /// A rule a schedule broke, with what shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,9 +87,59 @@ fn replay(plan: &Plan, history: &History, found: &mut Vec<Violation>) {
     }
 }
 
+/// How far above real time a fencing number may be: the fencing clock bound, plus the
+/// clock a quorum of the nodes is at or above (node clock steps within the drift bound;
+/// a minority far ahead does not count), the handshake's estimate of it (within a
+/// per-node timeout), and one per acquisition (a number one above a counter); or, after a
+/// fenced attempt begun before its client had the cap, that client's own clock.
+fn fence_allowance_us(history: &History) -> u64 {
+    let steps_ms: u64 = history
+        .faults
+        .iter()
+        .filter_map(|(_, f)| match f {
+            Fault::ClockStep { ms, .. } => Some(ms.unsigned_abs()),
+            _ => None,
+        })
+        .sum();
+    let bound = crate::defaults::DEFAULT_FENCING_CLOCK_BOUND + NODE_TIMEOUT;
+    // A proposal made before the cap (its number may live on in the counters).
+    let uncapped = history.uncapped.iter().copied().max().unwrap_or(0);
+    micros(bound)
+        .max(
+            u64::try_from(uncapped)
+                .unwrap_or(0)
+                .saturating_add(micros(NODE_TIMEOUT)),
+        )
+        .saturating_add(steps_ms.saturating_mul(1_000))
+        .saturating_add(history.acquisitions as u64)
+}
+
+/// The fencing bound over `history`'s grants, into `found`: once a client's proposals are
+/// capped (a quorum of its nodes gave an estimate of their clocks), no number further
+/// above real time than the bound allows ("a client ahead ... issues numbers that are
+/// only that far ahead", docs/fencing.md), whatever the client's own clock says.
+fn fence_bound(history: &History, found: &mut Vec<Violation>) {
+    let allowance = fence_allowance_us(history);
+    for g in &history.grants {
+        if let Some(fence) = g.fence
+            && g.capped
+            && fence > g.wall_us.saturating_add(allowance)
+        {
+            found.push(Violation {
+                rule: "fencing bound",
+                detail: format!(
+                    "{g:?}: {} µs above real time (allowed {allowance})",
+                    fence - g.wall_us
+                ),
+            });
+        }
+    }
+}
+
 /// Every rule `history` (of `plan`) broke.
 pub(crate) fn check(plan: &Plan, history: &History) -> Vec<Violation> {
     let mut found = Vec::new();
+    fence_bound(history, &mut found);
     let mut grants = history.grants.clone();
     grants.sort_by_key(|g| g.from);
     for (i, a) in grants.iter().enumerate() {

@@ -197,8 +197,10 @@ impl InFlight for SimCall {
         self.index
     }
 
-    fn holds_turn(&self) -> bool {
-        false
+    /// A simulated call is one future of several steps (the request's way, the server,
+    /// the reply's way, a follow-up), as the crate's running calls are.
+    fn takes_steps(&self) -> bool {
+        true
     }
 
     fn timed_out(&self, _sent_at: Instant) {}
@@ -305,7 +307,17 @@ impl Nodes for SimNodes {
             .map_or(Whole::Unknown, |n| n.view().loss.whole())
     }
 
-    async fn settle(&self, _enough: impl Fn() -> bool + Send) {}
+    /// Connects every node not connected yet (the crate's client starts its connects when
+    /// built; a simulated one when asked), one at a time as they settle, until `enough`.
+    async fn settle(&self, enough: impl Fn() -> bool + Send) {
+        let mut settling: futures_util::stream::FuturesUnordered<_> =
+            self.nodes.iter().map(|node| node.connection()).collect();
+        while futures_util::StreamExt::next(&mut settling).await.is_some() {
+            if enough() {
+                return;
+            }
+        }
+    }
 
     async fn announce(&self, ttl_ms: u64, deadline: Instant) -> Vec<Result<(), NodeError>> {
         let deadline = tokio::time::Instant::from_std(deadline);

@@ -203,6 +203,10 @@ pub(crate) struct Plan {
     pub(crate) length: Duration,
     /// How far a replica's copy lags.
     pub(crate) lag: Duration,
+    /// Clocks far off (one schedule in ten): a node whose clock runs this far ahead of
+    /// the others from the start (a minority: the proposals' cap must not follow it), and
+    /// client 0, fenced, as far ahead as that; both beyond the fencing clock bound.
+    pub(crate) far: Option<(usize, Duration)>,
 }
 
 /// The per-node timeout of every client (the shortest TTL is 10 times as long).
@@ -224,7 +228,7 @@ impl Plan {
         let mut rng = Rng::new(seed);
         let nodes = if rng.chance(25) { 5 } else { 3 };
         let mut side = Rng::new(seed ^ 0x7265_706c_6179);
-        let clients = (0..2 + rng.below(2))
+        let mut clients = (0..2 + rng.below(2))
             .map(|_| ClientPlan {
                 replay: side.chance(30).then(|| {
                     if side.chance(50) {
@@ -256,6 +260,7 @@ impl Plan {
         }
         faults.sort_by_key(|(at, _)| *at);
         assume_backlog_behind_proxies(&mut faults);
+        let far = far_off(seed, nodes, &mut clients);
         Self {
             seed,
             nodes,
@@ -264,6 +269,7 @@ impl Plan {
             faults,
             length,
             lag: rng.ms(20, 150),
+            far,
         }
     }
 
@@ -271,6 +277,23 @@ impl Plan {
     pub(crate) fn is_routine(&self) -> bool {
         self.faults.iter().all(|(_, f)| f.is_routine())
     }
+}
+
+/// Clocks far off, in one schedule of `seed` in ten (drawn on a generator of their own, so
+/// the rest of the schedule is the same with or without): a node ahead from the start by
+/// 2 to 10 s, and the first client fenced and as far ahead (see [`Plan::far`]).
+fn far_off(seed: u64, nodes: usize, clients: &mut [ClientPlan]) -> Option<(usize, Duration)> {
+    let mut far = Rng::new(seed ^ 0x0066_6172_5f6f_6666);
+    if !far.chance(10) {
+        return None;
+    }
+    let node = usize::try_from(far.below(nodes as u64)).unwrap_or(0);
+    let ahead = far.ms(2_000, 10_000);
+    if let Some(first) = clients.first_mut() {
+        first.fenced = true;
+        first.skew_us = i64::try_from(micros(ahead)).unwrap_or(0);
+    }
+    Some((node, ahead))
 }
 
 /// The documented assumption for a node whose `INFO` hides `run_id`: its
@@ -303,6 +326,11 @@ pub(crate) struct Grant {
     pub(crate) fence: Option<u64>,
     pub(crate) from: Duration,
     pub(crate) until: Duration,
+    /// The simulation's wall clock (real time) when the grant was known, in µs.
+    pub(crate) wall_us: u64,
+    /// Whether the client's proposals were capped when the attempt began (a quorum of
+    /// its nodes had given an estimate of their clocks): the fencing bound applies.
+    pub(crate) capped: bool,
 }
 
 /// What a schedule did.
@@ -323,6 +351,9 @@ pub(crate) struct History {
     /// Acquisitions that took longer than their rounds' per-node timeouts allow:
     /// (client, when, how long).
     pub(crate) stalls: Vec<(usize, Duration, Duration)>,
+    /// Fenced attempts begun before a quorum of the client's nodes had given an estimate
+    /// of their clocks (the proposal is the client's own clock then): the client's skew.
+    pub(crate) uncapped: Vec<i64>,
     /// Locks refused at the healed end, once every quarantine was over.
     pub(crate) refused_at_end: Vec<String>,
     pub(crate) acquisitions: usize,
@@ -569,6 +600,10 @@ pub(crate) async fn play(plan: &Plan) -> History {
     crate::clock::sim::set_wall(Some(Duration::from_millis(WALL_ORIGIN_MS)));
     let mut rng = Rng::new(plan.seed ^ 0x5eed);
     let stage = Arc::new(Stage::new(plan, &mut rng));
+    if let Some((node, ahead)) = plan.far {
+        let ms = i64::try_from(ahead.as_millis()).unwrap_or(0);
+        stage.server(node).step_clock(ms);
+    }
     let clients: Vec<Arc<SimClient>> = plan
         .clients
         .iter()
@@ -633,6 +668,12 @@ impl Run {
         });
         tasks.spawn(async move {
             tokio::time::sleep_until(start + self.client.plan.start).await;
+            // The crate's client starts its connects when built: the simulated one
+            // connects before its first attempt, for a per-node timeout at most.
+            let clock = self.client.fencing.clock();
+            let connects =
+                crate::round::Nodes::settle(self.client.core.nodes(), || clock.bounded());
+            let _ = tokio::time::timeout(NODE_TIMEOUT, connects).await;
             while Instant::now() < self.end {
                 let name = rng.below(self.names);
                 let held = lock_once(&self.client, &self.stage, self.index, name, &mut rng).await;
@@ -702,8 +743,10 @@ async fn lock_once(client: &SimClient, stage: &Stage, i: usize, name: u64, rng: 
         return run_once(client, stage, (i, name), after_loss, rng).await;
     }
     let asked = Instant::now();
+    let capped = capped(client, stage);
     let result = client.try_lock(&format!("n{name}")).await;
     let from = stage.since_start();
+    let wall_us = crate::clock::wall_us();
     let took = asked.elapsed();
     if took > MAX_ACQUIRE {
         stage.history().stalls.push((i, from, took));
@@ -734,8 +777,20 @@ async fn lock_once(client: &SimClient, stage: &Stage, i: usize, name: u64, rng: 
         fence: lock.fence,
         from,
         until,
+        wall_us,
+        capped,
     });
     true
+}
+
+/// Whether `client`'s proposals are capped by its nodes' clocks now; a fenced attempt
+/// about to begin without the cap is noted in the stage's history.
+fn capped(client: &SimClient, stage: &Stage) -> bool {
+    let capped = client.fencing.clock().bounded();
+    if client.plan.fenced && !capped {
+        stage.history().uncapped.push(client.plan.skew_us);
+    }
+    capped
 }
 
 /// How long a replay key's record lives.
@@ -756,6 +811,7 @@ async fn run_once(
         after_loss,
     };
     let asked = Instant::now();
+    capped(client, stage);
     let result = client.acquire(&format!("k{name}"), accepts).await;
     let from = stage.since_start();
     if asked.elapsed() > MAX_ACQUIRE {
