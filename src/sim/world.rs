@@ -189,6 +189,9 @@ pub(crate) struct ClientPlan {
     pub(crate) replay: Option<AfterLoss>,
     /// When it starts.
     pub(crate) start: Duration,
+    /// When it stops, as a process that dies does: wherever it is (an attempt's round, a
+    /// lock held), nothing more is sent; its lock expires. `None`: it runs to the end.
+    pub(crate) stop: Option<Duration>,
 }
 
 /// What a seed plays.
@@ -207,6 +210,8 @@ pub(crate) struct Plan {
     /// the others from the start (a minority: the proposals' cap must not follow it), and
     /// client 0, fenced, as far ahead as that; both beyond the fencing clock bound.
     pub(crate) far: Option<(usize, Duration)>,
+    /// A read order schedule (see `read_order`): its first faults last the schedule.
+    pub(crate) read_order: bool,
 }
 
 /// The per-node timeout of every client (the shortest TTL is 10 times as long).
@@ -228,6 +233,7 @@ impl Plan {
         let mut rng = Rng::new(seed);
         let nodes = if rng.chance(25) { 5 } else { 3 };
         let mut side = Rng::new(seed ^ 0x7265_706c_6179);
+        let mut stops = Rng::new(seed ^ 0x7374_6f70);
         let mut clients = (0..2 + rng.below(2))
             .map(|_| ClientPlan {
                 replay: side.chance(30).then(|| {
@@ -245,6 +251,7 @@ impl Plan {
                     0
                 },
                 start: rng.ms(0, 800),
+                stop: stops.chance(20).then(|| stops.ms(900, 2_500)),
             })
             .collect::<Vec<_>>();
         let length = rng.ms(1_000, 2_500);
@@ -258,6 +265,13 @@ impl Plan {
             let fault = Fault::drawn(&mut rng, routine, &mut stepped, (node, client));
             faults.push((at, fault));
         }
+        let read_order = read_order(seed, nodes, &mut clients, &mut faults);
+        behind_a_proxy(seed, nodes, &mut faults);
+        let length = if read_order {
+            length.max(Duration::from_millis(2_000))
+        } else {
+            length
+        };
         faults.sort_by_key(|(at, _)| *at);
         assume_backlog_behind_proxies(&mut faults);
         let far = far_off(seed, nodes, &mut clients);
@@ -270,12 +284,78 @@ impl Plan {
             length,
             lag: rng.ms(20, 150),
             far,
+            read_order,
         }
     }
 
     /// Whether every fault is routine (see [`Fault::is_routine`]).
     pub(crate) fn is_routine(&self) -> bool {
         self.faults.iter().all(|(_, f)| f.is_routine())
+    }
+}
+
+/// A read order, in three schedules of `seed` in a hundred with 3 nodes (drawn on a
+/// generator of their own): the schedule where a counter read must skip a quarantined
+/// node. Client 0 (clock 0.4 s ahead) cannot reach node 2, so its numbers land on nodes 0
+/// and 1; node 1 restarts empty and stays quarantined (both clients hold 2 s locks); client
+/// 1 (clock 0.4 s behind) then gets nodes 0 and 2, its proposal is below client 0's
+/// number, and node 0, the one that kept that number, answers it last (a slower link).
+/// Read only on the nodes that granted, the counters give client 1 a higher number; read
+/// on every node, the quarantined node's empty answer and node 2's make a quorum first.
+/// Whether the schedule is one.
+fn read_order(
+    seed: u64,
+    nodes: usize,
+    clients: &mut [ClientPlan],
+    faults: &mut Vec<(Duration, Fault)>,
+) -> bool {
+    let mut order = Rng::new(seed ^ 0x0072_6561_645f_6f72);
+    if nodes != 3 || clients.len() < 2 || !order.chance(3) {
+        return false;
+    }
+    for (i, client) in clients.iter_mut().enumerate() {
+        client.ttl = Duration::from_millis(2_000);
+        client.fenced = true;
+        client.replay = None;
+        client.skew_us = match i {
+            0 => 400_000,
+            1 => -400_000,
+            _ => client.skew_us,
+        };
+    }
+    faults.push((Duration::ZERO, Fault::Partition { client: 0, node: 2 }));
+    faults.push((
+        Duration::ZERO,
+        Fault::Slow {
+            client: 1,
+            node: 0,
+            us: 3_000 + order.below(5_000),
+        },
+    ));
+    faults.push((order.ms(100, 900), Fault::RestartEmpty(1)));
+    true
+}
+
+/// Failovers behind a proxy, in three schedules of `seed` in a hundred (drawn on a
+/// generator of their own): a node whose `INFO` hides `run_id` from the start fails over
+/// twice to its lagging replica (keeping `master_replid2`, the documented assumption), so
+/// that only the new replication history tells the clients it may have lost keys.
+fn behind_a_proxy(seed: u64, nodes: usize, faults: &mut Vec<(Duration, Fault)>) {
+    let mut proxy = Rng::new(seed ^ 0x0070_726f_7879_5f66);
+    if !proxy.chance(3) {
+        return;
+    }
+    let node = usize::try_from(proxy.below(nodes as u64)).unwrap_or(0);
+    faults.push((Duration::ZERO, Fault::HideRunId(node)));
+    for _ in 0..2 {
+        let at = proxy.ms(200, 1_500);
+        faults.push((
+            at,
+            Fault::FailOver {
+                node,
+                cleared: false,
+            },
+        ));
     }
 }
 
@@ -622,6 +702,11 @@ pub(crate) async fn play(plan: &Plan) -> History {
     for (at, fault) in plan.faults.clone() {
         let stage = Arc::clone(&stage);
         let lasts = rng.ms(50, u64::try_from(FAULTS_LAST.as_millis()).unwrap_or(0));
+        let lasts = if plan.read_order && at.is_zero() {
+            plan.length
+        } else {
+            lasts
+        };
         tasks.spawn(async move {
             tokio::time::sleep_until(start + at).await;
             stage.play(fault, lasts).await;
@@ -659,14 +744,15 @@ impl Run {
     /// the schedule's end.
     fn spawn(self, tasks: &mut tokio::task::JoinSet<()>, start: Instant, mut rng: Rng) {
         let (client, end) = (Arc::clone(&self.client), self.end);
-        tasks.spawn(async move {
+        let stop = self.client.plan.stop.map(|stop| start + stop);
+        tasks.spawn(until(stop, async move {
             tokio::time::sleep_until(start + client.plan.start).await;
             while Instant::now() < end {
                 client.core.nodes().check_all().await;
                 tokio::time::sleep(CHECK_EVERY).await;
             }
-        });
-        tasks.spawn(async move {
+        }));
+        tasks.spawn(until(stop, async move {
             tokio::time::sleep_until(start + self.client.plan.start).await;
             // The crate's client starts its connects when built: the simulated one
             // connects before its first attempt, for a per-node timeout at most.
@@ -684,7 +770,17 @@ impl Run {
                 };
                 tokio::time::sleep(gap).await;
             }
-        });
+        }));
+    }
+}
+
+/// `work`, cut wherever it is at `stop` (a client whose process dies).
+async fn until(stop: Option<Instant>, work: impl Future<Output = ()>) {
+    match stop {
+        Some(stop) => {
+            let _ = tokio::time::timeout_at(stop, work).await;
+        }
+        None => work.await,
     }
 }
 
@@ -706,6 +802,9 @@ async fn healed_end(plan: &Plan, start: Instant, clients: &[Arc<SimClient>], sta
     // A loss first seen now is quarantined from now, for the horizon.
     tokio::time::sleep(longest + Duration::from_millis(200)).await;
     for (i, client) in clients.iter().enumerate() {
+        if client.plan.stop.is_some() {
+            continue;
+        }
         client.core.nodes().check_all().await;
         if let Err(e) = client.try_lock(&format!("end-{i}")).await {
             stage
@@ -729,6 +828,7 @@ async fn warm_up(stage: &Stage) {
         skew_us: 0,
         replay: None,
         start: Duration::ZERO,
+        stop: None,
     };
     let client = SimClient::new(&stage.servers, links, plan);
     client.core.nodes().check_all().await;
@@ -762,24 +862,34 @@ async fn lock_once(client: &SimClient, stage: &Stage, i: usize, name: u64, rng: 
     };
     let start = stage.history().start.unwrap_or_else(Instant::now);
     let valid_until = Instant::from_std(lock.valid_until).saturating_duration_since(start);
+    // Held to the end of its validity unless released (a client that stops holds it so).
+    let grant = {
+        let mut history = stage.history();
+        history.grants.push(Grant {
+            client: i,
+            name: usize::try_from(name).unwrap_or(0),
+            fence: lock.fence,
+            from,
+            until: valid_until,
+            wall_us,
+            capped,
+        });
+        history.grants.len() - 1
+    };
     let hold = rng.ms(
         0,
         u64::try_from(client.plan.ttl.as_millis()).unwrap_or(0) * 3 / 2,
     );
     tokio::time::sleep(hold).await;
+    // Released from here (a release cut short by the client's stop may have reached
+    // some nodes).
     let until = stage.since_start().min(valid_until);
+    if let Some(g) = stage.history().grants.get_mut(grant) {
+        g.until = until;
+    }
     if rng.chance(80) {
         client.unlock(&lock).await;
     }
-    stage.history().grants.push(Grant {
-        client: i,
-        name: usize::try_from(name).unwrap_or(0),
-        fence: lock.fence,
-        from,
-        until,
-        wall_us,
-        capped,
-    });
     true
 }
 
