@@ -663,11 +663,18 @@ impl Stage {
         })
     }
 
-    /// Copies each node's keys to its replica every `lag`.
-    async fn replicate(&self, lag: Duration) {
+    /// Copies the keys of each node in `failing` (those that fail over in the schedule:
+    /// no other replica is ever read) to its replica every `lag`.
+    async fn replicate(&self, lag: Duration, failing: Vec<usize>) {
+        if failing.is_empty() {
+            return;
+        }
         loop {
             tokio::time::sleep(lag).await;
-            for (i, replica) in self.replicas.iter().enumerate() {
+            for &i in &failing {
+                let Some(replica) = self.replicas.get(i) else {
+                    continue;
+                };
                 let copy = self.server(i).keyspace().clone();
                 replica.lock().unwrap_or_else(PoisonError::into_inner).0 = copy;
             }
@@ -697,7 +704,17 @@ pub(crate) async fn play(plan: &Plan) -> History {
     {
         let stage = Arc::clone(&stage);
         let lag = plan.lag;
-        tasks.spawn(async move { stage.replicate(lag).await });
+        let mut failing: Vec<usize> = plan
+            .faults
+            .iter()
+            .filter_map(|(_, f)| match f {
+                Fault::FailOver { node, .. } => Some(*node),
+                _ => None,
+            })
+            .collect();
+        failing.sort_unstable();
+        failing.dedup();
+        tasks.spawn(async move { stage.replicate(lag, failing).await });
     }
     for (at, fault) in plan.faults.clone() {
         let stage = Arc::clone(&stage);
