@@ -93,7 +93,8 @@ pub(crate) enum Fault {
     LoseReplies { client: usize, node: usize },
     /// A client's link to a node gets slow for a while (µs one way).
     Slow { client: usize, node: usize, us: u64 },
-    /// A node's clock steps by this many ms (within the drift bound).
+    /// A node's clock steps by this many ms (within the drift bound, or, in a few
+    /// schedules, seconds forward: see [`Fault::beyond_drift`]).
     ClockStep { node: usize, ms: i64 },
 }
 
@@ -154,6 +155,7 @@ impl Fault {
             Self::Partition { .. } => "partition",
             Self::LoseReplies { .. } => "lost replies",
             Self::Slow { .. } => "slow link",
+            Self::ClockStep { .. } if self.beyond_drift() => "clock jump beyond the bound",
             Self::ClockStep { .. } => "clock step",
         }
     }
@@ -170,10 +172,15 @@ impl Fault {
     /// Whether the fault may lose keys or refuse locks: a schedule with none of these
     /// must never refuse a lock nobody holds.
     pub(crate) fn is_routine(self) -> bool {
-        matches!(
-            self,
-            Self::AttachReplica(_) | Self::HideRunId(_) | Self::ClockStep { .. }
-        ) || matches!(self, Self::Slow { us, .. } if us < 2_000)
+        matches!(self, Self::AttachReplica(_) | Self::HideRunId(_))
+            || matches!(self, Self::ClockStep { .. } if !self.beyond_drift())
+            || matches!(self, Self::Slow { us, .. } if us < 2_000)
+    }
+
+    /// Whether this is a node clock step beyond the drift bound (Redlock's own
+    /// assumption: the node's keys expire early, and two holders may follow).
+    pub(crate) fn beyond_drift(self) -> bool {
+        matches!(self, Self::ClockStep { ms, .. } if ms.unsigned_abs() > DRIFT_STEP_MS)
     }
 }
 
@@ -213,6 +220,9 @@ pub(crate) struct Plan {
     /// A read order schedule (see `read_order`): its first faults last the schedule.
     pub(crate) read_order: bool,
 }
+
+/// The largest node clock step within the drift bound, in ms.
+const DRIFT_STEP_MS: u64 = 2;
 
 /// The per-node timeout of every client (the shortest TTL is 10 times as long).
 pub(crate) const NODE_TIMEOUT: Duration = Duration::from_millis(20);
@@ -267,6 +277,7 @@ impl Plan {
         }
         let read_order = read_order(seed, nodes, &mut clients, &mut faults);
         behind_a_proxy(seed, nodes, &mut faults);
+        clock_jump(seed, nodes, length, &mut faults);
         let length = if read_order {
             length.max(Duration::from_millis(2_000))
         } else {
@@ -357,6 +368,20 @@ fn behind_a_proxy(seed: u64, nodes: usize, faults: &mut Vec<(Duration, Fault)>) 
             },
         ));
     }
+}
+
+/// A node clock that jumps seconds forward mid-schedule, in five schedules of `seed` in a
+/// hundred (drawn on a generator of their own): beyond Redlock's drift bound, so a second
+/// holder may follow (its keys expire early), but fencing numbers must still increase.
+fn clock_jump(seed: u64, nodes: usize, length: Duration, faults: &mut Vec<(Duration, Fault)>) {
+    let mut jump = Rng::new(seed ^ 0x006a_756d_705f_6f6e);
+    if !jump.chance(5) {
+        return;
+    }
+    let at = jump.ms(100, u64::try_from(length.as_millis()).unwrap_or(0));
+    let node = usize::try_from(jump.below(nodes as u64)).unwrap_or(0);
+    let ms = i64::try_from(jump.ms(2_000, 10_000).as_millis()).unwrap_or(0);
+    faults.push((at, Fault::ClockStep { node, ms }));
 }
 
 /// Clocks far off, in one schedule of `seed` in ten (drawn on a generator of their own, so
