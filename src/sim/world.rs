@@ -556,6 +556,9 @@ impl SimClient {
     }
 }
 
+/// Whether a client hears a node within the per-node timeout, and the node's process.
+type Heard = (bool, u64);
+
 /// The simulation's wall clock at the start of every schedule (ms since the Unix epoch).
 const WALL_ORIGIN_MS: u64 = 1_800_000_000_000;
 
@@ -678,14 +681,29 @@ impl Stage {
 
     /// Whether a node that `client` (number `i`) can hear within the per-node timeout, and
     /// that it does not keep out, holds a completion record under `key` now.
-    fn record_visible(&self, client: &SimClient, i: usize, key: &[u8]) -> bool {
+    /// Counted only on a node heard, by the same process, since `before` (taken when the
+    /// attempt began): a record that came with a failover during the round, or on a node
+    /// the round could not hear then, was not there for the round to see.
+    fn record_visible(&self, client: &SimClient, i: usize, key: &[u8], before: &[Heard]) -> bool {
+        let now = self.heard(i);
         (0..self.servers.len()).any(|n| {
-            let link = &self.links[i][n];
-            let heard = !link.partitioned.load(Ordering::Relaxed)
-                && !link.loses_replies.load(Ordering::Relaxed)
-                && link.latency_us.load(Ordering::Relaxed) * 4 < micros(NODE_TIMEOUT);
-            heard && !client.core.nodes().keeps_out(n) && self.server(n).holds_record(key)
+            let steady = matches!((before.get(n), now.get(n)), (Some(b), Some(a)) if b.0 && a.0 && b.1 == a.1);
+            steady && !client.core.nodes().keeps_out(n) && self.server(n).holds_record(key)
         })
+    }
+
+    /// Whether client `i` hears each node within the per-node timeout now, and the
+    /// node's process.
+    fn heard(&self, i: usize) -> Vec<Heard> {
+        (0..self.servers.len())
+            .map(|n| {
+                let link = &self.links[i][n];
+                let heard = !link.partitioned.load(Ordering::Relaxed)
+                    && !link.loses_replies.load(Ordering::Relaxed)
+                    && link.latency_us.load(Ordering::Relaxed) * 4 < micros(NODE_TIMEOUT);
+                (heard, self.server(n).generation())
+            })
+            .collect()
     }
 
     /// Copies the keys of each node in `failing` (those that fail over in the schedule:
@@ -964,6 +982,7 @@ async fn run_once(
     };
     let asked = Instant::now();
     capped(client, stage);
+    let before = stage.heard(i);
     let result = client.acquire(&format!("k{name}"), accepts).await;
     let from = stage.since_start();
     if asked.elapsed() > MAX_ACQUIRE {
@@ -979,7 +998,7 @@ async fn run_once(
             return false;
         }
     };
-    let evidence = stage.record_visible(client, i, lock.key());
+    let evidence = stage.record_visible(client, i, lock.key(), &before);
     stage.history().runs.push((i, key, from, evidence));
     tokio::time::sleep(rng.ms(0, 50)).await;
     let mut record = crate::scripts::RECORD_MARKER.to_vec();
