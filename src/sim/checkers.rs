@@ -76,6 +76,7 @@ fn replay(plan: &Plan, history: &History, found: &mut Vec<Violation>) {
         if let Some((_, done)) = again
             && refuses
             && !explained(plan, history, *at)
+            && !jumped_between(history, *done, *at)
         {
             found.push(Violation {
                 rule: "replay (refuse)",
@@ -146,9 +147,10 @@ fn fence_bound(plan: &Plan, history: &History, found: &mut Vec<Violation>) {
     }
 }
 
-/// Whether a node clock jumped beyond the drift bound while a lock granted at `from` may
-/// still have been held, up to `to` (Redlock's own assumption broken: the keys of that
-/// lock expire early on that node; fencing is not excused).
+/// Whether a node clock jumped beyond the drift bound while a lock granted (or a record
+/// stored) at `from` may still have been held, up to `to` (Redlock's own assumption
+/// broken: the keys of that lock, or that record, expire early on that node; fencing is
+/// not excused).
 fn jumped_between(history: &History, from: Duration, to: Duration) -> bool {
     history
         .faults

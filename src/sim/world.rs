@@ -299,6 +299,21 @@ impl Plan {
         }
     }
 
+    /// The nodes that fail over in the schedule.
+    pub(crate) fn failing(&self) -> Vec<usize> {
+        let mut failing: Vec<usize> = self
+            .faults
+            .iter()
+            .filter_map(|(_, f)| match f {
+                Fault::FailOver { node, .. } => Some(*node),
+                _ => None,
+            })
+            .collect();
+        failing.sort_unstable();
+        failing.dedup();
+        failing
+    }
+
     /// Whether every fault is routine (see [`Fault::is_routine`]).
     pub(crate) fn is_routine(&self) -> bool {
         self.faults.iter().all(|(_, f)| f.is_routine())
@@ -746,17 +761,7 @@ pub(crate) async fn play(plan: &Plan) -> History {
     let mut tasks = tokio::task::JoinSet::new();
     {
         let stage = Arc::clone(&stage);
-        let lag = plan.lag;
-        let mut failing: Vec<usize> = plan
-            .faults
-            .iter()
-            .filter_map(|(_, f)| match f {
-                Fault::FailOver { node, .. } => Some(*node),
-                _ => None,
-            })
-            .collect();
-        failing.sort_unstable();
-        failing.dedup();
+        let (lag, failing) = (plan.lag, plan.failing());
         tasks.spawn(async move { stage.replicate(lag, failing).await });
     }
     for (at, fault) in plan.faults.clone() {
