@@ -35,7 +35,27 @@ fn explained(plan: &Plan, history: &History, at: Duration) -> bool {
             && *f <= at
             && at.saturating_sub(*f) <= CHECK_EVERY + Duration::from_millis(50)
     });
-    flushed || majority_lost_before(plan, history, at)
+    flushed || majority_lost_before(plan, history, at) || quarantine_cut(plan, history, at)
+}
+
+/// Whether, before `at`, a node clock jumped beyond the drift bound on a node that had
+/// lost its data within the longest TTL and a check interval before the jump: the
+/// node's quarantine is measured on its own clock, so the jump cuts it short (Redlock's
+/// drift assumption broken, documented in docs/reliability.md).
+fn quarantine_cut(plan: &Plan, history: &History, at: Duration) -> bool {
+    let longest = plan.clients.iter().map(|c| c.ttl).max().unwrap_or_default();
+    history.faults.iter().any(|(jumped, jump)| {
+        let Fault::ClockStep { node, .. } = jump else {
+            return false;
+        };
+        jump.beyond_drift()
+            && *jumped <= at
+            && history.faults.iter().any(|(lost, f)| {
+                f.loses_data() == Some(*node)
+                    && lost <= jumped
+                    && *jumped - *lost <= longest + CHECK_EVERY
+            })
+    })
 }
 
 /// Whether, at `at`, a majority of `plan`'s nodes had lost their data (horizon included)
