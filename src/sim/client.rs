@@ -249,8 +249,14 @@ impl SimNodes {
     }
 
     /// The background check of every node, at once.
+    /// Each check is bounded by the crate's connect timeout, as the crate's background
+    /// check is (a partitioned node's check gives up; the next one tries again).
     pub(crate) async fn check_all(&self) {
-        let checks = self.nodes.iter().map(|n| n.check());
+        let timeout = crate::defaults::DEFAULT_CONNECT_TIMEOUT;
+        let checks = self
+            .nodes
+            .iter()
+            .map(|n| tokio::time::timeout(timeout, n.check()));
         let _ = futures_util::future::join_all(checks).await;
     }
 }

@@ -232,7 +232,7 @@ pub(crate) const NODE_TIMEOUT: Duration = Duration::from_millis(20);
 /// per-node timeout").
 pub(crate) const MAX_ACQUIRE: Duration = Duration::from_millis(4 * 20 + 1);
 /// The longest a partition, lost replies or a slow link last.
-const FAULTS_LAST: Duration = Duration::from_millis(1_500);
+pub(crate) const FAULTS_LAST: Duration = Duration::from_millis(1_500);
 /// The background check's interval.
 pub(crate) const CHECK_EVERY: Duration = crate::defaults::DEFAULT_CHECK_INTERVAL;
 const TTLS: [u64; 3] = [200, 700, 2_000];
@@ -440,7 +440,6 @@ fn assume_backlog_behind_proxies(faults: &mut [(Duration, Fault)]) {
 /// released or its validity ended (since the schedule's start).
 #[derive(Debug, Clone)]
 pub(crate) struct Grant {
-    #[expect(dead_code, reason = "shown in a violation's detail")]
     pub(crate) client: usize,
     pub(crate) name: usize,
     pub(crate) fence: Option<u64>,
