@@ -25,6 +25,9 @@ struct Process {
     replid: String,
     /// `master_replid2` (`None`: cleared, all zeros).
     replid2: Option<String>,
+    /// Whether it keeps a replication backlog (it had a replica since it started, or was
+    /// one): a replica that attaches then continues its history.
+    backlog: bool,
 }
 
 /// A simulated Redis server (see the module docs).
@@ -85,6 +88,7 @@ impl Server {
                 started_ms: 0,
                 replid: String::new(),
                 replid2: None,
+                backlog: false,
             },
             generation: 0,
             aof: false,
@@ -116,6 +120,7 @@ impl Server {
             started_ms: self.now_ms(),
             replid: self.id(),
             replid2: None,
+            backlog: false,
         }
     }
 
@@ -175,6 +180,7 @@ impl Server {
         self.process = self.new_process();
         self.process.started_ms = replica_started_ms;
         self.process.replid2 = Some(old);
+        self.process.backlog = true;
     }
 
     /// The promoted master freed its backlog, alone for `repl-backlog-ttl`: its
@@ -182,14 +188,19 @@ impl Server {
     pub(crate) fn clear_replid2(&mut self, generation: u64) {
         if self.generation == generation {
             self.process.replid2 = None;
+            self.process.backlog = false;
         }
     }
 
-    /// A replica attaches to a master without a backlog: a new replication id, the data
-    /// and the process unchanged.
+    /// A replica attaches: to a master without a backlog, a new replication id (the data
+    /// and the process unchanged); to one with a backlog (a promoted replica keeps its
+    /// own), nothing changes that `INFO` shows.
     pub(crate) fn attach_replica(&mut self) {
-        self.process.replid = self.id();
-        self.process.replid2 = None;
+        if !self.process.backlog {
+            self.process.replid = self.id();
+            self.process.replid2 = None;
+            self.process.backlog = true;
+        }
     }
 
     /// The node's clock jumps by `ms`.
