@@ -27,6 +27,8 @@ pub(crate) struct Link {
     pub(crate) loses_replies: AtomicBool,
     /// One way's latency, in µs.
     pub(crate) latency_us: AtomicU64,
+    /// The slow spells under way, and the latency to come back to after the last.
+    pub(crate) slow: Mutex<(usize, u64)>,
     /// When the last request arrives, and the last reply: each way is in order, as TCP.
     last: Mutex<(Option<Instant>, Option<Instant>)>,
 }

@@ -685,10 +685,23 @@ impl Stage {
                 l.loses_replies.store(false, Ordering::Relaxed);
             }
             Fault::Slow { client, node, us } => {
+                // Spells may overlap: the link comes back to its own latency after the
+                // last one, not to a spell's.
                 let l = link(client, node);
-                let before = l.latency_us.swap(us, Ordering::Relaxed);
+                {
+                    let mut slow = l.slow.lock().unwrap_or_else(PoisonError::into_inner);
+                    if slow.0 == 0 {
+                        slow.1 = l.latency_us.load(Ordering::Relaxed);
+                    }
+                    slow.0 += 1;
+                }
+                l.latency_us.store(us, Ordering::Relaxed);
                 tokio::time::sleep(lasts).await;
-                l.latency_us.store(before, Ordering::Relaxed);
+                let mut slow = l.slow.lock().unwrap_or_else(PoisonError::into_inner);
+                slow.0 = slow.0.saturating_sub(1);
+                if slow.0 == 0 {
+                    l.latency_us.store(slow.1, Ordering::Relaxed);
+                }
             }
         }
     }
