@@ -135,6 +135,16 @@ fn answer(
     let _ = tx.send(Ok(Value::Int(i64::from(granted))));
 }
 
+/// Every answer still to come out of `round`, by node.
+async fn every_answer(round: &mut Round<Fake>) -> Vec<(usize, Result<Value, NodeError>)> {
+    let mut taken = Vec::new();
+    while let Some(answer) = round.next().await {
+        taken.push(answer);
+    }
+    taken.sort_by_key(|(i, _)| *i);
+    taken
+}
+
 /// Counts the wake-ups of the task that polls the round.
 #[derive(Default)]
 struct Wakes(AtomicUsize);
@@ -257,13 +267,8 @@ async fn a_connection_broken_after_the_deadline_is_a_timeout() {
     s.answer(1, true);
     let refused = Err(NodeError::Redis("NOPERM".into()));
     let _ = s.answers[2].take().unwrap().send(refused.clone());
-    let mut late = Vec::new();
-    while let Some(answer) = s.round.next().await {
-        late.push(answer);
-    }
-    late.sort_by_key(|(i, _)| *i);
     assert_eq!(
-        late,
+        every_answer(&mut s.round).await,
         [
             (0, Err(NodeError::Timeout)),
             (1, Ok(Value::Int(1))),
@@ -285,13 +290,8 @@ async fn an_answer_that_came_after_the_deadline_is_a_timeout_however_soon_it_is_
     // node 1 has answered too, late.
     tokio::time::advance(Duration::from_millis(150)).await;
     s.answer(1, true);
-    let mut taken = Vec::new();
-    while let Some(answer) = s.round.next().await {
-        taken.push(answer);
-    }
-    taken.sort_by_key(|(i, _)| *i);
     assert_eq!(
-        taken,
+        every_answer(&mut s.round).await,
         [
             (0, Ok(Value::Int(1))),
             (1, Err(NodeError::Timeout)),
