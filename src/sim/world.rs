@@ -570,6 +570,25 @@ impl SimClient {
     }
 }
 
+/// A slow spell of `us` each way on `l` for `lasts`. Spells may overlap: the link comes
+/// back to its own latency after the last one, not to a spell's.
+async fn slow_spell(l: &Link, us: u64, lasts: Duration) {
+    {
+        let mut slow = l.slow.lock().unwrap_or_else(PoisonError::into_inner);
+        if slow.0 == 0 {
+            slow.1 = l.latency_us.load(Ordering::Relaxed);
+        }
+        slow.0 += 1;
+    }
+    l.latency_us.store(us, Ordering::Relaxed);
+    tokio::time::sleep(lasts).await;
+    let mut slow = l.slow.lock().unwrap_or_else(PoisonError::into_inner);
+    slow.0 = slow.0.saturating_sub(1);
+    if slow.0 == 0 {
+        l.latency_us.store(slow.1, Ordering::Relaxed);
+    }
+}
+
 /// Whether a client hears a node within the per-node timeout, and the node's process.
 type Heard = (bool, u64);
 
@@ -684,25 +703,7 @@ impl Stage {
                 tokio::time::sleep(lasts).await;
                 l.loses_replies.store(false, Ordering::Relaxed);
             }
-            Fault::Slow { client, node, us } => {
-                // Spells may overlap: the link comes back to its own latency after the
-                // last one, not to a spell's.
-                let l = link(client, node);
-                {
-                    let mut slow = l.slow.lock().unwrap_or_else(PoisonError::into_inner);
-                    if slow.0 == 0 {
-                        slow.1 = l.latency_us.load(Ordering::Relaxed);
-                    }
-                    slow.0 += 1;
-                }
-                l.latency_us.store(us, Ordering::Relaxed);
-                tokio::time::sleep(lasts).await;
-                let mut slow = l.slow.lock().unwrap_or_else(PoisonError::into_inner);
-                slow.0 = slow.0.saturating_sub(1);
-                if slow.0 == 0 {
-                    l.latency_us.store(slow.1, Ordering::Relaxed);
-                }
-            }
+            Fault::Slow { client, node, us } => slow_spell(&link(client, node), us, lasts).await,
         }
     }
 
