@@ -248,6 +248,22 @@ impl SimNodes {
         self.nodes.get(i).is_some_and(|n| n.quarantined().is_some())
     }
 
+    /// Whether this client has a connection open to node `i`'s current process (a node
+    /// it has still to connect to answers a round only after the connect's handshake).
+    pub(crate) fn connected(&self, i: usize) -> bool {
+        self.nodes.get(i).is_some_and(|n| {
+            let generation = n
+                .server
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .generation();
+            n.view()
+                .conn
+                .as_ref()
+                .is_some_and(|c| c.generation == generation)
+        })
+    }
+
     /// The background check of every node, at once.
     /// Each check is bounded by the crate's connect timeout, as the crate's background
     /// check is (a partitioned node's check gives up; the next one tries again).

@@ -3,7 +3,8 @@
 //! [`Nodes`](crate::round::Nodes) seam, over simulated Redis servers that run the crate's
 //! Lua scripts. Seeded: a failing schedule prints its seed, and `SIM_SEED=<seed>` replays
 //! it. `SIM_SCHEDULES` sets how many schedules the default run plays, `SIM_SECS` plays
-//! for that long instead (the long mode).
+//! for that long instead (the long mode), `SIM_THREADS` on that many threads (every core
+//! unless set).
 //!
 //! ```text
 //! SIM_SEED=42 cargo test --lib sim::     # replays schedule 42

@@ -52,7 +52,7 @@ fn env(name: &str) -> Option<u64> {
 }
 
 /// The default run: `SIM_SCHEDULES` schedules (100,000 unless set; or for `SIM_SECS`),
-/// from `SIM_BASE` (or a random base), on every core; a schedule that breaks a rule
+/// from `SIM_BASE` (or a random base), on every core (or `SIM_THREADS`); a schedule that breaks a rule
 /// fails the test with its seed. `SIM_SEED` replays one schedule.
 #[test]
 fn simulation() {
@@ -68,7 +68,10 @@ fn simulation() {
     let started = Instant::now();
     let next = AtomicU64::new(0);
     let failed = Mutex::new(None);
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads = env("SIM_THREADS").map_or_else(
+        || std::thread::available_parallelism().map_or(1, usize::from),
+        |t| usize::try_from(t).unwrap_or(1).max(1),
+    );
     let played: Vec<Played> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {

@@ -589,7 +589,8 @@ async fn slow_spell(l: &Link, us: u64, lasts: Duration) {
     }
 }
 
-/// Whether a client hears a node within the per-node timeout, and the node's process.
+/// Whether a client hears a node within the per-node timeout over a connection open to
+/// it, and the node's process.
 type Heard = (bool, u64);
 
 /// The simulation's wall clock at the start of every schedule (ms since the Unix epoch).
@@ -711,22 +712,24 @@ impl Stage {
     /// that it does not keep out, holds a completion record under `key` now.
     /// Counted only on a node heard, by the same process, since `before` (taken when the
     /// attempt began): a record that came with a failover during the round, or on a node
-    /// the round could not hear then, was not there for the round to see.
+    /// the round could not hear then (or had still to connect to: the handshake comes
+    /// first), was not there for the round to see.
     fn record_visible(&self, client: &SimClient, i: usize, key: &[u8], before: &[Heard]) -> bool {
-        let now = self.heard(i);
+        let now = self.heard(client, i);
         (0..self.servers.len()).any(|n| {
             let steady = matches!((before.get(n), now.get(n)), (Some(b), Some(a)) if b.0 && a.0 && b.1 == a.1);
             steady && !client.core.nodes().keeps_out(n) && self.server(n).holds_record(key)
         })
     }
 
-    /// Whether client `i` hears each node within the per-node timeout now, and the
-    /// node's process.
-    fn heard(&self, i: usize) -> Vec<Heard> {
+    /// Whether `client` (number `i`) hears each node within the per-node timeout now,
+    /// over a connection it has open, and the node's process.
+    fn heard(&self, client: &SimClient, i: usize) -> Vec<Heard> {
         (0..self.servers.len())
             .map(|n| {
                 let link = &self.links[i][n];
-                let heard = !link.partitioned.load(Ordering::Relaxed)
+                let heard = client.core.nodes().connected(n)
+                    && !link.partitioned.load(Ordering::Relaxed)
                     && !link.loses_replies.load(Ordering::Relaxed)
                     && link.latency_us.load(Ordering::Relaxed) * 4 < micros(NODE_TIMEOUT);
                 (heard, self.server(n).generation())
@@ -1000,7 +1003,7 @@ async fn run_once(
     };
     let asked = Instant::now();
     capped(client, stage);
-    let before = stage.heard(i);
+    let before = stage.heard(client, i);
     let result = client.acquire(&format!("k{name}"), accepts).await;
     let from = stage.since_start();
     if asked.elapsed() > MAX_ACQUIRE {
