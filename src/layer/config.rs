@@ -118,6 +118,9 @@ pub(crate) struct Config {
     pub(crate) caller: Option<Caller>,
     /// How long a lock-holding response body may go unread before its lock is released.
     pub(crate) stall_timeout: Option<Duration>,
+    /// The names are webhook delivery ids (a [`Receiver`](super::webhook)): rejections
+    /// speak of deliveries, not of idempotency keys.
+    pub(crate) deliveries: bool,
 }
 
 impl Config {
@@ -135,6 +138,11 @@ impl Config {
         let rejection = rejection
             .with_retry_cap(self.retry_after_cap)
             .negotiate_or(&head.headers, default);
+        let rejection = if self.deliveries {
+            rejection.of_a_delivery()
+        } else {
+            rejection
+        };
         match &self.on_rejection {
             Some(hook) => hook(rejection, head),
             None => rejection

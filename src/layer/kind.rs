@@ -70,13 +70,18 @@ pub enum RejectionKind {
     /// and cannot be replayed (the handler does not run again either).
     ResponseNotKept,
     /// The request body is larger than the extractor reads to find the lock name in it
-    /// ([`BodyKey::limit`](super::BodyKey::limit)).
+    /// ([`BodyKey::limit`](super::BodyKey::limit)), or than a webhook
+    /// `webhook::Signature` (feature `webhook-verify`) layer reads to verify it.
     BodyTooLarge,
+    /// A webhook delivery whose signature is missing, malformed, stale or wrong
+    /// (`webhook::Signature`, feature `webhook-verify`): refused before the lock.
+    Unauthenticated,
 }
 
 impl RejectionKind {
     /// The kind as the `kind` member of problem documents: `busy`, `unavailable`,
-    /// `bad_request`, `internal`, `key_reused`, `response_not_kept` or `body_too_large`.
+    /// `bad_request`, `internal`, `key_reused`, `response_not_kept`, `body_too_large` or
+    /// `unauthenticated`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RejectionKind::Busy { .. } => "busy",
@@ -86,6 +91,7 @@ impl RejectionKind {
             RejectionKind::KeyReused => "key_reused",
             RejectionKind::ResponseNotKept => "response_not_kept",
             RejectionKind::BodyTooLarge => "body_too_large",
+            RejectionKind::Unauthenticated => "unauthenticated",
         }
     }
 }
@@ -98,6 +104,7 @@ mod code {
     pub(super) const ABORTED: u8 = 10;
     pub(super) const INTERNAL: u8 = 13;
     pub(super) const UNAVAILABLE: u8 = 14;
+    pub(super) const UNAUTHENTICATED: u8 = 16;
 }
 
 impl RejectionKind {
@@ -111,6 +118,7 @@ impl RejectionKind {
             RejectionKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             RejectionKind::ResponseNotKept => StatusCode::GONE,
             RejectionKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            RejectionKind::Unauthenticated => StatusCode::UNAUTHORIZED,
         }
     }
 
@@ -124,6 +132,7 @@ impl RejectionKind {
             RejectionKind::KeyReused => code::INVALID_ARGUMENT,
             RejectionKind::ResponseNotKept => code::ALREADY_EXISTS,
             RejectionKind::BodyTooLarge => code::RESOURCE_EXHAUSTED,
+            RejectionKind::Unauthenticated => code::UNAUTHENTICATED,
         }
     }
 }

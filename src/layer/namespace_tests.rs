@@ -127,7 +127,7 @@ fn body_keys_and_webhook_presets_name_their_namespace() {
     assert_eq!(namespace_of(&webhook::github()), "header:x-github-delivery");
     assert_eq!(
         namespace_of(&webhook::shopify()),
-        "header:x-shopify-webhook-id"
+        "header:x-shopify-event-id"
     );
     assert_eq!(namespace_of(&webhook::standard()), "header:webhook-id");
     assert_eq!(namespace_of(&webhook::svix()), "header:svix-id");

@@ -35,6 +35,7 @@
 //! | [`#key-reused`](#key-reused) | 422 | `INVALID_ARGUMENT` (3) | no: a new request needs a new key |
 //! | [`#response-not-kept`](#response-not-kept) | 410 | `ALREADY_EXISTS` (6) | no: the request was done |
 //! | [`#body-too-large`](#body-too-large) | 413 | `RESOURCE_EXHAUSTED` (8) | no: the body must be smaller, or the limit raised |
+//! | [`#unauthenticated`](#unauthenticated) | 401 | `UNAUTHENTICATED` (16) | no: fix the secret, the body or the clock, then redeliver |
 //!
 //! The URIs are stable: they change only with a major version of the crate, and the
 //! sections keep their anchors.
@@ -162,10 +163,10 @@
 //!
 //! # key-reused
 //!
-//! **The idempotency key was already used for another request** (`kind`: `key_reused`;
-//! 422, gRPC `INVALID_ARGUMENT`). With replay on, a response is stored under this key for a
-//! request that differs from this one: another method, path or query, another caller, or
-//! another body. Nothing ran.
+//! **The key was already used for another request** (`kind`: `key_reused`; 422, gRPC
+//! `INVALID_ARGUMENT`). The key is the request's idempotency key, or a webhook's delivery
+//! id. With replay on, a response is stored under this key for a request that differs from
+//! this one: another method, path or query, another caller, or another body. Nothing ran.
 //!
 //! *What to do:* do not retry with this key. A new operation needs a new key; a retry of
 //! the original operation must send the original request unchanged (same body, same
@@ -185,13 +186,28 @@
 //!
 //! # body-too-large
 //!
-//! **The request body is larger than the service reads to find its key** (`kind`:
-//! `body_too_large`; 413, gRPC `RESOURCE_EXHAUSTED`). The route takes the lock name from
-//! the body (a webhook's event id, see [`BodyKey`](super::BodyKey)) and reads at most a
-//! set number of bytes for it. Nothing ran.
+//! **The request body is too large** (`kind`: `body_too_large`; 413, gRPC
+//! `RESOURCE_EXHAUSTED`). The route takes the lock name from the body (a webhook's event
+//! id, see [`BodyKey`](super::BodyKey)), or verifies a webhook's signature over the whole
+//! body (`webhook::Signature`, feature `webhook-verify`), and reads at most a set number
+//! of bytes for it. Nothing ran.
 //!
 //! *What to do:* do not retry the same body. A webhook sender that gets this needs the
-//! receiver's limit raised ([`BodyKey::limit`](super::BodyKey::limit)).
+//! receiver's limit raised ([`BodyKey::limit`](super::BodyKey::limit),
+//! `webhook::Signature::max_body`).
+//!
+//! # unauthenticated
+//!
+//! **The delivery's signature does not verify** (`kind`: `unauthenticated`; 401, gRPC
+//! `UNAUTHENTICATED`). The route receives webhooks and checks each delivery's signature
+//! before anything else: the signature header is missing or malformed, no signature
+//! matches the body under the endpoint's secret, or the signed timestamp is further from
+//! the receiver's clock than its tolerance. Nothing ran, no lock was taken and nothing was
+//! stored under the delivery's id, so the real delivery with the same id is not affected.
+//!
+//! *What to do:* a sender's own delivery that gets this points at a wrong secret on either
+//! side, a body changed on the way (a proxy that re-encodes it), or a clock off by more
+//! than the tolerance; fix that, then redeliver.
 
 /// A problem type's URI: the section `anchor` of this page (the docs.rs address of the
 /// crate's latest version).
@@ -235,6 +251,9 @@ pub const RESPONSE_NOT_KEPT: &str = uri!("response-not-kept");
 /// The `type` of a request body over what is read for its key: see
 /// [body-too-large](self#body-too-large).
 pub const BODY_TOO_LARGE: &str = uri!("body-too-large");
+/// The `type` of a webhook delivery whose signature does not verify: see
+/// [unauthenticated](self#unauthenticated).
+pub const UNAUTHENTICATED: &str = uri!("unauthenticated");
 
 /// The problem type of a rejection: its `type` URI and `title`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,12 +270,13 @@ pub(crate) enum Problem {
     KeyReused,
     ResponseNotKept,
     BodyTooLarge,
+    Unauthenticated,
 }
 
 impl Problem {
     /// Every problem type, for tests.
     #[cfg(test)]
-    pub(crate) const ALL: [Problem; 12] = [
+    pub(crate) const ALL: [Problem; 13] = [
         Problem::Busy,
         Problem::Unavailable,
         Problem::Quarantine,
@@ -269,6 +289,7 @@ impl Problem {
         Problem::KeyReused,
         Problem::ResponseNotKept,
         Problem::BodyTooLarge,
+        Problem::Unauthenticated,
     ];
 
     /// The `type` URI: a section of this module's documentation.
@@ -286,6 +307,7 @@ impl Problem {
             Problem::KeyReused => KEY_REUSED,
             Problem::ResponseNotKept => RESPONSE_NOT_KEPT,
             Problem::BodyTooLarge => BODY_TOO_LARGE,
+            Problem::Unauthenticated => UNAUTHENTICATED,
         }
     }
 
@@ -301,9 +323,10 @@ impl Problem {
             Problem::RecordUnreadable => "The stored response cannot be read",
             Problem::BadRequest => "The request cannot be locked as sent",
             Problem::Internal => "The lock layer is misconfigured",
-            Problem::KeyReused => "The idempotency key was used for another request",
+            Problem::KeyReused => "The key was used for another request",
             Problem::ResponseNotKept => "The response was not kept for replay",
-            Problem::BodyTooLarge => "The request body is over the size read for its key",
+            Problem::BodyTooLarge => "The request body is too large",
+            Problem::Unauthenticated => "The delivery's signature does not verify",
         }
     }
 }

@@ -91,6 +91,7 @@ impl<E, L: LockBackend> RedlockLayer<E, NoBodyFingerprint, L> {
                 namespace: Namespace::from_extractor(),
                 caller: None,
                 stall_timeout: Some(super::config::DEFAULT_STALL_TIMEOUT),
+                deliveries: false,
             }),
         }
     }
@@ -137,6 +138,13 @@ impl<E, L: LockBackend> RedlockLayer<E, BodyFingerprintLayer, L> {
 impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     pub(super) fn config(&mut self) -> &mut Config {
         Arc::make_mut(&mut self.config)
+    }
+
+    /// The same layer, its names webhook delivery ids: its rejections speak of deliveries.
+    #[cfg(feature = "webhook-verify")]
+    pub(crate) fn of_deliveries(mut self) -> Self {
+        self.config().deliveries = true;
+        self
     }
 
     /// The TTL of the locks this layer takes (default: the client's TTL).

@@ -142,6 +142,7 @@ impl Rejection {
             RejectionKind::KeyReused => Problem::KeyReused,
             RejectionKind::ResponseNotKept => Problem::ResponseNotKept,
             RejectionKind::BodyTooLarge => Problem::BodyTooLarge,
+            RejectionKind::Unauthenticated => Problem::Unauthenticated,
         };
         Self {
             kind,
@@ -181,6 +182,23 @@ impl Rejection {
     /// preference (see [`problem`](super::problem)).
     pub(crate) fn negotiate_or(mut self, request_headers: &HeaderMap, default: Format) -> Self {
         self.format = Format::negotiate(request_headers, default);
+        self
+    }
+
+    /// The same rejection, told to a webhook sender: a busy or reused key is a delivery
+    /// id (the kind, status and problem type stay).
+    pub(crate) fn of_a_delivery(mut self) -> Self {
+        let message = match self.kind {
+            RejectionKind::Busy { .. } => {
+                "a delivery with this delivery id is being processed; redeliver later"
+            }
+            RejectionKind::KeyReused => {
+                "this delivery id was already used for a different delivery (another body, \
+                 path or sender); a redelivery must be the original delivery"
+            }
+            _ => return self,
+        };
+        message.clone_into(&mut self.message);
         self
     }
 
@@ -249,6 +267,29 @@ impl Rejection {
         Self::new(
             RejectionKind::BodyTooLarge,
             format!("the request body is over the {limit} bytes read for its lock name"),
+            protocol,
+            None,
+        )
+    }
+
+    /// A rejection for a webhook delivery whose body is over the `limit` bytes its
+    /// `webhook::Signature` (feature `webhook-verify`) layer reads to verify it: 413 /
+    /// `RESOURCE_EXHAUSTED`.
+    pub fn too_large_to_verify(limit: usize, protocol: Protocol) -> Self {
+        Self::new(
+            RejectionKind::BodyTooLarge,
+            format!("the request body is over the {limit} bytes read to verify its signature"),
+            protocol,
+            None,
+        )
+    }
+
+    /// A rejection for a webhook delivery whose signature does not verify (`why`: what
+    /// is wrong, naming no secret): 401 / `UNAUTHENTICATED`, before any lock is taken.
+    pub fn unauthenticated(why: impl std::fmt::Display, protocol: Protocol) -> Self {
+        Self::new(
+            RejectionKind::Unauthenticated,
+            format!("the delivery's signature does not verify: {why}"),
             protocol,
             None,
         )

@@ -289,6 +289,16 @@ impl<B: Body> PrefixedBody<B> {
         }
     }
 
+    /// A body read to its end: its `frames`, then nothing.
+    #[cfg(feature = "webhook-verify")]
+    pub(crate) fn whole(frames: VecDeque<Frame<Bytes>>) -> Self {
+        Self {
+            frames,
+            error: None,
+            rest: None,
+        }
+    }
+
     /// The bytes read so far, and whether they are the whole body (it ended, without an
     /// error).
     pub(crate) fn read_bytes(&self) -> (Vec<u8>, bool) {
