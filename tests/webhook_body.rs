@@ -208,7 +208,7 @@ async fn header_senders_are_one_line_each() {
     let redlock = cluster.replay_client().await;
     for (extractor, header) in [
         (webhook::github(), "x-github-delivery"),
-        (webhook::shopify(), "x-shopify-webhook-id"),
+        (webhook::shopify(), "x-shopify-event-id"),
         (webhook::standard(), "webhook-id"),
         (webhook::svix(), "svix-id"),
     ] {

@@ -6,6 +6,8 @@
 #![allow(dead_code)]
 
 pub mod fenced;
+#[cfg(all(feature = "axum", feature = "webhook-verify"))]
+pub mod webhook;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
