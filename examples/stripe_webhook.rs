@@ -3,7 +3,8 @@
 //! once, whatever the sender retries: deliveries that arrive while the first runs wait
 //! for it and get its response, and redeliveries afterwards get the stored response
 //! (`idempotent-replayed: true`) for three days, Stripe's retry window. The handler gets
-//! the body exactly as sent (for the signature check a real receiver does first).
+//! the body exactly as sent. A real receiver checks Stripe's signature before the lock:
+//! `Receiver::stripe` (feature `webhook-verify`, the `stripe_receiver` example) does both.
 //!
 //! A body over 64 KiB is answered 413, a body without an `id` (or not JSON) 400.
 //!
@@ -69,6 +70,7 @@ async fn main() -> Result<(), Error> {
         // The one line: the event id from the body, one run per event.
         .route_layer(
             RedlockLayer::from_body(redlock, webhook::stripe())
+                .fencing(false) // unique event ids: nothing to fence
                 .wait(WaitPolicy::up_to(Duration::from_secs(10)))
                 .replay(Duration::from_secs(3 * 24 * 3600)),
         )

@@ -101,8 +101,11 @@ impl Lock {
             .saturating_duration_since(crate::clock::now())
     }
 
-    /// Whether the validity deadline is still ahead.
-    pub fn is_valid(&self) -> bool {
+    /// Whether the lock is still held as far as this process can tell: its validity
+    /// deadline is ahead. A `Lock` is not told of a loss (a node that lost the key, a
+    /// failed extension); a [`LockGuard`](crate::LockGuard)'s [`LockToken::is_held`] is,
+    /// and answers the same question with that knowledge.
+    pub fn is_held(&self) -> bool {
         crate::clock::now() < self.valid_until
     }
 
@@ -190,11 +193,6 @@ impl LockToken {
     pub fn remaining(&self) -> Duration {
         self.valid_until()
             .saturating_duration_since(crate::clock::now())
-    }
-
-    /// Whether the validity deadline is still ahead.
-    pub fn is_valid(&self) -> bool {
-        crate::clock::now() < self.valid_until()
     }
 
     /// Whether the lock is still held: not lost, and the validity deadline is ahead (it

@@ -91,7 +91,7 @@ async fn two_of_five_killed_still_locks_and_unlocks() {
             .lock("two-down")
             .await
             .expect("lock with 3 of 5 nodes");
-        assert!(lock.is_valid());
+        assert!(lock.is_held());
         let report = redlock.unlock(&lock).await;
         assert_eq!(report.released(), 3);
         assert_eq!(report.failures().len(), 2);
@@ -159,7 +159,7 @@ async fn a_paused_node_does_not_stall_operations() {
             .expect("lock with one node paused");
         let took = t.elapsed();
         assert!(took < NODE_TIMEOUT + margin, "acquire took {took:?}");
-        assert!(lock.is_valid());
+        assert!(lock.is_held());
         assert!(lock.remaining() > Duration::from_secs(4));
         let t = Instant::now();
         let report = redlock.unlock(&lock).await;
@@ -289,7 +289,7 @@ async fn unlock_never_deletes_another_clients_key_and_extend_after_expiry_is_not
         },
     )
     .await;
-    assert!(!lock_a.is_valid());
+    assert!(!lock_a.is_held());
     match a.extend(&mut lock_a, Duration::from_secs(1)).await {
         Err(LockError::NotHeld {
             held_on: 0,

@@ -183,7 +183,7 @@ async fn a_clock_jump_breaks_mutual_exclusion_but_fencing_rejects_the_stale_writ
         .lock_until("clock", ttl, la.valid_until())
         .await
         .expect("B locks nodes 2-4 after node 2's clock jumped");
-    let overlap = la.is_valid();
+    let overlap = la.is_held();
     assert!(overlap, "both hold the lock: mutual exclusion is broken");
     assert!(fence(&lb) > fence(&la));
     assert_eq!(
@@ -382,7 +382,7 @@ async fn a_sentinel_failover_is_followed_and_quarantined_without_overlaps() {
                         overlaps.fetch_add(1, Ordering::SeqCst);
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
-                    if lock.is_valid() {
+                    if lock.is_held() {
                         held.fetch_add(1, Ordering::SeqCst);
                     }
                     inside.fetch_sub(1, Ordering::SeqCst);

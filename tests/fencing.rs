@@ -372,7 +372,7 @@ async fn a_stale_holders_write_is_rejected() {
         )
         .await
         .expect("B locks once A's lock expired");
-    assert!(!a.is_valid(), "B got the lock only after A's validity");
+    assert!(!a.is_held(), "B got the lock only after A's validity");
     assert!(token(&b) > token(&a));
     assert_eq!(
         store

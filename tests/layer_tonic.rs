@@ -47,7 +47,7 @@ impl UnaryService<()> for Call {
         let svc = self.0.clone();
         Box::pin(async move {
             let token = request.lock_token()?;
-            assert!(token.is_valid());
+            assert!(token.is_held());
             svc.runs.fetch_add(1, Ordering::SeqCst);
             svc.started.add_permits(1);
             svc.gate.acquire().await.expect("gate").forget();

@@ -37,7 +37,8 @@
 //! use tower_redlock::{LockToken, Redlock};
 //!
 //! async fn webhook(Extension(token): Extension<LockToken>) -> &'static str {
-//!     // Runs once at a time per delivery id; check token.is_valid() before writing.
+//!     // Runs once at a time per delivery id; check token.is_held() right before
+//!     // each write (it turns false as soon as the lock is lost).
 //!     "processed"
 //! }
 //!

@@ -69,6 +69,64 @@
 //! # #[cfg(not(feature = "axum"))]
 //! # fn main() {}
 //! ```
+//!
+//! **Behind a layer that waits** ([`RedlockLayer::wait`](crate::RedlockLayer::wait)),
+//! [`Failure::Busy`] fails one attempt and the layer tries again, so the request still
+//! gets the lock (200). For the 409 such a layer answers, hold the name with
+//! [`acquire`](InMemoryLock::acquire) past the wait. And for a handler that must notice a
+//! lost lock, [`lose`](InMemoryLock::lose) it while the handler runs: its
+//! [`LockToken::is_held`](crate::LockToken::is_held) turns false and
+//! [`LockToken::lost`](crate::LockToken::lost) resolves.
+//!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::time::Duration;
+//! use axum::body::Body;
+//! use axum::http::{Request, StatusCode};
+//! use axum::{Router, routing::post};
+//! use tower::ServiceExt; // oneshot
+//! use tower_redlock::layer::{Header, WaitPolicy};
+//! use tower_redlock::testing::InMemoryLock;
+//! use tower_redlock::{LockToken, LostReason, RedlockLayer};
+//!
+//! // A handler that stops writing as soon as its lock is lost.
+//! async fn export(token: LockToken) -> String {
+//!     let reason = token.lost().await; // the work, cut short by the loss
+//!     assert!(!token.is_held());
+//!     match reason {
+//!         LostReason::ExtendFailed(_) => "stopped: the lock was lost".to_owned(),
+//!         other => format!("stopped: {other}"),
+//!     }
+//! }
+//!
+//! let lock = InMemoryLock::new();
+//! let layer = RedlockLayer::new(lock.clone(), Header::new("report"))
+//!     .wait(WaitPolicy::up_to(Duration::from_millis(50)));
+//! let name = layer.lock_name_for::<Body>("r-7"); // "header:report r-7"
+//! let app = Router::new().route("/export", post(export)).layer(layer);
+//! let request = || Request::post("/export").header("report", "r-7").body(Body::empty()).unwrap();
+//!
+//! // Another holder for longer than the layer waits: 409.
+//! let other = lock.acquire(&name).await.unwrap();
+//! let busy = app.clone().oneshot(request()).await.unwrap();
+//! assert_eq!(busy.status(), StatusCode::CONFLICT);
+//! drop(other);
+//!
+//! // The lock lost while the handler runs: the handler sees it.
+//! let running = tokio::spawn(app.oneshot(request()));
+//! while !lock.lose(&name) {
+//!     tokio::task::yield_now().await;
+//! }
+//! let res = running.await.unwrap().unwrap();
+//! assert_eq!(res.status(), StatusCode::OK);
+//! let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
+//! assert_eq!(body, "stopped: the lock was lost");
+//! # }
+//! # #[cfg(not(feature = "axum"))]
+//! # fn main() {}
+//! ```
 
 use std::fmt;
 use std::sync::Arc;

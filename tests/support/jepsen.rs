@@ -233,7 +233,7 @@ async fn hold_once(
         .get(&name)
         .unwrap_or(&0);
     tokio::time::sleep(Duration::from_micros(200)).await;
-    if lock.is_valid() {
+    if lock.is_held() {
         history
             .ledger
             .lock()
