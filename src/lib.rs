@@ -102,6 +102,7 @@
 //! | `cluster` | a Redis Cluster as one node: `NodeConfig::cluster` |
 //! | `metrics` | counters, histograms and gauges through the `metrics` facade: see [`metrics`] |
 //! | `json` (default) | [`layer::BodyKey::json`] and [`layer::webhook::stripe`]: a lock name from a JSON field of the request body, through serde_json |
+//! | `webhook-verify` | `layer::webhook::Signature` and `layer::webhook::Receiver`: each webhook sender's signature (Standard Webhooks, Svix, GitHub, Stripe, Shopify) checked before the lock, and a receiver per sender in one expression |
 //! | `testing` | `testing::InMemoryLock`: an in-process lock with failure injection, for tests of handlers behind [`RedlockLayer`] (for dev-dependencies) |
 //!
 //! **Freshly started or promoted nodes.** A node up for less than the longest TTL, one
