@@ -1,31 +1,20 @@
-//! [`Receiver`]: one webhook endpoint in one expression. The sender's signature is verified
-//! first ([`Signature`]), then the delivery is locked by the id the sender keeps across its
-//! retries, with [`replay`](crate::RedlockLayer::replay) for the sender's retry window, and
-//! fencing off (each delivery id is locked once; see [`crate::fencing`]).
+//! [`Receiver`]: one webhook endpoint in one expression (the sender's signature, then
+//! the lock by its delivery id, with replay).
 //!
-//! | sender | constructor | locks by | replay retention |
-//! |---|---|---|---|
-//! | Standard Webhooks | [`Receiver::standard`] | `webhook-id` | 2 days |
-//! | Svix | [`Receiver::svix`] | `svix-id` | 2 days |
-//! | GitHub | [`Receiver::github`] | `X-GitHub-Delivery` | 4 days |
-//! | Shopify | [`Receiver::shopify`] | `X-Shopify-Event-Id` | 1 day |
-//! | Stripe | [`Receiver::stripe`] (feature `json`) | the event's `id` in the body | 4 days |
-//!
-//! The [`webhook`](super) module's table says where each retention comes from.
-//!
-//! ```no_run
-//! use axum::{Router, routing::post};
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use tower_redlock::Redlock;
 //! use tower_redlock::layer::webhook::Receiver;
 //!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-//! let secret = std::env::var("GITHUB_WEBHOOK_SECRET")?;
-//! let app: Router = Router::new()
-//!     .route("/hooks/github", post(|| async { "ok" }))
-//!     .layer(Receiver::github(redlock, secret)?);
-//! # let _ = app;
-//! # Ok(()) }
+//! let receiver = Receiver::shopify(redlock, "the app's client secret")?;
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/hooks/shopify", axum::routing::post(|| async { "ok" }))
+//!     .route_layer(receiver);
+//! # let _ = app; Ok(()) }
+//! # #[cfg(not(feature = "axum"))]
+//! # fn main() {}
 //! ```
 
 use std::time::Duration;
@@ -43,9 +32,41 @@ use crate::layer::replay::body_fingerprint::BodyFingerprintLayer;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
-/// A webhook endpoint's layers: the sender's [`Signature`] in front, then a
-/// [`RedlockLayer`] that locks by the sender's delivery id and replays. See the
-/// [module docs](self) for each sender.
+/// One webhook endpoint in one expression. The sender's signature is verified
+/// first ([`Signature`]), then the delivery is locked by the id the sender keeps across its
+/// retries, with [`replay`](crate::RedlockLayer::replay) for the sender's retry window, and
+/// fencing off (each delivery id is locked once; see [`crate::fencing`]).
+///
+/// | sender | constructor | locks by | replay retention |
+/// |---|---|---|---|
+/// | Standard Webhooks | [`Receiver::standard`] | `webhook-id` | 2 days |
+/// | Svix | [`Receiver::svix`] | `svix-id` | 2 days |
+/// | GitHub | [`Receiver::github`] | `X-GitHub-Delivery` | 4 days |
+/// | Shopify | [`Receiver::shopify`] | `X-Shopify-Event-Id` | 1 day |
+/// | Stripe | [`Receiver::stripe`] (feature `json`) | the event's `id` in the body | 4 days |
+///
+/// The [`webhook`](super) module's table says where each retention comes from.
+///
+/// ```no_run
+/// # #[cfg(feature = "axum")]
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use axum::{Router, routing::post};
+/// use tower_redlock::Redlock;
+/// use tower_redlock::layer::webhook::Receiver;
+///
+/// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+/// let secret = std::env::var("GITHUB_WEBHOOK_SECRET")?;
+/// let app: Router = Router::new()
+///     .route("/hooks/github", post(|| async { "ok" }))
+///     .layer(Receiver::github(redlock, secret)?);
+/// # let _ = app;
+/// # Ok(()) }
+/// # #[cfg(not(feature = "axum"))]
+/// # fn main() {}
+/// ```
+///
+/// The layers: the sender's [`Signature`] in front, then a [`RedlockLayer`] that locks by
+/// the sender's delivery id and replays.
 #[derive(Debug, Clone)]
 #[must_use = "a `Receiver` protects nothing until it wraps a service (`.layer(..)`)"]
 pub struct Receiver<E, L = Redlock> {

@@ -1,33 +1,11 @@
 //! [`Signature`]: how each webhook sender signs a delivery, and the check of one delivery
 //! (its headers and its whole body) against the endpoint's secret.
 //!
-//! | sender | header | signed | timestamp |
-//! |---|---|---|---|
-//! | Standard Webhooks | `webhook-signature: v1,<base64>` (several, space-separated) | `{webhook-id}.{webhook-timestamp}.{body}` | `webhook-timestamp`, within the tolerance |
-//! | Svix | `svix-signature` | `{svix-id}.{svix-timestamp}.{body}` | `svix-timestamp`, within the tolerance |
-//! | GitHub | `X-Hub-Signature-256: sha256=<hex>` | the body | none |
-//! | Stripe | `Stripe-Signature: t=<unix>,v1=<hex>` (several `v1`) | `{t}.{body}` | `t`, within the tolerance |
-//! | Shopify | `X-Shopify-Hmac-Sha256: <base64>` | the body | none |
-//!
-//! Every signature is an HMAC-SHA256, computed by `hmac` and `sha2` and compared by
-//! `hmac`'s `verify_slice`, in constant time. A sender without a signed timestamp (GitHub, Shopify) cannot
-//! be checked for staleness: a captured delivery sent again is a redelivery, which the
-//! receiver's replay answers with the stored response.
-//!
 //! ```
 //! use tower_redlock::layer::webhook::Signature;
 //!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // GitHub's documented example: this secret, this body, this signature.
-//! let github = Signature::github("It's a Secret to Everybody")?;
-//! let mut headers = http::HeaderMap::new();
-//! headers.insert(
-//!     "x-hub-signature-256",
-//!     "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17".parse()?,
-//! );
-//! assert!(github.verify(&headers, b"Hello, World!").is_ok());
-//! assert!(github.verify(&headers, b"Hello, World?").is_err());
-//! # Ok(()) }
+//! let shopify = Signature::shopify("the app's client secret").unwrap();
+//! assert!(shopify.verify(&http::HeaderMap::new(), b"{}").is_err()); // unsigned
 //! ```
 
 use std::fmt;
@@ -47,8 +25,38 @@ pub const DEFAULT_SIGNATURE_TOLERANCE: Duration = Duration::from_secs(300);
 pub const DEFAULT_WEBHOOK_MAX_BODY: usize = 4 * 1024 * 1024;
 
 /// A webhook sender's signature scheme with the endpoint's secret: checks that a delivery
-/// was signed by the sender (and, where the sender signs a timestamp, recently). See the
-/// [module docs](self) for each scheme. `Debug` never shows the secret.
+/// was signed by the sender (and, where the sender signs a timestamp, recently). `Debug`
+/// never shows the secret. As a tower layer it checks each delivery before the services
+/// it wraps see it ([`Verified`](super::Verified)).
+///
+/// | sender | header | signed | timestamp |
+/// |---|---|---|---|
+/// | Standard Webhooks | `webhook-signature: v1,<base64>` (several, space-separated) | `{webhook-id}.{webhook-timestamp}.{body}` | `webhook-timestamp`, within the tolerance |
+/// | Svix | `svix-signature` | `{svix-id}.{svix-timestamp}.{body}` | `svix-timestamp`, within the tolerance |
+/// | GitHub | `X-Hub-Signature-256: sha256=<hex>` | the body | none |
+/// | Stripe | `Stripe-Signature: t=<unix>,v1=<hex>` (several `v1`) | `{t}.{body}` | `t`, within the tolerance |
+/// | Shopify | `X-Shopify-Hmac-Sha256: <base64>` | the body | none |
+///
+/// Every signature is an HMAC-SHA256, computed by `hmac` and `sha2` and compared by
+/// `hmac`'s `verify_slice`, in constant time. A sender without a signed timestamp (GitHub, Shopify) cannot
+/// be checked for staleness: a captured delivery sent again is a redelivery, which the
+/// receiver's replay answers with the stored response.
+///
+/// ```
+/// use tower_redlock::layer::webhook::Signature;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // GitHub's documented example: this secret, this body, this signature.
+/// let github = Signature::github("It's a Secret to Everybody")?;
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert(
+///     "x-hub-signature-256",
+///     "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17".parse()?,
+/// );
+/// assert!(github.verify(&headers, b"Hello, World!").is_ok());
+/// assert!(github.verify(&headers, b"Hello, World?").is_err());
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Signature {
     scheme: Scheme,

@@ -1,22 +1,11 @@
-//! [`Signature`] as a tower layer: each delivery's whole body is read (up to
-//! [`Signature::max_body`]), its signature checked, and only a delivery that verifies goes
-//! on to the inner service (the lock layer, then the handler), with its body as read. A
-//! delivery that does not verify is answered 401 (`UNAUTHENTICATED`), one over the limit
-//! 413, one whose body fails 400: no lock, no record, no handler run.
+//! [`Signature`] as a tower layer, and its service [`Verified`]: a delivery goes on to
+//! the lock only once its signature verifies.
 //!
 //! ```
-//! use tower::ServiceBuilder;
-//! use tower_redlock::layer::webhook::{self, Signature};
-//! use tower_redlock::{Redlock, RedlockLayer};
+//! use tower_redlock::layer::webhook::Signature;
 //!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
-//! // The signature first, then the lock: a forged delivery never reaches the lock.
-//! let stack = ServiceBuilder::new()
-//!     .layer(Signature::github("the webhook's secret")?)
-//!     .layer(RedlockLayer::new(redlock, webhook::github()));
-//! # let _ = stack;
-//! # Ok(()) }
+//! let layer = tower::ServiceBuilder::new().layer(Signature::github("secret").unwrap());
+//! # let _ = layer;
 //! ```
 
 use std::collections::VecDeque;
@@ -48,6 +37,27 @@ impl<S> Layer<S> for Signature {
 }
 
 /// The service of a [`Signature`] layer: verifies each delivery, then calls `S` with it.
+///
+/// Each delivery's whole body is read (up to
+/// [`Signature::max_body`]), its signature checked, and only a delivery that verifies goes
+/// on to the inner service (the lock layer, then the handler), with its body as read. A
+/// delivery that does not verify is answered 401 (`UNAUTHENTICATED`), one over the limit
+/// 413, one whose body fails 400: no lock, no record, no handler run.
+///
+/// ```
+/// use tower::ServiceBuilder;
+/// use tower_redlock::layer::webhook::{self, Signature};
+/// use tower_redlock::{Redlock, RedlockLayer};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+/// // The signature first, then the lock: a forged delivery never reaches the lock.
+/// let stack = ServiceBuilder::new()
+///     .layer(Signature::github("the webhook's secret")?)
+///     .layer(RedlockLayer::new(redlock, webhook::github()));
+/// # let _ = stack;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Verified<S> {
     inner: S,
