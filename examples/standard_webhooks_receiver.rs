@@ -15,21 +15,15 @@
 mod common;
 
 use common::Error;
-use common::webhook::{Runs, Sender, endpoint, play, serve};
-use tower_redlock::Redlock;
+use common::webhook::{Runs, Sender, endpoint, play, serve, setup};
 use tower_redlock::layer::webhook::Receiver;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let (urls, local) = common::nodes_or_local(3)?;
-    let redlock = Redlock::builder(urls.iter().map(String::as_str))
-        .restart_quarantine(common::restart_quarantine(&local))
-        .build()?;
-    let secret = std::env::var("WEBHOOK_SECRET")
-        .unwrap_or_else(|_| "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned());
+    let (redlock, _nodes, secret) =
+        setup("WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;
     let runs = Runs::default();
     // The one expression: signature, then the lock by delivery id, with replay.
     let app = endpoint(&runs).route_layer(Receiver::standard(redlock, &secret)?);
-    let addr = serve(app).await?;
-    play(Sender::Standard, addr, &secret, &runs).await
+    play(Sender::Standard, serve(app).await?, &secret, &runs).await
 }

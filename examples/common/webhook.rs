@@ -56,6 +56,21 @@ pub fn endpoint(runs: &Runs) -> Router<()> {
         .with_state(runs.clone())
 }
 
+/// A client over the nodes in `REDLOCK_NODES` (or 3 local ones, killed when the returned
+/// guard drops), and the endpoint's secret from the environment variable `var` (or
+/// `demo`).
+pub fn setup(
+    var: &str,
+    demo: &str,
+) -> Result<(tower_redlock::Redlock, super::LocalNodes, String), Error> {
+    let (urls, local) = super::nodes_or_local(3)?;
+    let redlock = tower_redlock::Redlock::builder(urls.iter().map(String::as_str))
+        .restart_quarantine(super::restart_quarantine(&local))
+        .build()?;
+    let secret = std::env::var(var).unwrap_or_else(|_| demo.to_owned());
+    Ok((redlock, local, secret))
+}
+
 /// Serves `app` on a free loopback port.
 pub async fn serve(app: Router) -> Result<SocketAddr, Error> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
