@@ -27,7 +27,7 @@ use http::request::Parts;
 use tokio::sync::Semaphore;
 
 use super::caller::Caller;
-use super::namespace::Namespace;
+use super::extract::namespace::Namespace;
 use super::problem::Format;
 use super::reject::Rejection;
 use super::rejection_hook::{Answer, RejectionHook};

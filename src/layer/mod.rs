@@ -56,18 +56,13 @@
 //! ```
 
 mod body;
-mod body_key;
 mod body_mode;
 mod caller;
 mod config;
 pub mod extract;
-mod extract_fn;
-mod extract_path;
 mod future;
-mod grpc_methods;
 mod keeping;
 mod kind;
-mod namespace;
 mod namespace_setters;
 mod pending;
 mod problem;
@@ -77,16 +72,14 @@ pub mod reject;
 mod rejection_hook;
 pub(crate) mod replay;
 mod replay_setters;
-mod scoped;
 mod service;
-mod structured_field;
 pub mod webhook;
 
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use crate::tonic_token::LockTokenExt;
 pub use body::{ResponseBody, Stalled};
-pub use body_key::{BodyKey, DEFAULT_BODY_KEY_LIMIT};
+pub use extract::body_key::{BodyKey, DEFAULT_BODY_KEY_LIMIT};
 pub use body_mode::BodyMode;
 pub use caller::Caller;
 pub use config::{DEFAULT_STALL_TIMEOUT, WaitPolicy};
@@ -95,7 +88,7 @@ pub use extract::{
     extract_fn,
 };
 pub use future::ResponseFuture;
-pub use grpc_methods::GrpcMethods;
+pub use extract::grpc_methods::GrpcMethods;
 pub use reject::{Protocol, Rejection, RejectionKind};
 pub use rejection_hook::{BoxError, IntoRejectionResponse};
 pub use replay::body_fingerprint::{
@@ -107,5 +100,5 @@ pub use replay::fingerprint::RequestFingerprint;
 pub use replay::principal::Principal;
 pub use replay::record::{AfterLoss, DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};
 
-pub use scoped::{PerPrincipal, PerRoute};
+pub use extract::scoped::{PerPrincipal, PerRoute};
 pub use service::RedlockService;

@@ -15,7 +15,7 @@
 //! ```
 
 use super::extract::ExtractLockName;
-use super::namespace::Namespace;
+use super::extract::namespace::Namespace;
 use super::redlock_layer::RedlockLayer;
 use crate::backend::LockBackend;
 

@@ -22,7 +22,7 @@ use tower_layer::Layer;
 use super::body_mode::BodyMode;
 use super::caller::Caller;
 use super::config::{BusyPolicy, Config, ReleaseOn, WaitPolicy};
-use super::namespace::Namespace;
+use super::extract::namespace::Namespace;
 use super::reject::Rejection;
 use super::rejection_hook::{self, IntoRejectionResponse};
 use super::replay::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};

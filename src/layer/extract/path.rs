@@ -16,7 +16,7 @@ use std::borrow::Cow;
 
 use http::Request;
 
-use super::extract::{ExtractError, ExtractLockName};
+use super::{ExtractError, ExtractLockName};
 
 fn segments(path: &str) -> impl Iterator<Item = &str> {
     path.split('/').filter(|s| !s.is_empty())

@@ -16,7 +16,7 @@ use std::fmt;
 
 use http::Request;
 
-use super::extract::{ExtractError, ExtractLockName, RequestHead};
+use super::{ExtractError, ExtractLockName, RequestHead};
 
 /// An extractor from a closure over the [`RequestHead`]; see [`extract_fn`].
 #[derive(Clone)]

@@ -9,9 +9,9 @@
 //! - [`PathSegment`] and [`PathParam`]: a segment of the URI path, by position or by a
 //!   route template such as `/webhooks/{provider}/{id}`;
 //! - [`extract_fn`]: a closure over the [`RequestHead`];
-//! - [`PerRoute`](super::PerRoute): prefixes another extractor's name with the route (method and matched
+//! - [`PerRoute`](crate::layer::PerRoute): prefixes another extractor's name with the route (method and matched
 //!   path, or gRPC method), for per-route locks;
-//! - [`PerPrincipal`](super::PerPrincipal): prefixes another extractor's name with (a hash of) the caller, for
+//! - [`PerPrincipal`](crate::layer::PerPrincipal): prefixes another extractor's name with (a hash of) the caller, for
 //!   idempotency keys scoped to the caller, as Stripe scopes them to the account.
 //!
 //! ```
@@ -34,8 +34,8 @@ use std::fmt;
 use http::header::HeaderName;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
-use super::kind::Protocol;
-use super::structured_field::{self, KeyError};
+use crate::layer::kind::Protocol;
+use structured_field::KeyError;
 
 /// An extractor's refusal: the request is malformed for locking (answered with HTTP 400 /
 /// gRPC `INVALID_ARGUMENT` and the message).
@@ -88,7 +88,7 @@ pub trait ExtractLockName<B> {
     fn extract(&self, request: &Request<B>) -> Result<Option<Vec<u8>>, ExtractError>;
 
     /// How many bytes of the request body this extractor reads to name the lock (a
-    /// [`BodyKey`](super::BodyKey)); `None`, the default, when the head is enough. A layer
+    /// [`BodyKey`](crate::layer::BodyKey)); `None`, the default, when the head is enough. A layer
     /// built with [`RedlockLayer::from_body`](crate::RedlockLayer::from_body) reads them
     /// before it locks, and names the lock with
     /// [`extract_from_body`](Self::extract_from_body).
@@ -120,9 +120,9 @@ pub trait ExtractLockName<B> {
     /// The stock extractors say where they read the name: [`Header`] `header:{name}` (in
     /// lower case), [`PathSegment`] `path-segment:{index}`,
     /// [`PathParam`] `path:{template}#{param}`,
-    /// [`BodyKey`](super::BodyKey) `body:{JSON pointer}` (`body:fn` for a function), and
-    /// [`PerRoute`](super::PerRoute), [`PerPrincipal`](super::PerPrincipal) and
-    /// [`GrpcMethods`](super::GrpcMethods) their inner extractor's. So two layers with the
+    /// [`BodyKey`](crate::layer::BodyKey) `body:{JSON pointer}` (`body:fn` for a function), and
+    /// [`PerRoute`](crate::layer::PerRoute), [`PerPrincipal`](crate::layer::PerPrincipal) and
+    /// [`GrpcMethods`](crate::layer::GrpcMethods) their inner extractor's. So two layers with the
     /// same extractor (the `Idempotency-Key` header on two routers) share names, as one
     /// layer's routes do; name the layers to keep them apart.
     ///
@@ -395,9 +395,16 @@ impl<B> ExtractLockName<B> for Header {
     }
 }
 
-pub use super::extract_fn::{ExtractFn, extract_fn};
-pub use super::extract_path::{PathParam, PathSegment};
+pub(crate) mod body_key;
+mod closure;
+pub(crate) mod grpc_methods;
+pub(crate) mod namespace;
+mod path;
+pub(crate) mod scoped;
+mod structured_field;
+
+pub use closure::{ExtractFn, extract_fn};
+pub use path::{PathParam, PathSegment};
 
 #[cfg(test)]
-#[path = "extract_tests.rs"]
 mod tests;

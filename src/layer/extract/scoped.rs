@@ -16,8 +16,8 @@ use std::borrow::Cow;
 
 use http::Request;
 
-use super::extract::{ExtractError, ExtractLockName, RequestHead};
-use super::replay::principal::caller_digest;
+use super::{ExtractError, ExtractLockName, RequestHead};
+use crate::layer::replay::principal::caller_digest;
 
 /// Prefixes another extractor's name with the route: `"{METHOD} {route} {name}"`, where
 /// the route is axum's `MatchedPath` when present (with the `axum` feature, under
@@ -116,7 +116,7 @@ fn routed(head: &RequestHead<'_>, name: &[u8]) -> Vec<u8> {
 
 /// Prefixes another extractor's name with the caller: `"{caller} {name}"`, where the
 /// caller is the hex of the first 16 bytes of a SHA-256 of the request's
-/// [`Principal`](super::Principal) (put into the extensions by your authentication
+/// [`Principal`](crate::layer::Principal) (put into the extensions by your authentication
 /// middleware), or else of its `Authorization` header; `anonymous` for a request with
 /// neither. The credential itself never becomes part of a name, a key or a log line.
 ///

@@ -21,7 +21,7 @@ use std::borrow::Cow;
 
 use http::Request;
 
-use super::extract::{ExtractError, ExtractLockName};
+use super::{ExtractError, ExtractLockName};
 
 /// Applies an extractor to the listed gRPC methods only: calls of other methods (health
 /// checks, reflection, unlisted services) pass through without a lock.

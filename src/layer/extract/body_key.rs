@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use http::Request;
 
-use super::extract::{ExtractError, ExtractLockName, RequestHead};
+use super::{ExtractError, ExtractLockName, RequestHead};
 
 /// The default number of body bytes a [`BodyKey`] reads: 64 KiB, more than a webhook
 /// event usually is (Stripe's are a few KiB).

@@ -26,7 +26,7 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-use super::extract::ExtractLockName;
+use super::ExtractLockName;
 
 /// A layer's namespace, as the prefix of its lock names: the namespace, escaped, and a
 /// space (empty for the empty namespace). Built once per layer, so that naming a request's
