@@ -17,8 +17,8 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::rejection_hook::BoxError;
-use super::rejection_hook::{Answer, BoxBody};
+use super::reject::hook::BoxError;
+use super::reject::hook::{Answer, BoxBody};
 use super::replay::completion::Recorder;
 use super::replay::recording::RecordingBody;
 use crate::backend::LockBackend;

@@ -28,9 +28,9 @@ use tokio::sync::Semaphore;
 
 use super::caller::Caller;
 use super::extract::namespace::Namespace;
-use super::problem::Format;
 use super::reject::Rejection;
-use super::rejection_hook::{Answer, RejectionHook};
+use super::reject::hook::{Answer, RejectionHook};
+use super::reject::problem::Format;
 use super::replay::record::ReplayPolicy;
 
 /// How a request whose lock is busy waits, for [`RedlockLayer::wait`](crate::RedlockLayer::wait):

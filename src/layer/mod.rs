@@ -62,14 +62,12 @@ mod config;
 pub mod extract;
 mod future;
 mod keeping;
-mod kind;
 mod namespace_setters;
 mod pending;
-mod problem;
+#[path = "reject/problems.rs"]
 pub mod problems;
 pub(crate) mod redlock_layer;
 pub mod reject;
-mod rejection_hook;
 pub(crate) mod replay;
 mod replay_setters;
 mod service;
@@ -79,18 +77,18 @@ pub mod webhook;
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use crate::tonic_token::LockTokenExt;
 pub use body::{ResponseBody, Stalled};
-pub use extract::body_key::{BodyKey, DEFAULT_BODY_KEY_LIMIT};
 pub use body_mode::BodyMode;
 pub use caller::Caller;
 pub use config::{DEFAULT_STALL_TIMEOUT, WaitPolicy};
+pub use extract::body_key::{BodyKey, DEFAULT_BODY_KEY_LIMIT};
+pub use extract::grpc_methods::GrpcMethods;
 pub use extract::{
     ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, RequestHead,
     extract_fn,
 };
 pub use future::ResponseFuture;
-pub use extract::grpc_methods::GrpcMethods;
+pub use reject::hook::{BoxError, IntoRejectionResponse};
 pub use reject::{Protocol, Rejection, RejectionKind};
-pub use rejection_hook::{BoxError, IntoRejectionResponse};
 pub use replay::body_fingerprint::{
     BodyFingerprint, BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
     PrefixedBody,

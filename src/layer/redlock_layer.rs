@@ -24,7 +24,7 @@ use super::caller::Caller;
 use super::config::{BusyPolicy, Config, ReleaseOn, WaitPolicy};
 use super::extract::namespace::Namespace;
 use super::reject::Rejection;
-use super::rejection_hook::{self, IntoRejectionResponse};
+use super::reject::hook::{self as rejection_hook, IntoRejectionResponse};
 use super::replay::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};
 use super::service::RedlockService;
 use crate::backend::LockBackend;

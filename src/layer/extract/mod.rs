@@ -34,7 +34,7 @@ use std::fmt;
 use http::header::HeaderName;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
-use crate::layer::kind::Protocol;
+use crate::layer::reject::Protocol;
 use structured_field::KeyError;
 
 /// An extractor's refusal: the request is malformed for locking (answered with HTTP 400 /

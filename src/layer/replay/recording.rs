@@ -36,7 +36,7 @@ use pin_project_lite::pin_project;
 
 use super::completion::{Finishing, NotRecorded, Recorder};
 use crate::backend::LockBackend;
-use crate::layer::rejection_hook::BoxError;
+use crate::layer::reject::hook::BoxError;
 
 pin_project! {
     /// A kept response's body, being recorded.

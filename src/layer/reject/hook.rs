@@ -34,11 +34,11 @@ use http::request::Parts;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::reject::Rejection;
+use super::Rejection;
 
 /// A boxed error, as in tower and axum: the error type of
-/// [`ResponseBody`](super::ResponseBody) (the inner body's error, boxed, or
-/// [`NotRecorded`](super::NotRecorded)) and of a hook's body.
+/// [`ResponseBody`](crate::layer::ResponseBody) (the inner body's error, boxed, or
+/// [`NotRecorded`](crate::layer::NotRecorded)) and of a hook's body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A hook's body, boxed.

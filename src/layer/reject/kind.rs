@@ -1,6 +1,6 @@
 //! A rejection's protocol and kind: [`Protocol`] (plain HTTP or gRPC) and
 //! [`RejectionKind`], with the HTTP status and the gRPC code each kind is answered with
-//! (re-exported by [`reject`](super::reject), which builds the answers).
+//! (re-exported by [`reject`](crate::layer::reject), which builds the answers).
 //!
 //! ```
 //! use tower_redlock::layer::{Protocol, RejectionKind};
@@ -66,11 +66,11 @@ pub enum RejectionKind {
     /// different request (another method or path).
     KeyReused,
     /// With replay: the request with this key completed, but its response was larger
-    /// than [`ReplayPolicy::max_body`](super::ReplayPolicy::max_body), so it was not kept
+    /// than [`ReplayPolicy::max_body`](crate::layer::ReplayPolicy::max_body), so it was not kept
     /// and cannot be replayed (the handler does not run again either).
     ResponseNotKept,
     /// The request body is larger than the extractor reads to find the lock name in it
-    /// ([`BodyKey::limit`](super::BodyKey::limit)), or than a webhook
+    /// ([`BodyKey::limit`](crate::layer::BodyKey::limit)), or than a webhook
     /// `webhook::Signature` (feature `webhook-verify`) layer reads to verify it.
     BodyTooLarge,
     /// A webhook delivery whose signature is missing, malformed, stale or wrong

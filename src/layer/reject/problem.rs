@@ -1,6 +1,6 @@
 //! The bodies of the default rejections: which format the client accepts (`Accept`), and
 //! the problem document (RFC 9457) for JSON clients. What each problem `type` means is
-//! documented in [`problems`](super::problems).
+//! documented in [`problems`](crate::layer::problems).
 //!
 //! A client that accepts `application/problem+json` gets one, `application/json` gets the
 //! same document as plain JSON, and `text/plain` (or `text/*`) a line of text. Quality
@@ -30,7 +30,7 @@
 
 use http::{HeaderMap, StatusCode, header};
 
-use super::problems::Problem;
+use crate::layer::problems::Problem;
 
 /// The format of a default rejection body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +153,7 @@ fn parse_quality(v: &str) -> Option<u16> {
 }
 
 /// The problem document (RFC 9457) of a rejection: `type` (a section of
-/// [`problems`](super::problems)), `title`, `status`, `detail`, and the members `kind` and,
+/// [`problems`](crate::layer::problems)), `title`, `status`, `detail`, and the members `kind` and,
 /// when advised, `retry_after` (seconds).
 pub(crate) fn document(
     problem: Problem,

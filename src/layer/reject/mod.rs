@@ -43,11 +43,15 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
-pub use super::kind::{Protocol, RejectionKind};
-use super::problem::{self, Format};
+pub(crate) mod hook;
+mod kind;
+pub(crate) mod problem;
+
 use super::problems::Problem;
 use crate::error::LockError;
 use crate::token::LostReason;
+pub use kind::{Protocol, RejectionKind};
+use problem::Format;
 
 /// A rejected request: what happened, and how to answer it.
 ///
@@ -179,7 +183,7 @@ impl Rejection {
     }
 
     /// [`negotiate`](Self::negotiate), with `default` for a client that states no
-    /// preference (see [`problem`](super::problem)).
+    /// preference (see [`problem`](problem)).
     pub(crate) fn negotiate_or(mut self, request_headers: &HeaderMap, default: Format) -> Self {
         self.format = Format::negotiate(request_headers, default);
         self
@@ -550,5 +554,4 @@ fn percent_encode(s: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "reject_tests.rs"]
 mod tests;
