@@ -155,16 +155,9 @@ mod token;
 mod votes;
 mod waiters;
 
-#[cfg(feature = "axum")]
-mod axum_extractor;
 #[cfg(feature = "tonic")]
 mod tonic_status;
-#[cfg(feature = "tonic")]
-mod tonic_token;
 
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use axum_extractor::MissingLockToken;
 pub use backend::LockBackend;
 pub use client::{
     Health, Inspection, NodeConfig, NodeHealth, NodeStatus, Redlock, RedlockBuilder, Released,
@@ -174,6 +167,9 @@ pub use error::{
     ConfigError, ErrorDetail, LockError, NodeError, NodeFailure, QuarantineReason, TlsProblem,
 };
 pub use guard::LockGuard;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use layer::framework::axum::MissingLockToken;
 pub use layer::redlock_layer::RedlockLayer;
 pub use token::{Lock, LockToken, LostReason};
 

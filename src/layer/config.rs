@@ -26,12 +26,12 @@ use http::Response;
 use http::request::Parts;
 use tokio::sync::Semaphore;
 
-use super::caller::Caller;
 use super::extract::namespace::Namespace;
 use super::reject::Rejection;
 use super::reject::hook::{Answer, RejectionHook};
 use super::reject::problem::Format;
 use super::replay::record::ReplayPolicy;
+use super::request::caller::Caller;
 
 /// How a request whose lock is busy waits, for [`RedlockLayer::wait`](crate::RedlockLayer::wait):
 /// up to a timeout, with at most so many requests of the layer waiting at once (beyond

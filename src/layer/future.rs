@@ -32,12 +32,12 @@ use pin_project_lite::pin_project;
 
 use super::body::ResponseBody;
 use super::config::{Config, ReleaseOn};
-use super::keeping::{self, Recording};
 use super::pending::{AcquireFuture, BodyNamed, CallFn, Denied, Read, ReadFuture};
 use super::reject::hook::Answer;
 use super::reject::{Protocol, Rejection};
 use super::replay::completion::{Finishing, Keep};
 use super::replay::fingerprint::Fingerprint;
+use super::replay::keeping::{self, Recording};
 use super::replay::{self};
 use crate::backend::LockBackend;
 use crate::client::{Acquired, Redlock, Released};

@@ -56,29 +56,21 @@
 //! ```
 
 mod body;
-mod body_mode;
-mod caller;
 mod config;
 pub mod extract;
+pub(crate) mod framework;
 mod future;
-mod keeping;
-mod namespace_setters;
 mod pending;
 #[path = "reject/problems.rs"]
 pub mod problems;
 pub(crate) mod redlock_layer;
 pub mod reject;
 pub(crate) mod replay;
-mod replay_setters;
+mod request;
 mod service;
 pub mod webhook;
 
-#[cfg(feature = "tonic")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
-pub use crate::tonic_token::LockTokenExt;
 pub use body::{ResponseBody, Stalled};
-pub use body_mode::BodyMode;
-pub use caller::Caller;
 pub use config::{DEFAULT_STALL_TIMEOUT, WaitPolicy};
 pub use extract::body_key::{BodyKey, DEFAULT_BODY_KEY_LIMIT};
 pub use extract::grpc_methods::GrpcMethods;
@@ -86,6 +78,9 @@ pub use extract::{
     ExtractError, ExtractFn, ExtractLockName, Header, PathParam, PathSegment, RequestHead,
     extract_fn,
 };
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub use framework::tonic::LockTokenExt;
 pub use future::ResponseFuture;
 pub use reject::hook::{BoxError, IntoRejectionResponse};
 pub use reject::{Protocol, Rejection, RejectionKind};
@@ -93,10 +88,12 @@ pub use replay::body_fingerprint::{
     BodyFingerprint, BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
     PrefixedBody,
 };
+pub use replay::body_mode::BodyMode;
 pub use replay::completion::NotRecorded;
 pub use replay::fingerprint::RequestFingerprint;
-pub use replay::principal::Principal;
 pub use replay::record::{AfterLoss, DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};
+pub use request::caller::Caller;
+pub use request::principal::Principal;
 
 pub use extract::scoped::{PerPrincipal, PerRoute};
 pub use service::RedlockService;

@@ -1,4 +1,5 @@
-//! [`RedlockLayer`]: the tower layer, and the builder methods that set its configuration.
+//! [`RedlockLayer`]: the tower layer, and every builder method that sets its configuration
+//! (the lock's, the namespace's, replay's).
 //!
 //! ```
 //! use tower::ServiceBuilder;
@@ -19,13 +20,14 @@ use http::request::Parts;
 use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
-use super::body_mode::BodyMode;
-use super::caller::Caller;
 use super::config::{BusyPolicy, Config, ReleaseOn, WaitPolicy};
+use super::extract::ExtractLockName;
 use super::extract::namespace::Namespace;
 use super::reject::Rejection;
 use super::reject::hook::{self as rejection_hook, IntoRejectionResponse};
 use super::replay::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};
+use super::replay::body_mode::BodyMode;
+use super::request::caller::Caller;
 use super::service::RedlockService;
 use crate::backend::LockBackend;
 use crate::client::Redlock;
@@ -455,6 +457,297 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     {
         self.config().on_rejection = Some(rejection_hook::hook(hook));
         self
+    }
+}
+
+// The namespace setters: the names the layer locks.
+
+impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
+    /// Names the layer's namespace: the layer locks `"{namespace} {name}"` for each name
+    /// its extractor gives, instead of taking its extractor's
+    /// [`namespace`](super::ExtractLockName::namespace) (`header:idempotency-key`,
+    /// `path:/accounts/{id}/credit#id`, ...). Spaces and `%` in it are percent-encoded, so
+    /// two namespaces never give one lock name.
+    ///
+    /// - Layers given the same namespace share their names on purpose: a request of one
+    ///   is busy while a request of the other holds the same name, and with
+    ///   [`replay`](Self::replay) finds its record (its key reused: 422 when the requests
+    ///   differ).
+    /// - Name the layers whose extractors are closures ([`extract_fn`](super::extract_fn)):
+    ///   otherwise they all share the namespace `fn`.
+    /// - `namespace("")` is no namespace: the lock name is exactly the extractor's name,
+    ///   the name a background job locks with [`Redlock::lock`](crate::Redlock::lock) to
+    ///   exclude the layer's requests, and the name layers locked before they had
+    ///   namespaces.
+    ///
+    /// Like the names, a namespace must be the same in every instance of the application.
+    /// Applications that share Redis servers are kept apart by the client's
+    /// [`key_prefix`](crate::RedlockBuilder::key_prefix), not by namespaces.
+    ///
+    /// ```
+    /// use tower_redlock::layer::{Header, PathParam};
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // Two routes that change accounts, each with its own layer: one lock per account.
+    /// let by_id = |route| PathParam::new(route, "id");
+    /// let credit = RedlockLayer::new(redlock.clone(), by_id("/accounts/{id}/credit"))
+    ///     .namespace("account");
+    /// let debit = RedlockLayer::new(redlock.clone(), by_id("/accounts/{id}/debit"))
+    ///     .namespace("account");
+    /// assert_eq!(credit.lock_name_for::<()>("46"), b"account 46");
+    /// assert_eq!(credit.lock_name_for::<()>("46"), debit.lock_name_for::<()>("46"));
+    ///
+    /// // By default each layer has its own: a delivery id 46 is not account 46.
+    /// let hooks = RedlockLayer::new(redlock, Header::new("x-delivery-id"));
+    /// assert_eq!(hooks.lock_name_for::<()>("46"), b"header:x-delivery-id 46");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// With no namespace, a job outside the layer locks the names the layer locks:
+    ///
+    /// ```no_run
+    /// use tower_redlock::layer::{ExtractError, RequestHead, extract_fn};
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    ///
+    /// fn account(head: &RequestHead<'_>) -> Result<Option<Vec<u8>>, ExtractError> {
+    ///     let id = head.uri.path().split('/').nth(2).unwrap_or_default();
+    ///     Ok((!id.is_empty()).then(|| format!("account:{id}").into_bytes()))
+    /// }
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let layer = RedlockLayer::new(redlock.clone(), extract_fn(account)).namespace("");
+    /// // The nightly interest job: requests for account 42 wait while it holds the lock.
+    /// let lock = redlock.lock("account:42").await?;
+    /// # let _ = (layer, lock); Ok(()) }
+    /// ```
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.config().namespace = Namespace::named(&namespace.into());
+        self
+    }
+
+    /// The lock name this layer takes for a request whose extractor gives `name`: its
+    /// namespace (see [`namespace`](Self::namespace)), a space, then `name`. That is the
+    /// name the handler's [`LockToken::name`](crate::LockToken::name) shows, and the name
+    /// a test looks up in the in-memory lock of the `testing` feature. `B` is the request
+    /// body type the layer serves (`()` fits the stock extractors, whatever the body).
+    ///
+    /// ```
+    /// use tower_redlock::layer::{Header, PerRoute};
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// let layer = RedlockLayer::new(redlock.clone(), Header::new("Idempotency-Key"));
+    /// assert_eq!(layer.lock_name_for::<()>("k-1"), b"header:idempotency-key k-1");
+    /// // A scoped extractor's name keeps its scope, inside the namespace.
+    /// let routed = RedlockLayer::new(redlock, PerRoute::new(Header::new("Idempotency-Key")));
+    /// assert_eq!(
+    ///     routed.lock_name_for::<()>("POST /orders k-1"),
+    ///     b"header:idempotency-key POST /orders k-1"
+    /// );
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_name_for<B>(&self, name: impl AsRef<[u8]>) -> Vec<u8>
+    where
+        E: ExtractLockName<B>,
+    {
+        self.config
+            .namespace
+            .lock_name(&self.extractor, name.as_ref().to_vec())
+    }
+}
+
+// The replay setters: an idempotency layer, and how much of each body it fingerprints.
+
+impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
+    /// Makes the layer an idempotency layer: a response the handler finished with is kept
+    /// under the lock name for `retention`, and a later request with the same name gets it
+    /// back (marked `idempotent-replayed: true`) without running the handler. See
+    /// [`ReplayPolicy`](super::ReplayPolicy) for what is kept (2xx and 4xx except
+    /// 401/403/407/408/409/425/429, bodies up to 256 KiB byte for byte) and [`replay_policy`](Self::replay_policy) to
+    /// change it. With an `Idempotency-Key` [`Header`](super::Header) this is the IETF
+    /// Idempotency-Key draft's contract (the README has its table): the key is read as a
+    /// structured-field string, and rejections are problem documents unless the client
+    /// asks for text.
+    ///
+    /// The response is recorded as it streams: its body goes out frame by frame while a
+    /// copy is kept, and once the body has ended the record is written on the nodes that
+    /// hold the lock, while they hold it, and the lock released, before the last frame
+    /// (or the end of the stream) goes out. So the lock is held until then (as with
+    /// [`release_on_body_end`](Self::release_on_body_end)), and a client that has the
+    /// whole response finds the record when it retries. A response over the policy's
+    /// [`max_body`](super::ReplayPolicy::max_body) is recorded as "completed, not kept":
+    /// its retries get 410 / `ALREADY_EXISTS` (or the hook's answer for
+    /// [`RejectionKind::ResponseNotKept`](super::RejectionKind::ResponseNotKept)), never an
+    /// empty success. A body that fails, a client that goes away before the body's end, a
+    /// handler that panics, or a handler that outlived its lock (lost, or past its
+    /// validity, as without [`auto_extend`](Self::auto_extend)) leaves no record: the lock
+    /// is only released, and a retry runs the handler again. A failed body reaches the
+    /// client as the failure it is.
+    ///
+    /// The lookup is part of the acquire round trip. A record written on a quorum is seen
+    /// by every later acquirer (any quorum it can take shares a node with the record's).
+    /// Only a record that a quorum of nodes hold, byte for byte, is replayed: a record
+    /// found on fewer nodes next to a quorum of grants (nodes that lost it, or a completion
+    /// that reached too few) is restored onto the granting nodes first; records that
+    /// differ from node to node (two runs) count as the name being held, so the request is
+    /// busy (409 / `ABORTED`) until they expire, or, if it takes the lock on a quorum,
+    /// runs the handler and records anew. What a key gets when nodes that granted may have
+    /// lost its record is the policy's [`after_loss`](super::ReplayPolicy::after_loss).
+    ///
+    /// **Records live as long as the nodes keep their data.** A node that restarts without
+    /// persistence, or is flushed, forgets its records; what it lost is kept on the nodes
+    /// (see [`RedlockBuilder::check_interval`](crate::RedlockBuilder::check_interval)), so
+    /// every app instance answers alike: a record found on any node next to a quorum of
+    /// grants is restored and replayed, and a key with no record anywhere runs once the
+    /// restart quarantine ends (or, with
+    /// [`AfterLoss::Refuse`](super::AfterLoss::Refuse), gets 503
+    /// [`#replay-unverifiable`](super::problems#replay-unverifiable) until a quorum of the
+    /// granting nodes have held their data for the retention). Persistent nodes
+    /// (`appendonly yes`, `appendfsync always`) lose nothing; the README's replay section
+    /// and `docs/reliability.md` give the rule and its limits.
+    ///
+    /// gRPC: a unary reply (one message, its status kept by
+    /// [`ReplayPolicy::keeps_grpc`](super::ReplayPolicy::keeps_grpc)) is replayed with its
+    /// message, `content-type`, `grpc-*` headers and trailers; its trailers wait until the
+    /// record is stored. Streaming responses (more than one message) are not replayed.
+    ///
+    /// A later request with the same name but a different fingerprint (method, path,
+    /// query, caller, and the first MiB of the body) is refused with 422 /
+    /// `INVALID_ARGUMENT`. To count the body, the layer reads the start of each locked
+    /// request's body before the lock is taken (see
+    /// [`body_fingerprint`](RedlockLayer::body_fingerprint)), so the inner service gets a
+    /// [`PrefixedBody`](super::PrefixedBody) (axum routers and tonic servers take it as
+    /// they take any body); [`without_body_fingerprint`](RedlockLayer::without_body_fingerprint)
+    /// keeps the request's own body type. The caller is the
+    /// [`Principal`](super::Principal) your authentication middleware put into the request
+    /// extensions, or the one the layer's [`caller`](Self::caller) source names (a session
+    /// cookie, an API-key header), or else (a hash of) the `Authorization` header: another caller that
+    /// sends the same key never gets the first caller's response. Wrap the extractor in
+    /// [`PerPrincipal`](super::PerPrincipal) to scope keys to the caller instead (each
+    /// caller then runs its own request).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::Header;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // Clients retry a payment with the same key for up to a day: answer them from the record.
+    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key").required())
+    ///     .replay(Duration::from_secs(24 * 3600));
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn replay(self, retention: Duration) -> RedlockLayer<E, BodyFingerprintLayer, L>
+    where
+        F: BodyMode,
+    {
+        self.replay_policy(super::ReplayPolicy::new(retention))
+    }
+
+    /// Like [`replay`](Self::replay), with the policy given.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::{Header, ReplayPolicy};
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // Larger JSON answers, and only the headers clients read back.
+    /// let policy = ReplayPolicy::new(Duration::from_secs(24 * 3600))
+    ///     .max_body(64 * 1024)
+    ///     .headers([http::header::CONTENT_TYPE, http::header::LOCATION]);
+    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
+    ///     .replay_policy(policy);
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn replay_policy(
+        mut self,
+        policy: super::ReplayPolicy,
+    ) -> RedlockLayer<E, BodyFingerprintLayer, L>
+    where
+        F: BodyMode,
+    {
+        self.config().replay = Some(policy);
+        RedlockLayer {
+            lock: self.lock,
+            extractor: self.extractor,
+            config: self.config,
+            body: self.body.fingerprinting(),
+        }
+    }
+}
+
+impl<E, L> RedlockLayer<E, BodyFingerprintLayer, L> {
+    /// How many bytes of each locked request's body count in its fingerprint (default
+    /// [`DEFAULT_BODY_FINGERPRINT_LIMIT`](super::DEFAULT_BODY_FINGERPRINT_LIMIT), 1 MiB):
+    /// the same key with a body that differs within them is refused with 422; bodies that
+    /// differ only beyond them count as the same request. Up to this much of each body is
+    /// held (not copied) until the handler reads it. `0` reads nothing (the body does not
+    /// count), and the inner service still gets a [`PrefixedBody`](super::PrefixedBody).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::Header;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // Uploads of up to 16 MiB, where any changed byte must count.
+    /// let layer = RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
+    ///     .replay(Duration::from_secs(3600))
+    ///     .body_fingerprint(16 << 20);
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn body_fingerprint(mut self, limit: usize) -> Self {
+        self.body = BodyFingerprintLayer::new(limit);
+        self
+    }
+
+    /// Replays without reading request bodies: the inner service gets each request as
+    /// it came (`Request<B>`, for services that need their own body type), and the same
+    /// key sent with a different body gets the first request's response, unless your
+    /// own [`RequestFingerprint`](super::RequestFingerprint) (or an outer
+    /// [`BodyFingerprintLayer`]) counts the body.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::Duration;
+    /// use http::{Request, Response};
+    /// use tower::{ServiceBuilder, service_fn};
+    /// use tower_redlock::{Redlock, RedlockLayer};
+    /// use tower_redlock::layer::Header;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redlock = Redlock::builder(["redis://127.0.0.1:6379"]).build()?;
+    /// // A service of `Request<String>`: its body type stays.
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(
+    ///         RedlockLayer::new(redlock, Header::new("Idempotency-Key"))
+    ///             .replay(Duration::from_secs(3600))
+    ///             .without_body_fingerprint(),
+    ///     )
+    ///     .service(service_fn(|req: Request<String>| async move {
+    ///         Ok::<_, Infallible>(Response::new(req.into_body()))
+    ///     }));
+    /// # let _ = svc;
+    /// # Ok(()) }
+    /// ```
+    pub fn without_body_fingerprint(self) -> RedlockLayer<E, NoBodyFingerprint, L> {
+        RedlockLayer {
+            lock: self.lock,
+            extractor: self.extractor,
+            config: self.config,
+            body: NoBodyFingerprint,
+        }
     }
 }
 

@@ -133,7 +133,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        super::caller::insert_caller(self.config.caller.as_ref(), &mut req);
+        super::request::caller::insert_caller(self.config.caller.as_ref(), &mut req);
         let protocol = Protocol::of(&req);
         if self.extractor.body_limit().is_some() {
             return self.cannot_read_body(&req, protocol);
@@ -178,7 +178,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        super::caller::insert_caller(self.config.caller.as_ref(), &mut req);
+        super::request::caller::insert_caller(self.config.caller.as_ref(), &mut req);
         let protocol = Protocol::of(&req);
         if let Some(limit) = self.extractor.body_limit() {
             return self.named_by_body(req, protocol, limit);

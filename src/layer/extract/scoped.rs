@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use http::Request;
 
 use super::{ExtractError, ExtractLockName, RequestHead};
-use crate::layer::replay::principal::caller_digest;
+use crate::layer::request::principal::caller_digest;
 
 /// Prefixes another extractor's name with the route: `"{METHOD} {route} {name}"`, where
 /// the route is axum's `MatchedPath` when present (with the `axum` feature, under

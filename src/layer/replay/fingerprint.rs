@@ -29,7 +29,7 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use super::principal::caller_digest;
+use crate::layer::request::principal::caller_digest;
 
 /// The fingerprint bytes stored in a completion record.
 pub(crate) type Fingerprint = [u8; 32];

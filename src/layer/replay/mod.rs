@@ -27,9 +27,10 @@
 //! ```
 
 pub(crate) mod body_fingerprint;
+pub(crate) mod body_mode;
 pub(crate) mod completion;
 pub(crate) mod fingerprint;
-pub(crate) mod principal;
+pub(crate) mod keeping;
 pub(crate) mod record;
 pub(crate) mod recording;
 

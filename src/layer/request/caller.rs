@@ -3,7 +3,7 @@
 //! request's head (a client certificate your TLS acceptor put into the extensions). The
 //! caller counts in the replay fingerprint (another caller's request with the same key
 //! gets 422, never the first caller's response) and scopes lock names with
-//! [`PerPrincipal`](super::PerPrincipal). Only a SHA-256 of it is used; the value itself is
+//! [`PerPrincipal`](crate::layer::PerPrincipal). Only a SHA-256 of it is used; the value itself is
 //! never stored or logged.
 //!
 //! Without a source, the caller is the `Principal` your authentication middleware puts
@@ -31,8 +31,8 @@ use std::sync::Arc;
 use http::HeaderName;
 use http::header::COOKIE;
 
-use super::extract::RequestHead;
-use super::replay::principal::Principal;
+use super::principal::Principal;
+use crate::layer::extract::RequestHead;
 
 /// A function from a request's head to its caller.
 type Source = dyn Fn(&RequestHead<'_>) -> Option<Principal> + Send + Sync;

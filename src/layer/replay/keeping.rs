@@ -22,11 +22,11 @@
 use http::Response;
 use http_body::Body;
 
-use super::body::ResponseBody;
-use super::reject::Protocol;
-use super::replay::completion::{Finishing, Keep, Recorder};
+use super::completion::{Finishing, Keep, Recorder};
 use crate::backend::LockBackend;
 use crate::guard::LockGuard;
+use crate::layer::body::ResponseBody;
+use crate::layer::reject::Protocol;
 
 /// How a response to keep is recorded.
 pub(crate) enum Recording<B, L: LockBackend> {

@@ -17,7 +17,7 @@
 //! # let _ = replaying; Ok(()) }
 //! ```
 
-use super::replay::body_fingerprint::{
+use super::body_fingerprint::{
     BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
 };
 

@@ -1,0 +1,19 @@
+//! What every room of the layer asks of a request: who its caller is ([`Caller`], where
+//! the identity comes from, and [`Principal`], the identity an authentication layer put
+//! into the extensions), hashed, never kept. Naming ([`PerPrincipal`]), replay's
+//! fingerprints and the rejection hook all use it.
+//!
+//! ```
+//! use tower_redlock::layer::Caller;
+//!
+//! // The caller of each request: its `x-api-key` header (hashed), when no Principal is set.
+//! let caller = Caller::header(http::HeaderName::from_static("x-api-key"));
+//! # let _ = caller;
+//! ```
+//!
+//! [`Caller`]: crate::layer::Caller
+//! [`Principal`]: crate::layer::Principal
+//! [`PerPrincipal`]: crate::layer::PerPrincipal
+
+pub(crate) mod caller;
+pub(crate) mod principal;
