@@ -81,6 +81,25 @@ fn quarantine_cut(plan: &Plan, history: &History, at: Duration) -> bool {
     })
 }
 
+/// Whether every node that held a record stored at `done` lost its data before `at`
+/// (`during`): the record is gone everywhere, and no node can tell it ever existed (a
+/// documented limit that persistence closes: docs/reliability.md, "Replay across
+/// restarts").
+fn lost_by_every_holder(
+    history: &History,
+    holders: &[usize],
+    during: (Duration, Duration),
+) -> bool {
+    let (done, at) = during;
+    !holders.is_empty()
+        && holders.iter().all(|&n| {
+            history
+                .faults
+                .iter()
+                .any(|(t, f)| f.loses_data() == Some(n) && *t >= done && *t <= at)
+        })
+}
+
 /// Whether, at `at`, a majority of `plan`'s nodes had lost their data (horizon included)
 /// within the longest TTL and a check interval: the horizon then falls back to the TTLs
 /// of the clients that raised it since (a documented limit).
@@ -115,11 +134,12 @@ fn replay(plan: &Plan, history: &History, found: &mut Vec<Violation>) {
         let again = history
             .completed
             .iter()
-            .find(|(k, done)| k == key && done < at && at.saturating_sub(*done) < RETENTION);
-        if let Some((_, done)) = again
+            .find(|(k, done, _)| k == key && done < at && at.saturating_sub(*done) < RETENTION);
+        if let Some((_, done, holders)) = again
             && refuses
             && !explained(plan, history, *client, *at)
             && !jumped_between(history, *done, *at)
+            && !lost_by_every_holder(history, holders, (*done, *at))
         {
             found.push(Violation {
                 rule: "replay (refuse)",

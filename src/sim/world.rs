@@ -465,8 +465,9 @@ pub(crate) struct History {
     /// Replay keys whose handler ran: (client, key, when, whether a node the round could
     /// hear, in service, held the key's record then).
     pub(crate) runs: Vec<(usize, usize, Duration, bool)>,
-    /// Replay keys whose record a quorum of nodes stored: (key, when).
-    pub(crate) completed: Vec<(usize, Duration)>,
+    /// Replay keys whose record a quorum of nodes stored: (key, when, the nodes that
+    /// held it just after).
+    pub(crate) completed: Vec<(usize, Duration, Vec<usize>)>,
     /// Acquisitions that took longer than their rounds' per-node timeouts allow:
     /// (client, when, how long).
     pub(crate) stalls: Vec<(usize, Duration, Duration)>,
@@ -1027,7 +1028,10 @@ async fn run_once(
     let stored = crate::op::release::complete(&client.core, &lock, &record, RETENTION).await;
     if stored >= client.core.quorum() {
         let at = stage.since_start();
-        stage.history().completed.push((key, at));
+        let holders = (0..stage.servers.len())
+            .filter(|&n| stage.server(n).holds_record(lock.key()))
+            .collect();
+        stage.history().completed.push((key, at, holders));
     }
     true
 }
