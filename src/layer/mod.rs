@@ -86,12 +86,12 @@ pub use reject::hook::{BoxError, IntoRejectionResponse};
 pub use reject::{Protocol, Rejection, RejectionKind};
 pub use replay::body_fingerprint::{
     BodyFingerprint, BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
-    PrefixedBody,
 };
 pub use replay::body_mode::BodyMode;
 pub use replay::completion::NotRecorded;
 pub use replay::fingerprint::RequestFingerprint;
 pub use replay::record::{AfterLoss, DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};
+pub use request::body_prefix::PrefixedBody;
 pub use request::caller::Caller;
 pub use request::principal::Principal;
 

@@ -33,10 +33,9 @@ use super::extract::RequestHead;
 use super::future::{Ctx, ResponseFuture};
 use super::pending::{AcquireFuture, BodyNamed, CallFn, Denied, PendingCall, Read};
 use super::reject::{Protocol, Rejection};
-use super::replay::body_fingerprint::{
-    BodyFingerprintLayer, NoBodyFingerprint, PrefixedBody, read_for_key, read_prefix,
-};
+use super::replay::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};
 use super::replay::fingerprint::{self, Fingerprint, RequestFingerprint};
+use super::request::body_prefix::{PrefixedBody, read_for_key, read_prefix};
 use crate::backend::{Acquisition, LockBackend};
 use crate::client::{Acquired, Redlock};
 use crate::error::LockError;

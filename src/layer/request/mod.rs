@@ -1,7 +1,8 @@
 //! What every room of the layer asks of a request: who its caller is ([`Caller`], where
 //! the identity comes from, and [`Principal`], the identity an authentication layer put
-//! into the extensions), hashed, never kept. Naming ([`PerPrincipal`]), replay's
-//! fingerprints and the rejection hook all use it.
+//! into the extensions), hashed, never kept; and the start of its body, read once before
+//! the lock for a name in it and for replay's fingerprint (`body_prefix`). Naming
+//! ([`PerPrincipal`]), replay's fingerprints and the rejection hook all use them.
 //!
 //! ```
 //! use tower_redlock::layer::Caller;
@@ -15,5 +16,6 @@
 //! [`Principal`]: crate::layer::Principal
 //! [`PerPrincipal`]: crate::layer::PerPrincipal
 
+pub(crate) mod body_prefix;
 pub(crate) mod caller;
 pub(crate) mod principal;

@@ -23,7 +23,7 @@ use tower_service::Service;
 use super::signature::Signature;
 use crate::layer::body::ResponseBody;
 use crate::layer::reject::{Protocol, Rejection};
-use crate::layer::replay::body_fingerprint::PrefixedBody;
+use crate::layer::request::body_prefix::PrefixedBody;
 
 impl<S> Layer<S> for Signature {
     type Service = Verified<S>;
