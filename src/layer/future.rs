@@ -30,9 +30,9 @@ use http::Response;
 use http_body::Body;
 use pin_project_lite::pin_project;
 
+use super::acquire::{AcquireFuture, BodyNamed, CallFn, Denied, Read, ReadFuture};
 use super::body::ResponseBody;
 use super::config::{Config, ReleaseOn};
-use super::pending::{AcquireFuture, BodyNamed, CallFn, Denied, Read, ReadFuture};
 use super::reject::hook::Answer;
 use super::reject::{Protocol, Rejection};
 use super::replay::completion::{Finishing, Keep};

@@ -55,12 +55,12 @@
 //! # Ok(()) }
 //! ```
 
+mod acquire;
 mod body;
 mod config;
 pub mod extract;
 pub(crate) mod framework;
 mod future;
-mod pending;
 #[path = "reject/problems.rs"]
 pub mod problems;
 pub(crate) mod redlock_layer;

@@ -21,26 +21,22 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::config::{BusyPolicy, Config};
+use super::acquire::{AcquireFuture, BodyNamed, CallFn, Pending, Read, acquire};
+use super::config::Config;
 use super::extract::ExtractLockName;
 use super::extract::RequestHead;
 use super::future::{Ctx, ResponseFuture};
-use super::pending::{AcquireFuture, BodyNamed, CallFn, Denied, PendingCall, Read};
 use super::reject::{Protocol, Rejection};
 use super::replay::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};
 use super::replay::fingerprint::{self, Fingerprint, RequestFingerprint};
 use super::request::body_prefix::{PrefixedBody, read_for_key, read_prefix};
-use crate::backend::{Acquisition, LockBackend};
-use crate::client::{Acquired, Redlock};
-use crate::error::LockError;
-use crate::quorum::later;
-use crate::token::LockToken;
+use crate::backend::LockBackend;
+use crate::client::Redlock;
 
 /// Holds a quorum lock, named by the extractor, while the inner service runs. Created by
 /// [`RedlockLayer`](crate::RedlockLayer). `F` is what it does with request bodies: hands
@@ -80,36 +76,6 @@ impl<S, E, F, L> RedlockService<S, E, F, L> {
     /// The inner service, unwrapped.
     pub fn into_inner(self) -> S {
         self.inner
-    }
-}
-
-/// Acquires the lock per the busy policy (with replay: or finds the name's record); with
-/// the name.
-async fn acquire<L: LockBackend>(
-    lock: L,
-    name: Vec<u8>,
-    config: Arc<Config>,
-) -> Result<(Acquired, Vec<u8>), Denied> {
-    let ttl = config.ttl.unwrap_or_else(|| lock.default_ttl());
-    let replay = config
-        .replay
-        .as_ref()
-        .map(|policy| (policy.retention(), policy.on_loss()));
-    let attempt = |until: Option<Instant>| lock.acquire(&name, ttl, Acquisition { replay, until });
-    let first = attempt(None).await;
-    let result = match (&first, &config.busy) {
-        (Err(LockError::Busy { .. }), BusyPolicy::Wait { timeout, waiters }) => {
-            // Beyond the bound on waiting requests: reject at once.
-            match Arc::clone(waiters).try_acquire_owned() {
-                Ok(_permit) => attempt(Some(later(crate::clock::now(), *timeout))).await,
-                Err(_) => first,
-            }
-        }
-        _ => first,
-    };
-    match result {
-        Ok(acquired) => Ok((acquired, name)),
-        Err(error) => Err(Denied { error, name }),
     }
 }
 
@@ -434,33 +400,6 @@ enum Named<Fut, B, E, L: LockBackend> {
     PassThrough,
     /// A bad request, rejected.
     Rejected(ResponseFuture<Fut, B, E, L>),
-}
-
-/// A request waiting for its lock, with the service to call.
-struct Pending<S, R> {
-    inner: S,
-    req: Request<R>,
-}
-
-impl<S, R> PendingCall<S::Future> for Pending<S, R>
-where
-    S: Service<Request<R>> + Send,
-    R: Send,
-{
-    fn call(self: Box<Self>, token: LockToken) -> S::Future {
-        let Pending { mut inner, mut req } = *self;
-        req.extensions_mut().insert(token);
-        inner.call(req)
-    }
-
-    fn head(self: Box<Self>) -> Parts {
-        self.req.into_parts().0
-    }
-
-    fn pass(self: Box<Self>) -> S::Future {
-        let Pending { mut inner, req } = *self;
-        inner.call(req)
-    }
 }
 
 /// A copy of `req`'s head.

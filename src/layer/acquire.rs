@@ -1,6 +1,7 @@
-//! What the service hands its response future: the pending call (the request and the
-//! service that answers it), the acquisition under way, and what reading the start of the
-//! body found (a fingerprint, a lock name in the body).
+//! What the response future drives: the acquisition ([`acquire`], per the busy policy),
+//! the pending call ([`Pending`]: the request and the service that answers it, called once
+//! the lock is held), and what reading the start of the body found (a fingerprint, a lock
+//! name in the body). The service builds them; the future never calls back into it.
 //!
 //! ```text
 //! service --CallFn, AcquireFuture--> future (name in the head)
@@ -18,12 +19,21 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
-use futures_util::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Instant;
 
+use futures_util::future::BoxFuture;
+use http::Request;
+use http::request::Parts;
+use tower_service::Service;
+
+use super::config::{BusyPolicy, Config};
 use super::reject::Rejection;
 use super::replay::fingerprint::Fingerprint;
+use crate::backend::{Acquisition, LockBackend};
 use crate::client::Acquired;
 use crate::error::LockError;
+use crate::quorum::later;
 use crate::token::LockToken;
 
 /// The request and the service that answers it, waiting for the lock.
@@ -69,4 +79,61 @@ pub(crate) type AcquireFuture = BoxFuture<'static, Result<(Acquired, Vec<u8>), D
 pub(crate) struct Denied {
     pub(crate) error: LockError,
     pub(crate) name: Vec<u8>,
+}
+
+/// Acquires the lock per the busy policy (with replay: or finds the name's record); with
+/// the name.
+pub(crate) async fn acquire<L: LockBackend>(
+    lock: L,
+    name: Vec<u8>,
+    config: Arc<Config>,
+) -> Result<(Acquired, Vec<u8>), Denied> {
+    let ttl = config.ttl.unwrap_or_else(|| lock.default_ttl());
+    let replay = config
+        .replay
+        .as_ref()
+        .map(|policy| (policy.retention(), policy.on_loss()));
+    let attempt = |until: Option<Instant>| lock.acquire(&name, ttl, Acquisition { replay, until });
+    let first = attempt(None).await;
+    let result = match (&first, &config.busy) {
+        (Err(LockError::Busy { .. }), BusyPolicy::Wait { timeout, waiters }) => {
+            // Beyond the bound on waiting requests: reject at once.
+            match Arc::clone(waiters).try_acquire_owned() {
+                Ok(_permit) => attempt(Some(later(crate::clock::now(), *timeout))).await,
+                Err(_) => first,
+            }
+        }
+        _ => first,
+    };
+    match result {
+        Ok(acquired) => Ok((acquired, name)),
+        Err(error) => Err(Denied { error, name }),
+    }
+}
+
+/// A request waiting for its lock, with the service to call.
+pub(crate) struct Pending<S, R> {
+    pub(crate) inner: S,
+    pub(crate) req: Request<R>,
+}
+
+impl<S, R> PendingCall<S::Future> for Pending<S, R>
+where
+    S: Service<Request<R>> + Send,
+    R: Send,
+{
+    fn call(self: Box<Self>, token: LockToken) -> S::Future {
+        let Pending { mut inner, mut req } = *self;
+        req.extensions_mut().insert(token);
+        inner.call(req)
+    }
+
+    fn head(self: Box<Self>) -> Parts {
+        self.req.into_parts().0
+    }
+
+    fn pass(self: Box<Self>) -> S::Future {
+        let Pending { mut inner, req } = *self;
+        inner.call(req)
+    }
 }
