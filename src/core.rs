@@ -72,16 +72,32 @@ pub(crate) enum Fenced {
     No,
 }
 
+/// What a [`Core`] is made of.
+pub(crate) struct CoreParts<N: ?Sized> {
+    /// The nodes, `count` of them.
+    pub(crate) nodes: Box<N>,
+    pub(crate) count: usize,
+    pub(crate) timing: Timing,
+    pub(crate) keys: KeySpace,
+    /// Shared with the nodes: their quarantines last that long; this client's TTLs go
+    /// into it.
+    pub(crate) horizon: Arc<Horizon>,
+    /// The count of running releases (the releases the nodes still send on their own
+    /// count there too).
+    pub(crate) releases: Arc<Releases>,
+}
+
 impl<N: ?Sized> Core<N> {
-    /// The core over `nodes`, `count` of them, sharing with them the horizon (their
-    /// quarantines last that long; this client's TTLs go into it) and the count of running
-    /// releases (`releases`: the releases they still send on their own count there too).
-    pub(crate) fn new(
-        (nodes, count): (Box<N>, usize),
-        timing: Timing,
-        keys: KeySpace,
-        (horizon, releases): (Arc<Horizon>, Arc<Releases>),
-    ) -> Self {
+    /// The core made of `parts`.
+    pub(crate) fn new(parts: CoreParts<N>) -> Self {
+        let CoreParts {
+            nodes,
+            count,
+            timing,
+            keys,
+            horizon,
+            releases,
+        } = parts;
         Self {
             timing,
             keys,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::builder::RedlockBuilder;
-use crate::core::{Core, Fenced, KeySpace, Timing, check_retention, check_ttl};
+use crate::core::{Core, CoreParts, Fenced, KeySpace, Timing, check_retention, check_ttl};
 use crate::defaults::DEFAULT_FENCING_RETENTION;
 use crate::error::ConfigError;
 use crate::fencing::{Clock, Fencing};
@@ -144,15 +144,22 @@ impl RedlockBuilder {
             prefix: self.key_prefix,
             counter_sets,
         };
-        let shared = (horizon, Arc::clone(&node_settings.releases));
-        let core = Core::new((nodes.into_boxed_slice(), n), timing, keys, shared);
+        let core = Core::new(CoreParts {
+            nodes: nodes.into_boxed_slice(),
+            count: n,
+            timing,
+            keys,
+            horizon,
+            releases: Arc::clone(&node_settings.releases),
+        });
         let clock = Clock::new(node_settings.clocks);
         let state = State {
             core: Arc::new(core),
             fencing: Fencing::new(clock, set_expiry_ms(fencing_retention)),
             retry: RetryPolicy::new(
                 self.max_attempts,
-                (self.retry_delay, self.retry_jitter),
+                self.retry_delay,
+                self.retry_jitter,
                 self.retry_deadline,
             ),
             observe: Observe::new(self.log_names),

@@ -103,8 +103,8 @@ where
         if self.extractor.body_limit().is_some() {
             return self.cannot_read_body(&req, protocol);
         }
-        let (name, span) = match self.name(&req, protocol) {
-            Named::Lock(name, span) => (name, span),
+        let to_lock = match self.name(&req, protocol) {
+            Named::Lock(to_lock) => to_lock,
             Named::Rejected(rejected) => return rejected,
             Named::PassThrough => return ResponseFuture::passthrough(self.inner.call(req)),
         };
@@ -113,7 +113,7 @@ where
         } else {
             [0; 32]
         };
-        self.acquire_then_call(req, (name, span), protocol, fingerprint)
+        self.acquire_then_call(req, to_lock, protocol, fingerprint)
     }
 }
 
@@ -148,8 +148,8 @@ where
         if let Some(limit) = self.extractor.body_limit() {
             return self.named_by_body(req, protocol, limit);
         }
-        let (name, span) = match self.name(&req, protocol) {
-            Named::Lock(name, span) => (name, span),
+        let to_lock = match self.name(&req, protocol) {
+            Named::Lock(to_lock) => to_lock,
             Named::Rejected(rejected) => return rejected,
             Named::PassThrough => {
                 return ResponseFuture::passthrough(
@@ -161,9 +161,10 @@ where
         if req.body().is_end_stream() || req.extensions().get::<RequestFingerprint>().is_some() {
             let fingerprint = fingerprint::fingerprint(&req);
             let req = req.map(PrefixedBody::untouched);
-            return self.acquire_then_call(req, (name, span), protocol, fingerprint);
+            return self.acquire_then_call(req, to_lock, protocol, fingerprint);
         }
         // The fingerprint comes once the start of the body is read.
+        let ToLock { name, span } = to_lock;
         let (acquire, ctx) = self.start(&req, name, protocol, [0; 32]);
         let inner = self.take_ready();
         let limit = self.body.limit();
@@ -276,7 +277,7 @@ impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
                     .namespace
                     .lock_name::<R, E>(&self.extractor, name);
                 let span = self.span(Some(&name));
-                Named::Lock(name, span)
+                Named::Lock(ToLock { name, span })
             }
             Ok(None) => Named::PassThrough,
             Err(e) => {
@@ -330,7 +331,7 @@ impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
     fn acquire_then_call<R, Body>(
         &mut self,
         req: Request<R>,
-        (name, span): (Vec<u8>, tracing::Span),
+        to_lock: ToLock,
         protocol: Protocol,
         fingerprint: Fingerprint,
     ) -> ResponseFuture<S::Future, Body, S::Error, L>
@@ -338,6 +339,7 @@ impl<S, E, F, L: LockBackend> RedlockService<S, E, F, L> {
         S: Service<Request<R>, Response = Response<Body>> + Clone + Send + 'static,
         R: Send + 'static,
     {
+        let ToLock { name, span } = to_lock;
         let (acquire, ctx) = self.start(&req, name, protocol, fingerprint);
         let inner = self.take_ready();
         ResponseFuture::acquiring(acquire, Box::new(Pending { inner, req }), ctx, span)
@@ -395,11 +397,17 @@ fn record_lock<L: LockBackend>(span: &tracing::Span, lock: &L, name: &[u8]) {
 #[allow(clippy::large_enum_variant)]
 enum Named<Fut, B, E, L: LockBackend> {
     /// Its lock name, and the request's span.
-    Lock(Vec<u8>, tracing::Span),
+    Lock(ToLock),
     /// No name: the request passes through.
     PassThrough,
     /// A bad request, rejected.
     Rejected(ResponseFuture<Fut, B, E, L>),
+}
+
+/// A request's lock name, and its span.
+struct ToLock {
+    name: Vec<u8>,
+    span: tracing::Span,
 }
 
 /// A copy of `req`'s head.

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::task::{Context, Poll};
 
 use super::*;
-use crate::core::{AfterLoss, KeySpace, Timing};
+use crate::core::{AfterLoss, CoreParts, KeySpace, Timing};
 use crate::error::NodeError;
 use crate::landing::LandingState;
 use crate::name::CounterSets;
@@ -219,15 +219,14 @@ impl Setup {
             prefix: b"test:".to_vec(),
             counter_sets: CounterSets::One,
         };
-        let core = Core::new(
-            (Box::new(nodes), n),
+        let core = Core::new(CoreParts {
+            nodes: Box::new(nodes),
+            count: n,
             timing,
             keys,
-            (
-                Arc::new(Horizon::new(n, Duration::from_secs(1), true)),
-                Arc::default(),
-            ),
-        );
+            horizon: Arc::new(Horizon::new(n, Duration::from_secs(1), true)),
+            releases: Arc::default(),
+        });
         let clocks = Arc::new(NodeClocks::new(n, Duration::from_secs(10)));
         Self {
             core,

@@ -43,7 +43,8 @@ impl RetryPolicy {
     /// within `deadline` of the call if given.
     pub(crate) fn new(
         max_attempts: u32,
-        (delay, jitter): (Duration, Duration),
+        delay: Duration,
+        jitter: Duration,
         deadline: Option<Duration>,
     ) -> Self {
         Self {

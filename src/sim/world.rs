@@ -21,7 +21,7 @@ use super::client::SimNodes;
 use super::conn::Link;
 use super::keyspace::Keyspace;
 use super::server::Server;
-use crate::core::{Accepts, AfterLoss, Core, Fenced, KeySpace, Timing};
+use crate::core::{Accepts, AfterLoss, Core, CoreParts, Fenced, KeySpace, Timing};
 use crate::error::LockError;
 use crate::fencing::{Clock, Fencing};
 use crate::name::CounterSets;
@@ -520,12 +520,14 @@ impl SimClient {
             prefix: b"sim:".to_vec(),
             counter_sets: CounterSets::One,
         };
-        let core = Core::new(
-            (Box::new(nodes), n),
+        let core = Core::new(CoreParts {
+            nodes: Box::new(nodes),
+            count: n,
             timing,
             keys,
-            (horizon, Arc::default()),
-        );
+            horizon,
+            releases: Arc::default(),
+        });
         let expiry = crate::node::set_expiry_ms(crate::defaults::DEFAULT_FENCING_RETENTION);
         Self {
             core,
