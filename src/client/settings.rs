@@ -116,6 +116,17 @@ impl RedlockBuilder {
         }
     }
 
+    /// The timing of the client's operations.
+    fn timing(&self, fencing_retention: Duration) -> Timing {
+        Timing {
+            ttl: self.ttl,
+            node_timeout: self.node_timeout,
+            drift_factor: self.drift_factor,
+            min_validity: self.min_validity,
+            fencing_retention,
+        }
+    }
+
     /// The client's state and whether its acquisitions are fenced, once every setting is
     /// checked.
     pub(super) fn state(self) -> Result<(State, Fenced), ConfigError> {
@@ -133,22 +144,14 @@ impl RedlockBuilder {
         let node_settings = self.node_settings(fencing_retention, counter_sets, &horizon);
         let nodes = self.nodes(&node_settings)?;
         let n = nodes.len();
-        let timing = Timing {
-            ttl: self.ttl,
-            node_timeout: self.node_timeout,
-            drift_factor: self.drift_factor,
-            min_validity: self.min_validity,
-            fencing_retention,
-        };
-        let keys = KeySpace {
-            prefix: self.key_prefix,
-            counter_sets,
-        };
         let core = Core::new(CoreParts {
             nodes: nodes.into_boxed_slice(),
             count: n,
-            timing,
-            keys,
+            timing: self.timing(fencing_retention),
+            keys: KeySpace {
+                prefix: self.key_prefix,
+                counter_sets,
+            },
             horizon,
             releases: Arc::clone(&node_settings.releases),
         });
