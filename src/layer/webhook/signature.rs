@@ -293,16 +293,18 @@ impl Signature {
         let mut signatures = Vec::new();
         for part in value.split(',') {
             match part.trim().split_once('=') {
-                Some(("t", v)) => t = v.parse::<u64>().ok(),
+                Some(("t", v)) => t = Some(v),
                 Some(("v1", v)) => signatures.push(v),
                 _ => {}
             }
         }
+        // Signed as sent: `{t}.{body}`, with `t` as the header spells it.
         let t = t.ok_or(SignatureError::Malformed(name))?;
+        let at = t.parse::<u64>().map_err(|_| SignatureError::Malformed(name))?;
         if signatures.is_empty() {
             return Err(SignatureError::Malformed(name));
         }
-        self.within(t, now)?;
+        self.within(at, now)?;
         let prefix = format!("{t}.");
         let matches = signatures.iter().any(|hex| {
             from_hex(hex).is_some_and(|sig| check(secret, &[prefix.as_bytes(), body], &sig).is_ok())
