@@ -202,9 +202,8 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let span = &*this.span;
+        let (span, mut state) = (&*this.span, this.state);
         let _entered = span.enter();
-        let mut state = this.state;
         loop {
             let step = match state.as_mut().project() {
                 StateProj::Reading { read, .. } => {
@@ -243,14 +242,7 @@ where
                 } => {
                     let recorded = ready!(finishing.poll_done(cx));
                     let instead = not_recorded.take().filter(|_| !recorded);
-                    match (instead, response.take()) {
-                        (Some(rejection), _) => {
-                            span.record("outcome", "not_recorded");
-                            Step::Ready(Ok(rejection.map(ResponseBody::answer)))
-                        }
-                        (None, Some(response)) => Step::Ready(Ok(response)),
-                        (None, None) => Step::Next,
-                    }
+                    stored(instead, response.take(), span)
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
@@ -262,6 +254,23 @@ where
 }
 
 type StatePin<'a, F, B, E, L> = Pin<&'a mut State<F, B, E, L>>;
+
+/// A kept response's record is stored (or not): the response, or, with nothing sent yet
+/// and the record short of a quorum, the rejection `instead`.
+fn stored<B, E, L: LockBackend>(
+    instead: Option<Response<Answer>>,
+    response: Option<Response<ResponseBody<B, L>>>,
+    span: &tracing::Span,
+) -> Step<B, E, L> {
+    match (instead, response) {
+        (Some(rejection), _) => {
+            span.record("outcome", "not_recorded");
+            Step::Ready(Ok(rejection.map(ResponseBody::answer)))
+        }
+        (None, Some(response)) => Step::Ready(Ok(response)),
+        (None, None) => Step::Next,
+    }
+}
 
 /// The start of the body is read: acquire, with the request's fingerprint (and the name
 /// the body gave), pass through, or reject. The outcome of a rejection goes to `span`.
@@ -312,25 +321,7 @@ fn acquired<F, B, E, L: LockBackend>(
         let next = match result {
             Ok((Acquired::Lock(lock), _)) => {
                 span.record("outcome", "acquired");
-                let guard = LockGuard::watched(
-                    ctx.lock.clone(),
-                    lock,
-                    ctx.config.auto_extend,
-                    ctx.config.stall_timeout,
-                );
-                let lost = ctx.config.abort_on_loss.then(|| {
-                    let token = guard.token();
-                    let lost: BoxFuture<'static, LostReason> =
-                        Box::pin(async move { token.lost().await });
-                    lost
-                });
-                let fut = call.call(guard.token());
-                State::Calling {
-                    fut,
-                    guard,
-                    lost,
-                    ctx,
-                }
+                calling(lock, call, ctx)
             }
             Err(Denied { error, name }) => {
                 log_rejected(&ctx.lock, &error, &name);
@@ -351,6 +342,34 @@ fn acquired<F, B, E, L: LockBackend>(
         state.set(next);
     }
     Step::Next
+}
+
+/// The lock is held: the inner service called with its token, the lock guarded (and
+/// watched for a loss, with abort on loss).
+fn calling<F, B, E, L: LockBackend>(
+    lock: crate::token::Lock,
+    call: CallFn<F>,
+    ctx: Ctx<L>,
+) -> State<F, B, E, L> {
+    let config = &ctx.config;
+    let guard = LockGuard::watched(
+        ctx.lock.clone(),
+        lock,
+        config.auto_extend,
+        config.stall_timeout,
+    );
+    let lost = config.abort_on_loss.then(|| {
+        let token = guard.token();
+        let lost: BoxFuture<'static, LostReason> = Box::pin(async move { token.lost().await });
+        lost
+    });
+    let fut = call.call(guard.token());
+    State::Calling {
+        fut,
+        guard,
+        lost,
+        ctx,
+    }
 }
 
 /// The inner service answered: hand a response to keep to the replay room's recording
@@ -378,15 +397,7 @@ where
             match keeping::recording(res, guard, keep, ctx.head_request) {
                 Recording::Streams(res) => return Step::Ready(Ok(res)),
                 Recording::Storing(finishing, res) => {
-                    let rejection = Rejection::not_recorded(ctx.protocol);
-                    let head = ctx
-                        .head
-                        .map_or_else(|| http::Request::new(()).into_parts().0, |head| *head);
-                    state.set(State::Storing {
-                        finishing,
-                        response: Some(res),
-                        not_recorded: Some(ctx.config.respond(rejection, &head)),
-                    });
+                    state.set(storing(finishing, res, ctx));
                     return Step::Next;
                 }
                 Recording::NotKept(res, given_back) => {
@@ -405,6 +416,24 @@ where
             state.set(releasing(guard, Output::Inner(output)));
             Step::Next
         }
+    }
+}
+
+/// A kept response with nothing to stream: its record being stored before it goes out,
+/// with the 503 it gets instead if the record reaches too few nodes.
+fn storing<F, B, E, L: LockBackend>(
+    finishing: Finishing,
+    res: Response<ResponseBody<B, L>>,
+    ctx: Ctx<L>,
+) -> State<F, B, E, L> {
+    let rejection = Rejection::not_recorded(ctx.protocol);
+    let head = ctx
+        .head
+        .map_or_else(|| http::Request::new(()).into_parts().0, |head| *head);
+    State::Storing {
+        finishing,
+        response: Some(res),
+        not_recorded: Some(ctx.config.respond(rejection, &head)),
     }
 }
 

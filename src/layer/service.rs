@@ -209,16 +209,9 @@ where
         let ctx = self.ctx(&req, protocol, [0; 32]);
         let inner = self.take_ready();
         // The fingerprint counts what replay counts; without replay, nothing is hashed.
-        let hash = match self.config.replay {
-            Some(_) => self.body.limit(),
-            None => 0,
-        };
-        let (extractor, lock, config) = (
-            self.extractor.clone(),
-            self.lock.clone(),
-            Arc::clone(&self.config),
-        );
-        let request_span = span.clone();
+        let hash = self.config.replay.as_ref().map_or(0, |_| self.body.limit());
+        let (extractor, lock) = (self.extractor.clone(), self.lock.clone());
+        let (config, request_span) = (Arc::clone(&self.config), span.clone());
         let read = Box::pin(async move {
             // One byte over the limit tells a body that is too large.
             let req = read_for_key(req, hash, limit.saturating_add(1)).await;

@@ -60,6 +60,27 @@ where
     req
 }
 
+/// A gRPC call's first message prefix (a flag byte and a 4-byte length), as its bytes come.
+#[derive(Default)]
+struct MessagePrefix(Vec<u8>);
+
+impl MessagePrefix {
+    /// Takes the next bytes of the body: the first message's length once its prefix is in
+    /// (once only).
+    fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
+        if self.0.len() >= 5 {
+            return None;
+        }
+        self.0.extend(bytes.iter().take(5 - self.0.len()));
+        match self.0[..] {
+            [_, a, b, c, d] => {
+                Some(usize::try_from(u32::from_be_bytes([a, b, c, d])).unwrap_or(usize::MAX))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Reads the start of `req`'s body: up to `read` bytes (a gRPC call's first message), the
 /// first `hash` of them hashed into its fingerprint.
 async fn read_start<B>(req: Request<B>, hash: usize, read: usize) -> Request<PrefixedBody<B>>
@@ -76,18 +97,14 @@ where
         rest: None,
     };
     let mut seen = 0usize;
-    // A gRPC call: the length of its first message, once its prefix is in.
-    let mut prefix = Vec::new();
+    let mut prefix = grpc.then(MessagePrefix::default);
     let mut wanted = limit;
     let mut ended = false;
     while seen < wanted {
         match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-            None => {
-                ended = true;
-                break;
-            }
-            Some(Err(e)) => {
-                read.error = Some(e);
+            // The end, or an error (kept for the inner service).
+            end @ (None | Some(Err(_))) => {
+                read.error = end.and_then(Result::err);
                 ended = true;
                 break;
             }
@@ -99,13 +116,8 @@ where
                     let hashed = take.min(hash.saturating_sub(seen));
                     hasher.body(counted.get(..hashed).unwrap_or_default());
                     seen += take;
-                    if grpc && prefix.len() < 5 {
-                        prefix.extend(counted.iter().take(5 - prefix.len()));
-                        if let [_, a, b, c, d] = prefix[..] {
-                            let message = u32::from_be_bytes([a, b, c, d]);
-                            let message = usize::try_from(message).unwrap_or(usize::MAX);
-                            wanted = limit.min(message.saturating_add(5));
-                        }
+                    if let Some(message) = prefix.as_mut().and_then(|p| p.feed(counted)) {
+                        wanted = limit.min(message.saturating_add(5));
                     }
                 }
                 read.frames.push_back(frame);

@@ -300,7 +300,9 @@ impl Signature {
         }
         // Signed as sent: `{t}.{body}`, with `t` as the header spells it.
         let t = t.ok_or(SignatureError::Malformed(name))?;
-        let at = t.parse::<u64>().map_err(|_| SignatureError::Malformed(name))?;
+        let at = t
+            .parse::<u64>()
+            .map_err(|_| SignatureError::Malformed(name))?;
         if signatures.is_empty() {
             return Err(SignatureError::Malformed(name));
         }
