@@ -588,7 +588,9 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     /// is only released, and a retry runs the handler again. A failed body reaches the
     /// client as the failure it is.
     ///
-    /// The lookup is part of the acquire round trip. A record written on a quorum is seen
+    /// The lookup is part of the acquire round trip without fencing (the fencing section
+    /// recommends it off for unique keys); with fencing on, a key that holds a record
+    /// costs a second round trip to each node. A record written on a quorum is seen
     /// by every later acquirer (any quorum it can take shares a node with the record's).
     /// Only a record that a quorum of nodes hold, byte for byte, is replayed: a record
     /// found on fewer nodes next to a quorum of grants (nodes that lost it, or a completion

@@ -112,7 +112,9 @@ pub(crate) const RECORD_MARKER: &[u8] = b"#record\n";
 ///
 /// Returns `{1}` when the lock was set, `{2, record}` when the key holds a completion
 /// record, and `{0, pttl}` when another client holds the lock: the record comes back in
-/// the acquire round trip, so a replay costs nothing extra.
+/// the acquire round trip, so an unfenced replay costs nothing extra (a fenced one sends
+/// `SET NX PX` and the counter's `ZADD` first, and this script's read after a refused
+/// `SET`).
 pub(super) const ACQUIRE_OR_REPLAY: &str = concat!(
     held_or_record!(),
     r#"
