@@ -220,8 +220,7 @@ where
                 StateProj::Calling { fut, lost, .. } => {
                     match lost.as_mut().map(|lost| lost.as_mut().poll(cx)) {
                         Some(Poll::Ready(reason)) => {
-                            span.record("outcome", "lost");
-                            lost_while_calling(state.as_mut(), &reason)
+                            lost_while_calling(state.as_mut(), &reason, span)
                         }
                         _ => {
                             let output = ready!(fut.poll(cx));
@@ -437,11 +436,14 @@ fn storing<F, B, E, L: LockBackend>(
     }
 }
 
-/// Abort on loss: drop the inner future, release, and answer 503 / `UNAVAILABLE`.
+/// Abort on loss: drop the inner future, release, and answer 503 / `UNAVAILABLE` (the
+/// outcome goes to `span`).
 fn lost_while_calling<F, B, E, L: LockBackend>(
     mut state: StatePin<'_, F, B, E, L>,
     reason: &LostReason,
+    span: &tracing::Span,
 ) -> Step<B, E, L> {
+    span.record("outcome", "lost");
     if let StateOwned::Calling { mut guard, ctx, .. } = state.as_mut().project_replace(State::Done)
     {
         let rejection = Rejection::lost(reason, ctx.protocol).with_name(guard.name().to_vec());

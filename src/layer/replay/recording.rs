@@ -101,6 +101,28 @@ impl<L: LockBackend> Recording<L> {
         self.held = last;
     }
 
+    /// The body failed with `error`: no record (dropping the recorder releases the lock in
+    /// the background), and the error goes on.
+    fn failed(&mut self, error: BoxError) -> BoxError {
+        self.ended = true;
+        self.recorder = None;
+        error
+    }
+
+    /// A data frame of the body, recorded: handed back to pass on, or (`None`) held as the
+    /// last one (the body's end, `at_end` or as its size tells) until the record is stored.
+    fn data(&mut self, data: Bytes, at_end: bool) -> Option<Bytes> {
+        self.seen = self.seen.saturating_add(data.len() as u64);
+        if let Some(recorder) = self.recorder.as_mut() {
+            recorder.data(&data);
+        }
+        if at_end || self.completes_size() {
+            self.end(Some(Frame::data(data)));
+            return None;
+        }
+        Some(data)
+    }
+
     /// Whether `data` is the body's last data frame, as far as its size tells.
     fn completes_size(&self) -> bool {
         self.size.is_some_and(|size| self.seen >= size)
@@ -143,26 +165,16 @@ where
                     rec.end(None);
                     continue;
                 }
-                Some(Err(e)) => {
-                    // No record; dropping the recorder releases in the background.
-                    rec.ended = true;
-                    rec.recorder = None;
-                    return Poll::Ready(Some(Err(e.into())));
-                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(rec.failed(e.into())))),
                 Some(Ok(frame)) => frame,
             };
             let frame = match frame.into_data() {
                 Ok(mut data) => {
                     let data = data.copy_to_bytes(data.remaining());
-                    rec.seen = rec.seen.saturating_add(data.len() as u64);
-                    if let Some(recorder) = rec.recorder.as_mut() {
-                        recorder.data(&data);
+                    match rec.data(data, this.body.is_end_stream()) {
+                        Some(data) => Frame::data(B::Data::from(data)),
+                        None => continue,
                     }
-                    if this.body.is_end_stream() || rec.completes_size() {
-                        rec.end(Some(Frame::data(data)));
-                        continue;
-                    }
-                    Frame::data(B::Data::from(data))
                 }
                 Err(frame) => match frame.into_trailers() {
                     Ok(trailers) => {
