@@ -459,3 +459,38 @@ fn an_unverifiable_replay_has_a_problem_type_and_advice_of_its_own() {
     );
     assert_eq!(res.headers()["grpc-retry-pushback-ms"], "2000");
 }
+
+/// A webhook receiver's busy and reused-key answers speak of delivery ids, with the same
+/// kind, status and problem type; its other answers are unchanged.
+#[test]
+fn a_receivers_rejections_speak_of_deliveries() {
+    let reused = Rejection::key_reused(Protocol::Http).of_a_delivery();
+    assert_eq!(reused.kind(), &RejectionKind::KeyReused);
+    assert!(
+        reused.message().contains("delivery id"),
+        "{}",
+        reused.message()
+    );
+    assert!(!reused.message().contains("key"), "{}", reused.message());
+    assert_eq!(reused.problem_type(), super::super::problems::KEY_REUSED);
+    assert_eq!(
+        reused.into_response().status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    let busy = Rejection::from_lock_error(
+        LockError::Busy {
+            held_elsewhere: 2,
+            nodes: 3,
+            retry_after: None,
+            attempts: 1,
+        },
+        Protocol::Http,
+    )
+    .of_a_delivery();
+    assert!(busy.message().contains("delivery"), "{}", busy.message());
+    assert_eq!(busy.into_response().status(), StatusCode::CONFLICT);
+
+    let bad = Rejection::bad_request("the x-github-delivery header is missing", Protocol::Http);
+    assert_eq!(bad.clone().of_a_delivery().message(), bad.message());
+}
