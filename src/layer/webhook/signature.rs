@@ -237,6 +237,24 @@ impl Signature {
         self.max_body
     }
 
+    /// Whether `headers` has every header the scheme signs with: a delivery without them
+    /// is refused before its body is read.
+    pub(crate) fn has_headers(&self, headers: &HeaderMap) -> Result<(), SignatureError> {
+        let needed: &[&'static str] = match &self.scheme {
+            Scheme::Standard(s) if s.prefix == "svix" => {
+                &["svix-id", "svix-timestamp", "svix-signature"]
+            }
+            Scheme::Standard(_) => &["webhook-id", "webhook-timestamp", "webhook-signature"],
+            Scheme::GitHub(_) => &["x-hub-signature-256"],
+            Scheme::Stripe(_) => &["stripe-signature"],
+            Scheme::Shopify(_) => &["x-shopify-hmac-sha256"],
+        };
+        match needed.iter().find(|name| !headers.contains_key(**name)) {
+            Some(name) => Err(SignatureError::Missing(name)),
+            None => Ok(()),
+        }
+    }
+
     /// Checks a delivery: its `headers` and its whole `body`, as received, against the
     /// secret, and a signed timestamp against this process's clock.
     pub fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<(), SignatureError> {

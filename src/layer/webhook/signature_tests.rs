@@ -242,3 +242,39 @@ fn an_unusable_secret_is_a_typed_error_and_debug_never_shows_a_secret() {
     assert!(!shown.contains("Secret to Everybody"), "{shown}");
     assert!(shown.contains("redacted"), "{shown}");
 }
+
+#[test]
+fn a_delivery_without_its_signature_headers_is_known_before_its_body_is_read() {
+    let schemes = [
+        (
+            Signature::github(GITHUB_SECRET),
+            vec!["x-hub-signature-256"],
+        ),
+        (
+            Signature::shopify(SHOPIFY_SECRET),
+            vec!["x-shopify-hmac-sha256"],
+        ),
+        (Signature::stripe(STRIPE_SECRET), vec!["stripe-signature"]),
+        (
+            Signature::standard(STANDARD_SECRET),
+            vec!["webhook-id", "webhook-timestamp", "webhook-signature"],
+        ),
+        (
+            Signature::svix(STANDARD_SECRET),
+            vec!["svix-id", "svix-timestamp", "svix-signature"],
+        ),
+    ];
+    for (sig, names) in schemes {
+        let sig = sig.expect("secret");
+        let all: Vec<(&'static str, &str)> = names.iter().map(|n| (*n, "x")).collect();
+        assert_eq!(sig.has_headers(&headers(&all)), Ok(()), "{names:?}");
+        for missing in &names {
+            let some: Vec<_> = all.iter().copied().filter(|(n, _)| n != missing).collect();
+            assert_eq!(
+                sig.has_headers(&headers(&some)),
+                Err(SignatureError::Missing(missing)),
+                "{names:?}"
+            );
+        }
+    }
+}

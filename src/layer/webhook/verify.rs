@@ -91,7 +91,12 @@ where
         Box::pin(async move {
             let protocol = Protocol::of(&req);
             let (parts, body) = req.into_parts();
-            let refused = match read_whole(body, signature.body_limit()).await {
+            // Unsigned: refused before its body is read.
+            let whole = match signature.has_headers(&parts.headers) {
+                Ok(()) => read_whole(body, signature.body_limit()).await,
+                Err(missing) => Whole::Refused(missing),
+            };
+            let refused = match whole {
                 Whole::Read { frames, bytes } => match signature.verify(&parts.headers, &bytes) {
                     Ok(()) => {
                         let req = Request::from_parts(parts, PrefixedBody::whole(frames));
@@ -103,6 +108,7 @@ where
                         Rejection::unauthenticated(why, protocol)
                     }
                 },
+                Whole::Refused(why) => Rejection::unauthenticated(why, protocol),
                 Whole::TooLarge => Rejection::too_large_to_verify(signature.body_limit(), protocol),
                 Whole::Failed => {
                     Rejection::bad_request("the request body could not be read", protocol)
@@ -125,6 +131,8 @@ enum Whole {
     TooLarge,
     /// The body failed.
     Failed,
+    /// Not read: the delivery lacks a signature header.
+    Refused(super::signature::SignatureError),
 }
 
 /// Reads `body` to its end, if it is at most `limit` bytes long.
