@@ -64,6 +64,13 @@ pub struct Signature {
     max_body: usize,
 }
 
+/// The headers each scheme signs with (a delivery without them is refused unread).
+const STANDARD_HEADERS: [&str; 3] = ["webhook-id", "webhook-timestamp", "webhook-signature"];
+const SVIX_HEADERS: [&str; 3] = ["svix-id", "svix-timestamp", "svix-signature"];
+const GITHUB_HEADER: &str = "x-hub-signature-256";
+const STRIPE_HEADER: &str = "stripe-signature";
+const SHOPIFY_HEADER: &str = "x-shopify-hmac-sha256";
+
 /// A Standard Webhooks key (the secret's base64 decoded), with its headers' prefix
 /// (`webhook` or `svix`).
 #[derive(Clone)]
@@ -241,13 +248,10 @@ impl Signature {
     /// is refused before its body is read.
     pub(crate) fn has_headers(&self, headers: &HeaderMap) -> Result<(), SignatureError> {
         let needed: &[&'static str] = match &self.scheme {
-            Scheme::Standard(s) if s.prefix == "svix" => {
-                &["svix-id", "svix-timestamp", "svix-signature"]
-            }
-            Scheme::Standard(_) => &["webhook-id", "webhook-timestamp", "webhook-signature"],
-            Scheme::GitHub(_) => &["x-hub-signature-256"],
-            Scheme::Stripe(_) => &["stripe-signature"],
-            Scheme::Shopify(_) => &["x-shopify-hmac-sha256"],
+            Scheme::Standard(standard) => standard.headers(),
+            Scheme::GitHub(_) => &[GITHUB_HEADER],
+            Scheme::Stripe(_) => &[STRIPE_HEADER],
+            Scheme::Shopify(_) => &[SHOPIFY_HEADER],
         };
         match needed.iter().find(|name| !headers.contains_key(**name)) {
             Some(name) => Err(SignatureError::Missing(name)),
@@ -271,7 +275,7 @@ impl Signature {
         match &self.scheme {
             Scheme::Standard(standard) => standard.verify(self, headers, body, now),
             Scheme::GitHub(secret) => {
-                let name = "x-hub-signature-256";
+                let name = GITHUB_HEADER;
                 let value = header(headers, name)?;
                 let hex = value
                     .strip_prefix("sha256=")
@@ -280,7 +284,7 @@ impl Signature {
                 check(secret, &[body], &sig)
             }
             Scheme::Shopify(secret) => {
-                let name = "x-shopify-hmac-sha256";
+                let name = SHOPIFY_HEADER;
                 let sig = base64::engine::general_purpose::STANDARD
                     .decode(header(headers, name)?.trim())
                     .map_err(|_| SignatureError::Malformed(name))?;
@@ -305,7 +309,7 @@ impl Signature {
         body: &[u8],
         now: u64,
     ) -> Result<(), SignatureError> {
-        let name = "stripe-signature";
+        let name = STRIPE_HEADER;
         let value = header(headers, name)?;
         let mut t = None;
         let mut signatures = Vec::new();
@@ -338,6 +342,15 @@ impl Signature {
 }
 
 impl Standard {
+    /// Its id, timestamp and signature headers.
+    fn headers(&self) -> &'static [&'static str; 3] {
+        if self.prefix == "svix" {
+            &SVIX_HEADERS
+        } else {
+            &STANDARD_HEADERS
+        }
+    }
+
     fn verify(
         &self,
         signature: &Signature,
@@ -345,10 +358,7 @@ impl Standard {
         body: &[u8],
         now: u64,
     ) -> Result<(), SignatureError> {
-        let [id, timestamp, sig] = match self.prefix {
-            "svix" => ["svix-id", "svix-timestamp", "svix-signature"],
-            _ => ["webhook-id", "webhook-timestamp", "webhook-signature"],
-        };
+        let &[id, timestamp, sig] = self.headers();
         let id = header(headers, id)?;
         let signed_at = header(headers, timestamp)?;
         let signed: u64 = signed_at
