@@ -177,7 +177,8 @@ async fn a_sentinel_failover_to_a_replica_that_lacks_the_key_makes_no_second_hol
 async fn a_replica_is_refused_and_judged_again_once_promoted() {
     let master = RedisNode::start();
     let replica = RedisNode::start_replica_of(master.port());
-    let ttl = Duration::from_secs(2);
+    // A TTL long enough that a loaded machine's slow health reads still see most of it.
+    let ttl = Duration::from_secs(10);
     let aged = Cluster {
         nodes: vec![master, replica],
     };
@@ -196,6 +197,11 @@ async fn a_replica_is_refused_and_judged_again_once_promoted() {
         "{err}"
     );
     assert!(err.to_string().contains("not a master"), "{err}");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut aged.raw(1).await)
+        .await
+        .expect("TIME");
+    let promoted_at_ms = secs * 1_000 + micros / 1_000;
     let _: () = redis::cmd("REPLICAOF")
         .arg("NO")
         .arg("ONE")
@@ -216,6 +222,21 @@ async fn a_replica_is_refused_and_judged_again_once_promoted() {
         },
     )
     .await;
+    // Dated by the node's clock at the promotion, not by the replica process's start.
+    let ledger: String = redis::cmd("GET")
+        .arg("redlock:#ledger")
+        .query_async(&mut aged.raw(1).await)
+        .await
+        .expect("the ledger");
+    let since_ms: u64 = ledger
+        .split(' ')
+        .nth(2)
+        .and_then(|f| f.parse().ok())
+        .expect("the ledger's since");
+    assert!(
+        since_ms >= promoted_at_ms,
+        "the loss dated at {since_ms}, before the promotion at {promoted_at_ms}"
+    );
     assert!(
         matches!(
             redlock.try_lock("replica").await,

@@ -118,16 +118,24 @@ impl RedisNode {
         Self::start_with(None)
     }
 
-    /// Starts a replica of the node on `master_port` (on a free port).
+    /// Starts a replica of the node on `master_port` (on a free port), in sync when this
+    /// returns.
     pub fn start_replica_of(master_port: u16) -> Self {
-        Self::start_with_args(
+        let replica = Self::start_with_args(
             None,
             vec![
                 "--replicaof".into(),
                 "127.0.0.1".into(),
                 master_port.to_string(),
             ],
-        )
+        );
+        // In sync before it is used: a replica promoted or read before its first sync
+        // holds none of the master's keys (not even the ledger).
+        wait_blocking("the replica in sync", Duration::from_secs(20), || {
+            query_port::<String>(replica.port(), redis::cmd("INFO").arg("replication"))
+                .is_some_and(|i| i.contains("master_link_status:up"))
+        });
+        replica
     }
 
     /// Starts a node whose wall clock can be moved with [`set_clock_offset`]

@@ -110,10 +110,6 @@ impl SentinelNode {
     pub fn start(name: &str) -> Self {
         let master = RedisNode::start();
         let replica = RedisNode::start_replica_of(master.port());
-        wait_blocking("the replica to sync", Duration::from_secs(20), || {
-            query_port::<String>(replica.port(), redis::cmd("INFO").arg("replication"))
-                .is_some_and(|i| i.contains("master_link_status:up"))
-        });
         let sentinel = Sentinel::monitoring(name, master.port());
         let node = Self {
             name: name.to_owned(),
