@@ -191,7 +191,12 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             outer,
         };
         let deadline = core.call_deadline(window.start, ttl, outer);
-        let (round, votes, replies) = self.set_round(target, value, ttl, deadline).await;
+        let (round, votes, mut replies) = self.set_round(target, value, ttl, deadline).await;
+        if votes.reached() {
+            let deadline = core.call_deadline(window.start, ttl, outer);
+            self.read_kept_out(target, value, &mut replies, deadline)
+                .await;
+        }
         *foreign = replies.foreign;
         let phase_one = match self.granted(target, votes, replies)? {
             Granted::Lock(phase_one) => phase_one,

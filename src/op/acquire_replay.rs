@@ -7,16 +7,21 @@
 //! a quorum's record              -> Attempt::recorded (replayed; a lock-only target: busy)
 //! a minority's record + a quorum of grants -> restore onto the granting nodes -> replayed
 //! no record, doubted grants      -> AfterLoss::Run: runs (counted) | Refuse: Unverifiable
+//! no record, nodes kept out      -> their records read (never a grant), then as above
 //! ```
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::acquire::{Acquire, Attempt};
 use super::release::{Background, Held, complete_held};
 use super::set_replies::SetReplies;
 use crate::core::{Accepts, AfterLoss, Target};
 use crate::error::{LockError, RecordBytes};
-use crate::round::Nodes;
+use crate::quorum::NodeMask;
+use crate::round::{Nodes, Plan, Purpose};
+use crate::scripts::{
+    AcquireReply, Arg, HELD_OR_RECORD_SCRIPT, Invocation, Request, parse_acquire,
+};
 
 impl Attempt {
     /// The attempt that found the name's record on a quorum of its `nodes`: the name's work
@@ -83,6 +88,47 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             retry_after: waits.get(quorum.saturating_sub(1)).copied(),
             attempts: 1,
         }))
+    }
+
+    /// For a replay acquisition a quorum granted with no record found: reads the name's
+    /// record on the nodes the restart quarantine kept out, by `deadline`. The quarantine
+    /// keeps out a node's grants, not its evidence: a node restarted with its data may be
+    /// the only one left with the record (the others lost theirs), and the record is then
+    /// the name's answer, restored onto the nodes that granted. A read only (the holder's
+    /// TTL or the record): nothing is written on a node kept out.
+    pub(super) async fn read_kept_out(
+        &self,
+        target: &Target,
+        value: &str,
+        replies: &mut SetReplies,
+        deadline: Instant,
+    ) {
+        if !matches!(target.accepts, Accepts::LockOrRecord { .. })
+            || !replies.records.is_empty()
+            || replies.kept_out.len() == 0
+        {
+            return;
+        }
+        let nodes = self.core.nodes();
+        let kept_out = replies.kept_out;
+        let plan = Plan {
+            skip: NodeMask::matching(nodes.count(), |i| !kept_out.contains(i)),
+            deadline,
+            purpose: Purpose::Everywhere { after: None },
+        };
+        let args = [Arg::Bytes(value.as_bytes())];
+        let request = Request::Script(Invocation {
+            script: &HELD_OR_RECORD_SCRIPT,
+            keys: &[&target.resource.key],
+            args: &args,
+        });
+        let mut round = nodes.send(&request, plan);
+        while let Some((i, reply)) = round.next().await {
+            if let Ok(AcquireReply::Record(record)) = reply.and_then(parse_acquire) {
+                replies.records.push(record);
+                replies.foreign.insert(i);
+            }
+        }
     }
 
     /// Restores the name's `record`, found on `holders` nodes (fewer than a quorum), onto

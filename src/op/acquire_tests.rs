@@ -16,7 +16,9 @@ use crate::landing::LandingState;
 use crate::name::CounterSets;
 use crate::node::clocks::NodeClocks;
 use crate::round::InFlight;
-use crate::scripts::{COMPLETE_SCRIPT, FENCE_SCRIPT, INSPECT_SCRIPT, RECORD_MARKER};
+use crate::scripts::{
+    COMPLETE_SCRIPT, FENCE_SCRIPT, HELD_OR_RECORD_SCRIPT, INSPECT_SCRIPT, RECORD_MARKER,
+};
 use redis::Value;
 
 /// One node's answer in a scripted round.
@@ -103,6 +105,7 @@ fn kind(request: &Request<'_>) -> String {
             "set or replay".into()
         }
         Request::Script(inv) if inv.script.sha == COMPLETE_SCRIPT.sha => "complete".into(),
+        Request::Script(inv) if inv.script.sha == HELD_OR_RECORD_SCRIPT.sha => "read record".into(),
         Request::Script(_) => "script".into(),
     }
 }
@@ -570,6 +573,72 @@ async fn a_record_on_a_minority_next_to_a_quorum_of_grants_is_restored_and_repla
         assert_eq!(s.sent(), ["set or replay", "complete", "release"]);
         assert!(s.skipped(1).contains(0), "the record's node is left alone");
     }
+}
+
+/// The record survives only on a node restarted with its data, which the quarantine
+/// keeps out; the two others lost theirs a moment ago and grant. The quarantine keeps out
+/// the node's grant, not its evidence: its record is read, restored onto the two and
+/// replayed, under either policy (the simulation's seed 8466921549206095768 ran such a
+/// key again under `AfterLoss::Refuse`, the two young grants vouching as peers).
+#[tokio::test(start_paused = true)]
+async fn a_record_on_a_node_kept_out_is_read_restored_and_replayed() {
+    let doubts = vec![whole_for(1), whole_for(2), whole_for(2)];
+    for accepts in [REPLAY, STRICT] {
+        let rounds = vec![
+            vec![Answer::Quarantined, won(), won()],
+            vec![record(b"a"), Answer::Silent, Answer::Silent],
+            vec![Answer::Silent, stored(), stored()],
+        ];
+        let s = Setup::with_doubts(rounds, doubts.clone());
+        let attempt = s.attempt(accepts, Fenced::No).await;
+        let Attempt::Record(RecordBytes(bytes)) = attempt else {
+            panic!("replayed: {attempt:?}")
+        };
+        assert!(bytes.ends_with(b"a"));
+        assert_eq!(
+            s.sent(),
+            ["set or replay", "read record", "complete", "release"]
+        );
+        assert_eq!(s.skipped(1), NodeMask::matching(3, |i| i != 0), "the read");
+        assert!(
+            s.skipped(2).contains(0),
+            "nothing written on the kept-out node"
+        );
+    }
+}
+
+/// Without a record on the node kept out, the key goes on as the policy says; a lock-only
+/// acquisition, and a replay round that found a record, read nothing more.
+#[tokio::test(start_paused = true)]
+async fn a_node_kept_out_without_a_record_changes_nothing() {
+    let gone = || {
+        Answer::Now(Value::Array(vec![
+            Value::Int(0),
+            Value::Int(-2),
+            Value::Int(1),
+        ]))
+    };
+    let s = Setup::with_doubts(
+        vec![
+            vec![Answer::Quarantined, won(), won()],
+            vec![gone(), Answer::Silent, Answer::Silent],
+        ],
+        vec![old(); 3],
+    );
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
+    assert!(matches!(attempt, Attempt::Held(_)), "{attempt:?}");
+    assert_eq!(s.sent(), ["set or replay", "read record"]);
+
+    let s = Setup::new(vec![vec![Answer::Quarantined, won(), won()]]);
+    let attempt = s.attempt(Accepts::Lock, Fenced::No).await;
+    assert!(matches!(attempt, Attempt::Held(_)), "{attempt:?}");
+    assert_eq!(s.sent(), ["set"]);
+
+    let s = Setup::new(vec![vec![Answer::Quarantined, record(b"a"), record(b"a")]]);
+    let attempt = s.attempt(REPLAY, Fenced::No).await;
+    assert!(matches!(attempt, Attempt::Record(_)), "{attempt:?}");
+    assert_eq!(s.sent()[0], "set or replay");
+    assert!(!s.sent().contains(&"read record".to_owned()));
 }
 
 /// Restored onto too few nodes (our value gone from both by then): short of nodes, not

@@ -8,6 +8,7 @@
 //!                               node may have lost writes, for a replay acquisition)
 //! nil + PTTL, another value  -> held elsewhere (foreign; retry after the longest PTTL)
 //! "#record..."               -> a completion record (foreign: no release there)
+//! refused: quarantined       -> kept out (a replay acquisition may read its record)
 //! ```
 
 use std::time::Duration;
@@ -28,6 +29,8 @@ pub(super) struct SetReplies {
     pub(super) foreign: NodeMask,
     /// The nodes that granted the lock.
     pub(super) granted: NodeMask,
+    /// The nodes the restart quarantine kept out (refused at once: never asked).
+    pub(super) kept_out: NodeMask,
     /// What a replay acquisition doubts of each node (`None`: a lock-only acquisition).
     pub(super) doubts: Option<Doubts>,
     /// The completion records found, one per node that answered with one.
@@ -46,6 +49,7 @@ impl SetReplies {
         Self {
             foreign: NodeMask::default(),
             granted: NodeMask::default(),
+            kept_out: NodeMask::default(),
             doubts,
             records: Vec::new(),
             retry_after: None,
@@ -61,6 +65,9 @@ impl SetReplies {
         reply: Result<Value, NodeError>,
     ) -> Result<Outcome, NodeError> {
         let parsed = reply.and_then(parse_acquire);
+        if let Err(NodeError::Quarantined { .. }) = &parsed {
+            self.kept_out.insert(i);
+        }
         let outcome = self.fencing.take(i, parsed.as_ref().ok());
         match parsed? {
             AcquireReply::Won { .. } => {
