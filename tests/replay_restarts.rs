@@ -17,9 +17,9 @@ use axum::body::Body;
 use axum::routing::post;
 use http::StatusCode;
 use support::http::{HttpClient, Seen, exchange, http1, serve};
-use support::{Cluster, RedisNode};
+use support::{Cluster, RedisNode, wait_for};
 use tower_redlock::layer::{AfterLoss, Header, ReplayPolicy, problems};
-use tower_redlock::{Redlock, RedlockLayer};
+use tower_redlock::{NodeStatus, Redlock, RedlockLayer};
 
 const ID: &str = "x-delivery-id";
 /// How long a finished delivery's response is kept.
@@ -204,23 +204,39 @@ async fn refusing_after_a_loss_refuses_new_keys_and_still_replays_finished_ones(
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// A node that logs every write to an append-only file (synced at once) and reloads it
+/// when it restarts.
+fn aof() -> RedisNode {
+    RedisNode::start_with_args(
+        None,
+        [
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--appenddirname",
+            "redlock-test-aof-{port}",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+}
+
+/// Stops `cluster`'s nodes and removes their append-only files.
+fn remove_aof(cluster: Cluster) {
+    let dirs = cluster
+        .nodes
+        .iter()
+        .filter_map(|n| n.arg("--appenddirname").map(str::to_owned));
+    let dirs: Vec<String> = dirs.collect();
+    drop(cluster);
+    for dir in dirs {
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(dir));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_with_an_append_only_file_keep_replaying_across_restarts() {
-    let aof = || {
-        RedisNode::start_with_args(
-            None,
-            [
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--appenddirname",
-                "redlock-test-aof-{port}",
-            ]
-            .map(String::from)
-            .to_vec(),
-        )
-    };
     let mut cluster = Cluster {
         nodes: (0..3).map(|_| aof()).collect(),
     };
@@ -257,15 +273,83 @@ async fn nodes_with_an_append_only_file_keep_replaying_across_restarts() {
         assert!(Instant::now() < deadline, "{}", seen.text());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let dirs = cluster
-        .nodes
-        .iter()
-        .filter_map(|n| n.arg("--appenddirname").map(str::to_owned));
-    let dirs: Vec<String> = dirs.collect();
-    drop(cluster);
-    for dir in dirs {
-        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(dir));
-    }
+    remove_aof(cluster);
+}
+
+/// The record survives only on a node that restarted with its data (an append-only file),
+/// which every client keeps out for a TTL after the restart; the two others restarted
+/// empty a moment before and are back in service. A client that refuses keys whose record
+/// may have been lost (`AfterLoss::Refuse`) reads the record of the node it keeps out (a
+/// read, never a grant), restores it onto the two and replays it: the handler does not run
+/// again. Before, the round never asked the kept-out node, and the two young nodes vouched
+/// for each other as peers of one age (the simulation's seed 8466921549206095768).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_kept_only_on_a_quarantined_node_is_replayed() {
+    let mut cluster = Cluster {
+        nodes: vec![aof(), RedisNode::start(), RedisNode::start()],
+    };
+    cluster.age_ledgers();
+    // As deployed (the restart quarantine on), with a 3 s TTL: the kept-out node's
+    // quarantine, the window the delivery must fall in.
+    let redlock = Redlock::builder(cluster.urls())
+        .ttl(Duration::from_secs(3))
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .expect("build");
+    support::warm(&redlock).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = Arc::clone(&runs);
+        move || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { "credited" }
+        }
+    };
+    let policy = ReplayPolicy::new(Duration::from_secs(60)).after_loss(AfterLoss::Refuse);
+    let layer = RedlockLayer::new(
+        redlock.clone(),
+        Header::new(ID).required().structured(false),
+    )
+    .replay_policy(policy);
+    let addr = serve(
+        Router::new()
+            .route("/hook", post(handler))
+            .route_layer(layer),
+    )
+    .await;
+    let http = http1();
+    assert_eq!(deliver(&http, addr, "evt-9").await.status, StatusCode::OK);
+
+    tokio::task::block_in_place(|| {
+        cluster.nodes[1].restart();
+        cluster.nodes[2].restart();
+    });
+    let status = |i: usize| {
+        let redlock = redlock.clone();
+        async move { redlock.health().await.nodes()[i].status().clone() }
+    };
+    wait_for(
+        "the two empty nodes in service",
+        Duration::from_secs(20),
+        || async { status(1).await == NodeStatus::Up && status(2).await == NodeStatus::Up },
+    )
+    .await;
+    tokio::task::block_in_place(|| cluster.nodes[0].restart());
+    wait_for(
+        "the node with the record kept out",
+        Duration::from_secs(10),
+        || async { matches!(status(0).await, NodeStatus::Quarantined { .. }) },
+    )
+    .await;
+    let seen = deliver(&http, addr, "evt-9").await;
+    assert!(
+        matches!(status(0).await, NodeStatus::Quarantined { .. }),
+        "the delivery came while the node was kept out"
+    );
+    assert_eq!(seen.status, StatusCode::OK, "{}", seen.text());
+    assert!(seen.replayed(), "{}", seen.text());
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    remove_aof(cluster);
 }
 
 /// A response whose record reaches fewer than a quorum of nodes (two of three stop
