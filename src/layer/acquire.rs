@@ -29,7 +29,7 @@ use tower_service::Service;
 
 use super::config::{BusyPolicy, Config};
 use super::reject::Rejection;
-use super::replay::fingerprint::Fingerprint;
+use super::request::fingerprint::Fingerprint;
 use crate::backend::{Acquisition, LockBackend};
 use crate::client::Acquired;
 use crate::error::LockError;

@@ -84,15 +84,15 @@ pub use framework::tonic::LockTokenExt;
 pub use future::ResponseFuture;
 pub use reject::hook::{BoxError, IntoRejectionResponse};
 pub use reject::{Protocol, Rejection, RejectionKind};
-pub use replay::body_fingerprint::{
+pub use replay::completion::NotRecorded;
+pub use replay::record::{AfterLoss, DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};
+pub use request::body_fingerprint::{
     BodyFingerprint, BodyFingerprintLayer, DEFAULT_BODY_FINGERPRINT_LIMIT, NoBodyFingerprint,
 };
-pub use replay::body_mode::BodyMode;
-pub use replay::completion::NotRecorded;
-pub use replay::fingerprint::RequestFingerprint;
-pub use replay::record::{AfterLoss, DEFAULT_REPLAY_MAX_BODY, REPLAYED_HEADER, ReplayPolicy};
+pub use request::body_mode::BodyMode;
 pub use request::body_prefix::PrefixedBody;
 pub use request::caller::Caller;
+pub use request::fingerprint::RequestFingerprint;
 pub use request::principal::Principal;
 
 pub use extract::scoped::{PerPrincipal, PerRoute};

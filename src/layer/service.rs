@@ -32,9 +32,9 @@ use super::extract::ExtractLockName;
 use super::extract::RequestHead;
 use super::future::{Ctx, ResponseFuture};
 use super::reject::{Protocol, Rejection};
-use super::replay::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};
-use super::replay::fingerprint::{self, Fingerprint, RequestFingerprint};
+use super::request::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};
 use super::request::body_prefix::{PrefixedBody, read_for_key, read_prefix};
+use super::request::fingerprint::{self, Fingerprint, RequestFingerprint};
 use crate::backend::LockBackend;
 use crate::client::Redlock;
 

@@ -36,11 +36,11 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use http::HeaderMap;
 
-use super::fingerprint::Fingerprint;
 use super::record::{self, ReplayPolicy};
 use crate::backend::LockBackend;
 use crate::guard::LockGuard;
 use crate::layer::reject::Protocol;
+use crate::layer::request::fingerprint::Fingerprint;
 use crate::token::Shared;
 
 /// Stores `record` where `guard`'s lock is held, keeping it for `retention`, then releases

@@ -1,7 +1,8 @@
 //! Idempotent replay, in its own room: the completion record (its format and the policy of
 //! what is kept), recording a response as it streams and storing it before the lock is
-//! released, the request fingerprint (with the caller's identity) and the body-fingerprint
-//! layer. The lock layer's future and body hand over to it when
+//! released, and the answer a record gives (the request fingerprint it was stored for, and
+//! the body-fingerprint layer, are the request room's). The lock layer's future and body
+//! hand over to it when
 //! [`RedlockLayer::replay`](crate::RedlockLayer::replay) is on.
 //!
 //! ```text
@@ -26,10 +27,7 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
-pub(crate) mod body_fingerprint;
-pub(crate) mod body_mode;
 pub(crate) mod completion;
-pub(crate) mod fingerprint;
 pub(crate) mod keeping;
 pub(crate) mod record;
 pub(crate) mod recording;
@@ -38,7 +36,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Response};
 
 use crate::layer::reject::{Protocol, Rejection};
-use fingerprint::Fingerprint;
+use crate::layer::request::fingerprint::Fingerprint;
 
 /// What a request gets for the completion `record` found under its key: the stored
 /// response (and trailers, for a gRPC reply) when it was recorded for the same request

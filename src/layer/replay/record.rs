@@ -33,8 +33,8 @@ use bytes::Bytes;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
-use super::fingerprint::Fingerprint;
 pub use crate::core::AfterLoss;
+use crate::layer::request::fingerprint::Fingerprint;
 use crate::scripts::RECORD_MARKER;
 
 /// The header that marks a replayed response.

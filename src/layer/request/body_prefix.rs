@@ -23,7 +23,7 @@ use http::Request;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::layer::replay::fingerprint::{Hasher, RequestFingerprint};
+use crate::layer::request::fingerprint::{Hasher, RequestFingerprint};
 
 /// Reads up to `limit` bytes of `req`'s body (for a gRPC call: its first message, at most
 /// `limit` bytes; a streaming call's later messages may wait for the reply) and puts a

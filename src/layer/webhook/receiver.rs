@@ -27,8 +27,8 @@ use crate::backend::LockBackend;
 use crate::client::Redlock;
 use crate::layer::extract::Header;
 use crate::layer::redlock_layer::RedlockLayer;
-use crate::layer::replay::body_fingerprint::BodyFingerprintLayer;
-use crate::layer::replay::body_mode::BodyMode;
+use crate::layer::request::body_fingerprint::BodyFingerprintLayer;
+use crate::layer::request::body_mode::BodyMode;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
