@@ -26,7 +26,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::{Acquired, Released};
+// The layer reaches the client through this seam only (it imports nothing from `client/`).
+pub(crate) use crate::client::{Acquired, Redlock, Released};
 use crate::core::AfterLoss;
 use crate::error::LockError;
 use crate::token::Shared;

@@ -21,8 +21,7 @@ use super::reject::hook::BoxError;
 use super::reject::hook::{Answer, BoxBody};
 use super::replay::completion::Recorder;
 use super::replay::recording::RecordingBody;
-use crate::backend::LockBackend;
-use crate::client::Redlock;
+use crate::backend::{LockBackend, Redlock};
 use crate::guard::LockGuard;
 use crate::token::Shared;
 

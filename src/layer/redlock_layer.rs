@@ -29,8 +29,7 @@ use super::request::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};
 use super::request::body_mode::BodyMode;
 use super::request::caller::Caller;
 use super::service::RedlockService;
-use crate::backend::LockBackend;
-use crate::client::Redlock;
+use crate::backend::{LockBackend, Redlock};
 
 /// Tower layer that holds a quorum lock, named by an extractor, while each request runs.
 /// See the [`layer`](crate::layer) module for the whole story.

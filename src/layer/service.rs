@@ -35,8 +35,7 @@ use super::reject::{Protocol, Rejection};
 use super::request::body_fingerprint::{BodyFingerprintLayer, NoBodyFingerprint};
 use super::request::body_prefix::{PrefixedBody, read_for_key, read_prefix};
 use super::request::fingerprint::{self, Fingerprint, RequestFingerprint};
-use crate::backend::LockBackend;
-use crate::client::Redlock;
+use crate::backend::{LockBackend, Redlock};
 
 /// Holds a quorum lock, named by the extractor, while the inner service runs. Created by
 /// [`RedlockLayer`](crate::RedlockLayer). `F` is what it does with request bodies: hands

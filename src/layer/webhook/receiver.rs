@@ -23,8 +23,7 @@ use tower_layer::Layer;
 
 use super::signature::{SecretError, Signature};
 use super::verify::Verified;
-use crate::backend::LockBackend;
-use crate::client::Redlock;
+use crate::backend::{LockBackend, Redlock};
 use crate::layer::extract::Header;
 use crate::layer::redlock_layer::RedlockLayer;
 use crate::layer::request::body_fingerprint::BodyFingerprintLayer;
