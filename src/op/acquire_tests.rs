@@ -553,6 +553,14 @@ fn only_a_record_a_quorum_agrees_on_is_replayed() {
     assert_eq!(only_record(&[]), None);
 }
 
+/// Asserts that `attempt` replays a record whose body is `body`.
+fn assert_replayed(attempt: Attempt, body: &[u8]) {
+    let Attempt::Record(RecordBytes(bytes)) = attempt else {
+        panic!("replayed: {attempt:?}")
+    };
+    assert!(bytes.ends_with(body));
+}
+
 /// A finished key's record survives on one node of three; the two others restarted
 /// empty 10 s ago and grant. The work is done: the record is restored onto the two (in
 /// place of our value) and replayed, and the handler does not run again.
@@ -565,11 +573,7 @@ async fn a_record_on_a_minority_next_to_a_quorum_of_grants_is_restored_and_repla
             vec![Answer::Silent, stored(), stored()],
         ];
         let s = Setup::with_doubts(rounds, doubts.clone());
-        let attempt = s.attempt(accepts, Fenced::No).await;
-        let Attempt::Record(RecordBytes(bytes)) = attempt else {
-            panic!("replayed: {attempt:?}")
-        };
-        assert!(bytes.ends_with(b"a"));
+        assert_replayed(s.attempt(accepts, Fenced::No).await, b"a");
         assert_eq!(s.sent(), ["set or replay", "complete", "release"]);
         assert!(s.skipped(1).contains(0), "the record's node is left alone");
     }
@@ -590,11 +594,7 @@ async fn a_record_on_a_node_kept_out_is_read_restored_and_replayed() {
             vec![Answer::Silent, stored(), stored()],
         ];
         let s = Setup::with_doubts(rounds, doubts.clone());
-        let attempt = s.attempt(accepts, Fenced::No).await;
-        let Attempt::Record(RecordBytes(bytes)) = attempt else {
-            panic!("replayed: {attempt:?}")
-        };
-        assert!(bytes.ends_with(b"a"));
+        assert_replayed(s.attempt(accepts, Fenced::No).await, b"a");
         assert_eq!(
             s.sent(),
             ["set or replay", "read record", "complete", "release"]
