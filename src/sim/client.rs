@@ -2,8 +2,8 @@
 //! that the crate's operations run unchanged. Each node connects on first use (and after
 //! its process changed), judging it as a real connect does (the check's request, the
 //! crate's `judging::settle` and `judging::keep` over the simulated connection), keeps
-//! it out of deciding rounds while its quarantine lasts, and is checked again on
-//! [`SimNodes::check_all`] (the background check).
+//! it out of deciding rounds while its quarantine lasts, and is checked again by
+//! [`SimNodes::check`] (the background check, node by node).
 //!
 //! ```text
 //! send(request) -> per node: [landing of the round before] -> connect (judge) if needed
@@ -264,16 +264,21 @@ impl SimNodes {
         })
     }
 
-    /// The background check of every node, at once.
-    /// Each check is bounded by the crate's connect timeout, as the crate's background
-    /// check is (a partitioned node's check gives up; the next one tries again).
+    /// A check of every node, at once (before and after a schedule).
     pub(crate) async fn check_all(&self) {
-        let timeout = crate::defaults::DEFAULT_CONNECT_TIMEOUT;
-        let checks = self
-            .nodes
-            .iter()
-            .map(|n| tokio::time::timeout(timeout, n.check()));
+        let checks = (0..self.nodes.len()).map(|i| self.check(i));
         let _ = futures_util::future::join_all(checks).await;
+    }
+
+    /// The check of node `i`, bounded by the crate's connect timeout, as the crate's
+    /// background check is (a partitioned node's check gives up; the next one tries
+    /// again). The background check runs it per node, as `Node::watch` does: a node
+    /// whose checks time out delays no other node's.
+    pub(crate) async fn check(&self, i: usize) {
+        if let Some(node) = self.nodes.get(i) {
+            let timeout = crate::defaults::DEFAULT_CONNECT_TIMEOUT;
+            let _ = tokio::time::timeout(timeout, node.check()).await;
+        }
     }
 }
 

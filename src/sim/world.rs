@@ -824,18 +824,22 @@ struct Run {
 }
 
 impl Run {
-    /// Spawns the client's background check and its locking, from its start on, until
-    /// the schedule's end.
+    /// Spawns the client's background check (one loop per node, as the crate's
+    /// `Node::watch`: a check every interval after the last one ended) and its locking,
+    /// from its start on, until the schedule's end.
     fn spawn(self, tasks: &mut tokio::task::JoinSet<()>, start: Instant, mut rng: Rng) {
-        let (client, end) = (Arc::clone(&self.client), self.end);
+        let end = self.end;
         let stop = self.client.plan.stop.map(|stop| start + stop);
-        tasks.spawn(until(stop, async move {
-            tokio::time::sleep_until(start + client.plan.start).await;
-            while Instant::now() < end {
-                client.core.nodes().check_all().await;
-                tokio::time::sleep(CHECK_EVERY).await;
-            }
-        }));
+        for node in 0..crate::round::Nodes::count(self.client.core.nodes()) {
+            let client = Arc::clone(&self.client);
+            tasks.spawn(until(stop, async move {
+                tokio::time::sleep_until(start + client.plan.start).await;
+                while Instant::now() < end {
+                    client.core.nodes().check(node).await;
+                    tokio::time::sleep(CHECK_EVERY).await;
+                }
+            }));
+        }
         tasks.spawn(until(stop, async move {
             tokio::time::sleep_until(start + self.client.plan.start).await;
             // The crate's client starts its connects when built: the simulated one
