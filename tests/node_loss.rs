@@ -207,19 +207,11 @@ async fn a_flushed_node_is_kept_out_within_one_check_interval() {
     // `node::loss::judge`), a case only the aged ledger above could put in service (on a
     // loaded machine the flush came more than a second after the start, and the other
     // client's quarantine ended before the holder's validity).
-    let port = nodes.nodes[1].port();
     wait_for("the node older than the horizon", ttl * 3, || {
-        let uptime = query_port::<String>(port, redis::cmd("INFO").arg("server"))
-            .and_then(|i| {
-                i.lines().find_map(|l| {
-                    l.trim_end()
-                        .strip_prefix("uptime_in_seconds:")?
-                        .parse()
-                        .ok()
-                })
-            })
-            .unwrap_or(0);
-        async move { Duration::from_secs(uptime) >= ttl }
+        let aged = nodes.nodes[1]
+            .uptime_secs()
+            .is_some_and(|u| u >= ttl.as_secs());
+        async move { aged }
     })
     .await;
     let holder = client(configs(nodes.urls()), ttl);
