@@ -192,10 +192,11 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         };
         let deadline = core.call_deadline(window.start, ttl, outer);
         let (round, votes, mut replies) = self.set_round(target, value, ttl, deadline).await;
-        if votes.reached() {
+        if votes.reached() && replies.kept_out.len() > 0 {
+            // Boxed: a rare round (only while a node is kept out) that need not weigh on
+            // every acquisition's future.
             let deadline = core.call_deadline(window.start, ttl, outer);
-            self.read_kept_out(target, value, &mut replies, deadline)
-                .await;
+            Box::pin(self.read_kept_out(target, value, &mut replies, deadline)).await;
         }
         *foreign = replies.foreign;
         let phase_one = match self.granted(target, votes, replies)? {
