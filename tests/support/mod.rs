@@ -374,11 +374,18 @@ fn faketime_preload() -> String {
         .clone()
 }
 
-/// Runs test `test` of this test binary in a child process whose wall clock libfaketime
-/// shifts by `offset` (libfaketime's `FAKETIME` format: `-9.9` is 9.9 s behind), with
-/// `env` set: a second client process with a skewed clock. Its standard output, once it
-/// passed (it panics with the child's output if the child failed).
-pub fn run_skewed_child(test: &str, offset: &str, env: &[(&str, String)]) -> String {
+/// Runs test `test` of module `module` (its `module_path!()`) of this test binary in a
+/// child process whose wall clock libfaketime shifts by `offset` (libfaketime's `FAKETIME`
+/// format: `-9.9` is 9.9 s behind), with `env` set: a second client process with a skewed
+/// clock. Its standard output, once it passed (it panics with the child's output if the
+/// child failed).
+pub fn run_skewed_child(module: &str, test: &str, offset: &str, env: &[(&str, String)]) -> String {
+    // libtest names a test by its path without the binary's own name.
+    let test = match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{test}"),
+        None => test.to_owned(),
+    };
+    let test = test.as_str();
     let exe = std::env::current_exe().expect("the test binary");
     let out = Command::new(exe)
         .args([

@@ -4,7 +4,7 @@
 //! largest number a score holds exactly (2^53) is reset by the next acquisition that reads
 //! it instead of failing every acquisition of its slot for ever (`docs/fencing.md`).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -58,6 +58,7 @@ async fn counters(cluster: &Cluster, name: &str) -> Vec<Option<f64>> {
 fn lock_from_an_hour_ahead(cluster: &Cluster, name: &str, bound: &str) -> (u64, bool) {
     let out = tokio::task::block_in_place(|| {
         support::run_skewed_child(
+            module_path!(),
             "client_ahead_locks_once",
             "+3600",
             &[

@@ -1,6 +1,6 @@
 //! The Redlock client against real redis-server nodes started by the harness.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::sync::Arc;

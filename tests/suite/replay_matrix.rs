@@ -19,7 +19,7 @@
 //! - compressed × disconnect: the client leaves after the response head (k = 0), since the
 //!   compressor holds back what it has until it has more.
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;

@@ -2,7 +2,7 @@
 //! polling, and never overtaken by their own acquisition across a reconnect; against real
 //! Redis nodes.
 
-mod support;
+use crate::support;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -4,7 +4,7 @@
 //! or unsigned delivery is answered 401 before the lock, leaves nothing in Redis, and the
 //! real delivery with the same id then runs.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,7 +6,7 @@
 //! than the quarantine. With `AfterLoss::Refuse`, new keys are refused meanwhile instead.
 //! Nodes with an append-only file keep replaying across restarts.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,7 +1,7 @@
 //! Waiting for a busy lock: woken by the release through pub/sub, with the jittered retry
 //! as the backstop, against real Redis nodes.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

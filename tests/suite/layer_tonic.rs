@@ -1,6 +1,6 @@
 //! RedlockLayer in a tonic server, called by a tonic client over HTTP/2, with real Redis.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! one layer a key is one name on every route unless `PerRoute` scopes it; a layer with no
 //! namespace locks exactly the names a job locks with `Redlock::lock`.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! processes and real replicas; the harness takes the server binary from `REDIS_SERVER`,
 //! so `scripts/test` runs this file on Redis and on Valkey.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! Fencing numbers against real redis-server nodes: they strictly increase with lock order,
 //! through node failures and data loss, and a fenced store rejects a stale holder's write.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -860,6 +860,7 @@ async fn a_counter_written_after_a_dropped_connection_lives_a_retention() {
     tokio::time::sleep_until((written + Duration::from_millis(9_100)).into()).await;
     let out = tokio::task::block_in_place(|| {
         support::run_skewed_child(
+            module_path!(),
             "skewed_client_locks_once",
             "-9.9",
             &[
@@ -924,6 +925,7 @@ async fn a_client_whose_proposal_one_node_accepts_reads_before_taking_a_number()
         let t_a = highest.lock().expect("not poisoned")[name];
         let out = tokio::task::block_in_place(|| {
             support::run_skewed_child(
+                module_path!(),
                 "skewed_client_locks_once",
                 "-2",
                 &[

@@ -3,7 +3,7 @@
 //! the test).
 #![cfg(feature = "tls-rustls")]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -260,7 +260,7 @@ async fn a_server_without_tls_1_2_or_1_3_is_a_version_mismatch() {
 
 /// A server that answers the handshake with something other than TLS (HTTP here). A plain
 /// Redis port answers it with nothing at all: see `a_failed_tls_connect_reports_its_cause`
-/// in `tests/faults.rs`.
+/// in `tests/suite/faults.rs`.
 #[tokio::test]
 async fn a_server_that_does_not_speak_tls_is_named_so() {
     let certs = Certs::generate();

@@ -2,7 +2,7 @@
 //! restart quarantine that prevents it), a node's clock jumping forward (which breaks
 //! mutual exclusion; fencing still rejects the stale writer), and how quarantines show.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
@@ -310,7 +310,7 @@ async fn a_restart_is_detected_by_its_missing_ledger() {
 /// node's error, see `src/node.rs`.) A plain Redis port sends nothing back to a TLS
 /// handshake, so the connect times out, and the message asks whether the port is the
 /// server's TLS port; a server that answers with something else is
-/// `NodeError::Tls { problem: TlsProblem::NotTls, .. }` (`tests/tls.rs`).
+/// `NodeError::Tls { problem: TlsProblem::NotTls, .. }` (`tests/suite/tls.rs`).
 #[cfg(feature = "tls-rustls")]
 #[tokio::test]
 async fn a_failed_tls_connect_reports_its_cause() {

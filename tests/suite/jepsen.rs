@@ -9,7 +9,7 @@
 //! ignored `soak` test runs every fault kind for `JEPSEN_SOAK_SECS` (default 600).
 //! With `RELIABILITY_REPORT=path`, each run appends its line of `docs/reliability.md`.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -164,8 +164,8 @@ async fn fencing_counters_expire_mid_run() {
     .await;
 }
 
-/// The long run: `JEPSEN_SOAK_SECS=600 cargo test --release --all-features --test jepsen
-/// -- --ignored --nocapture soak`.
+/// The long run: `JEPSEN_SOAK_SECS=600 cargo test --release --all-features --test suite
+/// -- --ignored --nocapture jepsen::soak`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long soak; run it on purpose (see README)"]
 async fn soak() {

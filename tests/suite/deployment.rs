@@ -1,6 +1,6 @@
 //! What the client says about how a node is run, against real Redis nodes.
 
-mod support;
+use crate::support;
 
 use support::{CapturedLogs, RedisNode};
 use tower_redlock::{LockError, NodeError};

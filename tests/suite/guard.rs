@@ -1,6 +1,6 @@
 //! LockGuard: auto-extension and the lost signal, against real Redis nodes.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

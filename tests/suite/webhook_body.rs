@@ -3,7 +3,7 @@
 //! handler given exactly the bytes sent, and the edges (too large, no id, not JSON, empty,
 //! chunked).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

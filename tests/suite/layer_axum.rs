@@ -1,6 +1,6 @@
 //! RedlockLayer in axum, over real HTTP/1 and HTTP/2 connections and real Redis nodes.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,7 +5,7 @@
 //! servers' `ACL LOG` empty (nothing it ran was refused). Real servers, restart quarantine
 //! on.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! rejection the hook sees, and gRPC records that keep what a gRPC client needs whatever
 //! the header list.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
