@@ -19,7 +19,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 
-use crate::backend::LockBackend;
+use crate::backend::{LockBackend, Stored};
 use crate::client::{Redlock, Released};
 use crate::error::LockError;
 use crate::token::{Lock, LockToken, LostReason, Shared};
@@ -148,6 +148,30 @@ impl<L: LockBackend> LockGuard<L> {
     /// Stops extending and releases the lock on every node, reporting the outcome.
     pub async fn release(mut self) -> Released {
         self.release_now().await
+    }
+
+    /// Stores `record` in place of the lock, kept for `retention`, where it is still held,
+    /// and releases it, in one trip down (the layer's completion record; see
+    /// [`LockBackend`]'s `complete`): `None` when the lock was lost before (another
+    /// request may hold the name by now), and then only the release is sent. Dropped
+    /// before it is done, the guard inside releases in the background, as a dropped
+    /// guard does.
+    pub(crate) async fn complete(mut self, record: Vec<u8>, retention: Duration) -> Option<Stored> {
+        // From here on the validity only runs down.
+        self.stop_extending();
+        let shared = Arc::clone(self.token.shared());
+        let stored = if shared.is_held() {
+            let complete = self
+                .backend
+                .complete(Arc::clone(&shared), record, retention);
+            Some(complete.await)
+        } else {
+            let _ = self.backend.release(Arc::clone(&shared)).await;
+            None
+        };
+        shared.mark_lost(LostReason::Released);
+        self.disarm();
+        stored
     }
 
     /// The release, as a future that owns what it needs; the guard stays armed (dropping

@@ -16,7 +16,6 @@
 //! ```
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -300,9 +299,6 @@ pub(crate) struct Shared {
     /// The reason the lock is lost for when its validity runs out: [`LostReason::Expired`],
     /// unless the keep-alive driver said why no extension follows.
     runs_out_as: Mutex<LostReason>,
-    /// Whether a completion record (the layer's replay) replaced the lock on some node:
-    /// its release then finds the record there, which is no failure.
-    recorded: AtomicBool,
     /// Why the lock was lost, once it is (the first reason).
     lost: Mutex<Option<LostReason>>,
     /// Tells the holders waiting in [`lost`](Self::lost) that it is.
@@ -320,7 +316,6 @@ impl Shared {
             lock,
             valid_until,
             runs_out_as: Mutex::new(LostReason::Expired),
-            recorded: AtomicBool::new(false),
             lost: Mutex::new(None),
             told: Notify::new(),
             stall: StallWatch::new(stall),
@@ -364,16 +359,6 @@ impl Shared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-    }
-
-    /// Notes that a completion record replaced the lock on some node.
-    pub(crate) fn set_recorded(&self) {
-        self.recorded.store(true, Ordering::Release);
-    }
-
-    /// Whether a completion record replaced the lock on some node.
-    pub(crate) fn recorded(&self) -> bool {
-        self.recorded.load(Ordering::Acquire)
     }
 
     /// Says why the lock will be lost when its validity runs out, if not

@@ -100,7 +100,9 @@ pub(crate) mod sealed {
         fn release_in_background(&self, shared: &Shared);
 
         /// Stores `record` under the name of `shared`'s lock where the lock is still held,
-        /// kept for `retention` once the lock is released.
+        /// kept for `retention`, and releases the lock: the record takes its place, and
+        /// the nodes that did not answer get a release (one trip down, one round trip
+        /// where every node answers).
         fn complete(
             &self,
             shared: Arc<Shared>,

@@ -61,13 +61,7 @@ impl Backend for Redlock {
 
     fn release(&self, shared: Arc<Shared>) -> impl Future<Output = Released> + Send + 'static {
         let redlock = self.clone();
-        async move {
-            if shared.recorded() {
-                redlock.unlock_recorded(&shared.lock).await
-            } else {
-                redlock.unlock(&shared.lock).await
-            }
-        }
+        async move { redlock.unlock(&shared.lock).await }
     }
 
     fn release_in_background(&self, shared: &Shared) {
@@ -83,9 +77,6 @@ impl Backend for Redlock {
         let redlock = self.clone();
         async move {
             let on = redlock.complete(&shared.lock, &record, retention).await;
-            if on > 0 {
-                shared.set_recorded();
-            }
             Stored {
                 on,
                 needed: redlock.quorum(),

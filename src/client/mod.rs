@@ -41,7 +41,7 @@ use crate::keepalive::inbox::{Guards, KeepAlive};
 use crate::op::acquire::Acquire;
 use crate::op::extend::Extend;
 use crate::op::inspect;
-use crate::op::release::{self, After, Background, Release};
+use crate::op::release::{Background, Release};
 use crate::op::retry::{Retry, RetryBudget, observed};
 use crate::token::Lock;
 
@@ -361,17 +361,13 @@ impl Redlock {
     }
 
     /// Replaces `lock`'s value with `record` for `retention` on every node where the lock
-    /// is still ours (the layer's completion record); returns on how many nodes.
-    /// [`unlock`](Self::unlock) after a completion record replaced the lock on some nodes
-    /// (the layer's replay): the same release, logged as what it is.
-    pub(crate) async fn unlock_recorded(&self, lock: &Lock) -> Released {
-        self.release_op()
-            .unlock_after(self.inner.observe, lock, After::Record)
-            .await
-    }
-
+    /// is still ours (the layer's completion record), which releases it there, and
+    /// releases it on the nodes that did not answer; returns on how many nodes the record
+    /// was stored.
     pub(crate) async fn complete(&self, lock: &Lock, record: &[u8], retention: Duration) -> usize {
-        release::complete(&self.inner.core, lock, record, retention).await
+        self.release_op()
+            .complete(self.inner.observe, lock, record, retention)
+            .await
     }
 
     /// Spawns the release of `deletion`, if a tokio runtime is running; otherwise the keys

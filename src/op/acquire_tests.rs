@@ -1,8 +1,10 @@
 //! One attempt of [`Acquire`] over fake nodes, whose answers each test scripts round by
 //! round (a reply, a late reply, or none: the call times out at the round's deadline):
 //! held, busy, no quorum, a completion record a quorum agrees on (or not), validity
-//! exhausted, and fencing's phase 2. The releases of a missed attempt are answered by
-//! every node. Time is tokio's paused clock, except where validity must really run out.
+//! exhausted, and fencing's phase 2; and a held lock's completion (the record in its
+//! place, a release only where no answer came). The releases of a missed attempt are
+//! answered by every node. Time is tokio's paused clock, except where validity must
+//! really run out.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -811,4 +813,49 @@ async fn a_no_quorum_error_names_every_quarantined_node() {
         panic!("no quorum: {attempt:?}")
     };
     assert_eq!(failures.len(), 3, "{failures:?}");
+}
+
+/// A lock held on every node, and the completion of a finished request over it
+/// ([`Release::complete`]): the record in the lock's place, kept for a minute.
+async fn complete_after(s: &Setup) -> usize {
+    let Attempt::Held(lock) = s.attempt(Accepts::Lock, Fenced::No).await else {
+        panic!("held")
+    };
+    let release = Release {
+        core: &s.core,
+        waiters: &s.waiters,
+    };
+    let observe = crate::op::observe::Observe::new(false);
+    let mut record = RECORD_MARKER.to_vec();
+    record.extend_from_slice(b"done");
+    release
+        .complete(observe, &lock, &record, Duration::from_secs(60))
+        .await
+}
+
+/// Every node answers the completion (stored, or the key no longer ours): the record
+/// released the lock where it was stored, and nothing else goes down, one round trip
+/// where a completion and then a release took two.
+#[tokio::test(start_paused = true)]
+async fn a_completion_every_node_answers_sends_no_release() {
+    let not_ours = Answer::Now(Value::Int(0));
+    let s = Setup::new(vec![
+        vec![won(), won(), won()],
+        vec![stored(), stored(), not_ours],
+    ]);
+    assert_eq!(complete_after(&s).await, 2);
+    assert_eq!(s.sent(), ["set", "complete"]);
+}
+
+/// A node that fails or stays silent may still hold the lock (its `COMPLETE` may not have
+/// run): the release goes to those nodes, and to no other.
+#[tokio::test(start_paused = true)]
+async fn a_completion_releases_on_the_nodes_that_did_not_answer_only() {
+    let s = Setup::new(vec![
+        vec![won(), won(), won()],
+        vec![stored(), Answer::Fails, Answer::Silent],
+    ]);
+    assert_eq!(complete_after(&s).await, 1);
+    assert_eq!(s.sent(), ["set", "complete", "release"]);
+    assert_eq!(s.skipped(2), NodeMask::matching(3, |i| i == 0));
 }

@@ -1,6 +1,6 @@
 //! Releasing: compare-and-delete on every node, the layer's completion record (a
-//! compare-and-set of the lock's value into the record), and what a release in the
-//! background needs.
+//! compare-and-set of the lock's value into the record, which releases the lock where it
+//! is stored), and what a release in the background needs.
 //!
 //! ```text
 //! Release { core, waiters }.run(&deletion)
@@ -8,8 +8,15 @@
 //!   handed to the connections -> wake this client's first waiter (OnSent)
 //!   a quorum deleted          -> wake it (AtQuorum), or again
 //!   every answer              -> Released { released, not_held, failures }
+//!
+//! Release { core, waiters }.complete(observe, &lock, record, retention)
+//!   COMPLETE key value record -> every node but the foreign ones: the record in place
+//!                                of the value (released there, waiters told)
+//!   every answer              -> wake this client's first waiter
+//!   nodes that did not answer -> RELEASE there only (none: one round trip in all)
 //! ```
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,16 +125,6 @@ pub(crate) trait Background {
     fn release_in_background(&self, deletion: Deletion);
 }
 
-/// What a lock was used for before its release, for the release's log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum After {
-    /// Held, then released: nodes that no longer hold it lost it.
-    Use,
-    /// A completion record replaced it (the layer's replay): nodes holding the record
-    /// no longer hold the lock, as expected.
-    Record,
-}
-
 /// The release operation: compare-and-delete over `core`'s nodes, waking `waiters`.
 pub(crate) struct Release<'a, N: ?Sized = [Arc<Node>]> {
     pub(crate) core: &'a Core<N>,
@@ -137,42 +134,75 @@ pub(crate) struct Release<'a, N: ?Sized = [Arc<Node>]> {
 impl<N: Nodes + ?Sized> Release<'_, N> {
     /// Releases `lock` on every node in a `redlock.release` span, as an unlock does.
     pub(crate) async fn unlock(&self, observe: Observe, lock: &Lock) -> Released {
-        self.unlock_after(observe, lock, After::Use).await
+        self.observed(observe, lock, async {
+            let out = self.run(&Deletion::of(lock, Wake::OnSent)).await;
+            tracing::debug!(
+                released = out.released,
+                not_held = out.not_held,
+                failed = out.failures.len(),
+                "redlock released"
+            );
+            let released = out.released;
+            (out, released)
+        })
+        .await
     }
 
-    /// [`unlock`](Self::unlock), `after` what the lock was used for (which its log says).
-    pub(crate) async fn unlock_after(
+    /// Stores `record` in place of `lock`'s value for `retention` on every node where the
+    /// lock is still ours (the layer's completion record), which releases it there and
+    /// tells the waiters; then releases it on the nodes that did not answer, whose
+    /// `COMPLETE` may not have run. One round trip when every node answers, where a
+    /// completion and then a release took two. In a `redlock.release` span; returns on
+    /// how many nodes the record was stored.
+    pub(crate) async fn complete(
         &self,
         observe: Observe,
         lock: &Lock,
-        after: After,
-    ) -> Released {
+        record: &[u8],
+        retention: Duration,
+    ) -> usize {
+        self.observed(observe, lock, async {
+            // Counted until its nodes answered, for `shutdown`.
+            let _running = self.core.release_running();
+            let stores = store(self.core, &Held::of(lock), record, retention).await;
+            // The record holds the name where it was stored: this client's first waiter
+            // finds it there (the nodes' messages are for the other clients).
+            let _ = self.waiters.wake(lock.key());
+            let mut released = stores.stored;
+            if stores.unanswered.len() > 0 {
+                let answered =
+                    NodeMask::matching(self.core.node_count(), |i| !stores.unanswered.contains(i));
+                let deletion = Deletion {
+                    foreign: answered,
+                    ..Deletion::of(lock, Wake::AtQuorum)
+                };
+                released += self.run(&deletion).await.released;
+            }
+            tracing::debug!(
+                stored = stores.stored,
+                unanswered = stores.unanswered.len(),
+                released,
+                "redlock released by its completion record"
+            );
+            (stores.stored, released)
+        })
+        .await
+    }
+
+    /// Runs `release`, which gives its outcome and on how many nodes it released, in a
+    /// `redlock.release` span for `lock`, and counts how long the lock was held.
+    async fn observed<T>(
+        &self,
+        observe: Observe,
+        lock: &Lock,
+        release: impl Future<Output = (T, usize)>,
+    ) -> T {
         let span = observe.span(self.core, Operation::Release, lock.name());
         let start = crate::clock::now();
-        let release = async {
-            let out = self.run(&Deletion::of(lock, Wake::OnSent)).await;
-            let failed = out.failures.len();
-            match after {
-                After::Use => tracing::debug!(
-                    released = out.released,
-                    not_held = out.not_held,
-                    failed,
-                    "redlock released"
-                ),
-                // The record replaced our value where it was stored: those nodes are done.
-                After::Record => tracing::debug!(
-                    released = out.released,
-                    record_holds_it = out.not_held,
-                    failed,
-                    "redlock released after recording: the completion record holds the name"
-                ),
-            }
-            out
-        };
-        let out = release.instrument(span.clone()).await;
+        let (out, released) = release.instrument(span.clone()).await;
         crate::metrics::released(crate::clock::since(lock.acquired_at).as_secs_f64());
         if !span.is_disabled() {
-            span.record("released", out.released);
+            span.record("released", released);
             span.record("elapsed_us", elapsed_us(start));
         }
         out
@@ -256,23 +286,6 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
     }
 }
 
-/// Replaces `lock`'s value with `record` for `retention` on every node of `core` where the
-/// lock is still ours (the layer's completion record); returns on how many nodes.
-pub(crate) async fn complete<N: Nodes + ?Sized>(
-    core: &Core<N>,
-    lock: &Lock,
-    record: &[u8],
-    retention: Duration,
-) -> usize {
-    let held = Held {
-        key: lock.key(),
-        value: lock.value(),
-        foreign: lock.foreign,
-        landing: lock.landing.as_ref(),
-    };
-    complete_held(core, &held, record, retention).await
-}
-
 /// Where a value is held: its key, the value, the nodes that hold another's (skipped) and
 /// its acquisition's landing (a completion waits for the `SET` that lands late).
 pub(crate) struct Held<'a> {
@@ -282,14 +295,46 @@ pub(crate) struct Held<'a> {
     pub(crate) landing: Option<&'a Landing>,
 }
 
-/// [`complete`] for a value `held` as it says (a lock, or an acquisition that restores a
-/// record it found on fewer than a quorum of nodes).
+impl<'a> Held<'a> {
+    /// Where `lock` is held.
+    pub(crate) fn of(lock: &'a Lock) -> Self {
+        Self {
+            key: lock.key(),
+            value: lock.value(),
+            foreign: lock.foreign,
+            landing: lock.landing.as_ref(),
+        }
+    }
+}
+
+/// Replaces the value `held` with `record` for `retention` on every node where it is
+/// still there (a lock's completion record, or an acquisition that restores a record it
+/// found on fewer than a quorum of nodes); returns on how many nodes.
 pub(crate) async fn complete_held<N: Nodes + ?Sized>(
     core: &Core<N>,
     held: &Held<'_>,
     record: &[u8],
     retention: Duration,
 ) -> usize {
+    store(core, held, record, retention).await.stored
+}
+
+/// What storing a record did.
+struct Stores {
+    /// The nodes where the record took the value's place.
+    stored: usize,
+    /// The nodes that failed or did not answer in time: the record may or may not be
+    /// there, and the value too.
+    unanswered: NodeMask,
+}
+
+/// [`complete_held`], telling also which nodes did not answer.
+async fn store<N: Nodes + ?Sized>(
+    core: &Core<N>,
+    held: &Held<'_>,
+    record: &[u8],
+    retention: Duration,
+) -> Stores {
     let args = [
         Arg::Bytes(held.value.as_bytes()),
         Arg::Bytes(record),
@@ -310,20 +355,26 @@ pub(crate) async fn complete_held<N: Nodes + ?Sized>(
     };
     let nodes = core.nodes();
     let mut round = nodes.send(&request, plan);
-    let mut stored = 0;
+    let mut out = Stores {
+        stored: 0,
+        unanswered: NodeMask::default(),
+    };
     loop {
         round.wake_after(round.out());
         let Some((i, reply)) = round.next().await else {
-            return stored;
+            return out;
         };
         match reply.and_then(|reply| deleted(nodes, i, reply)) {
-            Ok(true) => stored += 1,
+            Ok(true) => out.stored += 1,
             Ok(false) => {}
-            Err(error) => tracing::debug!(
-                node = %nodes.label(i),
-                %error,
-                "redlock completion record not stored on a node"
-            ),
+            Err(error) => {
+                out.unanswered.insert(i);
+                tracing::debug!(
+                    node = %nodes.label(i),
+                    %error,
+                    "redlock completion record not stored on a node"
+                );
+            }
         }
     }
 }

@@ -564,6 +564,18 @@ impl SimClient {
         acquire.attempt(&target, None, 1).await.finish(1)
     }
 
+    /// Stores `record` in place of `lock` and releases it, as the layer does once a
+    /// response is finished: on how many nodes the record was stored.
+    async fn complete(&self, lock: &crate::Lock, record: &[u8]) -> usize {
+        let release = Release {
+            core: &self.core,
+            waiters: &self.waiters,
+        };
+        release
+            .complete(Observe::new(false), lock, record, RETENTION)
+            .await
+    }
+
     async fn unlock(&self, lock: &crate::Lock) {
         let release = Release {
             core: &self.core,
@@ -1031,7 +1043,7 @@ async fn run_once(
     tokio::time::sleep(rng.ms(0, 50)).await;
     let mut record = crate::scripts::RECORD_MARKER.to_vec();
     record.extend_from_slice(format!("run by client {i} at {from:?}").as_bytes());
-    let stored = crate::op::release::complete(&client.core, &lock, &record, RETENTION).await;
+    let stored = client.complete(&lock, &record).await;
     if stored >= client.core.quorum() {
         let at = stage.since_start();
         let holders = (0..stage.servers.len())

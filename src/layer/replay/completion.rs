@@ -2,15 +2,17 @@
 //! keeps streams to the client through a [`Recorder`] (see
 //! [`recording`](super::recording)): it copies the body as it goes, up to the policy's
 //! limit, and when the body has ended, stores the record on the nodes where the lock is
-//! held and only then releases the lock. A body that fails, or that is dropped before its
-//! end (the client went away), leaves no record: the recorder is dropped with the lock
-//! guard, which releases in the background.
+//! held, in the lock's place: that releases it there, in the same round trip. A body that
+//! fails, or that is dropped before its end (the client went away), leaves no record: the
+//! recorder is dropped with the lock guard, which releases in the background.
 //!
 //! ```text
 //! body ended --> lock still held? --yes--> record (status, headers, body or "not kept"
-//!            |                              [, trailers]) --> COMPLETE on held nodes
-//!            \--no (lost, validity over)--> (no record)
-//!            --> release --> last frame (or end of stream) to the client
+//!            |                              [, trailers]) --> COMPLETE on every node
+//!            |                              (the record replaces the lock), RELEASE
+//!            |                              only where no answer came
+//!            \--no (lost, validity over)--> (no record) --> RELEASE
+//!            --> last frame (or end of stream) to the client
 //! ```
 //!
 //! ```no_run
@@ -43,42 +45,34 @@ use crate::layer::reject::Protocol;
 use crate::layer::request::fingerprint::Fingerprint;
 use crate::token::Shared;
 
-/// Stores `record` where `guard`'s lock is held, keeping it for `retention`, then releases
-/// the lock: whether a quorum of nodes holds the record. A lock that is no longer held
-/// (lost, or its validity ran out, as with a handler that outlived its TTL without
-/// extension) gets no record, only the release: another request may hold the name by now
-/// and write its own, and two records for one name must not come from two runs. The
-/// caller disarms the guard once the future is done.
-pub(crate) fn store_then_release<L: LockBackend>(
-    guard: &mut LockGuard<L>,
-    lock: &L,
+/// Stores `record` where `guard`'s lock is held, keeping it for `retention`, and releases
+/// the lock, in one trip down ([`LockGuard::complete`]): whether a quorum of nodes holds
+/// the record. A lock that is no longer held (lost, or its validity ran out, as with a
+/// handler that outlived its TTL without extension) gets no record, only the release:
+/// another request may hold the name by now and write its own, and two records for one
+/// name must not come from two runs.
+async fn store_then_release<L: LockBackend>(
+    guard: LockGuard<L>,
     record: Vec<u8>,
     retention: Duration,
-) -> BoxFuture<'static, bool> {
-    let lock = lock.clone();
-    let shared = Arc::clone(guard.shared());
-    // Stops the extensions first: from here on the validity only runs down.
-    let release = guard.release_future();
-    Box::pin(async move {
-        let recorded = if shared.is_held() {
-            let stored = lock.complete(shared, record, retention).await;
-            if stored.on < stored.needed {
-                tracing::warn!(
-                    stored = stored.on,
-                    needed = stored.needed,
-                    "redlock layer stored the completion record on too few nodes: the response ends with an error, and a retry gets the record restored or runs the handler again"
-                );
-            }
-            stored.on >= stored.needed
-        } else {
+) -> bool {
+    match guard.complete(record, retention).await {
+        Some(stored) if stored.on >= stored.needed => true,
+        Some(stored) => {
+            tracing::warn!(
+                stored = stored.on,
+                needed = stored.needed,
+                "redlock layer stored the completion record on too few nodes: the response ends with an error, and a retry gets the record restored or runs the handler again"
+            );
+            false
+        }
+        None => {
             tracing::warn!(
                 "redlock layer: the lock was lost before the response was recorded; no completion record (the response ends with an error, and a retry runs the handler again)"
             );
             false
-        };
-        let _ = release.await;
-        recorded
-    })
+        }
+    }
 }
 
 /// What recording a response needs besides the response and its lock.
@@ -166,28 +160,16 @@ impl<L: LockBackend> Recorder<L> {
     /// client that goes away now does not cut a record short.
     pub(crate) fn finish(mut self, trailers: Option<&HeaderMap>) -> Finishing {
         let record = self.record(trailers);
-        let mut guard = self.guard;
-        let work = match record {
-            Some(record) => store_then_release(
-                &mut guard,
-                &self.keep.lock,
-                record,
-                self.keep.policy.retention(),
-            ),
-            None => {
-                let release = guard.release_future();
-                Box::pin(async move {
-                    let _ = release.await;
-                    // Not kept: nothing to wait for.
-                    true
-                })
-            }
-        };
-        Finishing::start(async move {
-            let recorded = work.await;
-            guard.disarm();
-            recorded
-        })
+        let retention = self.keep.policy.retention();
+        let guard = self.guard;
+        match record {
+            Some(record) => Finishing::start(store_then_release(guard, record, retention)),
+            None => Finishing::start(async move {
+                let _ = guard.release().await;
+                // Not kept: nothing to wait for.
+                true
+            }),
+        }
     }
 
     /// The record of the response, or `None` when it is not kept.
