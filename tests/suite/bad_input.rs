@@ -21,13 +21,37 @@ struct Row {
     outcome: String,
 }
 
-/// The text of an outcome, with the run's ports replaced so the table is stable.
+/// The text of an outcome, with the run's ports replaced so the table is stable: whole
+/// numbers only, so that a port's digits inside a longer number (`u64::MAX`'s
+/// 18446744073709551615 holds 37095) stay.
 fn stable(text: &str, ports: &[u16]) -> String {
-    let mut out = text.replace('|', "\\|").replace('\n', " ");
-    for port in ports {
-        out = out.replace(&port.to_string(), "PORT");
+    let text = text.replace('|', "\\|").replace('\n', " ");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find(|c: char| c.is_ascii_digit()) {
+        let (before, from) = rest.split_at(start);
+        let len = from.find(|c: char| !c.is_ascii_digit()).unwrap_or(from.len());
+        let (number, after) = from.split_at(len);
+        out.push_str(before);
+        if number.parse::<u16>().is_ok_and(|n| ports.contains(&n)) {
+            out.push_str("PORT");
+        } else {
+            out.push_str(number);
+        }
+        rest = after;
     }
+    out.push_str(rest);
     out
+}
+
+/// A port replaced where it stands alone, and not inside a longer number (a run whose
+/// node listened on 37095 once wrote `1844674407PORT51615` for `Duration::MAX`).
+#[test]
+fn ports_are_replaced_as_whole_numbers_only() {
+    assert_eq!(
+        stable("18446744073709551615s; 127.0.0.1:37095 | 370950", &[37095]),
+        "18446744073709551615s; 127.0.0.1:PORT \\| 370950"
+    );
 }
 
 fn built(result: Result<Redlock, tower_redlock::ConfigError>) -> String {
