@@ -3,7 +3,7 @@
 //! numbers (in the acquire round trip, phase 2 only when a quorum refuses the proposal)
 //! on 3 nodes, with fencing on and off.
 //!
-//! `cargo bench --bench acquire` (or `-- fencing` for the fencing group only). Compare
+//! `cargo bench -p tower-redlock-benches --bench acquire` (or `-- fencing` for the fencing group only). Compare
 //! ratios within one run, not absolute times.
 
 #[path = "../tests/support/mod.rs"]

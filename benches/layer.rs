@@ -13,7 +13,7 @@
 //! header's value (**lock in the handler**): what any handler that waits twice on Redis
 //! costs the HTTP server, so that the layer's own share of its cost shows.
 //!
-//! `cargo bench --bench layer --features axum,json` (or `scripts/bench layer`).
+//! `cargo bench -p tower-redlock-benches --bench layer --features axum,json` (or `scripts/bench layer`).
 //!
 //! The server runs in a child process (this binary, re-executed with
 //! `LAYER_BENCH_SERVE=variant,url,...`), so that its CPU (`/proc/<pid>/stat`, utime +
@@ -839,7 +839,7 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
     if !command.is_empty() {
         command.push(' ');
     }
-    command.push_str("cargo bench --bench layer --features axum,json");
+    command.push_str("cargo bench -p tower-redlock-benches --bench layer --features axum,json");
     let redis_bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
     // SAFETY: sysconf reads a constant; no memory is involved.
     let clk_tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;

@@ -3,7 +3,7 @@
 //! for one name, ~1 ms critical sections), on 1 and 5 local redis-server nodes started by
 //! the test harness.
 //!
-//! `cargo bench --bench load` (or `scripts/bench`). Each workload runs tower-redlock,
+//! `cargo bench -p tower-redlock-benches --bench load` (or `scripts/bench`). Each workload runs tower-redlock,
 //! rslock and tower-redlock with fencing, one after the other, `LOAD_REPEATS` times on the
 //! same nodes (flushed before each run), and reports the median of each metric and the
 //! median of the per-repeat ratios to rslock. The report goes to stdout and to
@@ -674,7 +674,7 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
     if !command.is_empty() {
         command.push(' ');
     }
-    command.push_str("cargo bench --bench load");
+    command.push_str("cargo bench -p tower-redlock-benches --bench load");
     if !args.is_empty() {
         command.push_str(" -- ");
         command.push_str(&args.join(" "));

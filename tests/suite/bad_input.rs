@@ -30,7 +30,9 @@ fn stable(text: &str, ports: &[u16]) -> String {
     let mut rest = text.as_str();
     while let Some(start) = rest.find(|c: char| c.is_ascii_digit()) {
         let (before, from) = rest.split_at(start);
-        let len = from.find(|c: char| !c.is_ascii_digit()).unwrap_or(from.len());
+        let len = from
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(from.len());
         let (number, after) = from.split_at(len);
         out.push_str(before);
         if number.parse::<u16>().is_ok_and(|n| ports.contains(&n)) {

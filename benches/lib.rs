@@ -1,0 +1,1 @@
+//! Nothing: the package's benches are its only targets (see `Cargo.toml`).
