@@ -151,11 +151,15 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         // in time (their SET may have run while the reply was lost).
         if let Some(deletion) = &mut pending.deletion {
             deletion.foreign = foreign;
-            let release = Release {
-                core: self.core,
-                waiters: self.waiters,
-            };
-            let _ = release.run(deletion).await;
+            // Every node answered with another client's value or with a record (a replay
+            // found everywhere): our value is on none, and no release goes down.
+            if foreign.len() < self.core.node_count() {
+                let release = Release {
+                    core: self.core,
+                    waiters: self.waiters,
+                };
+                let _ = release.run(deletion).await;
+            }
         }
         pending.deletion = None;
         match &missed {
