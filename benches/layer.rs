@@ -93,7 +93,10 @@ impl Config {
         let cfg = Self {
             requests: env_parse("LAYER_REQUESTS").unwrap_or(requests),
             repeats: env_parse("LAYER_REPEATS").unwrap_or(repeats),
-            report: std::env::var("LAYER_REPORT").ok().filter(|p| !p.is_empty()),
+            report: std::env::var("LAYER_REPORT")
+                .ok()
+                .filter(|p| !p.is_empty())
+                .map(|p| common::repo_path(&p)),
         };
         assert!(cfg.requests > 0, "LAYER_REQUESTS must be positive");
         assert!(cfg.repeats > 0, "LAYER_REPEATS must be positive");

@@ -94,9 +94,9 @@ impl Config {
         let no_write = std::env::var("LOAD_NO_WRITE").is_ok_and(|v| v != "0" && !v.is_empty());
         let report = match std::env::var("LOAD_REPORT") {
             _ if no_write => None,
-            Ok(path) => Some(path),
+            Ok(path) => Some(common::repo_path(&path)),
             Err(_) if partial => None,
-            Err(_) => Some(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/performance.md").to_owned()),
+            Err(_) => Some(common::repo_path("docs/performance.md")),
         };
         let cfg = Self {
             w1_pairs: env_parse("LOAD_W1_PAIRS").unwrap_or(w1),

@@ -136,9 +136,23 @@ pub fn fmt_num(v: f64) -> String {
     }
 }
 
+/// The repository's root: the benches' package sits in its benches/.
+pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+
+/// `path` as given, or, when relative, under the repository's root (cargo runs a bench
+/// in its package's directory, benches/, where a path such as `target/report.md` would
+/// land otherwise).
+pub fn repo_path(path: &str) -> String {
+    if std::path::Path::new(path).is_absolute() {
+        path.to_owned()
+    } else {
+        format!("{REPO}/{path}")
+    }
+}
+
 /// The commit the benchmark was built from, and whether src/ differed from it (at start).
 pub fn source_state() -> String {
-    let repo = env!("CARGO_MANIFEST_DIR");
+    let repo = REPO;
     let commit = command_output("git", &["-C", repo, "rev-parse", "--short", "HEAD"]);
     let dirty = Command::new("git")
         .args(["-C", repo, "status", "--porcelain", "--", "src"])
