@@ -150,6 +150,16 @@ pub fn repo_path(path: &str) -> String {
     }
 }
 
+/// tower-redlock's version, from its manifest (the benches' package is 0.0.0): the first
+/// `version = "..."` line, its `[package]`'s.
+fn crate_version() -> &'static str {
+    include_str!("../../Cargo.toml")
+        .lines()
+        .find_map(|line| line.strip_prefix("version = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .unwrap_or("(unknown version)")
+}
+
 /// The commit the benchmark was built from, and whether src/ differed from it (at start).
 pub fn source_state() -> String {
     let repo = REPO;
@@ -181,7 +191,7 @@ pub fn context_lines(w: &mut String, command: &str, source: &str, peers: &str, r
     let _ = writeln!(
         w,
         "- versions: tower-redlock {} ({source}), {peers}, {}, {}",
-        env!("CARGO_PKG_VERSION"),
+        crate_version(),
         command_output(redis_bin, &["--version"]),
         command_output("rustc", &["--version"]),
     );
