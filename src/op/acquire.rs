@@ -98,6 +98,19 @@ struct Window {
     outer: Option<Instant>,
 }
 
+impl Window {
+    /// An attempt of `ttl` starting now on `core` (the drift its clocks allow), within
+    /// the caller's `outer` deadline.
+    fn starting_now<N: ?Sized>(core: &Core<N>, ttl: Duration, outer: Option<Instant>) -> Self {
+        Self {
+            start: crate::clock::now(),
+            ttl,
+            drift: core.drift(ttl),
+            outer,
+        }
+    }
+}
+
 /// The acquire operation: one attempt over `core`'s nodes, with the client's `fencing`
 /// (for fenced targets), its `waiters` (the client id in the value; woken by the release
 /// of a miss) and who releases in the `background` when the attempt is dropped.
@@ -147,19 +160,9 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             }
             Err(missed) => missed,
         };
-        // 5. Failed: release on every node, including those that failed or did not answer
-        // in time (their SET may have run while the reply was lost).
         if let Some(deletion) = &mut pending.deletion {
             deletion.foreign = foreign;
-            // Every node answered with another client's value or with a record (a replay
-            // found everywhere): our value is on none, and no release goes down.
-            if foreign.len() < self.core.node_count() {
-                let release = Release {
-                    core: self.core,
-                    waiters: self.waiters,
-                };
-                let _ = release.run(deletion).await;
-            }
+            self.release_missed(deletion).await;
         }
         pending.deletion = None;
         match &missed {
@@ -175,6 +178,21 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         missed
     }
 
+    /// Step 5, after a missed attempt: releases its value on every node but the foreign
+    /// ones, including those that failed or did not answer in time (their SET may have
+    /// run while the reply was lost).
+    async fn release_missed(&self, deletion: &Deletion) {
+        // Every node answered with another client's value or with a record (a replay
+        // found everywhere): our value is on none, and no release goes down.
+        if deletion.foreign.len() < self.core.node_count() {
+            let release = Release {
+                core: self.core,
+                waiters: self.waiters,
+            };
+            let _ = release.run(deletion).await;
+        }
+    }
+
     /// Steps 1 to 4: the lock held with `value`, or the missed attempt (its keys still to
     /// release; `foreign`, the nodes that answered with another client's value, skipped).
     async fn hold(
@@ -188,12 +206,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let core = self.core;
         let ttl = Duration::from_millis(ttl_ms(target.ttl));
         // 1-3. SET NX PX everywhere at once, decided as early as the outcome is certain.
-        let window = Window {
-            start: crate::clock::now(),
-            ttl,
-            drift: core.drift(ttl),
-            outer,
-        };
+        let window = Window::starting_now(core, ttl, outer);
         let deadline = core.call_deadline(window.start, ttl, outer);
         let (round, votes, mut replies) = self.set_round(target, value, ttl, deadline).await;
         if votes.reached() && replies.kept_out.len() > 0 {
