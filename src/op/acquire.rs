@@ -180,17 +180,14 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
 
     /// Step 5, after a missed attempt: releases its value on every node but the foreign
     /// ones, including those that failed or did not answer in time (their SET may have
-    /// run while the reply was lost).
+    /// run while the reply was lost). With every node foreign (a replay found
+    /// everywhere), nothing goes down.
     async fn release_missed(&self, deletion: &Deletion) {
-        // Every node answered with another client's value or with a record (a replay
-        // found everywhere): our value is on none, and no release goes down.
-        if deletion.foreign.len() < self.core.node_count() {
-            let release = Release {
-                core: self.core,
-                waiters: self.waiters,
-            };
-            let _ = release.run(deletion).await;
-        }
+        let release = Release {
+            core: self.core,
+            waiters: self.waiters,
+        };
+        let _ = release.run(deletion).await;
     }
 
     /// Steps 1 to 4: the lock held with `value`, or the missed attempt (its keys still to

@@ -14,6 +14,8 @@
 //!                                of the value (released there, waiters told)
 //!   every answer              -> wake this client's first waiter
 //!   nodes that did not answer -> RELEASE there only (none: one round trip in all)
+//!
+//! A release whose every node is foreign (another client's value, a record) sends nothing.
 //! ```
 
 use std::future::Future;
@@ -168,16 +170,14 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
             // The record holds the name where it was stored: this client's first waiter
             // finds it there (the nodes' messages are for the other clients).
             let _ = self.waiters.wake(lock.key());
-            let mut released = stores.stored;
-            if stores.unanswered.len() > 0 {
-                let answered =
-                    NodeMask::matching(self.core.node_count(), |i| !stores.unanswered.contains(i));
-                let deletion = Deletion {
-                    foreign: answered,
-                    ..Deletion::of(lock, Wake::AtQuorum)
-                };
-                released += self.run(&deletion).await.released;
-            }
+            // Released there only where no answer came (none: no round at all).
+            let answered =
+                NodeMask::matching(self.core.node_count(), |i| !stores.unanswered.contains(i));
+            let deletion = Deletion {
+                foreign: answered,
+                ..Deletion::of(lock, Wake::AtQuorum)
+            };
+            let released = stores.stored + self.run(&deletion).await.released;
             tracing::debug!(
                 stored = stores.stored,
                 unanswered = stores.unanswered.len(),
@@ -215,6 +215,17 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
     /// acquisition is still landing, the delete waits for it, so it cannot overtake the
     /// `SET`. This client's first waiter for the key is woken as the deletion says.
     pub(crate) async fn run(&self, deletion: &Deletion) -> Released {
+        let mut out = Released {
+            released: 0,
+            not_held: deletion.foreign.len(),
+            failures: Vec::new(),
+        };
+        if out.not_held >= self.core.node_count() {
+            // Every node answered with another client's value or with a record (a replay
+            // found everywhere, a completion every node answered): ours is on none, and
+            // no release goes down.
+            return out;
+        }
         // Counted until its nodes answered, for `shutdown`.
         let _running = self.core.release_running();
         let key = &*deletion.resource.key;
@@ -223,23 +234,7 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
             value: deletion.value.as_bytes(),
             id: self.waiters.id(),
         };
-        let deadline = later(
-            crate::clock::now(),
-            self.core.node_timeout().min(deletion.ttl),
-        );
-        let plan = Plan {
-            skip: deletion.foreign,
-            deadline,
-            purpose: Purpose::Everywhere {
-                after: deletion.landing.as_ref(),
-            },
-        };
-        let mut round = self.core.nodes().send(&request, plan);
-        let mut out = Released {
-            released: 0,
-            not_held: deletion.foreign.len(),
-            failures: Vec::new(),
-        };
+        let mut round = self.core.nodes().send(&request, self.plan(deletion));
         let waiters = self.waiters;
         // Every call has been polled once, so each has handed its delete to its node's
         // connection unless it waits (for a connection, or for the landing): a `SET` this
@@ -273,6 +268,21 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
             self.count_deleted(&mut out, i, reply);
         }
         out
+    }
+
+    /// The round of `deletion`: every node but the foreign ones, each after the
+    /// acquisition's landing there, within the per-node timeout (or the TTL, if shorter).
+    fn plan<'d>(&self, deletion: &'d Deletion) -> Plan<'d> {
+        Plan {
+            skip: deletion.foreign,
+            deadline: later(
+                crate::clock::now(),
+                self.core.node_timeout().min(deletion.ttl),
+            ),
+            purpose: Purpose::Everywhere {
+                after: deletion.landing.as_ref(),
+            },
+        }
     }
 
     /// Counts node `i`'s answer to a release in `out`.
