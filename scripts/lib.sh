@@ -92,6 +92,17 @@ ensure_redis8() {
     "$REDIS8_SERVER" --version >/dev/null
 }
 
+# Reads cargo's `--message-format=json` on stdin and prints each built executable as
+# "target-name path", one per line.
+executables() {
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["target"]["name"], m["executable"])'
+}
+
 # Whether something listens on 127.0.0.1:$1.
 port_in_use() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
