@@ -80,6 +80,11 @@ pub(crate) struct Keys {
     /// (its lock key's without the prefix) in decimal digits, so the names of a slot share
     /// a counter.
     pub(crate) member: Vec<u8>,
+    /// The key that says another client's task waits for a lock on the node (see
+    /// `crate::waiters`): `{prefix}#waiting`. None with a set per slot (a Redis Cluster),
+    /// where a release takes its lock key alone (a script of two keys meets `TRYAGAIN` in
+    /// a slot being resharded) and always tells the waiters.
+    pub(crate) waiting: Option<Vec<u8>>,
 }
 
 /// The Redis keys for `name` under `prefix`, with its counter in `sets`; an error for an
@@ -114,10 +119,14 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8], sets: CounterSets) -> Result<
     let tagged = |infix: &[u8], tag: &[u8]| tagged_key(prefix, infix, tag);
     let lock = tagged(b"", &part);
     let slot = slot::slot(&lock);
-    let (counter, set) = match sets {
-        CounterSets::One => ([prefix, b"#fencing"].concat(), 0),
+    let (counter, waiting, set) = match sets {
+        CounterSets::One => (
+            [prefix, b"#fencing"].concat(),
+            Some([prefix, b"#waiting"].concat()),
+            0,
+        ),
         // With a prefix that has a tag of its own, that tag decides both keys' slot.
-        CounterSets::PerSlot => (tagged(b"#fencing", &slot::tag(slot)), slot),
+        CounterSets::PerSlot => (tagged(b"#fencing", &slot::tag(slot)), None, slot),
     };
     // The name's own slot: the lock key's, unless the prefix's tag decides that one (then
     // every name would share one counter).
@@ -132,6 +141,7 @@ pub(crate) fn keys_for(prefix: &[u8], name: &[u8], sets: CounterSets) -> Result<
         counter,
         set,
         member: own.to_string().into_bytes(),
+        waiting,
     })
 }
 
@@ -193,6 +203,8 @@ pub(crate) struct Resource {
     pub(crate) counter_member: Box<[u8]>,
     /// Which of the client's counter sets holds it ([`Keys::set`]).
     pub(crate) counter_set: u16,
+    /// The key that says another client waits for a lock on the node ([`Keys::waiting`]).
+    pub(crate) waiting_key: Option<Box<[u8]>>,
 }
 
 impl Resource {
@@ -204,6 +216,7 @@ impl Resource {
             counter_key: keys.counter.into(),
             counter_member: keys.member.into(),
             counter_set: keys.set,
+            waiting_key: keys.waiting.map(Into::into),
         }
     }
 }
@@ -233,6 +246,10 @@ mod tests {
             Some(&b"p:#fencing"[..])
         );
         assert_eq!(keys.as_ref().map(|k| k.set), Some(0));
+        assert_eq!(
+            keys.as_ref().and_then(|k| k.waiting.as_deref()),
+            Some(&b"p:#waiting"[..])
+        );
         assert_eq!(keys.map(|k| k.member).unwrap_or_default(), b"7638");
         // A set per slot: "abc" is in slot 7638, as is "8586", the smallest number there.
         let keys = keys_for(b"p:", b"abc", CounterSets::PerSlot).ok();
@@ -241,6 +258,8 @@ mod tests {
             Some(&b"p:#fencing{8586}"[..])
         );
         assert_eq!(keys.as_ref().map(|k| k.set), Some(7638));
+        // No waiting key: a cluster's release takes one key.
+        assert_eq!(keys.as_ref().map(|k| k.waiting.is_none()), Some(true));
         assert_eq!(keys.map(|k| k.member).unwrap_or_default(), b"7638");
         let exact = vec![b'x'; MAX_NAME_LEN];
         assert_eq!(lock_key(b"", &exact).len(), MAX_NAME_LEN + 2);

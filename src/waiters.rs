@@ -15,7 +15,11 @@
 //!   The release script publishes on that channel right after it deletes the key (in the
 //!   same script, so the message cannot come before the delete), with the releasing
 //!   client's id; a client ignores its own messages. The head retries once a quorum of
-//!   nodes said the key was released.
+//!   nodes said the key was released. A release publishes only while the node's waiting
+//!   key is there (almost no release has anybody waiting, and a script's `PUBLISH` costs
+//!   the node about as much as the rest of the release): once subscribed, and before
+//!   each wait, the head sets it for as long as it may wait (`crate::op::mark`), and then
+//!   tries again at once, since a release before that told nobody.
 //!
 //! Either way the head also has a backstop: the holder's remaining TTL (the key expires
 //! then, release or not), or one jittered retry delay while fewer than a quorum of nodes
@@ -107,6 +111,9 @@ struct Queue {
     /// validity of this client's lock when a waiter took it): a head that will be told of
     /// the release waits up to then before it tries without being told.
     holder_until: Option<Instant>,
+    /// Until when the nodes' waiting key is there for this queue, as its last mark set it
+    /// (see `crate::op::mark`): a release tells the waiters only while it is.
+    marked_until: Option<Instant>,
 }
 
 impl Queue {
@@ -355,6 +362,20 @@ impl Ticket {
         self.queue(|q| q.subscribed)
     }
 
+    /// Whether the queue's last mark of the nodes lasts until `until`.
+    pub(crate) fn marked_until(&self, until: Instant) -> bool {
+        self.queue(|q| q.marked_until.is_some_and(|m| m >= until))
+    }
+
+    /// The nodes were marked until `until` for the queue, on a quorum of them or not: a
+    /// release on a node without the mark tells nobody, so without a quorum the head
+    /// cannot count on hearing the release, and polls.
+    pub(crate) fn marked(&self, until: Instant, on_quorum: bool) {
+        self.waiters.with_queue(&self.key, |queue| {
+            queue.marked_until = on_quorum.then_some(until);
+        });
+    }
+
     /// Subscribes the queue to the key's channel on every node, if it is not yet: needed
     /// once another client holds the key, whose release only the nodes can tell about.
     pub(crate) async fn subscribe(&self, nodes: &[Arc<Node>], timeout: Duration) {
@@ -414,7 +435,7 @@ impl Ticket {
                 .with_queue(&self.key, |q| {
                     let head = q.order.front().is_some_and(|(head, _)| *head == self.id);
                     // Told of the release: by this client (its own lock) or by the nodes.
-                    let told = !q.subscribed || q.listening;
+                    let told = !q.subscribed || (q.listening && q.marked_until.is_some());
                     (head, q.go || q.done, q.holder_until.filter(|_| told))
                 })
                 .unwrap_or((false, false, None));

@@ -19,6 +19,7 @@ fn release(i: usize) -> Arc<Call> {
     Arc::new(
         Request::Release {
             key: key.as_bytes(),
+            waiting: Some(b"redlock:#waiting"),
             value: b"value",
             id: b"client",
         }

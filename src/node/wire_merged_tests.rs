@@ -16,6 +16,7 @@ const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
 fn release(key: &str, value: &str) -> Arc<Call> {
     let request = Request::Release {
         key: key.as_bytes(),
+        waiting: Some(b"redlock:#waiting"),
         value: value.as_bytes(),
         id: b"client-1",
     };

@@ -219,6 +219,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
                 let landing = round.land().await;
                 let held = Held {
                     key: &target.resource.key,
+                    waiting: target.resource.waiting_key.as_deref(),
                     value,
                     foreign: *foreign,
                     landing: landing.as_ref(),

@@ -16,6 +16,7 @@ mod acquire_replay;
 pub(crate) mod announce;
 pub(crate) mod extend;
 pub(crate) mod inspect;
+mod mark;
 pub(crate) mod observe;
 pub(crate) mod release;
 pub(crate) mod retry;

@@ -231,6 +231,7 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
         let key = &*deletion.resource.key;
         let request = Request::Release {
             key,
+            waiting: deletion.resource.waiting_key.as_deref(),
             value: deletion.value.as_bytes(),
             id: self.waiters.id(),
         };
@@ -300,6 +301,9 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
 /// its acquisition's landing (a completion waits for the `SET` that lands late).
 pub(crate) struct Held<'a> {
     pub(crate) key: &'a [u8],
+    /// The nodes' waiting key: the record tells the waiters only where it is there (and
+    /// always, without one).
+    pub(crate) waiting: Option<&'a [u8]>,
     pub(crate) value: &'a str,
     pub(crate) foreign: NodeMask,
     pub(crate) landing: Option<&'a Landing>,
@@ -310,6 +314,7 @@ impl<'a> Held<'a> {
     pub(crate) fn of(lock: &'a Lock) -> Self {
         Self {
             key: lock.key(),
+            waiting: lock.resource.waiting_key.as_deref(),
             value: lock.value(),
             foreign: lock.foreign,
             landing: lock.landing.as_ref(),
@@ -350,9 +355,20 @@ async fn store<N: Nodes + ?Sized>(
         Arg::Bytes(record),
         Arg::Int(ttl_ms(retention)),
     ];
+    let (both, one);
+    let keys: &[&[u8]] = match held.waiting {
+        Some(waiting) => {
+            both = [held.key, waiting];
+            &both
+        }
+        None => {
+            one = [held.key];
+            &one
+        }
+    };
     let request = Request::Script(Invocation {
         script: &COMPLETE_SCRIPT,
-        keys: &[held.key],
+        keys,
         args: &args,
     });
     let plan = Plan {

@@ -20,6 +20,7 @@ use futures_util::FutureExt;
 use tracing::Instrument;
 
 use super::acquire::{Acquire, Acquired, Attempt};
+use super::mark::mark_waiting;
 use super::observe::{Observe, Operation, elapsed_us};
 use super::release::Background;
 use crate::core::{Core, Target};
@@ -200,6 +201,7 @@ impl<B: Background> Retry<'_, B> {
             let t = self.waiters.join(&target.resource.key);
             if wait.by_others {
                 t.subscribe(nodes, node_timeout).await;
+                self.mark(target, &t, *retry_after, wait.waits_until).await;
             }
             t.busy(*retry_after);
             if !t.is_head() {
@@ -215,13 +217,49 @@ impl<B: Background> Retry<'_, B> {
             // Only the nodes can tell of another client's release: subscribe, then try
             // again at once (a release before that told nobody).
             t.subscribe(nodes, node_timeout).await;
+            self.mark(target, t, *retry_after, wait.waits_until).await;
         } else {
+            if wait.by_others {
+                // The release tells only while the mark is there: renewed for this wait.
+                self.mark(target, t, *retry_after, wait.waits_until).await;
+            }
             // Told of the release (by this client's own holder, or by the nodes), the head
             // waits up to the holder's TTL; otherwise it polls.
             t.wait(self.policy.pause(), wait.waits_until).await;
         }
     }
 }
+
+impl<B: Background> Retry<'_, B> {
+    /// Marks the nodes for the wait of `t`'s queue (see `super::mark`), unless its last
+    /// mark lasts long enough: until the head's next attempt at the latest (the holder's
+    /// TTL, `retry_after`, or a retry pause; no later than `waits_until`), with a margin
+    /// for that attempt and the mark after it, so a mark renewed at each wait never lapses
+    /// while the queue waits.
+    async fn mark(
+        &self,
+        target: &Target,
+        t: &Ticket,
+        retry_after: Option<Duration>,
+        waits_until: Option<Instant>,
+    ) {
+        let core = self.acquire.core;
+        let now = crate::clock::now();
+        let mut next = later(now, retry_after.unwrap_or_else(|| self.policy.pause()));
+        if let Some(end) = waits_until {
+            next = next.min(end);
+        }
+        let until = later(next, MARK_MARGIN.saturating_add(core.node_timeout()));
+        if t.marked_until(until) {
+            return;
+        }
+        let marked = mark_waiting(core, &target.resource, until.saturating_duration_since(now));
+        t.marked(until, marked.await >= core.quorum());
+    }
+}
+
+/// How long a waiter's mark outlasts the head's next attempt (besides a node timeout).
+const MARK_MARGIN: Duration = Duration::from_secs(1);
 
 /// Runs `acquisition` of `resource` in a `redlock.acquire` span (per `observe`) that
 /// records the attempts, the elapsed time and the outcome, and counts it in the metrics.

@@ -80,10 +80,11 @@ pub(crate) enum Request<'a> {
         set: u16,
     },
     /// The release of one lock ([`RELEASE`](super::lua::RELEASE)): `key` deleted where it
-    /// holds `value`, the waiters told with this client's `id`. A node may send it
-    /// together with others ([`release_many`]).
+    /// holds `value`, the waiters told with this client's `id` where the node's `waiting`
+    /// key says some may be. A node may send it together with others ([`release_many`]).
     Release {
         key: &'a [u8],
+        waiting: Option<&'a [u8]>,
         value: &'a [u8],
         id: &'a [u8],
     },
@@ -130,21 +131,44 @@ impl Request<'_> {
                 };
                 Call::of(cmd, None, kind)
             }
-            Self::Release { key, value, id } => {
-                let inv = Invocation {
-                    script: &RELEASE_SCRIPT,
-                    keys: &[key],
-                    args: &[Arg::Bytes(value), Arg::Bytes(id)],
-                };
-                // `EVALSHA sha 1 key value id`: the words at 3, 4 and 5.
-                inv.call(CallKind::Release {
-                    key: 3,
-                    value: 4,
-                    id: 5,
-                })
-            }
+            Self::Release {
+                key,
+                waiting,
+                value,
+                id,
+            } => release(key, *waiting, value, id),
         }
     }
+}
+
+/// The [`RELEASE`](super::lua::RELEASE) of `key` holding `value`, by client `id`, with the
+/// node's `waiting` key if there is one.
+fn release(key: &[u8], waiting: Option<&[u8]>, value: &[u8], id: &[u8]) -> Call {
+    let (both, one);
+    let keys: &[&[u8]] = match waiting {
+        Some(waiting) => {
+            both = [key, waiting];
+            &both
+        }
+        None => {
+            one = [key];
+            &one
+        }
+    };
+    let inv = Invocation {
+        script: &RELEASE_SCRIPT,
+        keys,
+        args: &[Arg::Bytes(value), Arg::Bytes(id)],
+    };
+    // `EVALSHA sha 2 key waiting value id`: the words at 3 to 6 (without the waiting key,
+    // `EVALSHA sha 1 key value id`).
+    let after = keys.len() + 3;
+    inv.call(CallKind::Release {
+        key: 3,
+        waiting: waiting.map(|_| 4),
+        value: after,
+        id: after + 1,
+    })
 }
 
 /// `SET key value NX PX ttl` packed, with room for `more` bytes after it; where its key
@@ -169,7 +193,12 @@ enum CallKind {
     /// counters expire`, the renewal of counter set `set`, which may be left out.
     FencedSetNx { key: usize, value: usize, set: u16 },
     /// A [`RELEASE`](super::lua::RELEASE) of one lock.
-    Release { key: usize, value: usize, id: usize },
+    Release {
+        key: usize,
+        waiting: Option<usize>,
+        value: usize,
+        id: usize,
+    },
     /// Any other script call.
     Script,
 }
@@ -355,12 +384,21 @@ impl Call {
         matches!(self.kind, CallKind::Release { .. })
     }
 
-    /// A release's key, value and client id.
-    pub(super) fn release(&self) -> Option<[&[u8]; 3]> {
+    /// A release's key, the node's waiting key (empty if none), its value and the client
+    /// id.
+    pub(super) fn release(&self) -> Option<[&[u8]; 4]> {
         match self.kind {
-            CallKind::Release { key, value, id } => {
-                Some([self.word(key), self.word(value), self.word(id)])
-            }
+            CallKind::Release {
+                key,
+                waiting,
+                value,
+                id,
+            } => Some([
+                self.word(key),
+                waiting.map_or(&[][..], |w| self.word(w)),
+                self.word(value),
+                self.word(id),
+            ]),
             _ => None,
         }
     }

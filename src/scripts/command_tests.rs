@@ -27,8 +27,10 @@ fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
         );
         assert!(!call.is_release() && call.release().is_none());
 
+        let waiting = &b"redlock:#waiting"[..];
         let release = Request::Release {
             key,
+            waiting: Some(waiting),
             value,
             id: odd,
         }
@@ -36,13 +38,14 @@ fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
         let mut by_hand = redis::cmd("EVALSHA");
         by_hand
             .arg(RELEASE_SCRIPT.sha.as_str())
-            .arg(1)
+            .arg(2)
             .arg(key)
+            .arg(waiting)
             .arg(value)
             .arg(odd);
         assert_eq!(release.packed(), by_hand.get_packed_command());
         assert!(release.is_release());
-        assert_eq!(release.release(), Some([key, value, odd]));
+        assert_eq!(release.release(), Some([key, waiting, value, odd]));
     }
     let keys: [&[u8]; 2] = [b"redlock:{k}", odd];
     let args = [

@@ -21,7 +21,7 @@ mod run;
 pub(crate) use command::{Arg, Call, Invocation, Renewal, Request};
 pub(crate) use lua::{
     ACQUIRE_OR_REPLAY_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT, HELD_OR_RECORD_SCRIPT,
-    INSPECT_SCRIPT, RECORD_MARKER, all,
+    INSPECT_SCRIPT, MARK_WAITING_SCRIPT, RECORD_MARKER, all,
 };
 pub(crate) use release_many::{
     answers as release_many_answers, pack_into as pack_release_many, release_many,

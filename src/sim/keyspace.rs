@@ -1,5 +1,5 @@
 //! A simulated server's keys: the commands and reply shapes the crate relies on (`GET`,
-//! `SET NX PX`, `DEL`, `PTTL`, `PEXPIRE`, `ZADD GT CH`, `ZSCORE`, `PUBLISH`, `TIME`,
+//! `MGET`, `SET NX PX`, `DEL`, `PTTL`, `PEXPIRE`, `ZADD GT CH`, `ZSCORE`, `PUBLISH`, `TIME`,
 //! `FLUSHALL`), keys expiring on the node's own clock (passed in: a key is gone once the
 //! clock is past its expiry, as in Redis).
 //!
@@ -127,6 +127,7 @@ impl Keyspace {
                 }) => Value::BulkString(v.clone()),
                 Some(_) => error(WRONGTYPE),
             },
+            (b"MGET", keys) if !keys.is_empty() => self.mget(keys),
             (b"SET", [key, value, options @ ..]) => self.set(key, value, options, now),
             (b"DEL", keys) if !keys.is_empty() => {
                 let n = keys
@@ -165,6 +166,17 @@ impl Keyspace {
                 String::from_utf8_lossy(name)
             )),
         }
+    }
+
+    /// `MGET`: a key that is not a string reads as nil, as in Redis.
+    fn mget(&self, keys: &[Vec<u8>]) -> Value {
+        let each = keys.iter().map(|key| match self.keys.get(key) {
+            Some(Entry {
+                data: Data::Str(v), ..
+            }) => Value::BulkString(v.clone()),
+            _ => Value::Nil,
+        });
+        Value::Array(each.collect())
     }
 
     fn pttl(&self, key: &[u8], now: u64) -> i64 {

@@ -39,14 +39,16 @@ async fn lock_all(
 }
 
 /// A user whose ACL lets it run `PUBLISH` but not on the lock channels (Redis 7's default
-/// `acl-pubsub-default resetchannels`): releases still release. A single unlock reports the
-/// key released, a batch of releases deletes every key of the batch, and the refusal is
-/// named once per node.
+/// `acl-pubsub-default resetchannels`), nor `MGET` (a rule written before batched releases
+/// read with it): releases still release, while a waiter of another client has marked the
+/// node so that they publish. A single unlock reports the key released, a batch of
+/// releases (read key by key, `MGET` refused) deletes every key of the batch, and the
+/// refusal is named once per node.
 #[tokio::test]
 async fn a_refused_publish_does_not_stop_a_release() {
     let cluster = Cluster::start(1);
     let mut admin = cluster.raw(0).await;
-    // The README's rule without the channel pattern.
+    // The README's rule without the channel pattern and `+mget`.
     let rule = "SETUSER locker on >secret resetkeys ~redlock:* resetchannels -@all +set +get \
                 +pttl +del +pexpire +publish +zadd +zscore +evalsha +eval +script|load +info \
                 +subscribe +unsubscribe +ping";
@@ -55,6 +57,15 @@ async fn a_refused_publish_does_not_stop_a_release() {
         acl.arg(word);
     }
     let _: () = acl.query_async(&mut admin).await.expect("ACL SETUSER");
+    // Another client waits for some lock on the node: releases tell the waiters.
+    let _: () = redis::cmd("SET")
+        .arg("redlock:#waiting")
+        .arg(1)
+        .arg("PX")
+        .arg(600_000)
+        .query_async(&mut admin)
+        .await
+        .expect("SET the waiting key");
     let url = format!(
         "redis://locker:secret@127.0.0.1:{}",
         cluster.nodes[0].port()

@@ -74,6 +74,71 @@ async fn a_waiter_acquires_right_after_the_release_not_after_the_retry_delay() {
     .await;
 }
 
+/// Whether every node of `cluster` holds `key`.
+async fn on_every_node(cluster: &Cluster, key: &str) -> bool {
+    let mut all = true;
+    for i in 0..cluster.nodes.len() {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut cluster.raw(i).await)
+            .await
+            .expect("EXISTS");
+        all &= n == 1;
+    }
+    all
+}
+
+/// A release tells the waiters only while a waiter of another client has marked the
+/// nodes: with nobody waiting, releases alone and in batches publish nothing; once another
+/// client waits, the release publishes on every node, and the waiter goes at once.
+#[tokio::test]
+async fn a_release_publishes_only_while_another_client_waits() {
+    let cluster = Cluster::start(3);
+    let holder = cluster.client(|b| b).await;
+    cluster.reset_stats().await;
+    let lock = holder.lock("quiet").await.expect("lock");
+    let _ = holder.unlock(&lock).await;
+    let names: Vec<String> = (0..40).map(|i| format!("quiet-{i}")).collect();
+    let locks = futures_util::future::join_all(names.iter().map(|n| holder.lock(n))).await;
+    let locks: Vec<_> = locks.into_iter().map(|l| l.expect("lock")).collect();
+    let released = futures_util::future::join_all(locks.iter().map(|l| holder.unlock(l))).await;
+    assert!(released.iter().all(|r| r.released() == 3), "{released:?}");
+    for i in 0..3 {
+        assert!(cluster.command_calls(i, "evalsha").await > 0, "node {i}");
+        assert_eq!(
+            cluster.command_calls(i, "publish").await,
+            0,
+            "node {i} told nobody's waiters"
+        );
+    }
+
+    let waiter = cluster
+        .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
+        .await;
+    let lock = holder.lock("told").await.expect("lock");
+    let task = spawn_waiter(&waiter, "told");
+    wait_subscribed(&cluster, "redlock:{told}").await;
+    wait_for("the waiter's marks", Duration::from_secs(5), || {
+        on_every_node(&cluster, "redlock:#waiting")
+    })
+    .await;
+    cluster.reset_stats().await;
+    let released = Instant::now();
+    let _ = holder.unlock(&lock).await;
+    let got = task.await.expect("waiter task");
+    let handoff = got.saturating_duration_since(released);
+    assert!(
+        handoff < Duration::from_millis(500),
+        "the waiter took {handoff:?} (its retry delay is {SLOW_BACKSTOP:?})"
+    );
+    for i in 0..3 {
+        assert!(
+            cluster.command_calls(i, "publish").await >= 1,
+            "node {i} did not tell the waiter"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_lost_notification_costs_at_most_the_backstop() {
     let cluster = Cluster::start(3);
