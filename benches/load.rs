@@ -775,7 +775,9 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
          **Throughput: above 1 is better; every other column (latency, CPU, allocations): \
          below 1 is better.** W1/W2: throughput = pairs/s, p50/p99 = lock; W3: throughput = \
          critical sections/s, p50/p99 = acquire (including waiting), CPU and allocations per \
-         critical section.\n"
+         critical section. Throughput gives in brackets the lowest and the highest repeat. \
+         Where the time of a W2 pair goes on 5 nodes (round trips, wake-ups, client and Redis \
+         CPU): [`w2-profile.md`](w2-profile.md).\n"
     );
     let _ = writeln!(
         w,
@@ -814,15 +816,15 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
                 } else {
                     f64::NAN
                 };
-                let _ = write!(
-                    w,
-                    " {} |",
-                    if v.is_nan() {
-                        "—".to_owned()
-                    } else {
-                        format!("{v:.2}")
+                let shown = match i {
+                    _ if v.is_nan() => "—".to_owned(),
+                    0 => {
+                        let (low, high) = range(&cell.ratios_to(lib, RSLOCK, *field));
+                        format!("{v:.2} ({low:.2}–{high:.2})")
                     }
-                );
+                    _ => format!("{v:.2}"),
+                };
+                let _ = write!(w, " {shown} |");
             }
             let _ = writeln!(w);
         }
