@@ -1,6 +1,7 @@
-//! The mark of a waiter for another client's lock: before it listens for the release, a
-//! waiter sets the nodes' waiting key ([`MARK_WAITING`](crate::scripts)) for as long as it
-//! may wait, and a release tells the waiters on a node only while that key is there. A
+//! The mark of a waiter for another client's lock: once it listens for the release (and
+//! before each wait), a waiter sets the nodes' waiting key
+//! ([`MARK_WAITING`](crate::scripts)) for as long as it may wait, and then tries again at
+//! once; a release tells the waiters on a node only while that key is there. A
 //! release that nobody waits for then publishes nothing, which is almost every release: a
 //! script's `PUBLISH` costs the node about as much as the rest of the release.
 //!

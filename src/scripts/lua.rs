@@ -148,7 +148,7 @@ return 0
 /// the delete, in the same script, so it can never arrive while the key is still there.
 ///
 /// Only where some client may be waiting: `KEYS[2]`, the node's waiting key, is there
-/// (a waiter of another client sets it, [`MARK_WAITING`], before it listens); without
+/// (a waiter of another client sets it, [`MARK_WAITING`], once it listens); without
 /// `KEYS[2]` the release always tells. A `PUBLISH` from a script costs the node about as
 /// much as the rest of the release, and almost no release has anybody waiting.
 ///
@@ -168,8 +168,8 @@ end
 return 0
 "#;
 
-/// The mark of a waiter of another client's lock, set before it listens for the release
-/// ([`RELEASE`] tells only while it is there): `KEYS[1]` = the node's waiting key, `ARGV[1]`
+/// The mark of a waiter of another client's lock, set once it listens for the release and
+/// before it tries again ([`RELEASE`] tells only while it is there): `KEYS[1]` = the node's waiting key, `ARGV[1]`
 /// = how long the waiter may wait, in ms. Sets the key for that long, unless it is there
 /// for longer already (another waiter's mark): a mark is never shortened. Returns 1.
 pub(super) const MARK_WAITING: &str = r#"

@@ -139,6 +139,43 @@ async fn a_release_publishes_only_while_another_client_waits() {
     }
 }
 
+/// A waiter of another client's lock that marked a quorum of nodes counts on hearing the
+/// release: it does not poll while the holder's key lives, and goes at the release.
+#[tokio::test]
+async fn a_marked_waiter_does_not_poll_while_the_holder_lives() {
+    let cluster = Cluster::start(3);
+    let holder = cluster.client(|b| b.ttl(Duration::from_secs(30))).await;
+    let pause = Duration::from_millis(50);
+    let waiter = cluster
+        .client(|b| b.retry_delay(pause, Duration::ZERO).max_attempts(1000))
+        .await;
+    let lock = holder.lock("long").await.expect("lock");
+    let task = spawn_waiter(&waiter, "long");
+    wait_subscribed(&cluster, "redlock:{long}").await;
+    wait_for("the waiter's marks", Duration::from_secs(5), || {
+        on_every_node(&cluster, "redlock:#waiting")
+    })
+    .await;
+    cluster.reset_stats().await;
+    // Twenty of its retry delays: a waiter that polled would try about twenty times.
+    let window = pause * 20;
+    tokio::time::sleep(window).await;
+    // Its attempt right after marking may fall in the window, and so may a mark's SET.
+    let sets = cluster.command_calls(0, "set").await;
+    assert!(
+        sets <= 2,
+        "{sets} SETs on node 0 in {window:?}: the waiter polled"
+    );
+    let released = Instant::now();
+    let _ = holder.unlock(&lock).await;
+    let got = task.await.expect("waiter task");
+    let handoff = got.saturating_duration_since(released);
+    assert!(
+        handoff < Duration::from_millis(500),
+        "the waiter took {handoff:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_lost_notification_costs_at_most_the_backstop() {
     let cluster = Cluster::start(3);
