@@ -16,8 +16,9 @@
 //! `cargo bench -p tower-redlock-benches --bench layer --features axum,json` (or `scripts/bench layer`).
 //!
 //! The server runs in a child process (this binary, re-executed with
-//! `LAYER_BENCH_SERVE=variant,url,...`), so that its CPU (`/proc/<pid>/stat`, utime +
-//! stime) is measured apart from the load generator's. The child prints its port on stdout
+//! `LAYER_BENCH_SERVE=variant,url,...`), so that its CPU (the time on CPU of each of its
+//! threads, `/proc/<pid>/task/*/schedstat`, in ns) is measured apart from the load
+//! generator's. The child prints its port on stdout
 //! and serves until its stdin closes (or the parent dies: `PR_SET_PDEATHSIG`). The load
 //! generator (this process) drives it over 32 HTTP/1.1 connections, one task each, every
 //! request with a unique `x-request-id`, after a warm-up of 1,000 requests. The three
@@ -352,19 +353,19 @@ impl Server {
         }
     }
 
-    /// The child's user + system CPU so far, in µs.
+    /// The child's CPU so far, in µs: the time on CPU of each of its threads, in ns
+    /// (`/proc/<pid>/task/<tid>/schedstat`, first field), not the clock ticks of
+    /// `/proc/<pid>/stat`, whose 10 ms are ± 0.5 µs per request at 20,000 requests. The
+    /// server's threads (tokio's workers) live as long as it does.
     fn cpu_us(&self) -> f64 {
         let pid = self.child.id();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_else(|e| panic!("read /proc/{pid}/stat: {e}"));
-        // Field 2 (comm) may hold spaces: count from the last ')'. After it come fields 3..,
-        // so utime (14) and stime (15) are at 11 and 12.
-        let rest = &stat[stat.rfind(')').expect("stat format") + 1..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| -> f64 { fields[i].parse::<u64>().expect("stat tick field") as f64 };
-        // SAFETY: sysconf reads a constant; no memory is involved.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        (ticks(11) + ticks(12)) * 1e6 / hz
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap_or_else(|e| panic!("read /proc/{pid}/task: {e}"));
+        let ns: u64 = tasks
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
+            .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+            .sum();
+        ns as f64 / 1e3
     }
 }
 
@@ -844,8 +845,6 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
     }
     command.push_str("cargo bench -p tower-redlock-benches --bench layer --features axum,json");
     let redis_bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
-    // SAFETY: sysconf reads a constant; no memory is involved.
-    let clk_tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let mut out = String::new();
     let w = &mut out;
     let _ = writeln!(w, "## Layer overhead\n");
@@ -889,14 +888,12 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
         w,
         "- metrics: latencies in µs, nearest-rank percentiles of per-request wall times \
          (request sent to body received); req/s = timed requests ÷ wall time of the timed \
-         phase; server CPU = user + system CPU of the server process (`/proc/<pid>/stat`, \
-         clock ticks of {} ms, so ± {} µs/req at this size) over the timed phase (+{} ms \
-         for releases still under way), per request; Redis CPU = sum over the nodes of \
+         phase; server CPU = the time on CPU of the server process's threads \
+         (`/proc/<pid>/task/*/schedstat`, in ns) over the timed phase (+{} ms for releases \
+         still under way), per request; Redis CPU = sum over the nodes of \
          `used_cpu_user + used_cpu_sys`, per request; errors = responses other than 200 and \
          failed requests (warm-up included), total over the repeats (must be 0: every name \
          is fresh).\n",
-        1e3 / clk_tck,
-        fmt_num(1e6 / clk_tck / cfg.requests as f64),
         SETTLE.as_millis(),
     );
     let _ = writeln!(
