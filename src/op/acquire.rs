@@ -165,17 +165,20 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             self.release_missed(deletion).await;
         }
         pending.deletion = None;
-        match &missed {
-            // A replay, not a failure (and the record's bytes stay out of the log).
+        self.log_missed(&missed);
+        missed
+    }
+
+    /// Logs a missed attempt: a failure, or a replay (whose record stays out of the log).
+    fn log_missed(&self, missed: &Attempt) {
+        let nodes = self.core.node_count();
+        match missed {
             Attempt::Record(_) => tracing::debug!(
-                nodes = self.core.node_count(),
+                nodes,
                 "redlock attempt found the name's completion record: its response is replayed"
             ),
-            _ => {
-                tracing::debug!(nodes = self.core.node_count(), failure = ?missed, "redlock attempt failed")
-            }
+            _ => tracing::debug!(nodes, failure = ?missed, "redlock attempt failed"),
         }
-        missed
     }
 
     /// Step 5, after a missed attempt: releases its value on every node but the foreign
@@ -204,14 +207,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let ttl = Duration::from_millis(ttl_ms(target.ttl));
         // 1-3. SET NX PX everywhere at once, decided as early as the outcome is certain.
         let window = Window::starting_now(core, ttl, outer);
-        let deadline = core.call_deadline(window.start, ttl, outer);
-        let (round, votes, mut replies) = self.set_round(target, value, ttl, deadline).await;
-        if votes.reached() && replies.kept_out.len() > 0 {
-            // Boxed: a rare round (only while a node is kept out) that need not weigh on
-            // every acquisition's future.
-            let deadline = core.call_deadline(window.start, ttl, outer);
-            Box::pin(self.read_kept_out(target, value, &mut replies, deadline)).await;
-        }
+        let (round, votes, replies) = self.sets(target, value, &window).await;
         *foreign = replies.foreign;
         let phase_one = match self.granted(target, votes, replies)? {
             Granted::Lock(phase_one) => phase_one,
@@ -322,7 +318,15 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
                 (target.fenced == Fenced::Yes).then_some(replies.fencing),
             ));
         }
+        Err(self.not_granted(target, votes, &replies))
+    }
+
+    /// Why a `SET NX PX` round that reached no quorum (and found no record a quorum
+    /// agrees on) missed: busy when some node said another client holds the lock, short
+    /// of nodes otherwise.
+    fn not_granted(&self, target: &Target, votes: Votes, replies: &SetReplies) -> Attempt {
         let tally = &votes.tally;
+        let records = replies.records.len();
         // To a replay acquisition, a record on fewer than a quorum of nodes and no holder
         // besides is no request holding the name: it is short of nodes (nodes that lost
         // the record, or are not back yet), and the record is evidence the key completed.
@@ -330,17 +334,17 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             && records >= tally.held_elsewhere()
             && records < self.core.quorum();
         if !tally.is_busy() || only_records {
-            return Err(Attempt::missed(votes.no_quorum()));
+            return Attempt::missed(votes.no_quorum());
         }
-        Err(Attempt::Missed {
+        Attempt::Missed {
             error: LockError::Busy {
                 held_elsewhere: tally.held_elsewhere(),
-                nodes,
+                nodes: tally.nodes(),
                 retry_after: replies.retry_after,
                 attempts: 1,
             },
             by_others: replies.held_by_others,
-        })
+        }
     }
 
     /// The fencing number of an attempt that got its quorum: the proposal when a quorum
@@ -364,20 +368,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             if crate::quorum::validity(window.ttl, elapsed, window.drift).is_none() {
                 return Ok(None);
             }
-            let at = CounterAt::of(resource);
-            fencing::read_counters(core.nodes(), at, phase_one, deadline()).await?;
-            if phase_one.pinned() {
-                tracing::error!(
-                    "redlock fencing counter at its maximum (2^53) on a node: this acquisition \
-                     resets it to its own number in phase 2, a deliberate loss of that counter \
-                     (a number that high can only come from a hand-written counter or a client \
-                     with an unbounded clock); a store that saw such a number refuses the new \
-                     ones until it is reset too"
-                );
-            }
-            if let Some(highest) = phase_one.highest() {
-                clock.saw(highest);
-            }
+            self.read_counters(resource, phase_one, deadline()).await?;
         }
         let number = phase_one.number(quorum);
         let recorded = match number {
@@ -401,6 +392,31 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         Ok(Some(recorded))
     }
 
+    /// Reads `resource`'s counter into `phase_one` on the nodes whose grant it counted, by
+    /// `deadline` (when too few accepted the proposal), and learns the highest.
+    async fn read_counters(
+        &self,
+        resource: &Resource,
+        phase_one: &mut PhaseOne,
+        deadline: Instant,
+    ) -> Result<(), LockError> {
+        let at = CounterAt::of(resource);
+        fencing::read_counters(self.core.nodes(), at, phase_one, deadline).await?;
+        if phase_one.pinned() {
+            tracing::error!(
+                "redlock fencing counter at its maximum (2^53) on a node: this acquisition \
+                 resets it to its own number in phase 2, a deliberate loss of that counter \
+                 (a number that high can only come from a hand-written counter or a client \
+                 with an unbounded clock); a store that saw such a number refuses the new \
+                 ones until it is reset too"
+            );
+        }
+        if let Some(highest) = phase_one.highest() {
+            self.fencing.clock().saw(highest);
+        }
+        Ok(())
+    }
+
     /// The fencing proposal of an attempt (0 when not fenced). Until a quorum of nodes
     /// gave an estimate of their clocks, the client's first acquisitions first wait for the
     /// connects under way (until that quorum, by `deadline`), so that the first proposals
@@ -422,6 +438,29 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         // `PhaseOne::read`), and the reset after it gives at most one less than that
         // number, never the number a holder before may have taken.
         clock.propose().min(MAX_NUMBER - 2)
+    }
+
+    /// Steps 2 and 3 of an attempt in `window`: the [`set_round`](Self::set_round), and
+    /// when it reached a quorum with nodes kept out by the restart quarantine, what those
+    /// nodes hold of the name.
+    async fn sets(
+        &self,
+        target: &Target,
+        value: &str,
+        window: &Window,
+    ) -> (Round<N::Call>, Votes, SetReplies) {
+        let deadline = || {
+            self.core
+                .call_deadline(window.start, window.ttl, window.outer)
+        };
+        let (round, votes, mut replies) =
+            self.set_round(target, value, window.ttl, deadline()).await;
+        if votes.reached() && replies.kept_out.len() > 0 {
+            // Boxed: a rare round (only while a node is kept out) that need not weigh on
+            // every acquisition's future.
+            Box::pin(self.read_kept_out(target, value, &mut replies, deadline())).await;
+        }
+        (round, votes, replies)
     }
 
     /// Step 2: `SET NX PX` on every node at once (fenced: followed by the proposal's

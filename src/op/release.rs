@@ -33,7 +33,7 @@ use crate::name::Resource;
 use crate::node::Node;
 use crate::quorum::{NodeMask, later};
 use crate::round::{Nodes, Plan, Purpose};
-use crate::scripts::{Arg, COMPLETE_SCRIPT, Deleted, Invocation, Request, parse_deleted};
+use crate::scripts::{Arg, COMPLETE_SCRIPT, Deleted, Invocation, LockKeys, Request, parse_deleted};
 use crate::token::Lock;
 use crate::waiters::Waiters;
 
@@ -228,13 +228,7 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
         }
         // Counted until its nodes answered, for `shutdown`.
         let _running = self.core.release_running();
-        let key = &*deletion.resource.key;
-        let request = Request::Release {
-            key,
-            waiting: deletion.resource.waiting_key.as_deref(),
-            value: deletion.value.as_bytes(),
-            id: self.waiters.id(),
-        };
+        let (key, request) = (&*deletion.resource.key, self.request(deletion));
         let mut round = self.core.nodes().send(&request, self.plan(deletion));
         let waiters = self.waiters;
         // Every call has been polled once, so each has handed its delete to its node's
@@ -269,6 +263,17 @@ impl<N: Nodes + ?Sized> Release<'_, N> {
             self.count_deleted(&mut out, i, reply);
         }
         out
+    }
+
+    /// The [`RELEASE`](crate::scripts) of `deletion`, telling the waiters with this
+    /// client's id.
+    fn request<'d>(&'d self, deletion: &'d Deletion) -> Request<'d> {
+        Request::Release {
+            key: &deletion.resource.key,
+            waiting: deletion.resource.waiting_key.as_deref(),
+            value: deletion.value.as_bytes(),
+            id: self.waiters.id(),
+        }
     }
 
     /// The round of `deletion`: every node but the foreign ones, each after the
@@ -355,20 +360,10 @@ async fn store<N: Nodes + ?Sized>(
         Arg::Bytes(record),
         Arg::Int(ttl_ms(retention)),
     ];
-    let (both, one);
-    let keys: &[&[u8]] = match held.waiting {
-        Some(waiting) => {
-            both = [held.key, waiting];
-            &both
-        }
-        None => {
-            one = [held.key];
-            &one
-        }
-    };
+    let keys = LockKeys::new(held.key, held.waiting);
     let request = Request::Script(Invocation {
         script: &COMPLETE_SCRIPT,
-        keys,
+        keys: keys.as_slice(),
         args: &args,
     });
     let plan = Plan {

@@ -141,20 +141,32 @@ impl Request<'_> {
     }
 }
 
+/// A lock key, then the nodes' waiting key where there is one: the keys of a script that
+/// tells the waiters ([`RELEASE`](super::lua::RELEASE), [`COMPLETE`](super::lua::COMPLETE)).
+pub(crate) struct LockKeys<'a> {
+    keys: [&'a [u8]; 2],
+}
+
+impl<'a> LockKeys<'a> {
+    /// `key`, then `waiting` if there is one.
+    pub(crate) fn new(key: &'a [u8], waiting: Option<&'a [u8]>) -> Self {
+        Self {
+            keys: [key, waiting.unwrap_or_default()],
+        }
+    }
+
+    /// The keys, as a script call takes them.
+    pub(crate) fn as_slice(&self) -> &[&'a [u8]] {
+        let n = if self.keys[1].is_empty() { 1 } else { 2 };
+        &self.keys[..n]
+    }
+}
+
 /// The [`RELEASE`](super::lua::RELEASE) of `key` holding `value`, by client `id`, with the
 /// node's `waiting` key if there is one.
 fn release(key: &[u8], waiting: Option<&[u8]>, value: &[u8], id: &[u8]) -> Call {
-    let (both, one);
-    let keys: &[&[u8]] = match waiting {
-        Some(waiting) => {
-            both = [key, waiting];
-            &both
-        }
-        None => {
-            one = [key];
-            &one
-        }
-    };
+    let keys = LockKeys::new(key, waiting);
+    let keys = keys.as_slice();
     let inv = Invocation {
         script: &RELEASE_SCRIPT,
         keys,

@@ -18,7 +18,7 @@ mod release_many;
 mod reply;
 mod run;
 
-pub(crate) use command::{Arg, Call, Invocation, Renewal, Request};
+pub(crate) use command::{Arg, Call, Invocation, LockKeys, Renewal, Request};
 pub(crate) use lua::{
     ACQUIRE_OR_REPLAY_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT, HELD_OR_RECORD_SCRIPT,
     INSPECT_SCRIPT, MARK_WAITING_SCRIPT, RECORD_MARKER, all,
