@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::{Cluster, wait_for};
-use tower_redlock::Redlock;
+use tower_redlock::{Lock, Redlock};
 
 /// A backstop so long that only a notification can explain a fast handoff.
 const SLOW_BACKSTOP: Duration = Duration::from_secs(3);
@@ -88,6 +88,36 @@ async fn on_every_node(cluster: &Cluster, key: &str) -> bool {
     all
 }
 
+/// `holder` takes `name`, and a task of `waiter` waits for it: back once the waiter listens
+/// on every node and has marked them all.
+async fn queued(
+    cluster: &Cluster,
+    holder: &Redlock,
+    waiter: &Redlock,
+    name: &'static str,
+) -> (Lock, tokio::task::JoinHandle<Instant>) {
+    let lock = holder.lock(name).await.expect("lock");
+    let task = spawn_waiter(waiter, name);
+    wait_subscribed(cluster, &format!("redlock:{{{name}}}")).await;
+    wait_for("the waiter's marks", Duration::from_secs(5), || {
+        on_every_node(cluster, "redlock:#waiting")
+    })
+    .await;
+    (lock, task)
+}
+
+/// Releases `lock`; how long after that `task`'s waiter got it.
+async fn handoff(
+    holder: &Redlock,
+    lock: &Lock,
+    task: tokio::task::JoinHandle<Instant>,
+) -> Duration {
+    let released = Instant::now();
+    let _ = holder.unlock(lock).await;
+    let got = task.await.expect("waiter task");
+    got.saturating_duration_since(released)
+}
+
 /// A release tells the waiters only while a waiter of another client has marked the
 /// nodes: with nobody waiting, releases alone and in batches publish nothing; once another
 /// client waits, the release publishes on every node, and the waiter goes at once.
@@ -115,18 +145,9 @@ async fn a_release_publishes_only_while_another_client_waits() {
     let waiter = cluster
         .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
         .await;
-    let lock = holder.lock("told").await.expect("lock");
-    let task = spawn_waiter(&waiter, "told");
-    wait_subscribed(&cluster, "redlock:{told}").await;
-    wait_for("the waiter's marks", Duration::from_secs(5), || {
-        on_every_node(&cluster, "redlock:#waiting")
-    })
-    .await;
+    let (lock, task) = queued(&cluster, &holder, &waiter, "told").await;
     cluster.reset_stats().await;
-    let released = Instant::now();
-    let _ = holder.unlock(&lock).await;
-    let got = task.await.expect("waiter task");
-    let handoff = got.saturating_duration_since(released);
+    let handoff = handoff(&holder, &lock, task).await;
     assert!(
         handoff < Duration::from_millis(500),
         "the waiter took {handoff:?} (its retry delay is {SLOW_BACKSTOP:?})"
@@ -149,13 +170,7 @@ async fn a_marked_waiter_does_not_poll_while_the_holder_lives() {
     let waiter = cluster
         .client(|b| b.retry_delay(pause, Duration::ZERO).max_attempts(1000))
         .await;
-    let lock = holder.lock("long").await.expect("lock");
-    let task = spawn_waiter(&waiter, "long");
-    wait_subscribed(&cluster, "redlock:{long}").await;
-    wait_for("the waiter's marks", Duration::from_secs(5), || {
-        on_every_node(&cluster, "redlock:#waiting")
-    })
-    .await;
+    let (lock, task) = queued(&cluster, &holder, &waiter, "long").await;
     cluster.reset_stats().await;
     // Twenty of its retry delays: a waiter that polled would try about twenty times.
     let window = pause * 20;
@@ -166,10 +181,7 @@ async fn a_marked_waiter_does_not_poll_while_the_holder_lives() {
         sets <= 2,
         "{sets} SETs on node 0 in {window:?}: the waiter polled"
     );
-    let released = Instant::now();
-    let _ = holder.unlock(&lock).await;
-    let got = task.await.expect("waiter task");
-    let handoff = got.saturating_duration_since(released);
+    let handoff = handoff(&holder, &lock, task).await;
     assert!(
         handoff < Duration::from_millis(500),
         "the waiter took {handoff:?}"
