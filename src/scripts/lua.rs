@@ -169,9 +169,10 @@ return 0
 "#;
 
 /// The mark of a waiter of another client's lock, set once it listens for the release and
-/// before it tries again ([`RELEASE`] tells only while it is there): `KEYS[1]` = the node's waiting key, `ARGV[1]`
-/// = how long the waiter may wait, in ms. Sets the key for that long, unless it is there
-/// for longer already (another waiter's mark): a mark is never shortened. Returns 1.
+/// before it tries again ([`RELEASE`] tells only while it is there): `KEYS[1]` = the
+/// node's waiting key, `ARGV[1]` = how long the waiter may wait, in ms. Sets the key for
+/// that long, unless it is there for longer already (another waiter's mark): a mark is
+/// never shortened. Returns 1.
 pub(super) const MARK_WAITING: &str = r#"
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then
   redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
@@ -182,8 +183,9 @@ return 1
 /// [`RELEASE`] for many locks of one client at once (a node's releases that queued while
 /// another was on its way): `KEYS[i]` = lock key, `ARGV[i]` = its value, the last `ARGV` =
 /// the releasing client's id, and after the lock keys, the node's waiting key (all the
-/// releases' own, when they share it: one check for the batch). Returns one answer per key: 1, 0 or a refused `PUBLISH`'s
-/// message as [`RELEASE`], or, for a key that is not a string, `{error message}`
+/// releases' own, when they share it: one check for the batch). Returns one answer per
+/// key: 1, 0 or a refused `PUBLISH`'s message as [`RELEASE`], or, for a key that is not a
+/// string, `{error message}`
 /// (`WRONGTYPE`), which fails that key alone (a bare error inside the reply would fail the
 /// whole call). A refused `PUBLISH` never stops the keys after it.
 ///
