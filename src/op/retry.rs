@@ -185,8 +185,6 @@ impl<B: Background> Retry<'_, B> {
     /// expires, instead of short polls that spend its attempts; one that will not hear it
     /// polls. Other failures pause a jittered delay. No wait lasts past `waits_until`.
     async fn pause(&self, target: &Target, wait: Wait<'_>, ticket: &mut Option<Ticket>) {
-        let nodes = self.acquire.core.nodes();
-        let node_timeout = self.acquire.core.node_timeout();
         let LockError::Busy { retry_after, .. } = wait.failure else {
             // Nodes kept out by the restart quarantine come back at a known time.
             let pause = self.policy.pause().max(wait.failure.quarantine_left());
@@ -200,8 +198,8 @@ impl<B: Background> Retry<'_, B> {
         let Some(t) = ticket else {
             let t = self.waiters.join(&target.resource.key);
             if wait.by_others {
-                t.subscribe(nodes, node_timeout).await;
-                self.mark(target, &t, *retry_after, wait.waits_until).await;
+                self.listen(target, &t, *retry_after, wait.waits_until)
+                    .await;
             }
             t.busy(*retry_after);
             if !t.is_head() {
@@ -213,30 +211,27 @@ impl<B: Background> Retry<'_, B> {
             return;
         };
         t.busy(*retry_after);
-        if wait.by_others && !t.subscribed() {
-            // Only the nodes can tell of another client's release: subscribe, then try
-            // again at once (a release before that told nobody).
-            t.subscribe(nodes, node_timeout).await;
-            self.mark(target, t, *retry_after, wait.waits_until).await;
-        } else {
-            if wait.by_others {
-                // The release tells only while the mark is there: renewed for this wait.
-                self.mark(target, t, *retry_after, wait.waits_until).await;
-            }
+        let subscribed = t.subscribed();
+        if wait.by_others {
+            // Only the nodes can tell of another client's release, and only while the
+            // mark is there: subscribed if not yet, the mark renewed for this wait.
+            self.listen(target, t, *retry_after, wait.waits_until).await;
+        }
+        if !wait.by_others || subscribed {
             // Told of the release (by this client's own holder, or by the nodes), the head
             // waits up to the holder's TTL; otherwise it polls.
             t.wait(self.policy.pause(), wait.waits_until).await;
         }
+        // Just subscribed: it tries again at once (a release before that told nobody).
     }
-}
 
-impl<B: Background> Retry<'_, B> {
-    /// Marks the nodes for the wait of `t`'s queue (see `super::mark`), unless its last
-    /// mark lasts long enough: until the head's next attempt at the latest (the holder's
-    /// TTL, `retry_after`, or a retry pause; no later than `waits_until`), with a margin
-    /// for that attempt and the mark after it, so a mark renewed at each wait never lapses
-    /// while the queue waits.
-    async fn mark(
+    /// Listens for another client's release of `t`'s name: subscribes the queue (unless
+    /// it is already), then marks the nodes for the wait of its head (see `super::mark`),
+    /// unless the queue's last mark lasts long enough: until the head's next attempt at the
+    /// latest (the holder's TTL, `retry_after`, or a retry pause; no later than
+    /// `waits_until`), with a margin for that attempt and the mark after it, so a mark
+    /// renewed at each wait never lapses while the queue waits.
+    async fn listen(
         &self,
         target: &Target,
         t: &Ticket,
@@ -244,6 +239,7 @@ impl<B: Background> Retry<'_, B> {
         waits_until: Option<Instant>,
     ) {
         let core = self.acquire.core;
+        t.subscribe(core.nodes(), core.node_timeout()).await;
         let now = crate::clock::now();
         let mut next = later(now, retry_after.unwrap_or_else(|| self.policy.pause()));
         if let Some(end) = waits_until {

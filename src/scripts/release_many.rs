@@ -32,10 +32,11 @@ pub(crate) async fn release_many<C: ConnectionLike>(
     calls: &[impl std::ops::Deref<Target = Call>],
     conn: &mut C,
 ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+    let waiting = shared_waiting(calls);
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(RELEASE_MANY_SCRIPT.sha.as_str())
-        .arg(calls.len() + usize::from(shared_waiting(calls).is_some()));
-    for_each_word(calls, |word| {
+        .arg(calls.len() + usize::from(waiting.is_some()));
+    for_each_word(calls, waiting, |word| {
         cmd.arg(word);
     });
     let reply = run_script(&cmd, &RELEASE_MANY_SCRIPT, conn).await?;
@@ -46,25 +47,30 @@ pub(crate) async fn release_many<C: ConnectionLike>(
 /// (all of one client), packed as RESP at the end of `out`: what [`release_many`] sends,
 /// for our own connection, which merges the releases it has to write into one call.
 pub(crate) fn pack_into(calls: &[impl std::ops::Deref<Target = Call>], out: &mut Vec<u8>) {
-    let keys = calls.len() + usize::from(shared_waiting(calls).is_some());
+    let waiting = shared_waiting(calls);
+    let keys = calls.len() + usize::from(waiting.is_some());
     pack::array_header(out, 3 + keys + calls.len() + 1);
     pack::bulk(out, b"EVALSHA");
     pack::bulk(out, RELEASE_MANY_SCRIPT.sha.as_bytes());
     pack::bulk(out, pack::digits(keys as u64, &mut [0; 20]));
-    for_each_word(calls, |word| {
+    for_each_word(calls, waiting, |word| {
         pack::bulk(out, word);
     });
 }
 
-/// The keys, the waiting key they share (none if they do not: the batch then always tells
-/// the waiters), the values, then the client id of `calls`: the words of a
-/// [`RELEASE_MANY`](super::lua::RELEASE_MANY) after its key count. A call that is not a
-/// release has none: it gets the answer of an empty key, 0.
-fn for_each_word(calls: &[impl std::ops::Deref<Target = Call>], mut word: impl FnMut(&[u8])) {
+/// The keys, the `waiting` key they share ([`shared_waiting`]; none if they do not: the
+/// batch then always tells the waiters), the values, then the client id of `calls`: the
+/// words of a [`RELEASE_MANY`](super::lua::RELEASE_MANY) after its key count. A call that
+/// is not a release has none: it gets the answer of an empty key, 0.
+fn for_each_word(
+    calls: &[impl std::ops::Deref<Target = Call>],
+    waiting: Option<&[u8]>,
+    mut word: impl FnMut(&[u8]),
+) {
     for call in calls {
         word(call.release().unwrap_or_default()[0]);
     }
-    if let Some(waiting) = shared_waiting(calls) {
+    if let Some(waiting) = waiting {
         word(waiting);
     }
     for call in calls {
@@ -140,7 +146,8 @@ mod tests {
         // redis-rs's form of the call has the same words.
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha).arg(4);
-        for_each_word(&[&calls[0], &calls[1], &calls[2]], |w| {
+        let all = [&calls[0], &calls[1], &calls[2]];
+        for_each_word(&all, shared_waiting(&all), |w| {
             cmd.arg(w);
         });
         assert_eq!(cmd.get_packed_command(), out[b"before|".len()..].to_vec());
