@@ -1,8 +1,9 @@
 //! The waiters' queue of one client, without a server: arrival order and the head, the
 //! head handed on (at once after a waiter gave up, after the release when it got the
 //! lock), release messages counted to a quorum, a release by this client, a name whose
-//! work is done, and the head's backstop and deadline. Time is real but short: each wait
-//! is bounded by a deadline, and only lower bounds of waits are asserted.
+//! work is done, the head's backstop and deadline, and the nodes' mark it counts on. Time
+//! is real but short: each wait is bounded by a deadline, and only lower bounds of waits
+//! are asserted, besides one a hundred times the backstop it is about.
 
 use std::time::{Duration, Instant};
 
@@ -142,6 +143,43 @@ async fn the_head_tries_at_its_backstop_and_not_before_the_holder_expires() {
     let backstop = Duration::from_millis(30);
     let waited = waits_until(&a, backstop, Instant::now() + PATIENCE).await;
     assert!(waited >= backstop, "{waited:?}");
+    let holder = Duration::from_millis(120);
+    a.busy(Some(holder));
+    a.attempting();
+    let waited = waits_until(&a, backstop, Instant::now() + PATIENCE).await;
+    assert!(
+        waited >= holder - Duration::from_millis(5),
+        "went after {waited:?}, before the holder's key expired"
+    );
+}
+
+/// A head that listens for another client's release trusts the holder's TTL only while a
+/// quorum of nodes carries its mark (without one, a release tells nobody): unmarked, or
+/// marked on too few nodes, it tries at its backstop; marked, not before the holder's key
+/// expires.
+#[tokio::test]
+async fn a_listening_head_waits_for_the_holder_only_while_the_nodes_carry_its_mark() {
+    let waiters = Waiters::new(3, 2);
+    let a = waiters.join(key());
+    waiters.with_queue(key(), |q| {
+        q.subscribed = true;
+        q.listening = true;
+    });
+    let backstop = Duration::from_millis(30);
+    let far = Duration::from_secs(3);
+    for marked_on_a_quorum in [None, Some(false)] {
+        if let Some(on_quorum) = marked_on_a_quorum {
+            a.marked(Instant::now() + PATIENCE, on_quorum);
+        }
+        a.busy(Some(far));
+        a.attempting();
+        let waited = waits_until(&a, backstop, Instant::now() + PATIENCE).await;
+        assert!(
+            waited >= backstop && waited < far,
+            "marked on a quorum: {marked_on_a_quorum:?}; went after {waited:?}"
+        );
+    }
+    a.marked(Instant::now() + PATIENCE, true);
     let holder = Duration::from_millis(120);
     a.busy(Some(holder));
     a.attempting();
