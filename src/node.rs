@@ -331,10 +331,15 @@ impl Node {
         st.loss.whole()
     }
 
-    /// How much longer the node is quarantined, and why, if it is (the state is locked by
-    /// the caller). Keeps the quarantined-nodes gauge and logs the end of a quarantine.
-    fn quarantine_left(&self, st: &mut NodeState) -> Option<(Duration, QuarantineReason)> {
-        let (now, horizon) = (crate::clock::now(), &*self.settings.horizon);
+    /// How much longer from `now` the node is quarantined, and why, if it is (the state is
+    /// locked by the caller). Keeps the quarantined-nodes gauge and logs the end of a
+    /// quarantine.
+    fn quarantine_left(
+        &self,
+        st: &mut NodeState,
+        now: Instant,
+    ) -> Option<(Duration, QuarantineReason)> {
+        let horizon = &*self.settings.horizon;
         let left = std::iter::once(&st.loss)
             .chain(st.shard_losses.values())
             .filter_map(|loss| loss.quarantine(now, horizon))
@@ -380,7 +385,7 @@ impl Node {
     /// How much longer the node is quarantined, and why, if it is.
     pub(crate) fn quarantined_for(&self) -> Option<(Duration, QuarantineReason)> {
         let mut st = self.state();
-        self.quarantine_left(&mut st)
+        self.quarantine_left(&mut st, crate::clock::now())
     }
 
     /// Takes the answer of a request on the connection of `generation`: a request that

@@ -229,10 +229,12 @@ impl Round {
         // A deciding round's stragglers land in the background.
         let landing = (quarantine == Quarantine::Applies)
             .then(|| LandingState::new(NodeMask::matching(nodes.len(), |i| !skip.contains(i))));
+        let now = crate::clock::now();
         let sending = Sending {
             quarantine,
             nodes: nodes.len().saturating_sub(skip.len()),
             deadline,
+            now,
             after: after.filter(|after| !after.is_done()),
             marks: landing.as_ref(),
         };
@@ -242,13 +244,19 @@ impl Round {
             .filter(|node| !skip.contains(node.index()))
             .map(|node| NodeCall::start(node, &call, &sending))
             .collect();
-        Self::of(calls, deadline, landing)
+        Self::of(calls, deadline, landing, now)
     }
 }
 
 impl<C: InFlight + 'static> Round<C> {
-    /// The round of `calls`, given up at `deadline`; `landing` tracks their landing.
-    pub(crate) fn of(calls: Vec<C>, deadline: Instant, landing: Option<Arc<LandingState>>) -> Self {
+    /// The round of `calls`, sent at `sent_at` and given up at `deadline`; `landing`
+    /// tracks their landing.
+    pub(crate) fn of(
+        calls: Vec<C>,
+        deadline: Instant,
+        landing: Option<Arc<LandingState>>,
+        sent_at: Instant,
+    ) -> Self {
         let gate = (calls.len() > 1).then(|| {
             let gate = Arc::new(Gate::default());
             let waker = Waker::from(Arc::clone(&gate));
@@ -258,7 +266,7 @@ impl<C: InFlight + 'static> Round<C> {
             calls,
             expired: Vec::new(),
             deadline,
-            sent_at: crate::clock::now(),
+            sent_at,
             gate,
             wake_after: 1,
             landing,

@@ -107,7 +107,12 @@ impl Setup {
             });
         }
         let landing = LandingState::new(NodeMask::matching(n, |_| true));
-        let round = Round::of(calls, Instant::now() + deadline, Some(landing));
+        let round = Round::of(
+            calls,
+            Instant::now() + deadline,
+            Some(landing),
+            Instant::now(),
+        );
         Self {
             round,
             answers,

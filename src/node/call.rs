@@ -53,6 +53,9 @@ pub(crate) struct Sending<'a> {
     /// When the round stops waiting: a release on a redis-rs connection holds its node's
     /// turn at most that long.
     pub(crate) deadline: Instant,
+    /// When the round sends: one clock read for the calls that go at once (a quarantine
+    /// looked up a moment early ends that much later; see also `renewals`).
+    pub(crate) now: Instant,
     /// The call first waits for the node's call in this earlier round to land (a release
     /// after a late `SET`).
     pub(crate) after: Option<&'a Landing>,
@@ -127,7 +130,7 @@ impl NodeCall {
         let waits = sending.after.filter(|after| !after.has_landed(i));
         let how = sending.how();
         if waits.is_none()
-            && let Some(flight) = node.start_now(call, how)
+            && let Some(flight) = node.start_now(call, how, sending.now)
         {
             if let (Flight::Sent { .. }, Some(marks)) = (&flight, sending.marks) {
                 marks.sent(i);
@@ -216,22 +219,23 @@ impl Future for NodeCall {
 
 impl Node {
     /// `call` started without waiting, if the node's own connection is ready (and, when
-    /// acquiring, the node is not quarantined): the command is then on the connection.
-    /// `None` otherwise: [`run`](Self::run) it.
-    fn start_now(self: &Arc<Self>, call: &Arc<Call>, sending: How) -> Option<Flight> {
+    /// acquiring, the node is not quarantined at `now`): the command is then on the
+    /// connection. `None` otherwise: [`run`](Self::run) it.
+    fn start_now(self: &Arc<Self>, call: &Arc<Call>, sending: How, now: Instant) -> Option<Flight> {
         let (wire, generation) = {
             let mut st = self.state();
             let wire = match &st.slot {
                 Link::Ready(Conn::Own(wire)) => wire.clone(),
                 _ => return None,
             };
-            if sending.quarantine == Quarantine::Applies && self.quarantine_left(&mut st).is_some()
+            if sending.quarantine == Quarantine::Applies
+                && self.quarantine_left(&mut st, now).is_some()
             {
                 return None;
             }
             (wire, st.generation)
         };
-        Some(self.send_on(&wire, generation, call, sending.writes))
+        Some(self.send_on(&wire, generation, call, sending.writes, now))
     }
 
     /// Runs `call`, waiting for the connection first if need be. When the quarantine applies, a
@@ -284,17 +288,18 @@ impl Node {
 
     /// Sends `call` on our own connection `wire` (of `generation`); a release merged with
     /// the others of the connection's next write. A fenced acquisition leaves its renewal
-    /// out where this connection renewed the set recently (see `renewals`).
+    /// out where this connection renewed the set recently, as of `now` (see `renewals`).
     fn send_on(
         &self,
         wire: &wire::Wire,
         generation: u64,
         call: &Arc<Call>,
         writes: Writes,
+        now: Instant,
     ) -> Flight {
         let reply = match call.renews() {
             _ if call.is_release() => wire.release(call, writes),
-            Some(set) if !self.renewals.due(set, generation) => {
+            Some(set) if !self.renewals.due_at(set, generation, now) => {
                 let (packed, commands) = call.without_renewal();
                 wire.request_all(packed, commands, writes, call.key())
             }
@@ -303,7 +308,7 @@ impl Node {
                 if let Some(set) = renews {
                     // Marked once it is on the connection: a request that leaves the
                     // renewal out for this mark goes after it there.
-                    self.renewals.renewed(set, generation);
+                    self.renewals.renewed_at(set, generation, now);
                 }
                 reply
             }
@@ -338,7 +343,7 @@ impl Node {
     ) -> Result<Value, NodeError> {
         if let Conn::Own(wire) = &conn {
             // The hot path: the command encoded once for the round.
-            let flight = self.send_on(wire, generation, call, sending.writes);
+            let flight = self.send_on(wire, generation, call, sending.writes, crate::clock::now());
             on_sent();
             return NodeCall::new(self, call, flight).await;
         }

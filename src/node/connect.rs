@@ -430,7 +430,8 @@ impl Node {
                     Link::Ready(conn) => {
                         let ready = (conn.clone(), st.generation);
                         if quarantine == Quarantine::Applies
-                            && let Some((remaining, reason)) = self.quarantine_left(&mut st)
+                            && let Some((remaining, reason)) =
+                                self.quarantine_left(&mut st, crate::clock::now())
                         {
                             return Err(NodeError::Quarantined { remaining, reason });
                         }

@@ -69,18 +69,25 @@ impl Renewals {
         }
     }
 
-    fn now(&self) -> u32 {
-        u32::try_from(crate::clock::since(self.started).as_secs()).unwrap_or(u32::MAX)
+    /// The whole seconds from `started` to `now`.
+    fn second(&self, now: Instant) -> u32 {
+        u32::try_from(now.saturating_duration_since(self.started).as_secs()).unwrap_or(u32::MAX)
     }
 
     /// Whether a fenced request in set `set` that goes on the connection of `generation`
     /// now must renew the set. A set the node does not have renews (it cannot hurt).
     pub(crate) fn due(&self, set: u16, generation: u64) -> bool {
+        self.due_at(set, generation, crate::clock::now())
+    }
+
+    /// [`due`](Self::due) as of `now` (a round's one clock read for all its calls: a
+    /// moment early, which can only put a renewal off by that moment).
+    pub(crate) fn due_at(&self, set: u16, generation: u64, now: Instant) -> bool {
         self.marks.get(usize::from(set)).is_none_or(|mark| {
             due_after(
                 mark.load(Ordering::Acquire),
                 generation,
-                self.now(),
+                self.second(now),
                 self.every,
             )
         })
@@ -89,8 +96,14 @@ impl Renewals {
     /// A renewal of set `set` was put on the connection of `generation` (it runs before
     /// any later command on that connection).
     pub(crate) fn renewed(&self, set: u16, generation: u64) {
+        self.renewed_at(set, generation, crate::clock::now());
+    }
+
+    /// [`renewed`](Self::renewed) as of `now` (marked a moment early: the next renewal
+    /// comes that much sooner).
+    pub(crate) fn renewed_at(&self, set: u16, generation: u64, now: Instant) {
         if let Some(mark) = self.marks.get(usize::from(set)) {
-            mark.store(mark_of(generation, self.now()), Ordering::Release);
+            mark.store(mark_of(generation, self.second(now)), Ordering::Release);
         }
     }
 }

@@ -161,7 +161,7 @@ impl Nodes for FakeNodes {
             .collect();
         let landing = matches!(plan.purpose, Purpose::Decide)
             .then(|| LandingState::new(NodeMask::matching(n, |i| !plan.skip.contains(i))));
-        Round::of(calls, plan.deadline, landing)
+        Round::of(calls, plan.deadline, landing, crate::clock::now())
     }
 
     fn notifications_refused(&self, _i: usize, _message: &str) {}

@@ -323,7 +323,7 @@ impl Nodes for SimNodes {
                 }
             })
             .collect();
-        Round::of(calls, deadline, landing)
+        Round::of(calls, deadline, landing, crate::clock::now())
     }
 
     fn notifications_refused(&self, _i: usize, _message: &str) {}

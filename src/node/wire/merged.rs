@@ -31,6 +31,7 @@
 //! ```
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use redis::{RedisError, Value};
 
@@ -110,11 +111,11 @@ impl Merged {
 
     /// The call's reply: each release gets its own answer (a lone release the reply
     /// itself). A reply the releases cannot be told from (an error such as `NOSCRIPT`
-    /// among them) is each release's answer, as it would have been alone.
-    pub(super) fn deliver(&self, reply: Value) {
+    /// among them) is each release's answer, as it would have been alone. Read by `at`.
+    pub(super) fn deliver(&self, reply: Value, at: Instant) {
         let items = std::mem::take(&mut *self.items());
         if let [lone] = items.as_slice() {
-            lone.slot.deliver(reply);
+            lone.slot.deliver(reply, at);
             return;
         }
         let error = match reply {
@@ -123,7 +124,7 @@ impl Merged {
                 Ok(answers) => {
                     for (item, answer) in items.iter().zip(answers) {
                         match answer {
-                            Ok(value) => item.slot.deliver(value),
+                            Ok(value) => item.slot.deliver(value, at),
                             Err(e) => item.slot.fail(e),
                         }
                     }
@@ -172,7 +173,7 @@ impl Unsent {
     /// Its answer, for its caller.
     pub(crate) fn answer(mut self, answer: redis::RedisResult<Value>) {
         match (self.slot.take(), answer) {
-            (Some(slot), Ok(value)) => slot.deliver(value),
+            (Some(slot), Ok(value)) => slot.deliver(value, crate::clock::now()),
             (Some(slot), Err(error)) => slot.fail(error),
             (None, _) => {}
         }

@@ -53,8 +53,9 @@ impl Slot {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One more reply arrived.
-    pub(super) fn deliver(&self, value: Value) {
+    /// One more reply arrived; the connection's task read it by `at` (one clock read for
+    /// every reply of a read).
+    pub(super) fn deliver(&self, value: Value, at: Instant) {
         let waker = {
             let mut st = self.state();
             st.expected = st.expected.saturating_sub(1);
@@ -72,7 +73,7 @@ impl Slot {
                 other => other,
             };
             if st.expected == 0 {
-                st.arrived = Some(crate::clock::now());
+                st.arrived = Some(at);
                 st.waker.take()
             } else {
                 None

@@ -222,10 +222,12 @@ fn hand_out(shared: &WireShared, buf: &mut Vec<u8>, scan: &mut resp::Scan) -> Re
             }
         }
     }
+    // Every reply of this read had arrived by now: one clock read for all of them.
+    let at = crate::clock::now();
     for (waiter, value) in waiters.into_iter().zip(values) {
         match waiter {
-            Waiter::Reply(slot) => slot.deliver(value),
-            Waiter::Merged(merged) => merged.deliver(value),
+            Waiter::Reply(slot) => slot.deliver(value, at),
+            Waiter::Merged(merged) => merged.deliver(value, at),
         }
     }
     failed.map_or(Ok(()), Err)
