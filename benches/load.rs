@@ -777,7 +777,8 @@ fn report(cfg: &Config, cells: &[Cell], source: &str, elapsed: Duration) -> Stri
          critical sections/s, p50/p99 = acquire (including waiting), CPU and allocations per \
          critical section. Throughput gives in brackets the lowest and the highest repeat. \
          Where the time of a W2 pair goes on 5 nodes (round trips, wake-ups, client and Redis \
-         CPU): [`w2-profile.md`](w2-profile.md).\n"
+         CPU): [`w2-profile.md`](w2-profile.md); where a W3 handoff's goes: \
+         [`w3-handoff.md`](w3-handoff.md).\n"
     );
     let _ = writeln!(
         w,
