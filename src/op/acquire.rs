@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::release::{Background, Deletion, Held, Release, Wake};
-use super::set_replies::{SetReplies, agreed_record, count_set_round, doubts_of, only_record};
+use super::set_replies::{SetReplies, agreed_record, count_set_round, only_record};
 use crate::core::{Accepts, Core, Fenced, Target, ttl_ms};
 use crate::error::{LockError, RecordBytes};
 use crate::fencing::{self, CounterAt, Fencing, Number, PhaseOne, PhaseTwo};
@@ -510,10 +510,9 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             purpose: Purpose::Decide,
         };
         let nodes = self.core.nodes();
-        let doubts =
-            matches!(target.accepts, Accepts::LockOrRecord { .. }).then(|| doubts_of(nodes));
+        let replay = matches!(target.accepts, Accepts::LockOrRecord { .. });
         let round = nodes.send(&request, plan);
-        count_set_round(nodes, round, SetReplies::new(proposal, doubts)).await
+        count_set_round(nodes, round, SetReplies::new(proposal, replay)).await
     }
 }
 

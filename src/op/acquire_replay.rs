@@ -17,6 +17,7 @@ use super::release::{Background, Held, complete_held};
 use super::set_replies::SetReplies;
 use crate::core::{Accepts, AfterLoss, Target};
 use crate::error::{LockError, RecordBytes};
+use crate::node::Doubts;
 use crate::quorum::NodeMask;
 use crate::round::{Nodes, Plan, Purpose};
 use crate::scripts::{
@@ -59,9 +60,11 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         retention: Duration,
         after_loss: AfterLoss,
     ) -> Result<(), Attempt> {
-        let Some(doubts) = &replies.doubts else {
-            return Ok(());
-        };
+        // Judged once, here, after the round: every node that granted answered before now
+        // and was judged before it answered (its connect, at the latest), so what the
+        // nodes' ledgers say now is at least as new as each answer (and only a replay
+        // that found no record ever asks).
+        let doubts = doubts_of(self.core.nodes());
         let granted = (0..self.core.nodes().count()).filter(|&i| replies.granted.contains(i));
         let now = crate::clock::now();
         let mut waits: Vec<Duration> = granted
@@ -164,4 +167,9 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             attempts: 1,
         })
     }
+}
+
+/// What a replay acquisition doubts of `nodes` now (see [`Doubts`]).
+fn doubts_of<N: Nodes + ?Sized>(nodes: &N) -> Doubts {
+    Doubts::judge((0..nodes.count()).map(|i| nodes.whole(i)).collect())
 }

@@ -18,7 +18,6 @@ use redis::Value;
 
 use crate::error::NodeError;
 use crate::fencing::PhaseOne;
-use crate::node::Doubts;
 use crate::quorum::{NodeMask, Outcome};
 use crate::round::{Nodes, Round};
 use crate::scripts::{AcquireReply, parse_acquire};
@@ -32,8 +31,9 @@ pub(super) struct SetReplies {
     pub(super) granted: NodeMask,
     /// The nodes the restart quarantine kept out (refused at once: never asked).
     pub(super) kept_out: NodeMask,
-    /// What a replay acquisition doubts of each node (`None`: a lock-only acquisition).
-    pub(super) doubts: Option<Doubts>,
+    /// A replay acquisition: a record on any node is the key's answer, so every answer
+    /// by the deadline counts.
+    pub(super) replay: bool,
     /// The completion records found, one per node that answered with one.
     pub(super) records: Vec<Vec<u8>>,
     /// The longest remaining TTL of another holder's keys.
@@ -44,14 +44,14 @@ pub(super) struct SetReplies {
 }
 
 impl SetReplies {
-    /// No reply yet, to an attempt that proposes `proposal` as its fencing number, with
-    /// `doubts` for a replay acquisition.
-    pub(super) fn new(proposal: u64, doubts: Option<Doubts>) -> Self {
+    /// No reply yet, to an attempt that proposes `proposal` as its fencing number
+    /// (`replay`: a replay acquisition's).
+    pub(super) fn new(proposal: u64, replay: bool) -> Self {
         Self {
             foreign: NodeMask::default(),
             granted: NodeMask::default(),
             kept_out: NodeMask::default(),
-            doubts,
+            replay,
             records: Vec::new(),
             retry_after: None,
             held_by_others: false,
@@ -106,7 +106,7 @@ pub(super) fn count_set_round<N: Nodes + ?Sized>(
     // and as the locals they are moved into (300 bytes more in every acquisition's future).
     async move {
         let mut votes = Votes::new(nodes.count());
-        let replay = replies.doubts.is_some();
+        let replay = replies.replay;
         while replay || votes.undecided() {
             round.wake_after(if replay {
                 round.out()
@@ -116,11 +116,6 @@ pub(super) fn count_set_round<N: Nodes + ?Sized>(
             let Some((i, reply)) = round.next().await else {
                 break;
             };
-            if replies.doubts.is_some() {
-                // A node that answered was judged before (its connect, at the latest): what
-                // the nodes' ledgers say now, never what they said before the round's connects.
-                replies.doubts = Some(doubts_of(nodes));
-            }
             let outcome = replies.take(i, reply);
             votes.count(nodes.label(i), outcome);
         }
@@ -134,11 +129,6 @@ pub(super) fn count_set_round<N: Nodes + ?Sized>(
         }
         (round, votes, replies)
     }
-}
-
-/// What a replay acquisition doubts of `nodes` now (see [`Doubts`]).
-pub(super) fn doubts_of<N: Nodes + ?Sized>(nodes: &N) -> Doubts {
-    Doubts::judge((0..nodes.count()).map(|i| nodes.whole(i)).collect())
 }
 
 /// The record that at least `quorum` of `records` (one per node) are, byte for byte: the
