@@ -245,14 +245,7 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<Lock, LockError> {
         let target = self.target(name.as_ref(), ttl, Accepts::Lock)?;
-        let attempt = async { self.acquire_op().attempt(&target, None, 1).await.finish(1) };
-        let acquired = observed(
-            self.inner.observe,
-            &self.inner.core,
-            &target.resource,
-            attempt,
-        );
-        self.lock_only(acquired.await)
+        self.lock_only(self.once(&target).await)
     }
 
     /// Releases `lock` on every node: deletes the key only where it still holds the lock's
@@ -344,8 +337,11 @@ impl Redlock {
             after_loss,
         };
         let target = self.target(name, ttl, accepts)?;
-        let budget = deadline.map_or_else(RetryBudget::once, RetryBudget::until);
-        self.retry(&target, budget).await
+        match deadline {
+            Some(deadline) => self.retry(&target, RetryBudget::until(deadline)).await,
+            // One attempt, as `try_lock` makes it: no queue and no retry loop.
+            None => self.once(&target).await,
+        }
     }
 
     /// One extension attempt (see [`Redlock::extend`]), in a `redlock.extend` span.
@@ -451,6 +447,19 @@ impl Redlock {
     }
 
     /// The retried acquisition of `target` within `budget`, observed.
+    /// One attempt at `target`, in its `redlock.acquire` span: not queued behind this
+    /// client's waiters for the name (a busy name is the answer).
+    async fn once(&self, target: &Target) -> Result<Acquired, LockError> {
+        let attempt = async { self.acquire_op().attempt(target, None, 1).await.finish(1) };
+        observed(
+            self.inner.observe,
+            &self.inner.core,
+            &target.resource,
+            attempt,
+        )
+        .await
+    }
+
     async fn retry(&self, target: &Target, budget: RetryBudget) -> Result<Acquired, LockError> {
         let retry = Retry {
             acquire: self.acquire_op(),

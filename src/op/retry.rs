@@ -87,15 +87,6 @@ pub(crate) struct RetryBudget {
 }
 
 impl RetryBudget {
-    /// One attempt.
-    pub(crate) fn once() -> Self {
-        Self {
-            attempts: 1,
-            deadline: None,
-            waits_until: None,
-        }
-    }
-
     /// As many attempts as fit before `deadline`.
     pub(crate) fn until(deadline: Instant) -> Self {
         Self {
