@@ -388,3 +388,46 @@ async fn lock_gives_up_within_its_retry_budget() {
     );
     let _ = holder.unlock(&held).await;
 }
+
+/// A replay layer that rejects a busy name (the default) makes its one attempt at once, as
+/// a layer without replay does: it does not queue behind a task of its client that waits
+/// for the same name (it used to queue there: here it waited out the holder's 10 s TTL
+/// behind the waiter, and then ran instead of answering 409).
+#[tokio::test]
+async fn a_replay_request_rejected_when_busy_does_not_queue_behind_a_waiter() {
+    use tower::ServiceExt;
+    use tower_redlock::RedlockLayer;
+    use tower_redlock::layer::Header;
+
+    let cluster = Cluster::start(3);
+    let holder = cluster.client(|b| b).await;
+    let waiter = cluster
+        .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
+        .await;
+    let name: &'static str =
+        Box::leak(support::header_lock("idempotency-key", "busy").into_boxed_str());
+    let lock = holder.lock(name).await.expect("lock");
+    let task = spawn_waiter(&waiter, name);
+    wait_subscribed(&cluster, &support::key_of(name)).await;
+
+    let layer = RedlockLayer::new(waiter.clone(), Header::new("idempotency-key").required())
+        .replay(Duration::from_secs(60));
+    let service = axum::Router::new()
+        .route("/pay", axum::routing::post(|| async { "ran" }))
+        .route_layer(layer);
+    let request = http::Request::post("/pay")
+        .header("idempotency-key", "busy")
+        .body(axum::body::Body::empty())
+        .expect("request");
+    let sent = Instant::now();
+    let response = service.oneshot(request).await.expect("response");
+    let took = sent.elapsed();
+    assert_eq!(response.status(), http::StatusCode::CONFLICT);
+    assert!(
+        took < Duration::from_secs(1),
+        "the busy answer took {took:?} (the waiter's retry delay is {SLOW_BACKSTOP:?})"
+    );
+    let _ = holder.unlock(&lock).await;
+    task.await
+        .expect("the waiter gets the lock after the release");
+}
