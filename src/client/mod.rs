@@ -446,7 +446,6 @@ impl Redlock {
         }
     }
 
-    /// The retried acquisition of `target` within `budget`, observed.
     /// One attempt at `target`, in its `redlock.acquire` span: not queued behind this
     /// client's waiters for the name (a busy name is the answer).
     async fn once(&self, target: &Target) -> Result<Acquired, LockError> {
@@ -460,6 +459,7 @@ impl Redlock {
         .await
     }
 
+    /// The retried acquisition of `target` within `budget`, observed.
     async fn retry(&self, target: &Target, budget: RetryBudget) -> Result<Acquired, LockError> {
         let retry = Retry {
             acquire: self.acquire_op(),
