@@ -38,6 +38,14 @@ async fn wait_subscribed(cluster: &Cluster, channel: &str) {
     .await;
 }
 
+/// A client whose retry delay is [`SLOW_BACKSTOP`]: only a notification can make it go
+/// sooner.
+async fn slow_waiter(cluster: &Cluster) -> Redlock {
+    cluster
+        .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
+        .await
+}
+
 /// Spawns a `lock()` of `name` and returns when it got the lock, with the instant.
 fn spawn_waiter(redlock: &Redlock, name: &'static str) -> tokio::task::JoinHandle<Instant> {
     let redlock = redlock.clone();
@@ -53,9 +61,7 @@ fn spawn_waiter(redlock: &Redlock, name: &'static str) -> tokio::task::JoinHandl
 async fn a_waiter_acquires_right_after_the_release_not_after_the_retry_delay() {
     let cluster = Cluster::start(3);
     let holder = cluster.client(|b| b).await;
-    let waiter = cluster
-        .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
-        .await;
+    let waiter = slow_waiter(&cluster).await;
     let lock = holder.lock("handoff").await.expect("lock");
     let task = spawn_waiter(&waiter, "handoff");
     wait_subscribed(&cluster, "redlock:{handoff}").await;
@@ -142,9 +148,7 @@ async fn a_release_publishes_only_while_another_client_waits() {
         );
     }
 
-    let waiter = cluster
-        .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
-        .await;
+    let waiter = slow_waiter(&cluster).await;
     let (lock, task) = queued(&cluster, &holder, &waiter, "told").await;
     cluster.reset_stats().await;
     let handoff = handoff(&holder, &lock, task).await;
@@ -221,9 +225,7 @@ async fn a_lost_notification_costs_at_most_the_backstop() {
 #[tokio::test]
 async fn waiters_of_one_client_go_in_arrival_order() {
     let cluster = Cluster::start(3);
-    let redlock = cluster
-        .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
-        .await;
+    let redlock = slow_waiter(&cluster).await;
     // Another client holds the name first: the queue subscribes, and the first waiter is
     // woken by the nodes' messages, the others by the releases of this client.
     let other = cluster.client(|b| b).await;
@@ -305,9 +307,7 @@ async fn without_subscribe_permission_waiting_polls_and_says_so() {
 #[tokio::test]
 async fn a_release_by_the_same_client_wakes_its_waiter_without_pub_sub() {
     let cluster = Cluster::start(3);
-    let redlock = cluster
-        .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
-        .await;
+    let redlock = slow_waiter(&cluster).await;
     let lock = redlock.lock("local").await.expect("lock");
     cluster.reset_stats().await;
     let task = spawn_waiter(&redlock, "local");
@@ -401,15 +401,10 @@ async fn a_replay_request_rejected_when_busy_does_not_queue_behind_a_waiter() {
 
     let cluster = Cluster::start(3);
     let holder = cluster.client(|b| b).await;
-    let waiter = cluster
-        .client(|b| b.retry_delay(SLOW_BACKSTOP, Duration::ZERO).max_attempts(5))
-        .await;
+    let waiter = slow_waiter(&cluster).await;
     let name: &'static str =
         Box::leak(support::header_lock("idempotency-key", "busy").into_boxed_str());
-    let lock = holder.lock(name).await.expect("lock");
-    let task = spawn_waiter(&waiter, name);
-    wait_subscribed(&cluster, &support::key_of(name)).await;
-
+    let (lock, task) = queued(&cluster, &holder, &waiter, name).await;
     let layer = RedlockLayer::new(waiter.clone(), Header::new("idempotency-key").required())
         .replay(Duration::from_secs(60));
     let service = axum::Router::new()

@@ -210,13 +210,22 @@ impl RedisCluster {
     }
 
     /// Waits until replica `r` is a master that owns `key`'s slot, by every master's view.
+    /// A manual failover whose election failed is not tried again by the server (on a
+    /// loaded machine the votes can come too late): one still a replica after
+    /// [`FAILOVER_RETRY`] is asked again.
     pub fn wait_promoted(&self, r: usize, key: &[u8]) {
         let replica = self.replicas[r].port();
         let slot: i64 = query_port(replica, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
             .expect("CLUSTER KEYSLOT");
-        wait_blocking("the failover", Duration::from_secs(30), || {
-            query_port::<String>(replica, redis::cmd("CLUSTER").arg("NODES"))
-                .is_some_and(|nodes| owns(&nodes, slot))
+        let mut asked = Instant::now();
+        wait_blocking("the failover", Duration::from_secs(60), || {
+            let mine = query_port::<String>(replica, redis::cmd("CLUSTER").arg("NODES"));
+            if asked.elapsed() >= FAILOVER_RETRY && mine.as_deref().is_some_and(still_replica) {
+                let _: Option<String> =
+                    query_port(replica, redis::cmd("CLUSTER").arg("FAILOVER").arg("FORCE"));
+                asked = Instant::now();
+            }
+            mine.is_some_and(|nodes| owns(&nodes, slot))
                 && self.masters.iter().filter(|m| m.is_running()).all(|m| {
                     query_port::<String>(m.port(), redis::cmd("CLUSTER").arg("NODES"))
                         .is_some_and(|nodes| owner_port(&nodes, slot) == Some(replica))
@@ -228,6 +237,17 @@ impl RedisCluster {
     pub fn holds(&self, i: usize, key: &[u8]) -> bool {
         query_port::<bool>(self.masters[i].port(), redis::cmd("EXISTS").arg(key)).unwrap_or(false)
     }
+}
+
+/// How long a manual failover may take before [`RedisCluster::wait_promoted`] asks again.
+const FAILOVER_RETRY: Duration = Duration::from_secs(10);
+
+/// Whether the `myself` line of `CLUSTER NODES` says a replica.
+fn still_replica(nodes: &str) -> bool {
+    nodes
+        .lines()
+        .find(|l| l.contains("myself"))
+        .is_some_and(|line| !line.contains("master"))
 }
 
 /// Whether the `myself` line of `CLUSTER NODES` lists `slot`.
