@@ -35,6 +35,25 @@ async fn goes_at_once(ticket: &Ticket) -> bool {
         .is_ok()
 }
 
+/// How long `ticket` waited (with `backstop`) after a missed attempt that found the
+/// holder's key lasting `holder` more.
+async fn waited_after_a_miss(ticket: &Ticket, holder: Duration, backstop: Duration) -> Duration {
+    ticket.busy(Some(holder));
+    ticket.attempting();
+    waits_until(ticket, backstop, Instant::now() + PATIENCE).await
+}
+
+/// After a miss that found the holder's key lasting 120 ms more, `ticket` does not go
+/// before that key expires, whatever its `backstop`.
+async fn waits_for_the_holder(ticket: &Ticket, backstop: Duration) {
+    let holder = Duration::from_millis(120);
+    let waited = waited_after_a_miss(ticket, holder, backstop).await;
+    assert!(
+        waited >= holder - Duration::from_millis(5),
+        "went after {waited:?}, before the holder's key expired"
+    );
+}
+
 /// Waiters queue in arrival order; only the first is the head. A head that gives up lets
 /// the next go at once (the lock may be free); the last to leave removes the queue.
 #[tokio::test]
@@ -143,14 +162,7 @@ async fn the_head_tries_at_its_backstop_and_not_before_the_holder_expires() {
     let backstop = Duration::from_millis(30);
     let waited = waits_until(&a, backstop, Instant::now() + PATIENCE).await;
     assert!(waited >= backstop, "{waited:?}");
-    let holder = Duration::from_millis(120);
-    a.busy(Some(holder));
-    a.attempting();
-    let waited = waits_until(&a, backstop, Instant::now() + PATIENCE).await;
-    assert!(
-        waited >= holder - Duration::from_millis(5),
-        "went after {waited:?}, before the holder's key expired"
-    );
+    waits_for_the_holder(&a, backstop).await;
 }
 
 /// A head that listens for another client's release trusts the holder's TTL only while a
@@ -171,23 +183,14 @@ async fn a_listening_head_waits_for_the_holder_only_while_the_nodes_carry_its_ma
         if let Some(on_quorum) = marked_on_a_quorum {
             a.marked(Instant::now() + PATIENCE, on_quorum);
         }
-        a.busy(Some(far));
-        a.attempting();
-        let waited = waits_until(&a, backstop, Instant::now() + PATIENCE).await;
+        let waited = waited_after_a_miss(&a, far, backstop).await;
         assert!(
             waited >= backstop && waited < far,
             "marked on a quorum: {marked_on_a_quorum:?}; went after {waited:?}"
         );
     }
     a.marked(Instant::now() + PATIENCE, true);
-    let holder = Duration::from_millis(120);
-    a.busy(Some(holder));
-    a.attempting();
-    let waited = waits_until(&a, backstop, Instant::now() + PATIENCE).await;
-    assert!(
-        waited >= holder - Duration::from_millis(5),
-        "went after {waited:?}, before the holder's key expired"
-    );
+    waits_for_the_holder(&a, backstop).await;
 }
 
 /// A waiter behind the head waits until its deadline, whatever the head is told.
