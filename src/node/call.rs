@@ -202,7 +202,8 @@ impl Future for NodeCall {
             } => {
                 let first = ready!(Pin::new(reply).poll(cx));
                 if !this.call.needs_more(&first) {
-                    return Poll::Ready(this.node.answered(*generation, first));
+                    let answer = this.call.settled(first);
+                    return Poll::Ready(this.node.answered(*generation, answer));
                 }
                 let (node, generation) = (Arc::clone(&this.node), *generation);
                 let (call, mut conn) = (Arc::clone(&this.call), Conn::Own(wire.clone()));
@@ -364,7 +365,7 @@ impl Node {
             Some(set) if !self.is_cluster() => {
                 let renew = self.renewals.due(set, generation);
                 let answer = Box::pin(call.run_renewing(&mut conn, renew)).await;
-                if renew && renewal_ran(&answer) {
+                if renew && call.renewal_ran(&answer) {
                     // redis-rs's connection orders the requests it is handed, not the
                     // ones still being handed: the mark waits for the answer.
                     self.renewals.renewed(set, generation);
@@ -456,10 +457,4 @@ impl Node {
             .map(|a| a.map_err(NodeError::from))
             .collect())
     }
-}
-
-/// Whether a fenced acquisition's answer shows its renewal ran: three replies, the last
-/// one `PEXPIRE`'s.
-fn renewal_ran(answer: &redis::RedisResult<Value>) -> bool {
-    matches!(answer, Ok(Value::Array(replies)) if matches!(replies.get(2), Some(Value::Int(_))))
 }

@@ -20,7 +20,7 @@ use crate::name::{Resource, new_value};
 use crate::node::Node;
 use crate::quorum::{NodeMask, later};
 use crate::round::{Nodes, Plan, Purpose, Round};
-use crate::scripts::{ACQUIRE_OR_REPLAY_SCRIPT, Arg, Invocation, MAX_NUMBER, Renewal, Request};
+use crate::scripts::{FencedSet, MAX_NUMBER, Renewal, Request};
 use crate::token::Lock;
 use crate::votes::Votes;
 use crate::waiters::Waiters;
@@ -477,9 +477,9 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let resource = &target.resource;
         let ttl_ms = ttl_ms(ttl);
         let proposal = self.propose(target.fenced, deadline).await;
-        let args = [Arg::Bytes(value.as_bytes()), Arg::Int(ttl_ms)];
+        let replay = matches!(target.accepts, Accepts::LockOrRecord { .. });
         let request = if target.fenced == Fenced::Yes {
-            Request::FencedSetNx {
+            let fenced = FencedSet {
                 key: &resource.key,
                 counters: &resource.counter_key,
                 member: &resource.counter_member,
@@ -490,13 +490,20 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
                     expire_ms: self.fencing.counters_expiry_ms(),
                 },
                 set: resource.counter_set,
+            };
+            if replay {
+                // One round trip whatever the key holds: the key read with the lock's
+                // commands.
+                Request::FencedSetNxOrReplay(fenced)
+            } else {
+                Request::FencedSetNx(fenced)
             }
-        } else if matches!(target.accepts, Accepts::LockOrRecord { .. }) {
-            Request::Script(Invocation {
-                script: &ACQUIRE_OR_REPLAY_SCRIPT,
-                keys: &[&resource.key],
-                args: &args,
-            })
+        } else if replay {
+            Request::SetNxOrReplay {
+                key: &resource.key,
+                value: value.as_bytes(),
+                ttl_ms,
+            }
         } else {
             Request::SetNx {
                 key: &resource.key,
@@ -510,7 +517,6 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
             purpose: Purpose::Decide,
         };
         let nodes = self.core.nodes();
-        let replay = matches!(target.accepts, Accepts::LockOrRecord { .. });
         let round = nodes.send(&request, plan);
         count_set_round(nodes, round, SetReplies::new(proposal, replay)).await
     }

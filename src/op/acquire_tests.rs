@@ -99,13 +99,12 @@ impl FakeNodes {
 fn kind(request: &Request<'_>) -> String {
     match request {
         Request::SetNx { .. } => "set".into(),
-        Request::FencedSetNx { .. } => "fenced set".into(),
+        Request::SetNxOrReplay { .. } => "set or replay".into(),
+        Request::FencedSetNx(_) => "fenced set".into(),
+        Request::FencedSetNxOrReplay(_) => "fenced set or replay".into(),
         Request::Release { .. } => "release".into(),
         Request::Script(inv) if inv.script.sha == FENCE_SCRIPT.sha => "fence".into(),
         Request::Script(inv) if inv.script.sha == INSPECT_SCRIPT.sha => "read".into(),
-        Request::Script(inv) if inv.script.sha == ACQUIRE_OR_REPLAY_SCRIPT.sha => {
-            "set or replay".into()
-        }
         Request::Script(inv) if inv.script.sha == COMPLETE_SCRIPT.sha => "complete".into(),
         Request::Script(inv) if inv.script.sha == HELD_OR_RECORD_SCRIPT.sha => "read record".into(),
         Request::Script(_) => "script".into(),
@@ -471,6 +470,27 @@ async fn a_proposal_a_quorum_accepted_is_the_number_in_one_round() {
     };
     assert!(lock.fencing_token().is_some());
     assert_eq!(s.sent(), ["fenced set"]);
+}
+
+/// A fenced replay goes down once: its script finds the record (replayed, nothing more
+/// sent where every node answered with it), or takes the lock with the proposal as phase
+/// 1 does.
+#[tokio::test(start_paused = true)]
+async fn a_fenced_replay_finds_the_record_or_the_lock_in_one_round() {
+    let s = Setup::new(vec![vec![record(b"a"), record(b"a"), record(b"a")]]);
+    assert_replayed(s.attempt(REPLAY, Fenced::Yes).await, b"a");
+    assert_eq!(s.sent(), ["fenced set or replay"]);
+
+    let s = Setup::new(vec![vec![
+        fenced_won(true),
+        fenced_won(true),
+        Answer::Silent,
+    ]]);
+    let Attempt::Held(lock) = s.attempt(REPLAY, Fenced::Yes).await else {
+        panic!("held")
+    };
+    assert!(lock.fencing_token().is_some());
+    assert_eq!(s.sent(), ["fenced set or replay"]);
 }
 
 #[tokio::test(start_paused = true)]

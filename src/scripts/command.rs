@@ -1,5 +1,6 @@
 //! The commands a round sends: a script call, `SET NX PX`, or the fenced acquisition's
-//! `SET NX PX` + `ZADD GT CH` (+ now and then the counter set's `PEXPIRE`), packed
+//! `SET NX PX` + `ZADD GT CH` (+ for a replay `GET` and `PTTL`, + now and then the counter
+//! set's `PEXPIRE`), packed
 //! as RESP once per round for every node ([`Call`]), the `NOSCRIPT` fallback to `EVAL`,
 //! and the batched release.
 //!
@@ -22,7 +23,7 @@ use std::sync::OnceLock;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
 
-use super::lua::{HELD_OR_RECORD_SCRIPT, HOLDER_TTL_SCRIPT, RELEASE_SCRIPT, Script};
+use super::lua::{HELD_OR_RECORD_SCRIPT, HOLDER_TTL_SCRIPT, RECORD_MARKER, RELEASE_SCRIPT, Script};
 use super::pack::{Packer, Words};
 use super::run::{eval_instead, no_script, run_script};
 
@@ -47,6 +48,51 @@ pub(crate) struct Renewal {
     pub(crate) expire_ms: u64,
 }
 
+/// What a fenced acquisition sends: its lock, its proposal, and the counter's renewal.
+pub(crate) struct FencedSet<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) counters: &'a [u8],
+    /// The name's member in `counters`, whose score is its counter.
+    pub(crate) member: &'a [u8],
+    pub(crate) value: &'a [u8],
+    pub(crate) ttl_ms: u64,
+    pub(crate) proposal: u64,
+    pub(crate) renew: Renewal,
+    /// Which of the client's sets of counters `counters` is.
+    pub(crate) set: u16,
+}
+
+impl FencedSet<'_> {
+    /// `SET NX PX`, `ZADD GT CH`, for a replay `GET` and `PTTL` of the key, and `PEXPIRE`.
+    fn call(&self, replay: bool) -> Call {
+        // Room for the other commands' words and headers.
+        let reads = if replay { reads(self.key) } else { 0 };
+        let more = 2 * self.counters.len() + self.member.len() + 9 * 16 + 2 * 8 + reads;
+        let (mut cmd, key, value) = set_nx(self.key, self.value, self.ttl_ms, more);
+        cmd.next_command(6);
+        cmd.bytes(b"ZADD");
+        cmd.bytes(self.counters);
+        cmd.bytes(b"GT");
+        cmd.bytes(b"CH");
+        cmd.int(self.proposal);
+        cmd.bytes(self.member);
+        if replay {
+            read_key(&mut cmd, self.key);
+        }
+        cmd.next_command(3);
+        cmd.bytes(b"PEXPIRE");
+        cmd.bytes(self.counters);
+        cmd.int(self.renew.expire_ms);
+        let kind = CallKind::FencedSetNx {
+            key,
+            value,
+            set: self.set,
+            replay,
+        };
+        Call::of(cmd, None, kind)
+    }
+}
+
 /// What a round sends to every node.
 pub(crate) enum Request<'a> {
     /// A script call.
@@ -54,6 +100,14 @@ pub(crate) enum Request<'a> {
     /// An unfenced acquisition: `SET key value NX PX ttl`, then, only where the key is
     /// taken, [`HOLDER_TTL`](super::lua::HOLDER_TTL).
     SetNx {
+        key: &'a [u8],
+        value: &'a [u8],
+        ttl_ms: u64,
+    },
+    /// An unfenced replay's acquisition: `SET key value NX PX ttl`, `GET key` and `PTTL
+    /// key` in one request, settled as [`FencedSetNxOrReplay`](Self::FencedSetNxOrReplay)
+    /// is (a refused `SET`'s key tells at once whether it holds a completion record).
+    SetNxOrReplay {
         key: &'a [u8],
         value: &'a [u8],
         ttl_ms: u64,
@@ -67,18 +121,13 @@ pub(crate) enum Request<'a> {
     /// `redis.call`s cost the node several times the commands sent on their own. Where the
     /// key is taken, [`HELD_OR_RECORD`](super::lua::HELD_OR_RECORD) follows, for the
     /// holder's TTL or the completion record.
-    FencedSetNx {
-        key: &'a [u8],
-        counters: &'a [u8],
-        /// The name's member in `counters`, whose score is its counter.
-        member: &'a [u8],
-        value: &'a [u8],
-        ttl_ms: u64,
-        proposal: u64,
-        renew: Renewal,
-        /// Which of the client's sets of counters `counters` is.
-        set: u16,
-    },
+    FencedSetNx(FencedSet<'a>),
+    /// A fenced replay's acquisition: [`FencedSetNx`](Self::FencedSetNx)'s commands with
+    /// `GET key` and `PTTL key` before the renewal, so that a key found taken tells in the
+    /// same round trip whether it holds a completion record, another holder's value, or
+    /// nothing by now ([`Call::settled`]); no follow-up, and no script (a script costs a
+    /// node several times these reads: `docs/fencing.md`, *Phase 1 of a replay*).
+    FencedSetNxOrReplay(FencedSet<'a>),
     /// The release of one lock ([`RELEASE`](super::lua::RELEASE)): `key` deleted where it
     /// holds `value`, the waiters told with this client's `id` where the node's `waiting`
     /// key says some may be. A node may send it together with others ([`release_many`]).
@@ -98,39 +147,29 @@ impl Request<'_> {
             Self::Script(inv) => inv.call(CallKind::Script),
             Self::SetNx { key, value, ttl_ms } => {
                 let (cmd, key, value) = set_nx(key, value, *ttl_ms, 0);
-                Call::of(cmd, None, CallKind::SetNx { key, value })
-            }
-            Self::FencedSetNx {
-                key: lock_key,
-                counters,
-                member,
-                value,
-                ttl_ms,
-                proposal,
-                renew,
-                set,
-            } => {
-                // Room for the other commands' words and headers.
-                let more = 2 * counters.len() + member.len() + 9 * 16 + 2 * 8;
-                let (mut cmd, key, value) = set_nx(lock_key, value, *ttl_ms, more);
-                cmd.next_command(6);
-                cmd.bytes(b"ZADD");
-                cmd.bytes(counters);
-                cmd.bytes(b"GT");
-                cmd.bytes(b"CH");
-                cmd.int(*proposal);
-                cmd.bytes(member);
-                cmd.next_command(3);
-                cmd.bytes(b"PEXPIRE");
-                cmd.bytes(counters);
-                cmd.int(renew.expire_ms);
-                let kind = CallKind::FencedSetNx {
+                let kind = CallKind::SetNx {
                     key,
                     value,
-                    set: *set,
+                    replay: false,
                 };
                 Call::of(cmd, None, kind)
             }
+            Self::SetNxOrReplay {
+                key: lock_key,
+                value,
+                ttl_ms,
+            } => {
+                let (mut cmd, key, value) = set_nx(lock_key, value, *ttl_ms, reads(lock_key));
+                read_key(&mut cmd, lock_key);
+                let kind = CallKind::SetNx {
+                    key,
+                    value,
+                    replay: true,
+                };
+                Call::of(cmd, None, kind)
+            }
+            Self::FencedSetNx(fenced) => fenced.call(false),
+            Self::FencedSetNxOrReplay(fenced) => fenced.call(true),
             Self::Release {
                 key,
                 waiting,
@@ -183,6 +222,20 @@ fn release(key: &[u8], waiting: Option<&[u8]>, value: &[u8], id: &[u8]) -> Call 
     })
 }
 
+/// How many bytes [`read_key`] writes for `key`, about.
+fn reads(key: &[u8]) -> usize {
+    2 * key.len() + 4 * 16
+}
+
+/// A replay's reads of the lock key after its `SET`: `GET key`, `PTTL key`.
+fn read_key(cmd: &mut Packer, key: &[u8]) {
+    for read in [&b"GET"[..], b"PTTL"] {
+        cmd.next_command(2);
+        cmd.bytes(read);
+        cmd.bytes(key);
+    }
+}
+
 /// `SET key value NX PX ttl` packed, with room for `more` bytes after it; where its key
 /// and value are among the words.
 fn set_nx(key: &[u8], value: &[u8], ttl_ms: u64, more: usize) -> (Packer, usize, usize) {
@@ -199,11 +252,21 @@ fn set_nx(key: &[u8], value: &[u8], ttl_ms: u64, more: usize) -> (Packer, usize,
 /// What a [`Call`] is, with where its typed fields are among its words.
 #[derive(Clone, Copy)]
 enum CallKind {
-    /// `SET key value NX PX ttl`.
-    SetNx { key: usize, value: usize },
-    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal member` and `PEXPIRE
-    /// counters expire`, the renewal of counter set `set`, which may be left out.
-    FencedSetNx { key: usize, value: usize, set: u16 },
+    /// `SET key value NX PX ttl`, for a `replay` with `GET key` and `PTTL key`.
+    SetNx {
+        key: usize,
+        value: usize,
+        replay: bool,
+    },
+    /// `SET key value NX PX ttl`, `ZADD counters GT CH proposal member`, for a `replay`
+    /// `GET key` and `PTTL key`, and `PEXPIRE counters expire`, the renewal of counter set
+    /// `set`, which may be left out.
+    FencedSetNx {
+        key: usize,
+        value: usize,
+        set: u16,
+        replay: bool,
+    },
     /// A [`RELEASE`](super::lua::RELEASE) of one lock.
     Release {
         key: usize,
@@ -215,15 +278,24 @@ enum CallKind {
     Script,
 }
 
-/// Where a fenced acquisition's renewal (`PEXPIRE`) starts among its words.
-const RENEWAL_WORD: usize = 12;
-
 impl CallKind {
-    /// Where each command after the first starts among the words (none for one command).
+    /// Where each command after the first starts among the words (none for one command):
+    /// a fenced acquisition's renewal (`PEXPIRE`) is its last.
     fn command_starts(self) -> &'static [usize] {
         match self {
-            Self::FencedSetNx { .. } => &[6, RENEWAL_WORD],
+            Self::SetNx { replay: true, .. } => &[6, 8],
+            Self::FencedSetNx { replay: false, .. } => &[6, 12],
+            // ... ZADD, then GET key and PTTL key.
+            Self::FencedSetNx { replay: true, .. } => &[6, 12, 14, 16],
             _ => &[],
+        }
+    }
+
+    /// Where the renewal (`PEXPIRE counters expire`) starts among the words.
+    fn renewal_word(self) -> Option<usize> {
+        match self {
+            Self::FencedSetNx { .. } => self.command_starts().last().copied(),
+            _ => None,
         }
     }
 }
@@ -284,8 +356,9 @@ impl Call {
     /// bytes of the commands before it, and how many they are; the whole call otherwise.
     pub(crate) fn without_renewal(&self) -> (&[u8], usize) {
         let end = self
-            .renews()
-            .and_then(|_| self.words.get(RENEWAL_WORD - 1))
+            .kind
+            .renewal_word()
+            .and_then(|renewal| self.words.get(renewal.checked_sub(1)?))
             .and_then(|last| self.packed.get(..last.end + 2));
         match end {
             Some(bytes) => (bytes, self.commands() - 1),
@@ -314,7 +387,8 @@ impl Call {
     /// (for a call that carries more commands after its own, none keyed: see
     /// [`first_of`](Self::first_of)), and for a fenced acquisition the counter's raise and
     /// renewal after it, as one script call on the set's key
-    /// ([`RAISE_COUNTER`](super::lua::RAISE_COUNTER)). Each request has one keyed command:
+    /// ([`RAISE_COUNTER`](super::lua::RAISE_COUNTER)); a replay's reads are left out (the
+    /// holder script follows a refused `SET` there). Each request has one keyed command:
     /// redis-rs follows a resharding's `ASK` with one `ASKING` before a whole pipeline,
     /// which lets only its first command through, and a multi-key command in a slot being
     /// resharded meets `TRYAGAIN`.
@@ -322,15 +396,16 @@ impl Call {
     pub(crate) fn for_cluster(&self) -> (redis::Pipeline, Option<Cmd>) {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        if let CallKind::FencedSetNx { .. } = self.kind {
-            // SET key value NX PX ttl / ZADD counters GT CH proposal member / PEXPIRE counters ms
+        if let Some(renewal) = self.kind.renewal_word() {
+            // SET key value NX PX ttl / ZADD counters GT CH proposal member / (GET key /
+            // PTTL key) / PEXPIRE counters ms
             let set = pipe.cmd("SET");
             for i in 1..6 {
                 set.arg(self.word(i));
             }
             let mut raise = redis::cmd("EVAL");
             raise.arg(super::lua::RAISE_COUNTER).arg(1);
-            for i in [7, 10, 11, 14] {
+            for i in [7, 10, 11, renewal + 2] {
                 raise.arg(self.word(i));
             }
             return (pipe, Some(raise));
@@ -379,11 +454,72 @@ impl Call {
         }
     }
 
-    /// The command for redis-rs (a call of one command).
+    /// Whether `answer`, to the whole call with its renewal, says that the renewal ran:
+    /// the pipeline's third reply (its `PEXPIRE`'s, as [`finish`](Self::finish) leaves a
+    /// replay's answer).
+    pub(crate) fn renewal_ran(&self, answer: &redis::RedisResult<Value>) -> bool {
+        self.renews().is_some()
+            && matches!(answer, Ok(Value::Array(replies)) if matches!(replies.get(2), Some(Value::Int(_))))
+    }
+
+    /// A replay's answer as the path of the same acquisition without replay gives it, from
+    /// the replies of its reads: `OK`, or the fenced `[OK, changed]` (and the renewal's
+    /// reply), where the `SET` set the key; where it found the key taken, `{2, record}`
+    /// for a completion record, `{0, pttl, ours}` for another value (`ours`: it starts
+    /// with the client id ours starts with, as
+    /// [`HELD_OR_RECORD`](super::lua::HELD_OR_RECORD) says), and `{0, -2, 1}` for a key
+    /// gone by now. Replies with an error, or without the reads (a Redis Cluster node's),
+    /// are left as they are; so is every other call's answer.
+    pub(crate) fn settled(&self, first: redis::RedisResult<Value>) -> redis::RedisResult<Value> {
+        // Where the reads' replies are.
+        let (value, get) = match self.kind {
+            CallKind::SetNx {
+                value,
+                replay: true,
+                ..
+            } => (value, 1),
+            CallKind::FencedSetNx {
+                value,
+                replay: true,
+                ..
+            } => (value, 2),
+            _ => return first,
+        };
+        let Ok(Value::Array(mut replies)) = first else {
+            return first;
+        };
+        if replies.len() < get + 2 || replies.iter().any(|r| matches!(r, Value::ServerError(_))) {
+            return Ok(Value::Array(replies));
+        }
+        if let Some(Value::Okay) = replies.first() {
+            // SET, (ZADD, PEXPIRE): the reads say nothing more.
+            replies.drain(get..get + 2);
+            if replies.len() == 1 {
+                return Ok(Value::Okay);
+            }
+            return Ok(Value::Array(replies));
+        }
+        let pttl = replies.swap_remove(get + 1);
+        let settled = match replies.swap_remove(get) {
+            Value::BulkString(held) if held.starts_with(RECORD_MARKER) => {
+                vec![Value::Int(2), Value::BulkString(held)]
+            }
+            Value::BulkString(held) => {
+                let ours = prefix(&held) == prefix(self.word(value));
+                vec![Value::Int(0), pttl, Value::Int(i64::from(ours))]
+            }
+            Value::Nil => vec![Value::Int(0), Value::Int(-2), Value::Int(1)],
+            other => vec![other],
+        };
+        Ok(Value::Array(settled))
+    }
+
+    /// The call's first command for redis-rs: the whole call when it has one command.
     fn cmd(&self) -> &Cmd {
         self.cmd.get_or_init(|| {
+            let end = self.kind.command_starts().first().copied();
             let mut cmd = Cmd::new();
-            for i in 0..self.words.len() {
+            for i in 0..end.unwrap_or(self.words.len()) {
                 cmd.arg(self.word(i));
             }
             cmd
@@ -450,15 +586,21 @@ impl Call {
     }
 
     /// Whether the node's answer `first` needs [`finish`](Self::finish): a script the
-    /// node does not have, or a `SET NX PX` that found the key taken.
+    /// node does not have, or a `SET NX PX` that found the key taken (but a replay's,
+    /// whose reads answered with it).
     pub(crate) fn needs_more(&self, first: &redis::RedisResult<Value>) -> bool {
         match (self.script, first) {
             (Some(_), Err(e)) => no_script(e),
             (None, Ok(Value::Nil)) => true,
-            (None, Ok(Value::Array(replies))) => {
-                matches!(self.kind, CallKind::FencedSetNx { .. })
-                    && matches!(replies.first(), Some(Value::Nil))
-            }
+            (None, Ok(Value::Array(replies))) => match self.kind {
+                CallKind::SetNx { replay: true, .. } => {
+                    matches!(replies.first(), Some(Value::Nil)) && replies.len() < 3
+                }
+                CallKind::FencedSetNx { replay, .. } => {
+                    matches!(replies.first(), Some(Value::Nil)) && !(replay && replies.len() >= 4)
+                }
+                _ => false,
+            },
             _ => false,
         }
     }
@@ -472,11 +614,15 @@ impl Call {
         conn: &mut C,
     ) -> redis::RedisResult<Value> {
         if !self.needs_more(&first) {
-            return first;
+            return self.settled(first);
         }
         let (script, key, value) = match (self.script, self.kind) {
             (Some(script), _) => return eval_instead(self.cmd(), script, conn).await,
-            (None, CallKind::SetNx { key, value }) => (&*HOLDER_TTL_SCRIPT, key, value),
+            (None, CallKind::SetNx { key, value, replay }) if !replay => {
+                (&*HOLDER_TTL_SCRIPT, key, value)
+            }
+            // A replay's `SET` without its reads (a Redis Cluster node's).
+            (None, CallKind::SetNx { key, value, .. }) => (&*HELD_OR_RECORD_SCRIPT, key, value),
             (None, CallKind::FencedSetNx { key, value, .. }) => {
                 (&*HELD_OR_RECORD_SCRIPT, key, value)
             }
@@ -489,6 +635,12 @@ impl Call {
         };
         run_script(&holder.cmd(), script, conn).await
     }
+}
+
+/// What a held value is known by: its first 16 bytes, the client id of every value of ours
+/// (the whole value when shorter, as Lua's `string.sub` takes it).
+fn prefix(value: &[u8]) -> &[u8] {
+    value.get(..16).unwrap_or(value)
 }
 
 impl Invocation<'_> {

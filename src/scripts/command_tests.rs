@@ -2,7 +2,7 @@
 //! batched release.
 
 use super::*;
-use crate::scripts::lua::RELEASE_MANY_SCRIPT;
+use crate::scripts::lua::{RECORD_MARKER, RELEASE_MANY_SCRIPT};
 
 /// Commands are packed as redis-rs packs them, also binary keys and `u64::MAX`, and
 /// keep their typed fields: a `SET NX PX`'s key and value, a release's key, value and
@@ -20,7 +20,14 @@ fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
         cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
         assert_eq!(call.packed(), cmd.get_packed_command());
         assert_eq!(call.cmd().get_packed_command(), cmd.get_packed_command());
-        assert!(matches!(call.kind, CallKind::SetNx { key: 1, value: 2 }));
+        assert!(matches!(
+            call.kind,
+            CallKind::SetNx {
+                key: 1,
+                value: 2,
+                replay: false
+            }
+        ));
         assert_eq!(
             (call.word(1), call.word(2), call.word(6)),
             (key, value, &b""[..])
@@ -97,14 +104,14 @@ fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
     }
 }
 
-/// A fenced acquisition is three commands in one request, packed as redis-rs packs the
-/// same pipeline, with its key and value kept for the busy path's follow-up; a node sends
-/// the first two alone where its connection renewed the set recently.
-#[test]
-fn a_fenced_acquisition_is_packed_as_a_pipeline() {
-    let (key, counters, value) = (&b"redlock:{k}"[..], &b"redlock:#fencing"[..], &b"v"[..]);
-    let member = &b"16383"[..];
-    let call = Request::FencedSetNx {
+/// The fenced acquisition of the tests: TTL 10 s, set 7, the largest expiry.
+fn fenced_set<'a>(
+    key: &'a [u8],
+    counters: &'a [u8],
+    member: &'a [u8],
+    value: &'a [u8],
+) -> FencedSet<'a> {
+    FencedSet {
         key,
         counters,
         member,
@@ -116,7 +123,16 @@ fn a_fenced_acquisition_is_packed_as_a_pipeline() {
         },
         set: 7,
     }
-    .call();
+}
+
+/// A fenced acquisition is three commands in one request, packed as redis-rs packs the
+/// same pipeline, with its key and value kept for the busy path's follow-up; a node sends
+/// the first two alone where its connection renewed the set recently.
+#[test]
+fn a_fenced_acquisition_is_packed_as_a_pipeline() {
+    let (key, counters, value) = (&b"redlock:{k}"[..], &b"redlock:#fencing"[..], &b"v"[..]);
+    let member = &b"16383"[..];
+    let call = Request::FencedSetNx(fenced_set(key, counters, member, value)).call();
     let mut pipe = redis::pipe();
     pipe.cmd("SET")
         .arg(key)
@@ -169,6 +185,7 @@ fn a_fenced_acquisition_is_packed_as_a_pipeline() {
             key: 1,
             value: 2,
             set: 7,
+            replay: false,
         }
     ));
     assert_eq!((call.word(1), call.word(2)), (key, value));
@@ -193,4 +210,202 @@ fn a_fenced_acquisition_is_packed_as_a_pipeline() {
     .call();
     assert_eq!(plain.renews(), None);
     assert_eq!(plain.without_renewal(), (plain.packed(), 1));
+}
+
+/// A fenced replay's acquisition is the fenced pipeline with `GET` and `PTTL` of the key
+/// before the renewal: a refused `SET` needs no follow-up, and its answer is settled into
+/// the holder script's (a record, another holder with its TTL and whether it is ours, or a
+/// key gone by now); a granted one into the pipeline's. On a cluster the reads are left
+/// out and the holder script follows as for the pipeline.
+#[test]
+fn a_fenced_replay_reads_the_key_in_the_same_request() {
+    let (key, counters, value) = (
+        &b"redlock:{k}"[..],
+        &b"redlock:#fencing"[..],
+        &b"0123456789abcdefv1"[..],
+    );
+    let member = &b"16383"[..];
+    let call = Request::FencedSetNxOrReplay(fenced_set(key, counters, member, value)).call();
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000);
+    pipe.cmd("ZADD")
+        .arg(counters)
+        .arg("GT")
+        .arg("CH")
+        .arg(1_764_115_200_000_000_u64)
+        .arg(member);
+    pipe.cmd("GET").arg(key);
+    pipe.cmd("PTTL").arg(key);
+    let unrenewed = pipe.get_packed_pipeline();
+    pipe.cmd("PEXPIRE").arg(counters).arg(u64::MAX);
+    assert_eq!(call.packed(), pipe.get_packed_pipeline());
+    assert_eq!(call.commands(), 5);
+    assert_eq!(call.renews(), Some(7));
+    assert_eq!(call.without_renewal(), (&unrenewed[..], 4));
+    assert_eq!(call.key(), key);
+    // On a cluster: the SET alone, then the counter's raise and renewal.
+    let (first, then) = call.for_cluster();
+    let mut set = redis::pipe();
+    set.cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000);
+    assert_eq!(first.get_packed_pipeline(), set.get_packed_pipeline());
+    let mut raise = redis::cmd("EVAL");
+    raise
+        .arg(crate::scripts::lua::RAISE_COUNTER)
+        .arg(1)
+        .arg(counters)
+        .arg(1_764_115_200_000_000_u64)
+        .arg(member)
+        .arg(u64::MAX);
+    assert_eq!(
+        then.map(|c| c.get_packed_command()),
+        Some(raise.get_packed_command())
+    );
+
+    let bulk = |b: &[u8]| Value::BulkString(b.to_vec());
+    let error = |text: &[u8]| redis::parse_redis_value(text).unwrap_or(Value::Nil);
+    let record = [RECORD_MARKER, b"body"].concat();
+    let array = |v: Vec<Value>| Ok(Value::Array(v));
+    let refused = |held: Value, pttl: i64, renewal: Option<Value>| {
+        let mut replies = vec![Value::Nil, Value::Int(0), held, Value::Int(pttl)];
+        replies.extend(renewal);
+        array(replies)
+    };
+    for renewal in [None, Some(Value::Int(1))] {
+        let settle = |first: redis::RedisResult<Value>| {
+            assert!(!call.needs_more(&first), "{first:?}");
+            call.settled(first).ok()
+        };
+        assert_eq!(
+            settle(refused(bulk(&record), 500, renewal.clone())),
+            Some(Value::Array(vec![Value::Int(2), bulk(&record)]))
+        );
+        for (held, ours) in [
+            (&b"0123456789abcdefv2"[..], 1),
+            (b"fedcba9876543210v2", 0),
+            (b"short", 0),
+        ] {
+            assert_eq!(
+                settle(refused(bulk(held), 500, renewal.clone())),
+                Some(Value::Array(vec![
+                    Value::Int(0),
+                    Value::Int(500),
+                    Value::Int(ours)
+                ])),
+                "{held:?}"
+            );
+        }
+        assert_eq!(
+            settle(refused(Value::Nil, -2, renewal.clone())),
+            Some(Value::Array(vec![
+                Value::Int(0),
+                Value::Int(-2),
+                Value::Int(1)
+            ])),
+            "gone by now"
+        );
+        let mut won = vec![Value::Okay, Value::Int(1), bulk(value), Value::Int(10_000)];
+        won.extend(renewal.clone());
+        let mut pipeline = vec![Value::Okay, Value::Int(1)];
+        pipeline.extend(renewal.clone());
+        let settled = settle(array(won));
+        assert_eq!(settled, Some(Value::Array(pipeline)));
+        assert_eq!(
+            call.renewal_ran(
+                &settled.ok_or_else(|| redis::RedisError::from(std::io::Error::other("none")))
+            ),
+            renewal.is_some()
+        );
+        // An error is left for the parse to fail the node with.
+        let wrongtype = refused(
+            error(b"-WRONGTYPE Operation against a key\r\n"),
+            -1,
+            renewal,
+        );
+        assert_eq!(settle(wrongtype.clone()), wrongtype.ok());
+    }
+    // Without the reads (a cluster node's answer): the holder script follows.
+    let clustered = array(vec![Value::Nil, Value::Int(0), Value::Int(1)]);
+    assert!(call.needs_more(&clustered));
+    assert_eq!(call.settled(clustered.clone()).ok(), clustered.ok());
+    // The pipeline of a lock without replay is left as it is.
+    let plain = Request::FencedSetNx(fenced_set(key, counters, member, value)).call();
+    let answer = array(vec![
+        Value::Nil,
+        Value::Int(0),
+        bulk(&record),
+        Value::Int(5),
+    ]);
+    assert_eq!(plain.settled(answer.clone()).ok(), answer.ok());
+}
+
+/// An unfenced replay's acquisition is `SET NX PX`, `GET` and `PTTL` in one request,
+/// settled as the fenced one's: `OK` where the key was set, the holder script's answer
+/// where it was taken. On a cluster the `SET` goes alone, and a refused one asks for the
+/// holder or the record.
+#[test]
+fn an_unfenced_replay_reads_the_key_in_the_same_request() {
+    let (key, value) = (&b"redlock:{k}"[..], &b"0123456789abcdefv1"[..]);
+    let call = Request::SetNxOrReplay {
+        key,
+        value,
+        ttl_ms: 10_000,
+    }
+    .call();
+    let mut set = redis::pipe();
+    set.cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000);
+    let mut pipe = set.clone();
+    pipe.cmd("GET").arg(key);
+    pipe.cmd("PTTL").arg(key);
+    assert_eq!(call.packed(), pipe.get_packed_pipeline());
+    assert_eq!((call.commands(), call.renews()), (3, None));
+    assert_eq!(call.key(), key);
+    let (first, then) = call.for_cluster();
+    assert_eq!(first.get_packed_pipeline(), set.get_packed_pipeline());
+    assert!(then.is_none());
+
+    let bulk = |b: &[u8]| Value::BulkString(b.to_vec());
+    let record = [RECORD_MARKER, b"body"].concat();
+    let replies = |v: Vec<Value>| Ok(Value::Array(v));
+    let settled = |first: redis::RedisResult<Value>| {
+        assert!(!call.needs_more(&first), "{first:?}");
+        call.settled(first).ok()
+    };
+    assert_eq!(
+        settled(replies(vec![Value::Okay, bulk(value), Value::Int(10_000)])),
+        Some(Value::Okay)
+    );
+    assert_eq!(
+        settled(replies(vec![Value::Nil, bulk(&record), Value::Int(500)])),
+        Some(Value::Array(vec![Value::Int(2), bulk(&record)]))
+    );
+    assert_eq!(
+        settled(replies(vec![
+            Value::Nil,
+            bulk(b"0123456789abcdefv0"),
+            Value::Int(500)
+        ])),
+        Some(Value::Array(vec![
+            Value::Int(0),
+            Value::Int(500),
+            Value::Int(1)
+        ]))
+    );
+    // A cluster node's answer to the `SET` alone.
+    assert!(call.needs_more(&Ok(Value::Nil)));
+    assert!(!call.needs_more(&Ok(Value::Okay)));
 }

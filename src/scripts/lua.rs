@@ -45,12 +45,14 @@ local ours = (not held or string.sub(held, 1, 16) == string.sub(ARGV[1], 1, 16))
 return {0, redis.call('PTTL', KEYS[1]), ours}
 "#;
 
-/// The start of every acquire script: when the key exists, answer `{2, record}` for a
-/// completion record ([`RECORD_MARKER`]) and `{0, pttl, ours}` for another holder (`ours`:
-/// 1 when its value starts with the client id of ours, `ARGV[1]`).
-macro_rules! held_or_record {
-    () => {
-        r#"
+/// The busy path of a fenced acquisition ([`Request::FencedSetNx`](super::Request)),
+/// whose `SET NX PX` found the key taken, and of a replay's on a Redis Cluster node (which
+/// sends the `SET` without its reads): `{2, record}` for a completion record
+/// ([`RECORD_MARKER`]), `{0, pttl, ours}` for another holder (`ours`: 1 when its value
+/// starts with the client id of ours), `{0, -2, 1}` when the key is gone by now (released
+/// between the `SET` and this: no other client's). `KEYS[1]` = lock key, `ARGV[1]` = our
+/// value. A replay's own reads (`GET`, `PTTL`) answer the same (`Call::settled`).
+pub(super) const HELD_OR_RECORD: &str = r#"
 local held = redis.call('GET', KEYS[1])
 if held then
   if string.sub(held, 1, 8) == '#record\n' then
@@ -59,21 +61,8 @@ if held then
   local ours = string.sub(held, 1, 16) == string.sub(ARGV[1], 1, 16) and 1 or 0
   return {0, redis.call('PTTL', KEYS[1]), ours}
 end
-"#
-    };
-}
-
-/// The busy path of a fenced acquisition ([`Request::FencedSetNx`](super::Request)),
-/// whose `SET NX PX` found the key taken: `{2, record}` for a completion record
-/// ([`RECORD_MARKER`]), `{0, pttl, ours}` for another holder, as [`ACQUIRE_OR_REPLAY`]
-/// answers; `{0, -2, 1}` when the key is gone by now (released between the `SET` and
-/// this: no other client's). `KEYS[1]` = lock key, `ARGV[1]` = our value.
-pub(super) const HELD_OR_RECORD: &str = concat!(
-    held_or_record!(),
-    r#"
 return {0, -2, 1}
-"#
-);
+"#;
 
 /// Phase 2 of a fenced acquisition (when a quorum did not accept the proposal).
 /// `KEYS[1]` = lock key, `KEYS[2]` = the sorted set of the slot's counters, `ARGV[1]` =
@@ -106,22 +95,6 @@ return 1
 /// The marker that starts every completion record stored under a lock key (lock values
 /// are hex, so they never start with it).
 pub(crate) const RECORD_MARKER: &[u8] = b"#record\n";
-
-/// An unfenced acquisition that also finds completion records (the layer's replay).
-/// `KEYS[1]` = lock key, `ARGV[1]` = value, `ARGV[2]` = TTL in ms.
-///
-/// Returns `{1}` when the lock was set, `{2, record}` when the key holds a completion
-/// record, and `{0, pttl}` when another client holds the lock: the record comes back in
-/// the acquire round trip, so an unfenced replay costs nothing extra (a fenced one sends
-/// `SET NX PX` and the counter's `ZADD` first, and this script's read after a refused
-/// `SET`).
-pub(super) const ACQUIRE_OR_REPLAY: &str = concat!(
-    held_or_record!(),
-    r#"
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1}
-"#
-);
 
 /// Compare-and-set of a completion record: replaces our lock value with the record
 /// (`ARGV[2]`) for the retention (`ARGV[3]` ms), and tells the waiters where some may be,
@@ -273,8 +246,6 @@ return {raised, redis.call('PEXPIRE', KEYS[1], ARGV[3])}
 "#;
 
 pub(crate) static HOLDER_TTL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER_TTL));
-pub(crate) static ACQUIRE_OR_REPLAY_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(ACQUIRE_OR_REPLAY));
 pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE));
 pub(crate) static HELD_OR_RECORD_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(HELD_OR_RECORD));
@@ -288,10 +259,9 @@ pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new
 pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
 
 /// Every script, for `SCRIPT LOAD` on connect.
-pub(crate) fn all() -> [&'static Script; 10] {
+pub(crate) fn all() -> [&'static Script; 9] {
     [
         &HOLDER_TTL_SCRIPT,
-        &ACQUIRE_OR_REPLAY_SCRIPT,
         &COMPLETE_SCRIPT,
         &HELD_OR_RECORD_SCRIPT,
         &FENCE_SCRIPT,

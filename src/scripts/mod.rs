@@ -18,10 +18,10 @@ mod release_many;
 mod reply;
 mod run;
 
-pub(crate) use command::{Arg, Call, Invocation, LockKeys, Renewal, Request};
+pub(crate) use command::{Arg, Call, FencedSet, Invocation, LockKeys, Renewal, Request};
 pub(crate) use lua::{
-    ACQUIRE_OR_REPLAY_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT, HELD_OR_RECORD_SCRIPT,
-    INSPECT_SCRIPT, MARK_WAITING_SCRIPT, RECORD_MARKER, all,
+    COMPLETE_SCRIPT, EXTEND_SCRIPT, FENCE_SCRIPT, HELD_OR_RECORD_SCRIPT, INSPECT_SCRIPT,
+    MARK_WAITING_SCRIPT, RECORD_MARKER, all,
 };
 pub(crate) use release_many::{
     answers as release_many_answers, pack_into as pack_release_many, release_many,

@@ -62,8 +62,8 @@ pub(crate) fn parse_inspect(v: Value) -> Result<Inspected, NodeError> {
 }
 
 /// What a node answered to an acquisition: `SET NX PX` (then [`HOLDER_TTL`](super::lua::HOLDER_TTL)),
-/// [`ACQUIRE_OR_REPLAY`](super::lua::ACQUIRE_OR_REPLAY), or a fenced acquisition's
-/// pipeline (then [`HELD_OR_RECORD`](super::lua::HELD_OR_RECORD)).
+/// or a fenced acquisition's pipeline (then [`HELD_OR_RECORD`](super::lua::HELD_OR_RECORD));
+/// a replay's, with the reads of its key, as `Call::settled` leaves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     /// The key was set; with fencing, whether the node accepted the proposal.

@@ -962,3 +962,144 @@ async fn skewed_client_locks_once() {
     println!("FENCE={}", token(&lock));
     let _ = b.unlock(&lock).await;
 }
+
+/// Numbers the handlers behind [`replaying`] were given, in order.
+type Numbers = Arc<Mutex<Vec<Option<u64>>>>;
+
+/// `redlock` behind a replay layer keyed by `Idempotency-Key`, around a handler that
+/// records its fencing number in `numbers` and answers with the key and the number; the
+/// service takes the key and answers with the response's body (200 only).
+fn replaying(
+    redlock: &tower_redlock::Redlock,
+    numbers: &Numbers,
+) -> tower::util::BoxCloneService<&'static str, String, tower::BoxError> {
+    use tower::{Layer, ServiceExt, service_fn};
+    let numbers = Arc::clone(numbers);
+    let svc = tower_redlock::RedlockLayer::new(
+        redlock.clone(),
+        tower_redlock::layer::Header::new("idempotency-key"),
+    )
+    .replay(Duration::from_secs(60))
+    .layer(service_fn(move |req: http::Request<_>| {
+        let token = req.extensions().get::<tower_redlock::LockToken>().cloned();
+        let number = token.and_then(|t| t.fencing_token());
+        numbers.lock().expect("numbers").push(number);
+        let key = req.headers().get("idempotency-key").cloned();
+        async move {
+            let body = format!("{key:?} ran with {number:?}");
+            Ok::<_, std::convert::Infallible>(http::Response::new(body))
+        }
+    }));
+    let svc = svc
+        .map_request(|key: &'static str| {
+            http::Request::post("/pay")
+                .header("idempotency-key", key)
+                .body(String::new())
+                .expect("request")
+        })
+        .map_err(tower::BoxError::from)
+        .and_then(|res: http::Response<_>| async move {
+            assert_eq!(res.status(), 200);
+            let body = http_body_util::BodyExt::collect(res.into_body()).await?;
+            Ok(String::from_utf8(body.to_bytes().to_vec())?)
+        });
+    tower::util::BoxCloneService::new(svc)
+}
+
+/// A replay layer goes down once per request, fenced or not: a request whose key has a
+/// record is answered from it in the round trip of the lock's own commands (`SET NX PX`,
+/// fenced with `ZADD GT CH`, then `GET` and `PTTL` of the key), with no script after them;
+/// a request that runs its handler gets its number (fenced) from the same commands, and
+/// the next key's is higher.
+#[tokio::test]
+async fn a_replay_takes_one_round_trip_fenced_or_not() {
+    use tower::ServiceExt;
+    let cluster = Cluster::start(3);
+    for fenced in [true, false] {
+        let redlock = builder(cluster.urls())
+            .fencing(fenced)
+            .build()
+            .expect("build");
+        support::warm(&redlock).await;
+        let numbers = Numbers::default();
+        let svc = replaying(&redlock, &numbers);
+        let send = |key| svc.clone().oneshot(key);
+        let (a, b) = if fenced { ("a", "b") } else { ("c", "d") };
+        let first = send(a).await.expect("first");
+        let second = send(b).await.expect("second");
+        let ran = numbers.lock().expect("numbers").clone();
+        match ran[..] {
+            [Some(a), Some(b)] if fenced => assert!(b > a, "{ran:?}"),
+            [None, None] if !fenced => {}
+            _ => panic!("two handlers, numbers only when fenced: {ran:?}"),
+        }
+
+        cluster.reset_stats().await;
+        let replayed = send(a).await.expect("replayed");
+        support::wait_for(
+            "every node read the key",
+            Duration::from_secs(5),
+            || async {
+                let mut all = true;
+                for i in 0..3 {
+                    all &= cluster.command_calls(i, "get").await > 0;
+                }
+                all
+            },
+        )
+        .await;
+        assert_eq!(replayed, first);
+        assert_ne!(first, second);
+        assert_eq!(
+            numbers.lock().expect("numbers").len(),
+            2,
+            "no handler ran again"
+        );
+        let mut without_script = 0;
+        for i in 0..3 {
+            let calls = [
+                cluster.command_calls(i, "set").await,
+                cluster.command_calls(i, "get").await,
+                cluster.command_calls(i, "evalsha").await,
+            ];
+            assert_eq!(calls[..2], [1, 1], "node {i}: set, get, evalsha {calls:?}");
+            // A node that answered after a quorum of records may get the release of the
+            // attempt's value; no node runs the holder script.
+            assert!(calls[2] <= 1, "node {i}: set, get, evalsha {calls:?}");
+            without_script += usize::from(calls[2] == 0);
+        }
+        assert!(without_script >= 2, "a quorum answered in one round trip");
+    }
+}
+
+/// On a Redis Cluster node a replay's `SET` goes alone (one keyed command per request),
+/// and a refused one asks the holder script for the record: fenced or not, a finished
+/// request is replayed and its handler runs once.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_on_a_cluster_node_finds_the_record() {
+    use tower::ServiceExt;
+    let cluster = tokio::task::block_in_place(support::cluster::RedisCluster::start);
+    tokio::task::block_in_place(|| cluster.age_ledgers());
+    for fenced in [true, false] {
+        // The restart quarantine on, as by default: acquisitions on a cluster say where they
+        // ran, with the `SET` alone in its request.
+        let redlock =
+            tower_redlock::Redlock::builder([tower_redlock::NodeConfig::cluster(cluster.urls())])
+                .fencing(fenced)
+                .build()
+                .expect("build");
+        support::wait_for("the node usable", Duration::from_secs(10), || async {
+            redlock.health().await.usable() == 1
+        })
+        .await;
+        let numbers = Numbers::default();
+        let svc = replaying(&redlock, &numbers);
+        let key = if fenced { "fenced" } else { "unfenced" };
+        let first = svc.clone().oneshot(key).await.expect("first");
+        assert_eq!(svc.clone().oneshot(key).await.expect("replayed"), first);
+        let ran = numbers.lock().expect("numbers").clone();
+        assert_eq!(ran.len(), 1, "ran once: {ran:?}");
+        assert_eq!(ran[0].is_some(), fenced, "{ran:?}");
+    }
+}

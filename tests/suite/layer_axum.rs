@@ -903,11 +903,18 @@ async fn with_replay_retries_after_completion_get_the_first_response() {
         assert_eq!(again.headers[tower_redlock::layer::REPLAYED_HEADER], "true");
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
-    // A replay is the acquire round trip only: one script per node and request, no
-    // release, no second round.
+    // A replay is the acquire round trip only: per node and request its `SET NX PX` and
+    // the reads of the key (`GET`, `PTTL`) in one request, no script, no release, no
+    // second round.
     for i in 0..3 {
-        assert_eq!(cluster.command_calls(i, "evalsha").await, 100, "node {i}");
-        assert_eq!(cluster.command_calls(i, "set").await, 0, "node {i}");
+        for command in ["set", "get", "pttl"] {
+            assert_eq!(
+                cluster.command_calls(i, command).await,
+                100,
+                "node {i}: {command}"
+            );
+        }
+        assert_eq!(cluster.command_calls(i, "evalsha").await, 0, "node {i}");
     }
 }
 
