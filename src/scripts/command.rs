@@ -593,9 +593,6 @@ impl Call {
             (Some(_), Err(e)) => no_script(e),
             (None, Ok(Value::Nil)) => true,
             (None, Ok(Value::Array(replies))) => match self.kind {
-                CallKind::SetNx { replay: true, .. } => {
-                    matches!(replies.first(), Some(Value::Nil)) && replies.len() < 3
-                }
                 CallKind::FencedSetNx { replay, .. } => {
                     matches!(replies.first(), Some(Value::Nil)) && !(replay && replies.len() >= 4)
                 }

@@ -408,4 +408,30 @@ fn an_unfenced_replay_reads_the_key_in_the_same_request() {
     // A cluster node's answer to the `SET` alone.
     assert!(call.needs_more(&Ok(Value::Nil)));
     assert!(!call.needs_more(&Ok(Value::Okay)));
+    // Replies short of the reads (a server that answers fewer) are left for the parse to
+    // refuse.
+    for short in [vec![Value::Nil, bulk(&record)], vec![Value::Nil]] {
+        assert!(!call.needs_more(&replies(short.clone())));
+        assert_eq!(
+            call.settled(replies(short.clone())).ok(),
+            Some(Value::Array(short))
+        );
+    }
+}
+
+/// A script call asks for its `EVAL` fallback when the node lost the script, and only
+/// then.
+#[test]
+fn a_lost_script_asks_for_the_eval_fallback() {
+    let call = Request::Release {
+        key: b"k",
+        waiting: None,
+        value: b"v",
+        id: b"c",
+    }
+    .call();
+    let error = |text: &[u8]| redis::parse_redis_value(text).unwrap_or(Value::Nil);
+    assert!(call.needs_more(&error(b"-NOSCRIPT No matching script.\r\n").extract_error()));
+    assert!(!call.needs_more(&error(b"-ERR other\r\n").extract_error()));
+    assert!(!call.needs_more(&Ok(Value::Int(1))));
 }
