@@ -104,6 +104,50 @@ fn commands_are_packed_as_redis_rs_packs_them_and_keep_their_fields() {
     }
 }
 
+/// `SET NX PX` and `ZADD GT CH` of `fenced`, as redis-rs packs them.
+fn fenced_pipe(fenced: &FencedSet<'_>) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(fenced.key)
+        .arg(fenced.value)
+        .arg("NX")
+        .arg("PX")
+        .arg(fenced.ttl_ms);
+    pipe.cmd("ZADD")
+        .arg(fenced.counters)
+        .arg("GT")
+        .arg("CH")
+        .arg(fenced.proposal)
+        .arg(fenced.member);
+    pipe
+}
+
+/// `call`, the acquisition of `fenced`, goes to a Redis Cluster node as its `SET` alone,
+/// then the counter's raise and renewal as one script.
+fn assert_split_for_a_cluster(call: &Call, fenced: FencedSet<'_>) {
+    let (first, then) = call.for_cluster();
+    let mut set = redis::pipe();
+    set.cmd("SET")
+        .arg(fenced.key)
+        .arg(fenced.value)
+        .arg("NX")
+        .arg("PX")
+        .arg(fenced.ttl_ms);
+    assert_eq!(first.get_packed_pipeline(), set.get_packed_pipeline());
+    let mut raise = redis::cmd("EVAL");
+    raise
+        .arg(crate::scripts::lua::RAISE_COUNTER)
+        .arg(1)
+        .arg(fenced.counters)
+        .arg(fenced.proposal)
+        .arg(fenced.member)
+        .arg(fenced.renew.expire_ms);
+    assert_eq!(
+        then.map(|c| c.get_packed_command()),
+        Some(raise.get_packed_command())
+    );
+}
+
 /// The fenced acquisition of the tests: TTL 10 s, set 7, the largest expiry.
 fn fenced_set<'a>(
     key: &'a [u8],
@@ -133,19 +177,7 @@ fn a_fenced_acquisition_is_packed_as_a_pipeline() {
     let (key, counters, value) = (&b"redlock:{k}"[..], &b"redlock:#fencing"[..], &b"v"[..]);
     let member = &b"16383"[..];
     let call = Request::FencedSetNx(fenced_set(key, counters, member, value)).call();
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
-        .arg(key)
-        .arg(value)
-        .arg("NX")
-        .arg("PX")
-        .arg(10_000);
-    pipe.cmd("ZADD")
-        .arg(counters)
-        .arg("GT")
-        .arg("CH")
-        .arg(1_764_115_200_000_000_u64)
-        .arg(member);
+    let mut pipe = fenced_pipe(&fenced_set(key, counters, member, value));
     let unrenewed = pipe.get_packed_pipeline();
     pipe.cmd("PEXPIRE").arg(counters).arg(u64::MAX);
     assert_eq!(call.packed(), pipe.get_packed_pipeline());
@@ -154,27 +186,7 @@ fn a_fenced_acquisition_is_packed_as_a_pipeline() {
         pipe.get_packed_pipeline()
     );
     // On a cluster: the SET alone, then the counter's raise and renewal as one script.
-    let (first, then) = call.for_cluster();
-    let mut set = redis::pipe();
-    set.cmd("SET")
-        .arg(key)
-        .arg(value)
-        .arg("NX")
-        .arg("PX")
-        .arg(10_000);
-    assert_eq!(first.get_packed_pipeline(), set.get_packed_pipeline());
-    let mut raise = redis::cmd("EVAL");
-    raise
-        .arg(crate::scripts::lua::RAISE_COUNTER)
-        .arg(1)
-        .arg(counters)
-        .arg(1_764_115_200_000_000_u64)
-        .arg(member)
-        .arg(u64::MAX);
-    assert_eq!(
-        then.map(|c| c.get_packed_command()),
-        Some(raise.get_packed_command())
-    );
+    assert_split_for_a_cluster(&call, fenced_set(key, counters, member, value));
     assert_eq!(call.commands(), 3);
     assert_eq!(call.renews(), Some(7));
     assert_eq!(call.without_renewal(), (&unrenewed[..], 2));
@@ -226,19 +238,7 @@ fn a_fenced_replay_reads_the_key_in_the_same_request() {
     );
     let member = &b"16383"[..];
     let call = Request::FencedSetNxOrReplay(fenced_set(key, counters, member, value)).call();
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
-        .arg(key)
-        .arg(value)
-        .arg("NX")
-        .arg("PX")
-        .arg(10_000);
-    pipe.cmd("ZADD")
-        .arg(counters)
-        .arg("GT")
-        .arg("CH")
-        .arg(1_764_115_200_000_000_u64)
-        .arg(member);
+    let mut pipe = fenced_pipe(&fenced_set(key, counters, member, value));
     pipe.cmd("GET").arg(key);
     pipe.cmd("PTTL").arg(key);
     let unrenewed = pipe.get_packed_pipeline();
@@ -249,27 +249,7 @@ fn a_fenced_replay_reads_the_key_in_the_same_request() {
     assert_eq!(call.without_renewal(), (&unrenewed[..], 4));
     assert_eq!(call.key(), key);
     // On a cluster: the SET alone, then the counter's raise and renewal.
-    let (first, then) = call.for_cluster();
-    let mut set = redis::pipe();
-    set.cmd("SET")
-        .arg(key)
-        .arg(value)
-        .arg("NX")
-        .arg("PX")
-        .arg(10_000);
-    assert_eq!(first.get_packed_pipeline(), set.get_packed_pipeline());
-    let mut raise = redis::cmd("EVAL");
-    raise
-        .arg(crate::scripts::lua::RAISE_COUNTER)
-        .arg(1)
-        .arg(counters)
-        .arg(1_764_115_200_000_000_u64)
-        .arg(member)
-        .arg(u64::MAX);
-    assert_eq!(
-        then.map(|c| c.get_packed_command()),
-        Some(raise.get_packed_command())
-    );
+    assert_split_for_a_cluster(&call, fenced_set(key, counters, member, value));
 
     let bulk = |b: &[u8]| Value::BulkString(b.to_vec());
     let error = |text: &[u8]| redis::parse_redis_value(text).unwrap_or(Value::Nil);
