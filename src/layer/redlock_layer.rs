@@ -587,9 +587,10 @@ impl<E, F, L: LockBackend> RedlockLayer<E, F, L> {
     /// is only released, and a retry runs the handler again. A failed body reaches the
     /// client as the failure it is.
     ///
-    /// The lookup is part of the acquire round trip without fencing (the fencing section
-    /// recommends it off for unique keys); with fencing on, a key that holds a record
-    /// costs a second round trip to each node. A record written on a quorum is seen
+    /// The lookup is part of the acquire round trip, fenced or not: the request reads the
+    /// key (`GET`, `PTTL`) behind the lock's own commands, so a retry answered from its
+    /// record costs one round trip to each node (on a Redis Cluster node, a key found
+    /// taken is read in a second one). A record written on a quorum is seen
     /// by every later acquirer (any quorum it can take shares a node with the record's).
     /// Only a record that a quorum of nodes hold, byte for byte, is replayed: a record
     /// found on fewer nodes next to a quorum of grants (nodes that lost it, or a completion
