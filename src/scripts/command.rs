@@ -291,6 +291,30 @@ impl CallKind {
         }
     }
 
+    /// For a replay, which reply is its `GET` of the key (its `PTTL`'s is the next), and
+    /// where its value is among the words; `None` otherwise.
+    fn reads(self) -> Option<(usize, usize)> {
+        match self {
+            Self::SetNx {
+                value,
+                replay: true,
+                ..
+            } => Some((1, value)),
+            Self::FencedSetNx {
+                value,
+                replay: true,
+                ..
+            } => Some((2, value)),
+            _ => None,
+        }
+    }
+
+    /// Whether `replies` carry a replay's reads (a Redis Cluster node's answer does not).
+    fn has_reads(self, replies: &[Value]) -> bool {
+        self.reads()
+            .is_some_and(|(get, _)| replies.len() >= get + 2)
+    }
+
     /// Where the renewal (`PEXPIRE counters expire`) starts among the words.
     fn renewal_word(self) -> Option<usize> {
         match self {
@@ -471,24 +495,15 @@ impl Call {
     /// gone by now. Replies with an error, or without the reads (a Redis Cluster node's),
     /// are left as they are; so is every other call's answer.
     pub(crate) fn settled(&self, first: redis::RedisResult<Value>) -> redis::RedisResult<Value> {
-        // Where the reads' replies are.
-        let (value, get) = match self.kind {
-            CallKind::SetNx {
-                value,
-                replay: true,
-                ..
-            } => (value, 1),
-            CallKind::FencedSetNx {
-                value,
-                replay: true,
-                ..
-            } => (value, 2),
-            _ => return first,
+        let Some((get, value)) = self.kind.reads() else {
+            return first;
         };
         let Ok(Value::Array(mut replies)) = first else {
             return first;
         };
-        if replies.len() < get + 2 || replies.iter().any(|r| matches!(r, Value::ServerError(_))) {
+        if !self.kind.has_reads(&replies)
+            || replies.iter().any(|r| matches!(r, Value::ServerError(_)))
+        {
             return Ok(Value::Array(replies));
         }
         if let Some(Value::Okay) = replies.first() {
@@ -593,8 +608,8 @@ impl Call {
             (Some(_), Err(e)) => no_script(e),
             (None, Ok(Value::Nil)) => true,
             (None, Ok(Value::Array(replies))) => match self.kind {
-                CallKind::FencedSetNx { replay, .. } => {
-                    matches!(replies.first(), Some(Value::Nil)) && !(replay && replies.len() >= 4)
+                CallKind::FencedSetNx { .. } => {
+                    matches!(replies.first(), Some(Value::Nil)) && !self.kind.has_reads(replies)
                 }
                 _ => false,
             },
