@@ -66,7 +66,7 @@ impl FencedSet<'_> {
     /// `SET NX PX`, `ZADD GT CH`, for a replay `GET` and `PTTL` of the key, and `PEXPIRE`.
     fn call(&self, replay: bool) -> Call {
         // Room for the other commands' words and headers.
-        let reads = if replay { reads(self.key) } else { 0 };
+        let reads = if replay { read_key_size(self.key) } else { 0 };
         let more = 2 * self.counters.len() + self.member.len() + 9 * 16 + 2 * 8 + reads;
         let (mut cmd, key, value) = set_nx(self.key, self.value, self.ttl_ms, more);
         cmd.next_command(6);
@@ -159,7 +159,8 @@ impl Request<'_> {
                 value,
                 ttl_ms,
             } => {
-                let (mut cmd, key, value) = set_nx(lock_key, value, *ttl_ms, reads(lock_key));
+                let (mut cmd, key, value) =
+                    set_nx(lock_key, value, *ttl_ms, read_key_size(lock_key));
                 read_key(&mut cmd, lock_key);
                 let kind = CallKind::SetNx {
                     key,
@@ -223,7 +224,7 @@ fn release(key: &[u8], waiting: Option<&[u8]>, value: &[u8], id: &[u8]) -> Call 
 }
 
 /// How many bytes [`read_key`] writes for `key`, about.
-fn reads(key: &[u8]) -> usize {
+fn read_key_size(key: &[u8]) -> usize {
     2 * key.len() + 4 * 16
 }
 
