@@ -1077,6 +1077,38 @@ async fn a_replay_takes_one_round_trip_fenced_or_not() {
     }
 }
 
+/// Over RESP3 the nodes are reached on redis-rs's connections, whose replies to the
+/// replay's reads (`GET`, `PTTL`) come in RESP3's shapes (a null of its own): fenced or
+/// not, a finished request is replayed from its record and its handler runs once, and a
+/// second key still gets its own answer (and a higher number, fenced).
+#[tokio::test]
+async fn a_replay_over_resp3_finds_the_record() {
+    use tower::ServiceExt;
+    let cluster = Cluster::start(3);
+    for fenced in [true, false] {
+        let redlock = cluster
+            .client_over("/?protocol=resp3", |b| b.fencing(fenced))
+            .await;
+        let numbers = Numbers::default();
+        let svc = replaying(&redlock, &numbers);
+        let (a, b) = if fenced {
+            ("r3-a", "r3-b")
+        } else {
+            ("r3-c", "r3-d")
+        };
+        let first = svc.clone().oneshot(a).await.expect("first");
+        assert_eq!(svc.clone().oneshot(a).await.expect("replayed"), first);
+        let second = svc.clone().oneshot(b).await.expect("second");
+        assert_ne!(first, second);
+        let ran = numbers.lock().expect("numbers").clone();
+        match ran[..] {
+            [Some(a), Some(b)] if fenced => assert!(b > a, "{ran:?}"),
+            [None, None] if !fenced => {}
+            _ => panic!("two handlers, numbers only when fenced: {ran:?}"),
+        }
+    }
+}
+
 /// On a Redis Cluster node a replay's `SET` goes alone (one keyed command per request),
 /// and a refused one asks the holder script for the record: fenced or not, a finished
 /// request is replayed and its handler runs once.
