@@ -263,6 +263,13 @@ pub(crate) enum Accepts {
     },
 }
 
+impl Accepts {
+    /// Whether a completion record is an answer (the layer's replay).
+    pub(crate) fn records(self) -> bool {
+        matches!(self, Accepts::LockOrRecord { .. })
+    }
+}
+
 /// What a replay acquisition does with a key whose record may have been lost: no node
 /// answered with one, but nodes that granted lost data (restarted empty, were flushed,
 /// took over from a failover) within the retention, later than their peers, and may have

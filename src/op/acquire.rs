@@ -330,7 +330,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         // To a replay acquisition, a record on fewer than a quorum of nodes and no holder
         // besides is no request holding the name: it is short of nodes (nodes that lost
         // the record, or are not back yet), and the record is evidence the key completed.
-        let only_records = matches!(target.accepts, Accepts::LockOrRecord { .. })
+        let only_records = target.accepts.records()
             && records >= tally.held_elsewhere()
             && records < self.core.quorum();
         if !tally.is_busy() || only_records {
@@ -474,43 +474,9 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         ttl: Duration,
         deadline: Instant,
     ) -> (Round<N::Call>, Votes, SetReplies) {
-        let resource = &target.resource;
-        let ttl_ms = ttl_ms(ttl);
         let proposal = self.propose(target.fenced, deadline).await;
-        let replay = matches!(target.accepts, Accepts::LockOrRecord { .. });
-        let request = if target.fenced == Fenced::Yes {
-            let fenced = FencedSet {
-                key: &resource.key,
-                counters: &resource.counter_key,
-                member: &resource.counter_member,
-                value: value.as_bytes(),
-                ttl_ms,
-                proposal,
-                renew: Renewal {
-                    expire_ms: self.fencing.counters_expiry_ms(),
-                },
-                set: resource.counter_set,
-            };
-            if replay {
-                // One round trip whatever the key holds: the key read with the lock's
-                // commands.
-                Request::FencedSetNxOrReplay(fenced)
-            } else {
-                Request::FencedSetNx(fenced)
-            }
-        } else if replay {
-            Request::SetNxOrReplay {
-                key: &resource.key,
-                value: value.as_bytes(),
-                ttl_ms,
-            }
-        } else {
-            Request::SetNx {
-                key: &resource.key,
-                value: value.as_bytes(),
-                ttl_ms,
-            }
-        };
+        let replay = target.accepts.records();
+        let request = self.set_request(target, value.as_bytes(), ttl_ms(ttl), proposal);
         let plan = Plan {
             skip: NodeMask::default(),
             deadline,
@@ -519,6 +485,46 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let nodes = self.core.nodes();
         let round = nodes.send(&request, plan);
         count_set_round(nodes, round, SetReplies::new(proposal, replay)).await
+    }
+
+    /// Step 2's request for `target`: `SET NX PX`, fenced with the `ZADD GT CH` of
+    /// `proposal` (and the set's renewal), and for a replay followed by the key's reads.
+    fn set_request<'a>(
+        &self,
+        target: &'a Target,
+        value: &'a [u8],
+        ttl_ms: u64,
+        proposal: u64,
+    ) -> Request<'a> {
+        let resource = &target.resource;
+        let replay = target.accepts.records();
+        if target.fenced == Fenced::No {
+            let (key, value) = (&resource.key[..], value);
+            return if replay {
+                Request::SetNxOrReplay { key, value, ttl_ms }
+            } else {
+                Request::SetNx { key, value, ttl_ms }
+            };
+        }
+        let fenced = FencedSet {
+            key: &resource.key,
+            counters: &resource.counter_key,
+            member: &resource.counter_member,
+            value,
+            ttl_ms,
+            proposal,
+            renew: Renewal {
+                expire_ms: self.fencing.counters_expiry_ms(),
+            },
+            set: resource.counter_set,
+        };
+        if replay {
+            // One round trip whatever the key holds: the key read with the lock's
+            // commands.
+            Request::FencedSetNxOrReplay(fenced)
+        } else {
+            Request::FencedSetNx(fenced)
+        }
     }
 }
 

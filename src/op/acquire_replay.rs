@@ -106,10 +106,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         replies: &mut SetReplies,
         deadline: Instant,
     ) {
-        if !matches!(target.accepts, Accepts::LockOrRecord { .. })
-            || !replies.records.is_empty()
-            || replies.kept_out.len() == 0
-        {
+        if !target.accepts.records() || !replies.records.is_empty() || replies.kept_out.len() == 0 {
             return;
         }
         let nodes = self.core.nodes();

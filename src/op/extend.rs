@@ -131,17 +131,23 @@ impl<N: Nodes + ?Sized> Extend<'_, N> {
             });
             votes.count(nodes.label(i), outcome);
         }
-        if votes.reached() {
-            Ok(round)
-        } else if not_held > 0 && not_held >= votes.failures.len() {
-            Err(LockError::NotHeld {
-                held_on: votes.tally.successes(),
-                needed: votes.tally.quorum(),
-                failures: votes.failures,
-                attempts: 1,
-            })
-        } else {
-            Err(votes.no_quorum())
-        }
+        decided(round, votes, not_held)
+    }
+}
+
+/// What an extension round came to: the round once a quorum extended the lock; not held
+/// when as many nodes said so (`not_held`) as failed; short of nodes otherwise.
+fn decided<C>(round: Round<C>, votes: Votes, not_held: usize) -> Result<Round<C>, LockError> {
+    if votes.reached() {
+        Ok(round)
+    } else if not_held > 0 && not_held >= votes.failures.len() {
+        Err(LockError::NotHeld {
+            held_on: votes.tally.successes(),
+            needed: votes.tally.quorum(),
+            failures: votes.failures,
+            attempts: 1,
+        })
+    } else {
+        Err(votes.no_quorum())
     }
 }
