@@ -62,16 +62,7 @@ impl Node {
     /// A check within `deadline`: `INFO server` and `INFO replication` (and the ledger's
     /// read, with the restart quarantine) in one round trip, timed, then judged.
     pub(crate) async fn check(self: &Arc<Self>, deadline: Instant) -> Check {
-        let failed = |error| {
-            let st = self.state();
-            Check {
-                result: Err(error),
-                round_trip: None,
-                version: st.version.clone(),
-                role: None,
-                append_only: st.append_only,
-            }
-        };
+        let failed = |error| self.check_of(Err(error), None, None);
         let deadline = tokio::time::Instant::from_std(deadline);
         let (mut conn, generation) =
             match timeout_at(deadline, self.connection(Quarantine::Ignored)).await {
@@ -111,10 +102,21 @@ impl Node {
             deadline,
         };
         let (result, role) = self.judge_check(replies, judging, read).await;
+        self.check_of(result, Some(round_trip), role)
+    }
+
+    /// A check that came to `result` (with its `round_trip` and the `role` the node gave,
+    /// where it answered), with the version and persistence the node last told.
+    fn check_of(
+        &self,
+        result: Result<(), NodeError>,
+        round_trip: Option<Duration>,
+        role: Option<String>,
+    ) -> Check {
         let st = self.state();
         Check {
             result,
-            round_trip: Some(round_trip),
+            round_trip,
             version: st.version.clone(),
             role,
             append_only: st.append_only,
@@ -215,17 +217,9 @@ impl Node {
     ) -> Check {
         let start = crate::clock::now();
         let checked = tokio::time::timeout_at(deadline, self.check_shards(cluster, conn)).await;
-        let (version, append_only) = {
-            let st = self.state();
-            (st.version.clone(), st.append_only)
-        };
-        Check {
-            result: checked.map_err(|_| NodeError::Timeout),
-            round_trip: Some(crate::clock::since(start)),
-            version,
-            role: Some("master".to_owned()),
-            append_only,
-        }
+        let result = checked.map_err(|_| NodeError::Timeout);
+        let round_trip = Some(crate::clock::since(start));
+        self.check_of(result, round_trip, Some("master".to_owned()))
     }
 }
 

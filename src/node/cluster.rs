@@ -524,23 +524,21 @@ impl Node {
         (pipe, 2 + PROBE + 1 + if judging { 2 } else { 0 })
     }
 
-    /// What master `m` says of itself (`INFO`, the probe's commands, and with the restart
-    /// quarantine its ledger), over the cluster connection, by the first of its
-    /// [`routes`](Master::routes) that reaches it (`CLUSTER MYID` tells: a slot map behind
-    /// a reshard reaches another master); `None` if it did not answer as a master.
-    async fn see(&self, mut conn: ClusterConnection, m: &Master) -> Option<Seen> {
+    /// `m`'s replies to its check's pipeline, by the first of its routes that reaches it,
+    /// and that route; `None` if none did.
+    async fn ask(
+        &self,
+        conn: &mut ClusterConnection,
+        m: &Master,
+    ) -> Option<(Vec<Value>, SingleNodeRoutingInfo)> {
         let (pipe, count) = self.see_pipe(m);
-        let judging = self.settings.quarantine;
-        let sent = crate::clock::now();
-        let mut answer = None;
         for route in m.routes() {
             match conn
                 .route_pipeline(pipe.clone(), 0, count, route.clone())
                 .await
             {
                 Ok(replies) if reached(&replies, 2 + PROBE, m, &route) => {
-                    answer = Some((replies, route));
-                    break;
+                    return Some((replies, route));
                 }
                 Ok(_) => {} // another master's answer, or unverified by slot
                 Err(e) if e.kind() == redis::ErrorKind::ClusterConnectionNotFound => {}
@@ -550,7 +548,17 @@ impl Node {
                 }
             }
         }
-        let (replies, route) = answer?;
+        None
+    }
+
+    /// What master `m` says of itself (`INFO`, the probe's commands, and with the restart
+    /// quarantine its ledger), over the cluster connection, by the first of its
+    /// [`routes`](Master::routes) that reaches it (`CLUSTER MYID` tells: a slot map behind
+    /// a reshard reaches another master); `None` if it did not answer as a master.
+    async fn see(&self, mut conn: ClusterConnection, m: &Master) -> Option<Seen> {
+        let judging = self.settings.quarantine;
+        let sent = crate::clock::now();
+        let (replies, route) = self.ask(&mut conn, m).await?;
         let received = crate::clock::now();
         let clock_at = sent + received.saturating_duration_since(sent) / 2;
         let mut replies = replies.into_iter();

@@ -99,29 +99,7 @@ impl Node {
         ));
         let client = match &self.connector {
             #[cfg(feature = "cluster")]
-            Connector::Cluster(cluster) => {
-                // No INFO here (there is one server per shard: the shards' check reads
-                // theirs) and no SCRIPT LOAD (a shard that lacks a script gets it by EVAL
-                // on first use).
-                let mut conn =
-                    match timeout_at(deadline, cluster.client.get_async_connection()).await {
-                        Ok(Ok(conn)) => conn,
-                        Ok(Err(e)) if !e.is_timeout() => return Err(NodeError::from(e)),
-                        Ok(Err(_)) | Err(_) => return Err(self.connect_timed_out(false)),
-                    };
-                if self.settings.quarantine {
-                    // A check cut short leaves shards unchecked: the first acquisition on
-                    // each checks again.
-                    let _ = timeout_at(deadline, self.check_shards(cluster, &mut conn)).await;
-                }
-                return Ok(Opened {
-                    conn: Conn::Cluster(conn),
-                    info: ServerInfo::default(),
-                    ledger: None,
-                    clock_at: crate::clock::now(),
-                    evicting: None,
-                });
-            }
+            Connector::Cluster(cluster) => return self.open_cluster(cluster, deadline).await,
             Connector::Direct(client) => (**client).clone(),
             Connector::Sentinel(master) => {
                 match timeout_at(deadline, master.resolve(self.settings.connect_timeout)).await {
@@ -150,6 +128,35 @@ impl Node {
         }
     }
 
+    /// Opens a Redis Cluster connection within `deadline`, its shards checked with the
+    /// restart quarantine. No `INFO` here (there is one server per shard: the shards' check
+    /// reads theirs) and no `SCRIPT LOAD` (a shard that lacks a script gets it by `EVAL` on
+    /// first use).
+    #[cfg(feature = "cluster")]
+    async fn open_cluster(
+        &self,
+        cluster: &super::ClusterNode,
+        deadline: tokio::time::Instant,
+    ) -> Result<Opened, NodeError> {
+        let mut conn = match timeout_at(deadline, cluster.client.get_async_connection()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) if !e.is_timeout() => return Err(NodeError::from(e)),
+            Ok(Err(_)) | Err(_) => return Err(self.connect_timed_out(false)),
+        };
+        if self.settings.quarantine {
+            // A check cut short leaves shards unchecked: the first acquisition on each
+            // checks again.
+            let _ = timeout_at(deadline, self.check_shards(cluster, &mut conn)).await;
+        }
+        Ok(Opened {
+            conn: Conn::Cluster(conn),
+            info: ServerInfo::default(),
+            ledger: None,
+            clock_at: crate::clock::now(),
+            evicting: None,
+        })
+    }
+
     /// Connects through `client` and, in one round trip, reads `INFO server`, `INFO
     /// replication`, `INFO memory` and `INFO persistence`, loads the scripts and (with the
     /// restart quarantine) reads the node's ledger and raises its horizon; then judges the
@@ -175,14 +182,7 @@ impl Node {
         let evicting = replies
             .memory
             .and_then(|memory| self.refuses_eviction(&memory));
-        let server = match replies.server {
-            Ok(server) => server,
-            Err(e) if self.settings.quarantine => return Err(e),
-            Err(e) => {
-                tracing::debug!(node = %self.label, error = %e, "redlock node: INFO not allowed; no same-server check");
-                String::new()
-            }
-        };
+        let server = self.server_text(replies.server)?;
         let info = ServerInfo::parse([
             server.as_str(),
             replies.replication.as_str(),
@@ -205,6 +205,19 @@ impl Node {
             clock_at,
             evicting,
         }))
+    }
+
+    /// `INFO server`'s text. A server that refuses `INFO` (an ACL without `+info`) is
+    /// refused with the restart quarantine; without it, it only loses the same-server check.
+    fn server_text(&self, server: redis::RedisResult<String>) -> redis::RedisResult<String> {
+        match server {
+            Ok(server) => Ok(server),
+            Err(e) if self.settings.quarantine => Err(e),
+            Err(e) => {
+                tracing::debug!(node = %self.label, error = %e, "redlock node: INFO not allowed; no same-server check");
+                Ok(String::new())
+            }
+        }
     }
 
     /// The connection to the server behind `client`: our own for plain TCP, redis-rs's
