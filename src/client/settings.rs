@@ -58,21 +58,7 @@ impl RedlockBuilder {
         if self.max_attempts == 0 {
             return Err(ConfigError::ZeroAttempts);
         }
-        let fencing_retention = match self.fencing_retention {
-            Some(retention) => {
-                check_retention(retention, self.ttl)?;
-                // A node refuses an expiry past the largest time it can represent.
-                retention.min(LONGEST_RETENTION)
-            }
-            // One default for every client, never stretched by a long TTL.
-            None => {
-                if self.fencing {
-                    check_retention(DEFAULT_FENCING_RETENTION, self.ttl)
-                        .map_err(|_| ConfigError::FencingRetentionNeeded { ttl: self.ttl })?;
-                }
-                DEFAULT_FENCING_RETENTION
-            }
-        };
+        let fencing_retention = self.checked_fencing_retention()?;
         if !prefix_keeps_tags(&self.key_prefix) {
             return Err(ConfigError::KeyPrefixBrace {
                 prefix: String::from_utf8_lossy(&self.key_prefix).into_owned(),
@@ -90,6 +76,26 @@ impl RedlockBuilder {
             });
         }
         Ok(fencing_retention)
+    }
+
+    /// The fencing counters' retention: the one set (checked against the TTL, at most
+    /// what a node takes), or the default, which a fenced client's TTL must fit.
+    fn checked_fencing_retention(&self) -> Result<Duration, ConfigError> {
+        match self.fencing_retention {
+            Some(retention) => {
+                check_retention(retention, self.ttl)?;
+                // A node refuses an expiry past the largest time it can represent.
+                Ok(retention.min(LONGEST_RETENTION))
+            }
+            // One default for every client, never stretched by a long TTL.
+            None => {
+                if self.fencing {
+                    check_retention(DEFAULT_FENCING_RETENTION, self.ttl)
+                        .map_err(|_| ConfigError::FencingRetentionNeeded { ttl: self.ttl })?;
+                }
+                Ok(DEFAULT_FENCING_RETENTION)
+            }
+        }
     }
 
     /// What every node shares: the connection settings, the quarantine, the key space and
@@ -143,6 +149,7 @@ impl RedlockBuilder {
         };
         let node_settings = self.node_settings(fencing_retention, counter_sets, &horizon);
         let nodes = self.nodes(&node_settings)?;
+        let retry = self.retry_policy();
         let n = nodes.len();
         let core = Core::new(CoreParts {
             nodes: nodes.into_boxed_slice(),
@@ -156,15 +163,15 @@ impl RedlockBuilder {
             releases: Arc::clone(&node_settings.releases),
         });
         let clock = Clock::new(node_settings.clocks);
+        let fenced = if self.fencing {
+            Fenced::Yes
+        } else {
+            Fenced::No
+        };
         let state = State {
             core: Arc::new(core),
             fencing: Fencing::new(clock, set_expiry_ms(fencing_retention)),
-            retry: RetryPolicy::new(
-                self.max_attempts,
-                self.retry_delay,
-                self.retry_jitter,
-                self.retry_deadline,
-            ),
+            retry,
             observe: Observe::new(self.log_names),
             keep_alive: KeepAlive {
                 fraction: self.extend_fraction,
@@ -174,14 +181,17 @@ impl RedlockBuilder {
             guards: Guards::default(),
             waiters: Waiters::new(n, quorum::quorum(n)),
         };
-        Ok((
-            state,
-            if self.fencing {
-                Fenced::Yes
-            } else {
-                Fenced::No
-            },
-        ))
+        Ok((state, fenced))
+    }
+
+    /// The retry loop's policy, from the retry settings.
+    fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy::new(
+            self.max_attempts,
+            self.retry_delay,
+            self.retry_jitter,
+            self.retry_deadline,
+        )
     }
 }
 

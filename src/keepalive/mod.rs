@@ -277,17 +277,8 @@ async fn drive(client: Dormant, mut handed: Handed) {
     let timer = tokio::time::sleep_until(tokio::time::Instant::now());
     tokio::pin!(timer);
     loop {
-        let taken = handed.inbox.take();
-        for id in taken.stops {
-            handed.locks.remove(&id);
-            queue.stop(id);
-        }
-        for start in taken.starts {
-            handed.locks.insert(start.id, Arc::clone(&start.shared));
-            let (id, due) = (start.id, start.due);
-            queue.schedule(id, Entry::new(start), due);
-        }
-        if taken.client_gone && queue.entries.is_empty() && work.is_empty() {
+        let client_gone = take_inbox(&mut handed, &mut queue);
+        if client_gone && queue.entries.is_empty() && work.is_empty() {
             return;
         }
         // Due entries, after the inbox: a lock taken back is never extended again.
@@ -325,6 +316,22 @@ async fn drive(client: Dormant, mut handed: Handed) {
             }
         }
     }
+}
+
+/// Takes what the inbox holds into the driver's `queue`: the stops, then the starts.
+/// Whether the client is gone.
+fn take_inbox(handed: &mut Handed, queue: &mut Queue) -> bool {
+    let taken = handed.inbox.take();
+    for id in taken.stops {
+        handed.locks.remove(&id);
+        queue.stop(id);
+    }
+    for start in taken.starts {
+        handed.locks.insert(start.id, Arc::clone(&start.shared));
+        let (id, due) = (start.id, start.due);
+        queue.schedule(id, Entry::new(start), due);
+    }
+    taken.client_gone
 }
 
 /// An entry is due: stop at the maximum hold, let the lock run out after the last allowed

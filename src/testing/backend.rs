@@ -68,15 +68,8 @@ impl InMemoryLock {
         attempts: u32,
     ) -> Result<Attempted, LockError> {
         let resource = self.checked(name, ttl, attempts)?;
-        match self.state.names.next_failure(name) {
-            Some(Failure::Busy) => {
-                return Ok(Attempted::Busy {
-                    error: Failure::Busy.error(attempts, None),
-                    until: None,
-                });
-            }
-            Some(failure) => return Err(failure.error(attempts, None)),
-            None => {}
+        if let Some(failed) = self.injected(name, attempts)? {
+            return Ok(failed);
         }
         let value: Arc<str> = new_value(&MEMORY_ID)?.into();
         let now = Instant::now();
@@ -113,6 +106,19 @@ impl InMemoryLock {
             foreign: NodeMask::default(),
             landing: None,
         })))
+    }
+
+    /// The failure a test queued for `name`'s next attempt (the `attempts`-th): busy, an
+    /// error, or none.
+    fn injected(&self, name: &[u8], attempts: u32) -> Result<Option<Attempted>, LockError> {
+        match self.state.names.next_failure(name) {
+            Some(Failure::Busy) => Ok(Some(Attempted::Busy {
+                error: Failure::Busy.error(attempts, None),
+                until: None,
+            })),
+            Some(failure) => Err(failure.error(attempts, None)),
+            None => Ok(None),
+        }
     }
 
     /// What the client checks before it sends anything (the TTL, the name), and whether
