@@ -231,7 +231,19 @@ impl LockError {
 impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Busy { .. } => self.fmt_busy(f),
+            Self::Busy {
+                held_elsewhere,
+                nodes,
+                retry_after,
+                attempts,
+            } => {
+                write!(
+                    f,
+                    "the lock is held by another client on {held_elsewhere} of {nodes} nodes \
+                     (after {attempts} attempt(s)), "
+                )?;
+                write_expiry(f, *retry_after)
+            }
             Self::NoQuorum { .. } => self.fmt_no_quorum(f),
             Self::ValidityExhausted {
                 elapsed,
@@ -269,29 +281,15 @@ impl fmt::Display for LockError {
     }
 }
 
-impl LockError {
-    /// [`LockError::Busy`]'s message.
-    fn fmt_busy(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Self::Busy {
-            held_elsewhere,
-            nodes,
-            retry_after,
-            attempts,
-        } = self
-        else {
-            return Ok(());
-        };
-        write!(
-            f,
-            "the lock is held by another client on {held_elsewhere} of {nodes} nodes \
-             (after {attempts} attempt(s)), "
-        )?;
-        match retry_after {
-            Some(d) => write!(f, "its key expiring in about {d:?}"),
-            None => f.write_str("its key without expiry"),
-        }
+/// When a busy lock's key expires, as [`LockError::Busy`]'s message ends.
+fn write_expiry(f: &mut fmt::Formatter<'_>, retry_after: Option<Duration>) -> fmt::Result {
+    match retry_after {
+        Some(d) => write!(f, "its key expiring in about {d:?}"),
+        None => f.write_str("its key without expiry"),
     }
+}
 
+impl LockError {
     /// [`LockError::Unverifiable`]'s message.
     fn fmt_unverifiable(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let Self::Unverifiable {
