@@ -388,3 +388,28 @@ impl From<ConfigError> for LockError {
         Self::Config(e)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_message_says_where_and_when_its_key_expires() {
+        let busy = |retry_after| LockError::Busy {
+            held_elsewhere: 2,
+            nodes: 3,
+            retry_after,
+            attempts: 4,
+        };
+        assert_eq!(
+            busy(Some(Duration::from_millis(1500))).to_string(),
+            "the lock is held by another client on 2 of 3 nodes (after 4 attempt(s)), its key \
+             expiring in about 1.5s"
+        );
+        assert_eq!(
+            busy(None).to_string(),
+            "the lock is held by another client on 2 of 3 nodes (after 4 attempt(s)), its key \
+             without expiry"
+        );
+    }
+}
