@@ -131,15 +131,16 @@ impl<N: Nodes + ?Sized> Extend<'_, N> {
             });
             votes.count(nodes.label(i), outcome);
         }
-        decided(round, votes, not_held)
+        verdict(votes, not_held).map(|()| round)
     }
 }
 
-/// What an extension round came to: the round once a quorum extended the lock; not held
-/// when as many nodes said so (`not_held`) as failed; short of nodes otherwise.
-fn decided<C>(round: Round<C>, votes: Votes, not_held: usize) -> Result<Round<C>, LockError> {
+/// What an extension round's `votes` came to: extended once a quorum extended the lock;
+/// not held when as many nodes said so (`not_held`) as failed; short of nodes otherwise
+/// (no answer at all included).
+fn verdict(votes: Votes, not_held: usize) -> Result<(), LockError> {
     if votes.reached() {
-        Ok(round)
+        Ok(())
     } else if not_held > 0 && not_held >= votes.failures.len() {
         Err(LockError::NotHeld {
             held_on: votes.tally.successes(),
@@ -151,3 +152,7 @@ fn decided<C>(round: Round<C>, votes: Votes, not_held: usize) -> Result<Round<C>
         Err(votes.no_quorum())
     }
 }
+
+#[cfg(test)]
+#[path = "extend_tests.rs"]
+mod tests;
