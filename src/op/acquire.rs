@@ -499,7 +499,7 @@ impl<B: Background, N: Nodes + ?Sized> Acquire<'_, B, N> {
         let resource = &target.resource;
         let replay = target.accepts.records();
         if target.fenced == Fenced::No {
-            let (key, value) = (&resource.key[..], value);
+            let key = &resource.key[..];
             return if replay {
                 Request::SetNxOrReplay { key, value, ttl_ms }
             } else {
