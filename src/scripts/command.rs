@@ -26,6 +26,7 @@ use redis::{Cmd, Value};
 use super::lua::{HELD_OR_RECORD_SCRIPT, HOLDER_TTL_SCRIPT, RECORD_MARKER, RELEASE_SCRIPT, Script};
 use super::pack::{Packer, Words};
 use super::run::{eval_instead, no_script, run_script};
+use crate::name::CLIENT_ID_LEN;
 
 /// One argument of a script call.
 #[derive(Clone, Copy)]
@@ -650,10 +651,10 @@ impl Call {
     }
 }
 
-/// What a held value is known by: its first 16 bytes, the client id of every value of ours
-/// (the whole value when shorter, as Lua's `string.sub` takes it).
+/// What a held value is known by: its client id, the first [`CLIENT_ID_LEN`] bytes of every
+/// value of ours (the whole value when shorter, as Lua's `string.sub` takes it).
 fn prefix(value: &[u8]) -> &[u8] {
-    value.get(..16).unwrap_or(value)
+    value.get(..CLIENT_ID_LEN).unwrap_or(value)
 }
 
 impl Invocation<'_> {
